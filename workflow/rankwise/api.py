@@ -1,0 +1,161 @@
+"""The Python API: ``rankwise.evaluate`` and ``rankwise.recall_at_k``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from .embeddings import open_embeddings
+from .manifest import read_manifest
+from .metrics import AP_VARIANTS, compute_metrics, parse_ks
+from .protocols import build_problem
+from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
+from .errors import RankwiseError
+
+REPORT_KEYS = ("protocol", "distance", "num_queries", "num_skipped", "num_gallery",
+               "embedding_dim", "metrics")
+
+
+@dataclass
+class EvaluationResult:
+    """Numbers of one evaluation.
+
+    ``metrics`` maps names (``rank1``, ``map``, ...) to percentages; ``per_query``
+    holds per evaluated query arrays (``query_index``, ``first_rank``, ``ap``, ``inp``,
+    ``rr``, ``num_relevant``; progressive adds ``sketches``).
+    """
+
+    protocol: str
+    distance: str
+    num_queries: int
+    num_skipped: int
+    num_gallery: int
+    embedding_dim: int
+    metrics: dict[str, float]
+    per_query: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON report: exactly the keys of DESIGN.md."""
+        return {key: getattr(self, key) for key in REPORT_KEYS}
+
+    def text(self) -> str:
+        """The text report: an ``[evaluation]`` block, then a ``[metrics]`` block."""
+        return format_text(self.to_json())
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """Text report of a JSON report dict."""
+    lines = ["[evaluation]",
+             f"protocol: {report['protocol']}",
+             f"distance: {report['distance']}",
+             f"num queries: {report['num_queries']}",
+             f"num skipped: {report['num_skipped']}",
+             f"num gallery: {report['num_gallery']}",
+             f"embedding_dim: {report['embedding_dim']}",
+             "[metrics]"]
+    lines += [f"{name}: {value:.4f}" for name, value in report["metrics"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def result_from_ranks(ranks: RankResult | tuple[dict, dict], *, ks=(1, 5, 10),
+                      ap: str = "standard") -> EvaluationResult:
+    """Metrics of a rank result or of ``(arrays, attrs)`` read from a ranks store."""
+    if isinstance(ranks, RankResult):
+        arrays, attrs = ranks.arrays(), ranks.attrs
+    else:
+        arrays, attrs = ranks
+    if ap not in AP_VARIANTS:
+        raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
+    metrics, pq = compute_metrics(arrays, attrs, ks=parse_ks(ks), ap=ap)
+    return EvaluationResult(protocol=attrs["protocol"], distance=attrs["distance"],
+                            num_queries=int(attrs["num_queries"]),
+                            num_skipped=int(attrs["num_skipped"]),
+                            num_gallery=int(attrs["num_gallery"]),
+                            embedding_dim=int(attrs["embedding_dim"]),
+                            metrics=metrics, per_query=pq)
+
+
+def rank(query, gallery, query_embeddings, gallery_embeddings, *, protocol: str = "recall",
+         distance: str = "cosine", gap_frames: int = 1,
+         junk_labels: Iterable[str] = ("-1",), query_block: int = 1024,
+         gallery_chunk: int = 8192, workers: int | None = None, scheduler=None,
+         progress: bool = False) -> RankResult:
+    """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
+    check_distance(distance)
+    options = EngineOptions(query_block=query_block, gallery_chunk=gallery_chunk,
+                            workers=workers, scheduler=scheduler, progress=progress)
+    q_table = read_manifest(query, protocol=protocol, role="query")
+    g_table = read_manifest(gallery, protocol=protocol, role="gallery")
+    q_src = open_embeddings(query_embeddings, name="query embeddings", n_rows=len(q_table),
+                            manifest=_name(query))
+    g_src = open_embeddings(gallery_embeddings, name="gallery embeddings",
+                            n_rows=len(g_table), manifest=_name(gallery))
+    problem = build_problem(q_table, g_table, protocol, gap_frames=gap_frames,
+                            junk_labels=tuple(str(j) for j in junk_labels))
+    return compute_ranks(problem, q_src, g_src, distance=distance, options=options)
+
+
+def evaluate(query, gallery, query_embeddings, gallery_embeddings, *,
+             protocol: str = "recall", distance: str = "cosine",
+             ks: Iterable[int] | str = (1, 5, 10), gap_frames: int = 1,
+             junk_labels: Iterable[str] = ("-1",), ap: str = "standard",
+             query_block: int = 1024, gallery_chunk: int = 8192,
+             workers: int | None = None, scheduler=None) -> EvaluationResult:
+    """Evaluate embeddings under a protocol.
+
+    Parameters
+    ----------
+    query, gallery : manifest CSV path or DataFrame (DESIGN.md columns), one row per
+        embedding row.
+    query_embeddings, gallery_embeddings : ``.npy`` path, Zarr store/array path, or
+        array ``(n_query, dim)`` / ``(n_gallery, dim)``.
+    protocol : ``recall`` | ``reid`` | ``reassociation`` | ``progressive``.
+    distance : ``cosine`` (default) or ``euclidean``.
+    ks : cutoffs for ``recall@K`` / ``rankK`` / ``acc@K``.
+    gap_frames : reassociation frame gap.
+    junk_labels : reid labels removed from the gallery (default ``-1``).
+    ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
+    query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
+        (threads, or a dask.distributed Client/address); they never change a number.
+
+    Returns
+    -------
+    EvaluationResult
+    """
+    ks = parse_ks(ks)
+    if ap not in AP_VARIANTS:
+        raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
+    ranks = rank(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol,
+                 distance=distance, gap_frames=gap_frames, junk_labels=junk_labels,
+                 query_block=query_block, gallery_chunk=gallery_chunk, workers=workers,
+                 scheduler=scheduler)
+    return result_from_ranks(ranks, ks=ks, ap=ap)
+
+
+def recall_at_k(query_emb, gallery_emb, query_labels, gallery_labels, ks=(1, 5, 10), *,
+                query_ids=None, gallery_ids=None, distance: str = "cosine") -> dict[str, float]:
+    """Recall@K (percentages) for in-memory embeddings and labels.
+
+    The one-liner of the Recall@K seed: ``query_emb (Q, D)``, ``gallery_emb (G, D)``,
+    labels compared as strings.  With ids, an item never matches itself; queries whose
+    label has no other gallery item are skipped.
+    """
+    def table(labels, ids, prefix):
+        labels = np.asarray(labels).astype(str)
+        ids = np.asarray(ids).astype(str) if ids is not None else \
+            np.array([f"{prefix}{i}" for i in range(len(labels))])
+        return pd.DataFrame({"id": ids, "label": labels})
+
+    # Without ids the two sides must never share one, hence the distinct prefixes.
+    result = evaluate(table(query_labels, query_ids, "q"),
+                      table(gallery_labels, gallery_ids, "g"),
+                      np.asarray(query_emb), np.asarray(gallery_emb), protocol="recall",
+                      distance=distance, ks=ks)
+    return {name: value for name, value in result.metrics.items() if name.startswith("recall@")}
+
+
+def _name(source) -> str | None:
+    return None if isinstance(source, pd.DataFrame) else str(source)

@@ -1,0 +1,182 @@
+"""Who is ranked (valid) and who is relevant, per protocol, as integer arrays.
+
+===============  ===========================================  ========================
+protocol         valid gallery items for query q               relevant
+===============  ===========================================  ========================
+recall           all but the item with q's id                  same label
+reid             all but q's id, same label AND same camera,   same label
+                 labels in ``junk_labels``
+reassociation    q's sequence at frame q.frame + gap_frames    same label
+progressive      all                                           same label (one target)
+===============  ===========================================  ========================
+
+Dense protocols (recall, reid, progressive) are described by per-row codes that
+the tile kernel tests; reassociation lists each query's candidates explicitly.
+Relevant (or candidate) pairs are found from the manifests alone, no embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .errors import RankwiseError
+from .manifest import check_protocol
+
+
+@dataclass
+class Problem:
+    """A protocol applied to a query and a gallery manifest (no embeddings yet).
+
+    Attributes
+    ----------
+    qlab, glab, qid, gid : int64 codes shared by query and gallery (equal code =
+        equal string).
+    gjunk : (G,) bool, gallery rows that are never ranked (junk labels).
+    pair_q, pair_g : int64, the pairs whose canonical keys are computed first: every
+        valid relevant pair (dense protocols) or every valid candidate (reassociation),
+        grouped by query in ascending query order.
+    pair_rel : bool, which pairs are relevant.
+    skip : (Q,) bool, queries left out of every average.
+    dense : bool, whether the non-relevant valid items are counted by the tile engine.
+    group, step : (Q,) int64, progressive sketch number and step (-1 / 0 otherwise).
+    """
+
+    protocol: str
+    qlab: np.ndarray
+    glab: np.ndarray
+    qid: np.ndarray
+    gid: np.ndarray
+    gjunk: np.ndarray
+    exclude_self: bool
+    pair_q: np.ndarray
+    pair_g: np.ndarray
+    pair_rel: np.ndarray
+    skip: np.ndarray
+    dense: bool
+    group: np.ndarray
+    step: np.ndarray
+    num_gallery: int
+    num_units: int          # queries, or sketches for progressive
+    num_units_skipped: int
+    options: dict = field(default_factory=dict)
+
+
+def _codes(query: pd.Series, gallery: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes for two string columns, equal strings -> equal codes."""
+    codes, _ = pd.factorize(pd.concat([query, gallery], ignore_index=True).astype(str))
+    codes = codes.astype(np.int64)
+    return codes[: len(query)], codes[len(query):]
+
+
+def _grouped_pairs(qkey: np.ndarray, gkey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All (q, g) with ``qkey[q] == gkey[g]``, grouped by q then ascending g."""
+    order = np.argsort(gkey, kind="stable")
+    sorted_keys = gkey[order]
+    starts = np.searchsorted(sorted_keys, qkey, side="left")
+    counts = np.searchsorted(sorted_keys, qkey, side="right") - starts
+    total = int(counts.sum())
+    pair_q = np.repeat(np.arange(len(qkey), dtype=np.int64), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    pair_g = order[np.repeat(starts, counts) + (np.arange(total, dtype=np.int64) - first)]
+    return pair_q, pair_g.astype(np.int64)
+
+
+def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
+                  gap_frames: int = 1, junk_labels: tuple[str, ...] = ("-1",)) -> Problem:
+    """Apply ``protocol`` to validated manifests (see :func:`rankwise.manifest.read_manifest`)."""
+    check_protocol(protocol)
+    qlab, glab = _codes(query["label"], gallery["label"])
+    qid, gid = _codes(query["id"], gallery["id"])
+    n_q, n_g = len(query), len(gallery)
+    gjunk = np.zeros(n_g, dtype=bool)
+    group = np.full(n_q, -1, dtype=np.int64)
+    step = np.zeros(n_q, dtype=np.int64)
+    options: dict = {}
+    exclude_self = protocol != "progressive"
+
+    if protocol == "reassociation":
+        if gap_frames < 1:
+            raise RankwiseError(f"--gap-frames must be a positive integer, got {gap_frames}")
+        options["gap_frames"] = int(gap_frames)
+        qseq, gseq = _codes(query["sequence"], gallery["sequence"])
+        qframe = query["frame"].to_numpy(np.int64)
+        gframe = gallery["frame"].to_numpy(np.int64)
+        # One integer per (sequence, frame); a target frame outside the gallery's range
+        # can match nothing, so it maps to -1.
+        fmin, fmax = int(gframe.min()), int(gframe.max())
+        width = fmax - fmin + 1
+        gkey = gseq * width + (gframe - fmin)
+        target = qframe + gap_frames
+        qkey = np.where((target >= fmin) & (target <= fmax), qseq * width + (target - fmin), -1)
+        pair_q, pair_g = _grouped_pairs(qkey, gkey)
+        keep = gid[pair_g] != qid[pair_q]
+        pair_q, pair_g = pair_q[keep], pair_g[keep]
+        pair_rel = glab[pair_g] == qlab[pair_q]
+        n_valid = np.bincount(pair_q, minlength=n_q)
+        n_rel = np.bincount(pair_q, weights=pair_rel, minlength=n_q)
+        skip = (n_valid < 2) | (n_rel == 0)
+        dense = False
+    else:
+        if protocol == "reid":
+            junk = {str(j) for j in junk_labels}
+            options["junk_labels"] = sorted(junk)
+            gjunk = gallery["label"].astype(str).isin(junk).to_numpy()
+        pair_q, pair_g = _grouped_pairs(qlab, glab)
+        keep = ~gjunk[pair_g]
+        if exclude_self:
+            keep &= gid[pair_g] != qid[pair_q]
+        if protocol == "reid":
+            qcam, gcam = _codes(query["camera"], gallery["camera"])
+            keep &= gcam[pair_g] != qcam[pair_q]
+        pair_q, pair_g = pair_q[keep], pair_g[keep]
+        pair_rel = np.ones(len(pair_q), dtype=bool)
+        skip = np.bincount(pair_q, minlength=n_q) == 0
+        dense = True
+
+    num_units, num_skipped = n_q, int(skip.sum())
+    if protocol == "progressive":
+        group, step, skip, num_units, num_skipped = _sketches(query, skip)
+        if not skip.all():
+            keep = ~skip[pair_q]
+            pair_q, pair_g, pair_rel = pair_q[keep], pair_g[keep], pair_rel[keep]
+
+    if skip.all():
+        raise RankwiseError(
+            f"no query has a valid match in the gallery under protocol {protocol!r} "
+            f"({n_q} queries, {n_g} gallery items): check that query and gallery labels "
+            "use the same ids" + (" and that queries have other-camera matches"
+                                  if protocol == "reid" else ""))
+    return Problem(protocol=protocol, qlab=qlab, glab=glab, qid=qid, gid=gid, gjunk=gjunk,
+                   exclude_self=exclude_self, pair_q=pair_q, pair_g=pair_g,
+                   pair_rel=pair_rel, skip=skip, dense=dense, group=group, step=step,
+                   num_gallery=int(n_g - gjunk.sum()), num_units=int(num_units),
+                   num_units_skipped=int(num_skipped), options=options)
+
+
+def _sketches(query: pd.DataFrame, skip: np.ndarray):
+    """Progressive: sketch numbers, steps, and whole-sketch skipping.
+
+    A sketch is evaluated only when every one of its renderings has its target in the
+    gallery; otherwise all its rows are skipped.  Returns the sketch-level counts.
+    """
+    group, names = pd.factorize(query["sketch"].astype(str))
+    group = group.astype(np.int64)
+    step = query["step"].to_numpy(np.int64)
+    labels = query["label"].astype(str).to_numpy()
+    table = pd.DataFrame({"g": group, "s": step, "l": labels})
+    dup = table.duplicated(["g", "s"]).to_numpy()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        raise RankwiseError(f"query manifest: row {i + 2}: sketch {names[group[i]]!r} has "
+                            f"step {step[i]} twice; each rendering needs its own step")
+    n_labels = table.groupby("g")["l"].nunique().to_numpy()
+    if (n_labels > 1).any():
+        g = int(np.flatnonzero(n_labels > 1)[0])
+        raise RankwiseError(f"query manifest: sketch {names[g]!r} has renderings with "
+                            "different labels; a sketch has one target")
+    sketch_skip = np.bincount(group, weights=skip, minlength=len(names)) > 0
+    row_skip = sketch_skip[group]
+    return group, step, row_skip, len(names), int(sketch_skip.sum())

@@ -1,0 +1,300 @@
+"""The out-of-core rank engine: embeddings + protocol -> sorted ranks per query.
+
+Two passes over the gallery, each a Dask graph of (query block x gallery chunk)
+tasks; no task holds more than one ``query_block x gallery_chunk`` tile and no
+process holds the ``Q x G`` matrix.
+
+1. *Thresholds* (per chunk): canonical keys ``t`` of each query's valid relevant
+   items (or, for reassociation, of all its candidates), and a validity check of
+   every gallery row (finite, non-zero under cosine).
+2. *Counts* (per tile): for every threshold, the valid non-relevant items at or
+   ahead of it (:func:`rankwise.kernels.count_tile`), summed over chunks.
+
+With ``t_1 <= ... <= t_G`` a query's sorted thresholds and
+``N(t) = #{valid non-relevant g : key(g) <= t}``, its ranks are
+``r_p = 1 + N(t_p) + (p - 1)``: DESIGN.md's pessimistic tie rule (non-relevant
+before relevant at equal distance), and the sorted rank list does not depend on
+the row order among tied relevant items.  The two passes run as separate
+``compute`` calls, gallery chunks in groups, which keeps memory flat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import kernels
+from .embeddings import EmbeddingSource
+from .errors import RankwiseError
+from .protocols import Problem
+
+DISTANCES = ("cosine", "euclidean")
+
+
+def check_distance(distance: str) -> str:
+    """Return ``distance`` or raise listing the valid ones."""
+    if distance not in DISTANCES:
+        raise RankwiseError(f"unknown distance {distance!r}; valid distances: "
+                            f"{', '.join(DISTANCES)}")
+    return distance
+
+
+@dataclass
+class RankResult:
+    """Sorted ranks of the relevant items of every evaluated query (CSR).
+
+    ``ranks[offsets[i]:offsets[i+1]]`` belong to query row ``query_index[i]``.
+    """
+
+    offsets: np.ndarray
+    ranks: np.ndarray
+    query_index: np.ndarray
+    group: np.ndarray
+    step: np.ndarray
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"offsets": self.offsets, "ranks": self.ranks, "query_index": self.query_index,
+                "group": self.group, "step": self.step}
+
+
+@dataclass
+class EngineOptions:
+    """How the work is cut and run; never changes a number."""
+
+    query_block: int = 1024
+    gallery_chunk: int = 8192
+    workers: int | None = None
+    scheduler: Any = None  # None: threads; else a dask.distributed Client or address
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("query_block", "gallery_chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise RankwiseError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                    f"got {value!r}")
+        if self.workers is not None and self.workers < 1:
+            raise RankwiseError(f"--workers must be a positive integer, got {self.workers!r}")
+
+
+# ----------------------------------------------------------------- task functions
+
+def _prepare_chunk(source: EmbeddingSource, start: int, stop: int, cosine: bool):
+    """Per chunk: read rows, normalise (cosine), check every row."""
+    rows, sq, bad, why = kernels.prepare_rows(source.read(start, stop), cosine)
+    if bad >= 0:
+        raise RankwiseError(_bad_row_message(source, start + bad, why))
+    return rows, sq
+
+
+def _bad_row_message(source: EmbeddingSource, row: int, why: int) -> str:
+    where = source.path or source.name
+    if why == 1:
+        return (f"{where}: {source.name} row {row} (0-based) contains NaN or inf; "
+                "fix or drop that item")
+    return (f"{where}: {source.name} row {row} (0-based) is a zero vector, which has no "
+            "cosine distance; fix that item or use --distance euclidean")
+
+
+def _pair_keys_task(prep, qrows, pair_q, pair_g_local, cosine):
+    """Per chunk: canonical keys of the pairs whose gallery item is in this chunk."""
+    _limit_blas()
+    return kernels.pair_keys(qrows, prep[0], pair_q, pair_g_local, cosine)
+
+
+def _count_task(prep, block, gmeta, cosine, bound):
+    """Per tile: BLAS similarities, then masks + counting in one compiled pass."""
+    _limit_blas()
+    grows, gsq = prep
+    sim = block["rows"] @ grows.T
+    return kernels.count_tile(sim, block["rows"], block["sq"], block["lab"], block["id"],
+                              grows, gsq, gmeta["lab"], gmeta["id"], gmeta["junk"],
+                              block["thr"], block["toff"], block["exclude_self"], cosine,
+                              bound)
+
+
+def _sum(parts):
+    """Combine: add the per-chunk counts of one query block."""
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+_IN_DISTRIBUTED_WORKER = False
+
+
+def _limit_blas() -> None:
+    """In a distributed worker process, pin BLAS to one thread (threads: set by caller)."""
+    global _IN_DISTRIBUTED_WORKER
+    if _IN_DISTRIBUTED_WORKER:
+        return
+    try:
+        from distributed import get_worker
+        get_worker()
+    except (ImportError, ValueError):
+        return
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(1)
+    _IN_DISTRIBUTED_WORKER = True
+
+
+# ----------------------------------------------------------------- scheduling
+
+class _Runner:
+    """Runs raw Dask graphs on threads or on a dask.distributed cluster."""
+
+    def __init__(self, options: EngineOptions):
+        import os
+        self.workers = options.workers or os.cpu_count() or 1
+        self.client = None
+        if options.scheduler is not None:
+            try:
+                from distributed import Client
+            except ImportError:
+                raise RankwiseError("--scheduler needs the 'distributed' package: "
+                                    "pip install 'rankwise[distributed]'") from None
+            if isinstance(options.scheduler, Client):
+                self.client = options.scheduler
+            else:
+                try:
+                    self.client = Client(options.scheduler, timeout=30)
+                except OSError as exc:
+                    raise RankwiseError(f"cannot reach the Dask scheduler at "
+                                        f"{options.scheduler!r} ({exc}); start it or fix "
+                                        "the address") from None
+            self.workers = max(1, sum(self.client.nthreads().values()))
+
+    def get(self, graph: dict, keys: list):
+        if self.client is not None:
+            return self.client.get(graph, keys)
+        import dask.threaded
+        return dask.threaded.get(graph, keys, num_workers=self.workers)
+
+
+def _chunk_bounds(n_rows: int, source: EmbeddingSource, chunk: int) -> np.ndarray:
+    if source.chunk_rows:  # whole storage chunks per task: no read-modify of neighbours
+        chunk = max(source.chunk_rows, chunk // source.chunk_rows * source.chunk_rows)
+    return np.append(np.arange(0, n_rows, chunk), n_rows).astype(np.int64)
+
+
+def compute_ranks(problem: Problem, query: EmbeddingSource, gallery: EmbeddingSource, *,
+                  distance: str, options: EngineOptions | None = None) -> RankResult:
+    """Ranks of every evaluated query's relevant items (see module docstring).
+
+    Parameters
+    ----------
+    problem : from :func:`rankwise.protocols.build_problem`.
+    query, gallery : embedding sources, ``(Q, D)`` and ``(G, D)``.
+    distance : ``"cosine"`` or ``"euclidean"``.
+    """
+    from threadpoolctl import threadpool_limits
+
+    options = options or EngineOptions()
+    check_distance(distance)
+    cosine = distance == "cosine"
+    if query.shape[1] != gallery.shape[1]:
+        raise RankwiseError(f"query embeddings have dimension {query.shape[1]} but gallery "
+                            f"embeddings have {gallery.shape[1]}; encode both with the "
+                            "same model")
+    dim = int(query.shape[1])
+    qrows, qsq, bad, why = kernels.prepare_rows(query.read(0, query.shape[0]), cosine)
+    if bad >= 0:
+        raise RankwiseError(_bad_row_message(query, bad, why))
+    bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
+    runner = _Runner(options)
+    with threadpool_limits(1):
+        keys = _pass_thresholds(problem, qrows, gallery, bounds, cosine, runner)
+        evaluated = np.flatnonzero(~problem.skip)
+        pair_q = problem.pair_q
+        counts = np.bincount(pair_q, minlength=len(problem.skip))[evaluated]
+        if problem.dense:
+            order = np.lexsort((keys, pair_q))
+            thr = keys[order]
+            toff = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            hist = _pass_counts(problem, qrows, qsq, thr, toff, evaluated, gallery, bounds,
+                                cosine, kernels.error_bound_factor(dim), runner, options)
+            ranks = kernels.ranks_from_hist(hist, toff)
+            offsets = toff
+        else:
+            cand_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            offsets, ranks = kernels.rank_candidates(cand_off, keys, problem.pair_rel)
+    attrs = {
+        "protocol": problem.protocol, "distance": distance,
+        "num_queries": problem.num_units - problem.num_units_skipped,
+        "num_skipped": problem.num_units_skipped, "num_gallery": problem.num_gallery,
+        "embedding_dim": dim, "protocol_options": dict(problem.options),
+    }
+    return RankResult(offsets=np.asarray(offsets, np.int64), ranks=np.asarray(ranks, np.int64),
+                      query_index=evaluated.astype(np.int64), group=problem.group[evaluated],
+                      step=problem.step[evaluated], attrs=attrs)
+
+
+def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -> np.ndarray:
+    """Pass 1: canonical keys of all pairs (relevant or candidate), by gallery chunk."""
+    pair_q, pair_g = problem.pair_q, problem.pair_g
+    by_g = np.argsort(pair_g, kind="stable")
+    cuts = np.searchsorted(pair_g[by_g], bounds)
+    keys = np.empty(len(pair_q), dtype=np.float64)
+    n_chunks = len(bounds) - 1
+    group = max(1, runner.workers)
+    for first in range(0, n_chunks, group):
+        graph, out_keys, selections = {}, [], []
+        for c in range(first, min(first + group, n_chunks)):
+            start, stop = int(bounds[c]), int(bounds[c + 1])
+            graph[("prep", c)] = (_prepare_chunk, gallery, start, stop, cosine)
+            sel = by_g[cuts[c]:cuts[c + 1]]
+            # Every chunk is read and checked, even one holding no relevant item.
+            graph[("keys", c)] = (_pair_keys_task, ("prep", c), qrows, pair_q[sel],
+                                  pair_g[sel] - start, cosine)
+            out_keys.append(("keys", c))
+            selections.append(sel)
+        for sel, values in zip(selections, runner.get(graph, out_keys)):
+            keys[sel] = values
+    return keys
+
+
+def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bounds, cosine,
+                 bound, runner, options: EngineOptions) -> np.ndarray:
+    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold."""
+    blocks = []
+    for lo in range(0, len(evaluated), options.query_block):
+        hi = min(lo + options.query_block, len(evaluated))
+        rows = evaluated[lo:hi]
+        blocks.append({
+            "rows": np.ascontiguousarray(qrows[rows]), "sq": qsq[rows],
+            "lab": problem.qlab[rows], "id": problem.qid[rows],
+            "thr": thr[toff[lo]:toff[hi]], "toff": toff[lo:hi + 1] - toff[lo],
+            "exclude_self": problem.exclude_self, "span": (int(toff[lo]), int(toff[hi])),
+        })
+    hist = np.zeros(len(thr), dtype=np.int64)
+    n_chunks = len(bounds) - 1
+    group = max(1, runner.workers)
+    steps = range(0, n_chunks, group)
+    if options.progress:
+        from tqdm import tqdm
+        steps = tqdm(steps, desc="rank", unit="chunk-group", leave=False)
+    for first in steps:
+        graph, out_keys = {}, []
+        chunk_ids = range(first, min(first + group, n_chunks))
+        for c in chunk_ids:
+            start, stop = int(bounds[c]), int(bounds[c + 1])
+            graph[("prep", c)] = (_prepare_chunk, gallery, start, stop, cosine)
+            graph[("gmeta", c)] = {"lab": problem.glab[start:stop], "id": problem.gid[start:stop],
+                                   "junk": problem.gjunk[start:stop]}
+        for b, block in enumerate(blocks):
+            graph[("block", b)] = block
+            tiles = []
+            for c in chunk_ids:
+                graph[("tile", b, c)] = (_count_task, ("prep", c), ("block", b), ("gmeta", c),
+                                         cosine, bound)
+                tiles.append(("tile", b, c))
+            graph[("sum", b)] = (_sum, tiles)
+            out_keys.append(("sum", b))
+        for block, part in zip(blocks, runner.get(graph, out_keys)):
+            lo, hi = block["span"]
+            hist[lo:hi] += part
+    return hist

@@ -1,0 +1,176 @@
+"""Zarr stores: embeddings ``(N, D)`` and ranks (CSR), written atomically.
+
+Every store is written under ``<path>.tmp`` and renamed to ``<path>`` only once
+complete, so a store that exists under its final name is complete.  A leftover
+``<path>.tmp`` from a killed job is removed when the next write starts.
+
+Embedding store (a Zarr group)::
+
+    embeddings   float32 (N, D), chunked along N
+    attrs        {"kind": "embeddings", "encoder": ..., "checkpoint_hash": ...,
+                  "manifest_hash": ..., "rankwise_version": ..., "complete": true}
+
+Ranks store (a Zarr group), one entry per *evaluated* query::
+
+    offsets      int64 (n_eval + 1)   CSR row pointers into ``ranks``
+    ranks        int64 (nnz,)         sorted 1-based ranks of each query's relevant items
+    query_index  int64 (n_eval,)      row of the query in its manifest
+    group        int64 (n_eval,)      progressive: sketch number (0..n_sketches-1), else -1
+    step         int64 (n_eval,)      progressive: the rendering's step, else 0
+    attrs        protocol, distance, num_queries, num_skipped, num_gallery, ...
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import zarr
+
+from .errors import RankwiseError
+
+# Snakemake writes `.snakemake_timestamp` inside directory() outputs; zarr warns about it.
+warnings.filterwarnings("ignore", message=".*Object at .snakemake_timestamp.*")
+warnings.filterwarnings("ignore", message=".*snakemake_timestamp.*")
+
+
+def _json_safe(value: Any) -> Any:
+    """Cast numpy scalars/arrays to plain Python so zarr attributes accept them."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _json_safe(value.tolist())
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+@contextmanager
+def atomic_store(path: str | os.PathLike) -> Iterator[zarr.Group]:
+    """Yield a fresh Zarr group at ``<path>.tmp``; rename it to ``path`` on success.
+
+    On any exception the temporary store is removed and ``path`` is left as it was.
+    """
+    final = Path(path)
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        group = zarr.open_group(str(tmp), mode="w")
+        yield group
+        group.attrs["complete"] = True
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        # Snakemake may have created the directory() output already (it removes it
+        # before the job, but a user running by hand may overwrite an old store).
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+
+
+def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
+    """Open a rankwise store for reading, refusing missing or incomplete ones."""
+    p = Path(path)
+    if not p.exists():
+        tmp = p.with_name(p.name + ".tmp")
+        hint = (f" (found an incomplete '{tmp.name}' from an interrupted run: run the"
+                " command again)") if tmp.exists() else ""
+        raise RankwiseError(f"{p}: store not found{hint}")
+    try:
+        group = zarr.open_group(str(p), mode="r")
+    except Exception as exc:  # zarr raises several types for a corrupt store
+        raise RankwiseError(f"{p}: not a readable Zarr store ({type(exc).__name__}); "
+                            "delete it and run the command that writes it again") from None
+    attrs = dict(group.attrs)
+    if not attrs.get("complete"):
+        raise RankwiseError(f"{p}: incomplete store (no 'complete' mark); delete it and "
+                            "run the command that writes it again")
+    if attrs.get("kind") != kind:
+        raise RankwiseError(f"{p}: expected a rankwise {kind} store, found "
+                            f"kind={attrs.get('kind')!r}")
+    return group
+
+
+# ---------------------------------------------------------------- embeddings
+
+def write_embeddings(path: str | os.PathLike, batches: Iterator[np.ndarray], n_rows: int,
+                     *, attrs: dict[str, Any], chunk_rows: int = 16384) -> None:
+    """Write ``(n_rows, D)`` float32 embeddings batch by batch, atomically.
+
+    ``batches`` yields consecutive ``(B, D)`` arrays whose B add up to ``n_rows``.
+    The array is preallocated once D is known (first batch).
+    """
+    with atomic_store(path) as group:
+        arr = None
+        row = 0
+        for batch in batches:
+            batch = np.asarray(batch, dtype=np.float32)
+            if batch.ndim != 2:
+                raise RankwiseError(f"{path}: encoder returned shape {batch.shape}; "
+                                    "expected (batch, dim)")
+            if arr is None:
+                arr = group.create_array(
+                    "embeddings", shape=(n_rows, batch.shape[1]), dtype="float32",
+                    chunks=(min(chunk_rows, max(n_rows, 1)), batch.shape[1]))
+            if row + len(batch) > n_rows:
+                raise RankwiseError(f"{path}: encoder produced more rows than the "
+                                    f"manifest's {n_rows}")
+            arr[row:row + len(batch)] = batch
+            row += len(batch)
+        if arr is None or row != n_rows:
+            raise RankwiseError(f"{path}: encoder produced {row} rows for a manifest of "
+                                f"{n_rows}")
+        group.attrs.update(_json_safe({"kind": "embeddings", **attrs}))
+
+
+def embeddings_attrs(path: str | os.PathLike) -> dict[str, Any]:
+    """The attributes of a complete embedding store."""
+    return dict(open_complete_group(path, "embeddings").attrs)
+
+
+# ---------------------------------------------------------------- ranks
+
+RANK_ARRAYS = ("offsets", "ranks", "query_index", "group", "step")
+
+
+def write_ranks(path: str | os.PathLike, arrays: dict[str, np.ndarray],
+                attrs: dict[str, Any]) -> None:
+    """Write a ranks store (see module docstring) atomically."""
+    with atomic_store(path) as group:
+        for name in RANK_ARRAYS:
+            data = np.ascontiguousarray(arrays[name], dtype=np.int64)
+            group.create_array(name, data=data, chunks=(max(1, min(len(data), 1 << 20)),))
+        group.attrs.update(_json_safe({"kind": "ranks", **attrs}))
+
+
+def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Read a complete ranks store: ``(arrays, attrs)``."""
+    group = open_complete_group(path, "ranks")
+    try:
+        arrays = {name: np.asarray(group[name][...]) for name in RANK_ARRAYS}
+    except KeyError as exc:
+        raise RankwiseError(f"{path}: ranks store lacks array {exc}; delete it and run "
+                            "`rankwise rank` again") from None
+    return arrays, dict(group.attrs)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write a text file via ``<path>.tmp`` + rename: never a half-written file."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(final.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, final)
