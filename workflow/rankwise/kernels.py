@@ -133,6 +133,7 @@ def count_tile(sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk,
     """
     b, c = sim.shape
     hist = np.zeros(thr.shape[0], dtype=np.int64)
+    gn = np.sqrt(gsq)
     for i in range(b):
         lo = toff[i]
         hi = toff[i + 1]
@@ -144,10 +145,10 @@ def count_tile(sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk,
             s = np.float64(sim[i, j])
             if cosine:
                 key = -s
-                eps = bound * qn * np.sqrt(gsq[j])
+                eps = bound * qn * gn[j]
             else:
                 key = qsq[i] + gsq[j] - 2.0 * s
-                r = qn + np.sqrt(gsq[j])
+                r = qn + gn[j]
                 eps = bound * r * r
             if key - eps > tmax:
                 continue  # certainly behind every relevant item: the common case
@@ -155,11 +156,11 @@ def count_tile(sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk,
                 continue  # relevant (or same-camera junk), or a junk label
             if exclude_self and gid[j] == qid[i]:
                 continue
-            p_lo = _count_less(thr, lo, hi, key - eps)
-            p_hi = _count_less(thr, lo, hi, key + eps)
-            if p_lo == p_hi:
-                p = p_lo
-            else:  # too close to call from float32: use the canonical key
+            # Thresholds below key - eps are certainly ahead of g; g is certainly ahead
+            # of those at or above key + eps; one in between is too close to call from
+            # float32, so the canonical key decides.
+            p = _count_less(thr, lo, hi, key - eps)
+            if lo + p < hi and thr[lo + p] < key + eps:
                 p = _count_less(thr, lo, hi, _canonical_key(qrows[i], grows[j], cosine))
             if p < hi - lo:
                 hist[lo + p] += 1

@@ -20,6 +20,7 @@ the row order among tied relevant items.  The two passes run as separate
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,7 +162,7 @@ class _Runner:
                 self.client = options.scheduler
             else:
                 try:
-                    self.client = Client(options.scheduler, timeout=30)
+                    self.client = Client(options.scheduler, timeout=10)
                 except OSError as exc:
                     raise RankwiseError(f"cannot reach the Dask scheduler at "
                                         f"{options.scheduler!r} ({exc}); start it or fix "
@@ -173,6 +174,13 @@ class _Runner:
             return self.client.get(graph, keys)
         import dask.threaded
         return dask.threaded.get(graph, keys, num_workers=self.workers)
+
+
+def _key_maker():
+    """Task keys unique to one graph: a cluster may still hold results of an earlier
+    graph under the same names, and must not hand those back."""
+    token = uuid.uuid4().hex[:12]
+    return lambda name, *index: (f"{name}-{token}", *index)
 
 
 def _chunk_bounds(n_rows: int, source: EmbeddingSource, chunk: int) -> np.ndarray:
@@ -243,14 +251,15 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
     group = max(1, runner.workers)
     for first in range(0, n_chunks, group):
         graph, out_keys, selections = {}, [], []
+        key = _key_maker()
         for c in range(first, min(first + group, n_chunks)):
             start, stop = int(bounds[c]), int(bounds[c + 1])
-            graph[("prep", c)] = (_prepare_chunk, gallery, start, stop, cosine)
+            graph[key("prep", c)] = (_prepare_chunk, gallery, start, stop, cosine)
             sel = by_g[cuts[c]:cuts[c + 1]]
             # Every chunk is read and checked, even one holding no relevant item.
-            graph[("keys", c)] = (_pair_keys_task, ("prep", c), qrows, pair_q[sel],
-                                  pair_g[sel] - start, cosine)
-            out_keys.append(("keys", c))
+            graph[key("keys", c)] = (_pair_keys_task, key("prep", c), qrows, pair_q[sel],
+                                     pair_g[sel] - start, cosine)
+            out_keys.append(key("keys", c))
             selections.append(sel)
         for sel, values in zip(selections, runner.get(graph, out_keys)):
             keys[sel] = values
@@ -279,21 +288,23 @@ def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bo
         steps = tqdm(steps, desc="rank", unit="chunk-group", leave=False)
     for first in steps:
         graph, out_keys = {}, []
+        key = _key_maker()
         chunk_ids = range(first, min(first + group, n_chunks))
         for c in chunk_ids:
             start, stop = int(bounds[c]), int(bounds[c + 1])
-            graph[("prep", c)] = (_prepare_chunk, gallery, start, stop, cosine)
-            graph[("gmeta", c)] = {"lab": problem.glab[start:stop], "id": problem.gid[start:stop],
-                                   "junk": problem.gjunk[start:stop]}
+            graph[key("prep", c)] = (_prepare_chunk, gallery, start, stop, cosine)
+            graph[key("gmeta", c)] = {"lab": problem.glab[start:stop],
+                                      "id": problem.gid[start:stop],
+                                      "junk": problem.gjunk[start:stop]}
         for b, block in enumerate(blocks):
-            graph[("block", b)] = block
+            graph[key("block", b)] = block
             tiles = []
             for c in chunk_ids:
-                graph[("tile", b, c)] = (_count_task, ("prep", c), ("block", b), ("gmeta", c),
-                                         cosine, bound)
-                tiles.append(("tile", b, c))
-            graph[("sum", b)] = (_sum, tiles)
-            out_keys.append(("sum", b))
+                graph[key("tile", b, c)] = (_count_task, key("prep", c), key("block", b),
+                                            key("gmeta", c), cosine, bound)
+                tiles.append(key("tile", b, c))
+            graph[key("sum", b)] = (_sum, tiles)
+            out_keys.append(key("sum", b))
         for block, part in zip(blocks, runner.get(graph, out_keys)):
             lo, hi = block["span"]
             hist[lo:hi] += part

@@ -1,0 +1,58 @@
+"""The rank engine on a dask.distributed cluster gives the threaded scheduler's numbers."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import rankwise
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, silence_logs=40) as lc:
+        with distributed.Client(lc) as client:
+            yield client
+
+
+def _reid_files(tmp_path, seed=0, n_q=80, n_g=700, dim=12):
+    rng = np.random.default_rng(seed)
+    glab = rng.integers(-1, 40, n_g)
+    qlab = rng.integers(0, 45, n_q)
+    pd.DataFrame({"id": [f"g{i}" for i in range(n_g)], "label": glab,
+                  "camera": rng.integers(0, 4, n_g)}).to_csv(tmp_path / "g.csv", index=False)
+    pd.DataFrame({"id": [f"q{i}" for i in range(n_q)], "label": qlab,
+                  "camera": rng.integers(0, 4, n_q)}).to_csv(tmp_path / "q.csv", index=False)
+    ge = rng.integers(-3, 4, (n_g, dim)).astype(np.float32)
+    ge[5:25] = ge[0]  # exact duplicates: ties across chunks
+    np.save(tmp_path / "g.npy", ge)
+    np.save(tmp_path / "q.npy", rng.integers(-3, 4, (n_q, dim)).astype(np.float32))
+    return [tmp_path / n for n in ("q.csv", "g.csv", "q.npy", "g.npy")]
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_local_cluster_matches_threads(tmp_path, cluster, distance):
+    files = _reid_files(tmp_path)
+    kwargs = dict(protocol="reid", distance=distance, query_block=17, gallery_chunk=64)
+    threaded = rankwise.evaluate(*files, workers=2, **kwargs)
+    on_cluster = rankwise.evaluate(*files, scheduler=cluster, **kwargs)
+    assert on_cluster.metrics == threaded.metrics
+    assert on_cluster.num_skipped == threaded.num_skipped
+    np.testing.assert_array_equal(on_cluster.per_query["first_rank"],
+                                  threaded.per_query["first_rank"])
+
+
+def test_scheduler_address_string(tmp_path, cluster):
+    files = _reid_files(tmp_path, seed=3)
+    by_address = rankwise.evaluate(*files, protocol="reid", gallery_chunk=100,
+                                   scheduler=cluster.scheduler.address)
+    threaded = rankwise.evaluate(*files, protocol="reid", gallery_chunk=100)
+    assert by_address.metrics == threaded.metrics
+
+
+def test_unreachable_scheduler_is_a_clear_error(tmp_path):
+    files = _reid_files(tmp_path, seed=4)
+    with pytest.raises(rankwise.RankwiseError, match="cannot reach the Dask scheduler"):
+        rankwise.evaluate(*files, protocol="reid", scheduler="tcp://127.0.0.1:9")
