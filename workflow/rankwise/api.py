@@ -82,11 +82,12 @@ def rank(query, gallery, query_embeddings, gallery_embeddings, *, protocol: str 
          distance: str = "cosine", gap_frames: int = 1,
          junk_labels: Iterable[str] = ("-1",), query_block: int = 1024,
          gallery_chunk: int = 8192, workers: int | None = None, scheduler=None,
-         progress: bool = False) -> RankResult:
+         progress: bool = False, memory_limit_mb: float | None = None) -> RankResult:
     """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
     check_distance(distance)
     options = EngineOptions(query_block=query_block, gallery_chunk=gallery_chunk,
-                            workers=workers, scheduler=scheduler, progress=progress)
+                            workers=workers, scheduler=scheduler, progress=progress,
+                            memory_limit_mb=memory_limit_mb)
     q_table = read_manifest(query, protocol=protocol, role="query")
     g_table = read_manifest(gallery, protocol=protocol, role="gallery")
     q_src = open_embeddings(query_embeddings, name="query embeddings", n_rows=len(q_table),
@@ -103,7 +104,8 @@ def evaluate(query, gallery, query_embeddings, gallery_embeddings, *,
              ks: Iterable[int] | str = (1, 5, 10), gap_frames: int = 1,
              junk_labels: Iterable[str] = ("-1",), ap: str = "standard",
              query_block: int = 1024, gallery_chunk: int = 8192,
-             workers: int | None = None, scheduler=None) -> EvaluationResult:
+             workers: int | None = None, scheduler=None,
+             memory_limit_mb: float | None = None) -> EvaluationResult:
     """Evaluate embeddings under a protocol.
 
     Parameters
@@ -120,6 +122,8 @@ def evaluate(query, gallery, query_embeddings, gallery_embeddings, *,
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
+    memory_limit_mb : refuse, before any work, a run whose estimated peak memory
+        exceeds this many MB.
 
     Returns
     -------

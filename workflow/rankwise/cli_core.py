@@ -43,6 +43,8 @@ def _inputs(func):
                      help="Threads (default: all cores)."),
         click.option("--scheduler", default=None,
                      help="dask.distributed scheduler address (default: local threads)."),
+        click.option("--memory-limit", "memory_limit", default=None, type=float,
+                     help="MB; refuse to start when the estimated peak exceeds it."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -55,7 +57,8 @@ def _rank(kw, progress: bool):
                 protocol=kw["protocol"], distance=kw["distance"], gap_frames=kw["gap_frames"],
                 junk_labels=junk, query_block=kw["query_block"],
                 gallery_chunk=kw["gallery_chunk"], workers=kw["workers"],
-                scheduler=kw["scheduler"], progress=progress)
+                scheduler=kw["scheduler"], progress=progress,
+                memory_limit_mb=kw["memory_limit"])
 
 
 def _emit(report: dict, output: str | None, text_output: str | None = None) -> None:

@@ -70,6 +70,7 @@ class EngineOptions:
     workers: int | None = None
     scheduler: Any = None  # None: threads; else a dask.distributed Client or address
     progress: bool = False
+    memory_limit_mb: float | None = None  # refuse to start when the estimate exceeds it
 
     def __post_init__(self) -> None:
         for name in ("query_block", "gallery_chunk"):
@@ -79,6 +80,30 @@ class EngineOptions:
                                     f"got {value!r}")
         if self.workers is not None and self.workers < 1:
             raise RankwiseError(f"--workers must be a positive integer, got {self.workers!r}")
+        if self.memory_limit_mb is not None and self.memory_limit_mb <= 0:
+            raise RankwiseError(f"--memory-limit must be a positive number of MB, got "
+                                f"{self.memory_limit_mb!r}")
+
+
+#: Resident size of the interpreter with numpy, numba, dask and zarr loaded.
+_BASE_MB = 250.0
+
+
+def estimate_memory_mb(n_query: int, n_gallery: int, dim: int, n_pairs: int,
+                       options: EngineOptions, workers: int) -> float:
+    """Peak resident memory (MB) of one rank run, from its shapes alone.
+
+    Held throughout: the prepared queries ``(Q, D)`` twice (raw + prepared), the pair
+    lists and keys (~48 bytes a pair), the gallery codes (~25 bytes a row).  Per
+    worker at a time: a raw and a prepared gallery chunk ``(c, D)`` and the float32 tile
+    ``(b, c)``, plus the interpreter's own size.
+    """
+    b = min(options.query_block, max(n_query, 1))
+    c = min(options.gallery_chunk, max(n_gallery, 1))
+    held = 8.0 * n_query * dim + 48.0 * n_pairs + 25.0 * n_gallery
+    per_worker = 8.0 * c * dim + 4.0 * b * c + 16.0 * c
+    # Chunks of one group are alive together, one group per worker.
+    return _BASE_MB + (held + workers * (per_worker + 8.0 * c * dim)) / 2**20
 
 
 # ----------------------------------------------------------------- task functions
@@ -214,6 +239,16 @@ def compute_ranks(problem: Problem, query: EmbeddingSource, gallery: EmbeddingSo
         raise RankwiseError(_bad_row_message(query, bad, why))
     bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
     runner = _Runner(options)
+    if options.memory_limit_mb is not None:
+        chunk = int(np.diff(bounds).max())
+        need = estimate_memory_mb(query.shape[0], gallery.shape[0], dim, len(problem.pair_q),
+                                  EngineOptions(options.query_block, chunk), runner.workers)
+        if need > options.memory_limit_mb:
+            raise RankwiseError(
+                f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "
+                f"about {need:.0f} MB ({query.shape[0]} queries x {gallery.shape[0]} gallery x "
+                f"{dim} dims, tiles {options.query_block} x {chunk}, {runner.workers} "
+                "workers); lower --query-block, --gallery-chunk or --workers, or raise the limit")
     with threadpool_limits(1):
         keys = _pass_thresholds(problem, qrows, gallery, bounds, cosine, runner)
         evaluated = np.flatnonzero(~problem.skip)
