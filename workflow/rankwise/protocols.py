@@ -139,9 +139,9 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
     num_units, num_skipped = n_q, int(skip.sum())
     if protocol == "progressive":
         group, step, skip, num_units, num_skipped = _sketches(query, skip)
-        if not skip.all():
-            keep = ~skip[pair_q]
-            pair_q, pair_g, pair_rel = pair_q[keep], pair_g[keep], pair_rel[keep]
+    # Only evaluated queries keep pairs: the engine lays thresholds out per evaluated query.
+    keep = ~skip[pair_q]
+    pair_q, pair_g, pair_rel = pair_q[keep], pair_g[keep], pair_rel[keep]
 
     if skip.all():
         raise RankwiseError(

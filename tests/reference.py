@@ -1,0 +1,318 @@
+"""Brute-force reference implementations of every rankwise metric.
+
+Written from DESIGN.md and the published evaluation code, independently of the
+rankwise engine. Everything here holds the full (n_queries, n_gallery) distance
+matrix in float64 and loops over queries in Python: fine for the small tables the
+tests use, and easy to read against the originals:
+
+- torchreid ``eval_market1501`` (torchreid/metrics/rank.py): full distance matrix,
+  sort each row, drop invalid gallery items, cumulative match -> Rank-k,
+  AP = mean over matches of the precision at each match;
+- fast-reid mINP (fastreid/evaluation/rank.py): INP = G / (rank of the last match);
+- the official Market-1501 MATLAB ``compute_AP`` (trapezoid rule), simulated step by step;
+- SLFIR m@A / m@B (Bhunia et al., CVPR 2020) with DESIGN.md's formulas.
+
+The one deliberate departure from the originals is the sort: torchreid uses
+``np.argsort`` (ties broken by luck); DESIGN.md's pessimistic tie rule orders the
+valid items by (distance ascending, non-relevant before relevant, gallery row
+order), done here with ``np.lexsort``.
+
+All metrics are returned as percentages, like rankwise's reports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+PROTOCOLS = ("recall", "reid", "reassociation", "progressive")
+
+
+# ---------------------------------------------------------------------------
+# distances and protocol masks
+# ---------------------------------------------------------------------------
+
+
+def distance_matrix(query_emb, gallery_emb, distance: str) -> np.ndarray:
+    """Float64 (n_queries, n_gallery) distances: ``cosine`` = 1 - cos, ``euclidean`` = L2.
+
+    Identical gallery rows get bit-identical distances (each distinct row is
+    computed once), so exact duplicates are exact ties.
+    """
+    q = np.asarray(query_emb, dtype=np.float64)
+    g = np.asarray(gallery_emb, dtype=np.float64)
+    uniq, inverse = np.unique(g, axis=0, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    if distance == "cosine":
+        qn = q / np.linalg.norm(q, axis=1, keepdims=True)
+        un = uniq / np.linalg.norm(uniq, axis=1, keepdims=True)
+        d = np.empty((len(q), len(uniq)))
+        for i in range(len(q)):
+            d[i] = 1.0 - (un * qn[i]).sum(axis=1)
+    elif distance == "euclidean":
+        d = np.empty((len(q), len(uniq)))
+        for i in range(len(q)):
+            d[i] = np.sqrt(((uniq - q[i]) ** 2).sum(axis=1))
+    else:
+        raise ValueError(distance)
+    return d[:, inverse]
+
+
+def protocol_masks(protocol, query: pd.DataFrame, gallery: pd.DataFrame, *,
+                   junk_labels=("-1",), gap_frames=1):
+    """Boolean (n_queries, n_gallery) ``valid`` and ``relevant`` masks (DESIGN.md table).
+
+    ``relevant`` is already restricted to valid items.
+    """
+    ql = query["label"].astype(str).to_numpy()
+    gl = gallery["label"].astype(str).to_numpy()
+    qid = query["id"].astype(str).to_numpy()
+    gid = gallery["id"].astype(str).to_numpy()
+    same_label = ql[:, None] == gl[None, :]
+    not_self = qid[:, None] != gid[None, :]
+    if protocol == "recall":
+        valid = not_self
+    elif protocol == "reid":
+        qc = query["camera"].astype(str).to_numpy()
+        gc = gallery["camera"].astype(str).to_numpy()
+        same_cam = qc[:, None] == gc[None, :]
+        junk = np.isin(gl, [str(j) for j in junk_labels])[None, :]
+        valid = not_self & ~(same_label & same_cam) & ~junk
+    elif protocol == "reassociation":
+        qs = query["sequence"].astype(str).to_numpy()
+        gs = gallery["sequence"].astype(str).to_numpy()
+        qf = query["frame"].astype(np.int64).to_numpy()
+        gf = gallery["frame"].astype(np.int64).to_numpy()
+        valid = (qs[:, None] == gs[None, :]) & (gf[None, :] == qf[:, None] + gap_frames) & not_self
+    elif protocol == "progressive":
+        valid = np.ones_like(same_label)
+    else:
+        raise ValueError(protocol)
+    return valid, same_label & valid
+
+
+# ---------------------------------------------------------------------------
+# per-query pieces, in the style of the originals
+# ---------------------------------------------------------------------------
+
+
+def sorted_matches(dist_row, valid_row, relevant_row) -> np.ndarray:
+    """torchreid's ``raw_cmc``: relevance of the valid items in ranked order.
+
+    Sort key (DESIGN.md): distance ascending, then non-relevant before relevant,
+    then gallery row order. Invalid items are sorted along and then removed, as
+    torchreid removes same-pid-same-camera items after its argsort.
+    """
+    order = np.lexsort((np.arange(len(dist_row)), relevant_row.astype(np.int8), dist_row))
+    keep = valid_row[order]
+    return relevant_row[order][keep]
+
+
+def market1501_query(raw_cmc: np.ndarray, max_rank: int):
+    """torchreid ``eval_market1501`` inner loop + fast-reid INP for one query.
+
+    Returns ``(cmc[:max_rank], AP, INP)`` or ``None`` when there is no match.
+    """
+    if not np.any(raw_cmc):
+        return None
+    cmc = raw_cmc.cumsum()
+    pos_idx = np.where(raw_cmc == 1)
+    pos_max_idx = np.max(pos_idx)
+    inp = cmc[pos_max_idx] / (pos_max_idx + 1.0)  # fast-reid mINP
+    cmc[cmc > 1] = 1
+    cmc_cut = np.zeros(max_rank)
+    n = min(max_rank, len(cmc))
+    cmc_cut[:n] = cmc[:n]
+    if n < max_rank and n > 0:
+        cmc_cut[n:] = cmc[n - 1]
+    num_rel = raw_cmc.sum()
+    tmp_cmc = raw_cmc.cumsum()
+    tmp_cmc = np.asarray([x / (i + 1.0) for i, x in enumerate(tmp_cmc)]) * raw_cmc
+    ap = tmp_cmc.sum() / num_rel
+    return cmc_cut, float(ap), float(inp)
+
+
+def matlab_trapezoid_ap(raw_cmc: np.ndarray) -> float:
+    """The official Market-1501 ``compute_AP.m``, step by step (junk already removed)."""
+    ngood = int(raw_cmc.sum())
+    old_recall, old_precision, ap = 0.0, 1.0, 0.0
+    intersect_size, j, good_now = 0, 0, 0
+    for flag in raw_cmc:
+        if flag:
+            good_now += 1
+            intersect_size += 1
+        recall = intersect_size / ngood
+        precision = intersect_size / (j + 1)
+        ap += (recall - old_recall) * ((old_precision + precision) / 2)
+        old_recall, old_precision = recall, precision
+        j += 1
+        if good_now == ngood:
+            break
+    return ap
+
+
+def first_match_rank(raw_cmc: np.ndarray) -> int:
+    """1-based rank of the first match (for MRR and recall@K)."""
+    return int(np.flatnonzero(raw_cmc)[0]) + 1
+
+
+def relevant_ranks(raw_cmc: np.ndarray) -> np.ndarray:
+    """Sorted 1-based ranks of the relevant items."""
+    return np.flatnonzero(raw_cmc) + 1
+
+
+def ranks_by_counting(dist_row, valid_row, relevant_row) -> np.ndarray:
+    """Second, independent route: DESIGN.md's rank formula, item by item.
+
+    rank(j) = 1 + #{valid non-relevant g : d(g) <= d(j)}
+                + #{valid relevant g : d(g) < d(j), or d(g) = d(j) and g before j}
+    """
+    out = []
+    rel_idx = np.flatnonzero(relevant_row)
+    nonrel = valid_row & ~relevant_row
+    for j in rel_idx:
+        dj = dist_row[j]
+        r = 1 + int(np.sum(nonrel & (dist_row <= dj)))
+        for g in rel_idx:
+            if dist_row[g] < dj or (dist_row[g] == dj and g < j):
+                r += 1
+        out.append(r)
+    return np.sort(np.asarray(out, dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------
+# whole evaluations
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Reference:
+    """What a reference evaluation returns (JSON-like fields + per-query detail)."""
+
+    protocol: str
+    distance: str
+    num_queries: int
+    num_skipped: int
+    num_gallery: int
+    embedding_dim: int
+    metrics: dict
+    query_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    first_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    ranks: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "protocol": self.protocol,
+            "distance": self.distance,
+            "num_queries": self.num_queries,
+            "num_skipped": self.num_skipped,
+            "num_gallery": self.num_gallery,
+            "embedding_dim": self.embedding_dim,
+            "metrics": dict(self.metrics),
+        }
+
+
+def _rank_key(protocol):
+    return "recall@{}" if protocol == "recall" else "rank{}"
+
+
+def evaluate_reference(query, gallery, query_emb, gallery_emb, *, protocol="recall",
+                       distance="cosine", ks=(1, 5, 10), gap_frames=1,
+                       junk_labels=("-1",), ap="standard") -> Reference:
+    """Brute-force evaluation for every protocol (metrics as percentages)."""
+    if protocol == "progressive":
+        return progressive_reference(query, gallery, query_emb, gallery_emb,
+                                     distance=distance, ks=ks)
+    dist = distance_matrix(query_emb, gallery_emb, distance)
+    valid, relevant = protocol_masks(protocol, query, gallery,
+                                     junk_labels=junk_labels, gap_frames=gap_frames)
+    max_rank = max(ks)
+    cmcs, aps, inps, rrs, qidx, firsts, all_ranks = [], [], [], [], [], [], []
+    skipped = 0
+    for i in range(len(query)):
+        if protocol == "reassociation" and valid[i].sum() < 2:
+            skipped += 1
+            continue
+        raw_cmc = sorted_matches(dist[i], valid[i], relevant[i])
+        res = market1501_query(raw_cmc, max_rank)
+        if res is None:
+            skipped += 1
+            continue
+        cmc, ap_std, inp = res
+        cmcs.append(cmc)
+        aps.append(matlab_trapezoid_ap(raw_cmc) if ap == "trapezoid" else ap_std)
+        inps.append(inp)
+        r1 = first_match_rank(raw_cmc)
+        rrs.append(1.0 / r1)
+        firsts.append(r1)
+        qidx.append(i)
+        all_ranks.append(relevant_ranks(raw_cmc))
+    n = len(cmcs)
+    key = _rank_key(protocol)
+    metrics = {}
+    if n:
+        cmc = np.mean(np.asarray(cmcs), axis=0)
+        for k in ks:
+            metrics[key.format(k)] = 100.0 * float(cmc[k - 1])
+        if protocol != "reassociation":
+            metrics["map"] = 100.0 * float(np.mean(aps))
+            metrics["minp"] = 100.0 * float(np.mean(inps))
+        metrics["mrr"] = 100.0 * float(np.mean(rrs))
+    if protocol == "reid":
+        junk = np.isin(gallery["label"].astype(str).to_numpy(), [str(j) for j in junk_labels])
+        num_gallery = int((~junk).sum())
+    else:
+        num_gallery = len(gallery)
+    return Reference(protocol, distance, n, skipped, num_gallery,
+                     int(np.asarray(gallery_emb).shape[1]), metrics,
+                     np.asarray(qidx, np.int64), np.asarray(firsts, np.int64), all_ranks)
+
+
+def slfir_weights(T: int) -> np.ndarray:
+    """w_t = exp(1 - t/T) / e for t = 1..T."""
+    return np.array([math.exp(1.0 - t / T) / math.e for t in range(1, T + 1)])
+
+
+def progressive_reference(query, gallery, query_emb, gallery_emb, *, distance="cosine",
+                          ks=(1, 5, 10)) -> Reference:
+    """SLFIR m@A, m@B, wm@A, wm@B, acc@K per DESIGN.md, averaged over sketches."""
+    dist = distance_matrix(query_emb, gallery_emb, distance)
+    valid, relevant = protocol_masks("progressive", query, gallery)
+    N = len(gallery)
+    sketches = query["sketch"].astype(str).to_numpy()
+    steps = query["step"].astype(np.int64).to_numpy()
+    per = {"m@A": [], "m@B": [], "wm@A": [], "wm@B": []}
+    accs = {k: [] for k in ks}
+    skipped = 0
+    for s in sorted(set(sketches.tolist())):
+        rows = np.flatnonzero(sketches == s)
+        rows = rows[np.argsort(steps[rows], kind="stable")]
+        r = []
+        for i in rows:
+            raw_cmc = sorted_matches(dist[i], valid[i], relevant[i])
+            if not raw_cmc.any():
+                r = None
+                break
+            r.append(first_match_rank(raw_cmc))
+        if r is None:
+            skipped += 1
+            continue
+        r = np.asarray(r, dtype=np.float64)
+        T = len(r)
+        w = slfir_weights(T)
+        a = (N - r) / (N - 1)
+        b = 1.0 / r
+        per["m@A"].append(a.mean())
+        per["m@B"].append(b.mean())
+        per["wm@A"].append((w * a).sum() / T)
+        per["wm@B"].append((w * b).sum() / T)
+        for k in ks:
+            accs[k].append(float(r[-1] <= k))
+    metrics = {name: 100.0 * float(np.mean(v)) for name, v in per.items()}
+    for k in ks:
+        metrics[f"acc@{k}"] = 100.0 * float(np.mean(accs[k]))
+    return Reference("progressive", distance, len(per["m@A"]), skipped, N,
+                     int(np.asarray(gallery_emb).shape[1]), metrics)

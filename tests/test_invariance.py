@@ -1,0 +1,145 @@
+"""Results do not depend on tiling, worker count, row order, or on going through
+the ranks store (`rankwise rank` + `rankwise metrics`) instead of `evaluate`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rankwise
+from conftest import read_json
+
+PROTOCOL_CASES = {
+    "recall": ("recall", "cosine", "sign", 3),
+    "reid": ("reid", "euclidean", "int", 3),
+    "reassociation": ("reassociation", "euclidean", "int", 3),
+    "progressive": ("progressive", "cosine", "sign", 3),
+}
+# (query_block, gallery_chunk): size 1, uneven sizes, one tile, and mixtures
+TILES = [(1, 1), (1, 8192), (8192, 1), (7, 13), (4, 5), (3, 64), (64, 3)]
+
+
+def _case(make_case, protocol):
+    p, d, k, s = PROTOCOL_CASES[protocol]
+    return make_case(p, d, k, s)
+
+
+def _assert_identical(a, b):
+    """Exact equality: counts, metrics, per-query arrays."""
+    assert a.to_json() == b.to_json()
+    assert a.metrics == b.metrics
+    _assert_same_arrays(a.per_query, b.per_query)
+
+
+def _assert_same_arrays(a: dict, b: dict):
+    assert set(a) == set(b)
+    for key in a:
+        if isinstance(a[key], dict):
+            _assert_same_arrays(a[key], b[key])
+            continue
+        x, y = np.asarray(a[key]), np.asarray(b[key])
+        assert x.shape == y.shape and np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), key
+
+
+@pytest.mark.parametrize("protocol", list(PROTOCOL_CASES))
+@pytest.mark.parametrize("query_block,gallery_chunk", TILES)
+def test_tile_sizes_change_nothing(make_case, protocol, query_block, gallery_chunk):
+    case = _case(make_case, protocol)
+    base = rankwise.evaluate(*case.args(), **case.kwargs(workers=1))
+    assert base.num_queries > 0
+    res = rankwise.evaluate(*case.args(), **case.kwargs(query_block=query_block,
+                                                          gallery_chunk=gallery_chunk,
+                                                          workers=1))
+    _assert_identical(res, base)
+
+
+@pytest.mark.parametrize("protocol", list(PROTOCOL_CASES))
+@pytest.mark.parametrize("query_block,gallery_chunk", [(5, 7), (1024, 8192)])
+def test_worker_count_changes_nothing(make_case, protocol, query_block, gallery_chunk):
+    case = _case(make_case, protocol)
+    one = rankwise.evaluate(*case.args(), **case.kwargs(query_block=query_block,
+                                                          gallery_chunk=gallery_chunk,
+                                                          workers=1))
+    two = rankwise.evaluate(*case.args(), **case.kwargs(query_block=query_block,
+                                                          gallery_chunk=gallery_chunk,
+                                                          workers=2))
+    _assert_identical(one, two)
+
+
+def _assert_close(a, b):
+    ja, jb = a.to_json(), b.to_json()
+    ma, mb = ja.pop("metrics"), jb.pop("metrics")
+    assert ja == jb
+    assert set(ma) == set(mb)
+    for name in ma:
+        assert ma[name] == pytest.approx(mb[name], abs=1e-9), name
+
+
+@pytest.mark.parametrize("protocol", list(PROTOCOL_CASES))
+@pytest.mark.parametrize("seed", [10, 11])
+@pytest.mark.parametrize("which", ["queries", "gallery", "both"])
+def test_row_permutations_change_nothing(make_case, protocol, seed, which):
+    case = _case(make_case, protocol)
+    perm, qp, gp = case.permuted(seed, queries=which != "gallery", gallery=which != "queries")
+    base = rankwise.evaluate(*case.args(), **case.kwargs())
+    res = rankwise.evaluate(*perm.args(), **perm.kwargs())
+    _assert_close(res, base)
+    if protocol != "progressive":
+        # the same queries get the same first-match ranks, whatever the row order
+        b_idx = np.asarray(base.per_query["query_index"])
+        r_idx = qp[np.asarray(res.per_query["query_index"])]  # back to original rows
+        order = np.argsort(r_idx)
+        np.testing.assert_array_equal(r_idx[order], np.sort(b_idx))
+        np.testing.assert_array_equal(
+            np.asarray(res.per_query["first_rank"])[order],
+            np.asarray(base.per_query["first_rank"])[np.argsort(b_idx)])
+
+
+def test_paths_and_dataframes_give_the_same_result(make_case, tmp_path):
+    case = _case(make_case, "reid")
+    opts = case.write(tmp_path)
+    from_files = rankwise.evaluate(opts["--query"], opts["--gallery"],
+                                   opts["--query-embeddings"], opts["--gallery-embeddings"],
+                                   **case.kwargs())
+    _assert_identical(from_files, rankwise.evaluate(*case.args(), **case.kwargs()))
+
+
+def _rank_store(cli, case, tmp_path):
+    """Write the case, run `rankwise rank`; return the shared CLI options and ks."""
+    inputs = case.write(tmp_path)
+    common = {**inputs, "--protocol": case.protocol, "--distance": case.distance,
+              "--query-block": 6, "--gallery-chunk": 17}
+    proc = cli("rank", "--out", tmp_path / "ranks.zarr", options=common)
+    assert proc.returncode == 0, proc.stderr
+    return common, ",".join(map(str, case.options["ks"]))
+
+
+@pytest.mark.parametrize("protocol", ["reid", "progressive"])
+def test_rank_then_metrics_equals_evaluate(make_case, cli, tmp_path, protocol):
+    case = _case(make_case, protocol)
+    common, ks = _rank_store(cli, case, tmp_path)
+    proc = cli("evaluate", "--ks", ks, "--output", tmp_path / "eval.json", options=common)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("metrics", tmp_path / "ranks.zarr", "--ks", ks, "--output", tmp_path / "m.json")
+    assert proc.returncode == 0, proc.stderr
+    ev, me = read_json(tmp_path / "eval.json"), read_json(tmp_path / "m.json")
+    assert isinstance(me.pop("provenance"), dict)
+    assert me == ev
+    assert "[metrics]" in proc.stdout
+
+
+def test_metrics_with_other_ks_and_ap_from_the_same_ranks(make_case, cli, tmp_path):
+    """Changing ks / ap needs only `metrics`: same numbers as a fresh evaluate."""
+    case = _case(make_case, "reid")
+    _rank_store(cli, case, tmp_path)
+    proc = cli("metrics", tmp_path / "ranks.zarr", "--ks", "2,4", "--ap", "trapezoid",
+               "--output", tmp_path / "m2.json")
+    assert proc.returncode == 0, proc.stderr
+    got = read_json(tmp_path / "m2.json")
+    got.pop("provenance")
+    api = rankwise.evaluate(*case.args(), **case.kwargs(ks=(2, 4), ap="trapezoid")).to_json()
+    standard = rankwise.evaluate(*case.args(), **case.kwargs(ks=(2, 4))).to_json()
+    assert api["metrics"]["map"] != standard["metrics"]["map"]
+    assert set(got) == set(api) and set(got["metrics"]) == {"rank2", "rank4", "map", "minp", "mrr"}
+    for name in api["metrics"]:
+        assert got["metrics"][name] == pytest.approx(api["metrics"][name], abs=1e-9), name
