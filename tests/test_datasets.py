@@ -1,0 +1,403 @@
+"""Dataset loaders: real trees with the real naming conventions, written to tmp_path."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from rankwise.datasets import LOADERS, prepare_dataset, seeded_split
+from rankwise.errors import RankwiseError
+
+
+def _image(path: Path, value: int = 128) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((8, 4, 3), value, np.uint8)).save(path)
+    return path
+
+
+def _read(out: Path, split: str) -> pd.DataFrame:
+    return pd.read_csv(out / f"{split}.csv", dtype=str, keep_default_na=False)
+
+
+def _assert_paths_resolve(out: Path) -> None:
+    for split in ("query", "gallery"):
+        for p in _read(out, split)["path"]:
+            assert (out / p).is_file(), f"{split}: {p} does not resolve from {out}"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- market1501
+
+MARKET_QUERY = ["0002_c1s1_000451_00.jpg", "0007_c3s2_012345_00.jpg"]
+MARKET_GALLERY = ["0002_c2s1_000500_01.jpg", "0002_c1s1_000460_02.jpg",
+                  "0007_c6s4_002201_01.jpg", "0000_c2s1_000100_01.jpg",
+                  "-1_c1s1_000200_03.jpg", "1501_c5s3_065432_04.jpg"]
+
+
+@pytest.fixture
+def market(tmp_path: Path) -> Path:
+    root = tmp_path / "data" / "Market-1501-v15.09.15"
+    for name in MARKET_QUERY:
+        _image(root / "query" / name)
+    for name in MARKET_GALLERY:
+        _image(root / "bounding_box_test" / name)
+    (root / "bounding_box_test" / "Thumbs.db").write_bytes(b"\0")  # shipped with Market
+    _image(root / "bounding_box_train" / "0001_c1s1_000001_01.jpg")  # training: not read
+    return root
+
+
+def test_market1501_manifest(market: Path, tmp_path: Path):
+    out = tmp_path / "results" / "manifests" / "market"
+    summary = prepare_dataset("market1501", {"root": str(market)}, out)
+    assert summary["query"] == 2 and summary["gallery"] == 6
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    assert list(query.columns) == ["id", "label", "camera", "sequence", "frame", "path"]
+    assert query["label"].tolist() == ["2", "7"]
+    assert query["camera"].tolist() == ["1", "3"]
+    assert query["sequence"].tolist() == ["c1s1", "c3s2"]
+    assert query["frame"].tolist() == ["451", "12345"]
+    by_id = gallery.set_index("id")
+    assert by_id.loc["-1_c1s1_000200_03", "label"] == "-1"  # junk
+    assert by_id.loc["0000_c2s1_000100_01", "label"] == "0"  # distractor
+    assert by_id.loc["1501_c5s3_065432_04", ["label", "camera", "sequence", "frame"]].tolist() \
+        == ["1501", "5", "c5s3", "65432"]
+    assert sorted(gallery["id"]) == sorted(Path(n).stem for n in MARKET_GALLERY)
+    assert not any(p.startswith("/") for p in gallery["path"])  # relative to the manifest
+    _assert_paths_resolve(out)
+
+
+def test_market1501_bad_file_name_names_the_file(market: Path, tmp_path: Path):
+    _image(market / "query" / "person7.jpg")
+    with pytest.raises(RankwiseError, match=r"person7\.jpg.*PPPP_cCsS_FFFFFF_BB"):
+        prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"root": "no/such/market"}, r"no/such/market: Market-1501 root folder not found"),
+    ({}, r"market1501: missing option\(s\) root"),
+    ({"root": ".", "seed": 1}, r"unknown option\(s\) seed; valid options: gallery_folder, "
+                               r"query_folder, root"),
+])
+def test_market1501_option_errors(options, message, tmp_path: Path):
+    with pytest.raises(RankwiseError, match=message):
+        prepare_dataset("market1501", options, tmp_path / "out")
+
+
+def test_market1501_missing_split_folder(market: Path, tmp_path: Path):
+    for file in (market / "query").iterdir():
+        file.unlink()
+    (market / "query").rmdir()
+    with pytest.raises(RankwiseError, match=r"query: Market-1501 query folder not found"):
+        prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")
+
+
+# ---------------------------------------------------------------- msmt17
+
+def _msmt17(root: Path, images: str = "test") -> None:
+    query = ["0000/0000_000_01_0303morning_0015_0.jpg 0",
+             "0001/0001_004_12_0303noon_0871_1.jpg 1"]
+    gallery = ["0000/0000_001_05_0303morning_0033_0.jpg 0",
+               "0001/0001_000_12_0303noon_0850_0.jpg 1",
+               "0001/0001_002_15_0303afternoon_1020_2.jpg 1",
+               "0002/0002_000_03_0302morning_0101_0.jpg 2"]
+    for split, lines in (("query", query), ("gallery", gallery)):
+        (root / f"list_{split}.txt").parent.mkdir(parents=True, exist_ok=True)
+        (root / f"list_{split}.txt").write_text("\n".join(lines) + "\n")
+        for line in lines:
+            _image(root / images / line.split()[0])
+
+
+def test_msmt17_manifest(tmp_path: Path):
+    root = tmp_path / "MSMT17_V1"
+    _msmt17(root)
+    out = tmp_path / "out"
+    summary = prepare_dataset("msmt17", {"root": str(root)}, out)
+    assert (summary["query"], summary["gallery"]) == (2, 4)
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    assert query["id"].tolist() == ["0000_000_01_0303morning_0015_0",
+                                    "0001_004_12_0303noon_0871_1"]
+    assert query["label"].tolist() == ["0", "1"]
+    assert query["camera"].tolist() == ["1", "12"]
+    assert gallery["camera"].tolist() == ["5", "12", "15", "3"]
+    assert gallery["label"].tolist() == ["0", "1", "1", "2"]
+    _assert_paths_resolve(out)
+
+
+def test_msmt17_v2_layout_is_detected(tmp_path: Path):
+    root = tmp_path / "MSMT17_V2"
+    _msmt17(root, images="mask_test_v2")
+    prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
+    _assert_paths_resolve(tmp_path / "out")
+
+
+def test_msmt17_missing_image_names_list_line(tmp_path: Path):
+    root = tmp_path / "MSMT17_V1"
+    _msmt17(root)
+    (root / "test" / "0001" / "0001_000_12_0303noon_0850_0.jpg").unlink()
+    with pytest.raises(RankwiseError, match=r"list_gallery\.txt: line 2: image .*"
+                                            r"0001_000_12_0303noon_0850_0\.jpg not found"):
+        prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
+
+
+def test_msmt17_bad_line(tmp_path: Path):
+    root = tmp_path / "MSMT17_V1"
+    _msmt17(root)
+    with open(root / "list_query.txt", "a") as handle:
+        handle.write("0003/0003_000_01_x.jpg\n")
+    with pytest.raises(RankwiseError, match=r"list_query\.txt: line 3: expected 'pid/file\.jpg "
+                                            r"label'"):
+        prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
+
+
+# ---------------------------------------------------------------- folder
+
+def _folder(root: Path, counts: dict[str, int]) -> None:
+    for label, n in counts.items():
+        for i in range(n):
+            _image(root / label / f"img{i:02d}.png", value=i)
+
+
+def test_folder_split_dirs(tmp_path: Path):
+    _folder(tmp_path / "q", {"cat": 1, "dog": 2})
+    _folder(tmp_path / "g", {"cat": 3, "dog": 2, "eel": 1})
+    (tmp_path / "g" / "cat" / "notes.txt").write_text("not an image")
+    out = tmp_path / "out"
+    prepare_dataset("folder", {"query_dir": str(tmp_path / "q"),
+                               "gallery_dir": str(tmp_path / "g")}, out)
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    assert query["label"].tolist() == ["cat", "dog", "dog"]
+    assert gallery["label"].tolist() == ["cat"] * 3 + ["dog"] * 2 + ["eel"]
+    # different folders: the same relative name is a different item
+    assert set(query["id"]).isdisjoint(gallery["id"])
+    _assert_paths_resolve(out)
+
+
+def test_folder_same_dir_shares_ids(tmp_path: Path):
+    _folder(tmp_path / "all", {"a": 2, "b": 2})
+    out = tmp_path / "out"
+    options = {"query_dir": str(tmp_path / "all"), "gallery_dir": str(tmp_path / "all")}
+    prepare_dataset("folder", options, out)
+    assert _read(out, "query")["id"].tolist() == _read(out, "gallery")["id"].tolist()
+
+
+def test_folder_seeded_split(tmp_path: Path):
+    counts = {"a": 10, "b": 5, "c": 2, "d": 1}
+    _folder(tmp_path / "all", counts)
+    tables = {}
+    for seed in (0, 0, 1):
+        out = tmp_path / f"out{len(tables)}"
+        prepare_dataset("folder", {"root": str(tmp_path / "all"), "query_fraction": 0.3,
+                                   "seed": seed}, out)
+        tables[len(tables)] = (_read(out, "query"), _read(out, "gallery"))
+        _assert_paths_resolve(out)
+    query, gallery = tables[0]
+    assert query.groupby("label").size().to_dict() == {"a": 3, "b": 2, "c": 1}  # d: singleton
+    assert gallery.groupby("label").size().to_dict() == {"a": 7, "b": 3, "c": 1, "d": 1}
+    assert set(query["id"]).isdisjoint(gallery["id"])
+    assert query.equals(tables[1][0])  # same seed, same split
+    assert not query["id"].equals(tables[2][0]["id"])  # another seed, another split
+
+
+def test_seeded_split_is_stable_per_label():
+    labels = ["a"] * 6 + ["b"] * 6
+    mask = seeded_split(labels, 0.5, seed=3)
+    mask_with_c = seeded_split(labels + ["c"] * 4, 0.5, seed=3)
+    assert (mask == mask_with_c[:12]).all()  # adding a label leaves the others alone
+
+
+@pytest.mark.parametrize("options, message", [
+    ({}, r"folder: missing option root"),
+    ({"root": "nope"}, r"nope: image folder not found"),
+    ({"query_dir": "q"}, r"query_dir and gallery_dir go together"),
+    ({"root": "x", "query_dir": "q", "gallery_dir": "g"}, r"not both"),
+])
+def test_folder_option_errors(options, message, tmp_path: Path):
+    with pytest.raises(RankwiseError, match=message):
+        prepare_dataset("folder", options, tmp_path / "out")
+
+
+def test_folder_fraction_must_be_a_fraction(tmp_path: Path):
+    _folder(tmp_path / "all", {"a": 2})
+    with pytest.raises(RankwiseError, match=r"query_fraction must be between 0 and 1"):
+        prepare_dataset("folder", {"root": str(tmp_path / "all"), "query_fraction": 1.5},
+                        tmp_path / "out")
+
+
+# ---------------------------------------------------------------- manifest
+
+def test_manifest_loader_rewrites_paths(tmp_path: Path):
+    src = tmp_path / "mine"
+    _image(src / "img" / "q0.png")
+    _image(src / "img" / "g0.png")
+    absolute = _image(tmp_path / "elsewhere" / "g1.png")
+    pd.DataFrame({"id": ["q0"], "label": ["007"], "path": ["img/q0.png"],
+                  "extra": ["kept"]}).to_csv(src / "q.csv", index=False)
+    pd.DataFrame({"id": ["g0", "g1"], "label": ["007", "NA"],
+                  "path": ["img/g0.png", str(absolute)]}).to_csv(src / "g.csv", index=False)
+    out = tmp_path / "results" / "manifests" / "mine"
+    prepare_dataset("manifest", {"query": str(src / "q.csv"), "gallery": str(src / "g.csv")},
+                    out)
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    assert query["label"].tolist() == ["007"]  # labels are strings, as written
+    assert gallery["label"].tolist() == ["007", "NA"]
+    assert query["extra"].tolist() == ["kept"]
+    assert gallery["path"].iloc[1] == str(absolute)  # absolute paths stay absolute
+    assert (out / query["path"].iloc[0]).resolve() == (src / "img" / "q0.png").resolve()
+    _assert_paths_resolve(out)
+
+
+def test_manifest_loader_validates(tmp_path: Path):
+    pd.DataFrame({"id": ["a", "a"], "label": ["1", "2"]}).to_csv(tmp_path / "q.csv", index=False)
+    pd.DataFrame({"id": ["b"], "label": ["1"]}).to_csv(tmp_path / "g.csv", index=False)
+    options = {"query": str(tmp_path / "q.csv"), "gallery": str(tmp_path / "g.csv")}
+    with pytest.raises(RankwiseError, match=r"q\.csv: duplicate id 'a'"):
+        prepare_dataset("manifest", options, tmp_path / "out")
+    with pytest.raises(RankwiseError, match=r"missing column\(s\) camera"):
+        prepare_dataset("manifest", {**options, "protocol": "reid"}, tmp_path / "out")
+    with pytest.raises(RankwiseError, match=r"nope\.csv: query manifest not found"):
+        prepare_dataset("manifest", {**options, "query": "nope.csv"}, tmp_path / "out")
+    assert not (tmp_path / "out" / "query.csv").exists()
+
+
+def test_unknown_loader_lists_valid_ones(tmp_path: Path):
+    with pytest.raises(RankwiseError, match=r"unknown loader 'market'; valid loaders: "
+                                            r"market1501, msmt17, folder, manifest, digits"):
+        prepare_dataset("market", {}, tmp_path)
+
+
+# ---------------------------------------------------------------- demos
+
+def _demo(tmp_path: Path, loader: str, name: str, **options) -> Path:
+    out = tmp_path / name
+    prepare_dataset(loader, options, out)
+    _assert_paths_resolve(out)
+    assert not (out / "images.tmp").exists()
+    return out
+
+
+def _same_outputs(a: Path, b: Path) -> bool:
+    for split in ("query", "gallery"):
+        if (a / f"{split}.csv").read_bytes() != (b / f"{split}.csv").read_bytes():
+            return False
+        table = _read(a, split)
+        for p in table["path"].iloc[:: max(1, len(table) // 7)]:
+            if _digest(a / p) != _digest(b / p):
+                return False
+    return True
+
+
+SMALL = {
+    "demo-market": {"identities": 6, "cameras": 3, "images_per_camera": 2, "distractors": 3,
+                    "junk": 2},
+    "demo-reassociation": {"sequences": 2, "frames": 4, "people": 3},
+    "demo-progressive": {"targets": 12, "sketches": 5, "steps": 5},
+}
+
+
+@pytest.mark.parametrize("loader", sorted(SMALL))
+def test_demo_is_deterministic(loader: str, tmp_path: Path):
+    a = _demo(tmp_path, loader, "a", seed=4, **SMALL[loader])
+    b = _demo(tmp_path, loader, "b", seed=4, **SMALL[loader])
+    c = _demo(tmp_path, loader, "c", seed=5, **SMALL[loader])
+    assert _same_outputs(a, b)
+    assert not _same_outputs(a, c)
+
+
+def test_demo_market_follows_market1501(tmp_path: Path):
+    out = _demo(tmp_path, "demo-market", "m", **SMALL["demo-market"])
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    assert {"-1", "0"} <= set(gallery["label"])
+    assert (gallery["label"] == "-1").sum() == 2 and (gallery["label"] == "0").sum() == 3
+    people = set(gallery["label"]) - {"-1", "0"}
+    assert len(people) == 6 and set(query["label"]) <= people
+    for row in query.itertuples():  # every query has a match in another camera
+        other = gallery[(gallery["label"] == row.label) & (gallery["camera"] != row.camera)]
+        assert len(other) > 0
+    assert all(p.startswith("images/Market-1501-demo/") for p in gallery["path"])
+    assert query["id"].str.fullmatch(r"\d{4}_c\d+s\d+_\d{6}_00").all()
+    # re-preparing into the same folder replaces the images
+    prepare_dataset("demo-market", {**SMALL["demo-market"], "identities": 3}, out)
+    files = list((out / "images").rglob("*.jpg"))
+    assert len(files) == len(_read(out, "query")) + len(_read(out, "gallery"))
+
+
+def test_demo_reassociation_tracks(tmp_path: Path):
+    out = _demo(tmp_path, "demo-reassociation", "r", **SMALL["demo-reassociation"])
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    assert query.equals(gallery)
+    assert set(query["sequence"]) == {"seq01", "seq02"}
+    assert not query.duplicated(["sequence", "frame", "label"]).any()
+    assert query.groupby("label")["sequence"].nunique().max() == 1  # a person stays in one
+    assert set(query["frame"].astype(int)) <= set(range(1, 5))
+
+
+def test_demo_progressive_steps(tmp_path: Path):
+    out = _demo(tmp_path, "demo-progressive", "p", **SMALL["demo-progressive"])
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    assert len(gallery) == 12 and gallery["label"].is_unique
+    assert len(query) == 25 and query["sketch"].nunique() == 5
+    for _, rows in query.groupby("sketch"):
+        assert rows["step"].astype(int).tolist() == [1, 2, 3, 4, 5]
+        assert rows["label"].nunique() == 1 and rows["label"].iloc[0] in set(gallery["label"])
+        ink = [int((np.asarray(Image.open(out / p)) > 0).sum()) for p in rows["path"]]
+        assert ink == sorted(ink) and ink[0] < ink[-1]  # revealed progressively
+
+
+def test_digits_demo(tmp_path: Path):
+    out = _demo(tmp_path, "digits", "d", seed=0, query_fraction=0.25)
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    assert len(query) + len(gallery) == 1797
+    assert set(query["label"]) == set(gallery["label"]) == {str(d) for d in range(10)}
+    assert abs(len(query) / 1797 - 0.25) < 0.01
+    assert Image.open(out / query["path"].iloc[0]).size == (32, 32)
+
+
+def test_demo_option_errors(tmp_path: Path):
+    with pytest.raises(RankwiseError, match=r"demo-market: unknown option\(s\) people; valid "):
+        prepare_dataset("demo-market", {"people": 3}, tmp_path / "x")
+    with pytest.raises(RankwiseError, match=r"sketches \(9\) must be at most targets \(4\)"):
+        prepare_dataset("demo-progressive", {"targets": 4, "sketches": 9}, tmp_path / "x")
+    assert not (tmp_path / "x" / "images.tmp").exists()
+
+
+def test_loaders_are_all_documented():
+    import rankwise.datasets as datasets
+
+    for name in LOADERS:
+        assert f"``{name}``" in datasets.__doc__
+
+
+# ---------------------------------------------------------------- command line
+
+def test_cli_prepare(market: Path, tmp_path: Path):
+    from rankwise.cli import main
+
+    out = tmp_path / "cli-out"
+    result = CliRunner().invoke(main, ["prepare", "--loader", "market1501", "--options",
+                                       f'{{"root": "{market}"}}', "--out-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == (f"prepared market1501: 2 query rows, 6 gallery rows, "
+                                     f"5 labels -> {out}")
+    assert (out / "query.csv").is_file() and (out / "gallery.csv").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--loader", "nope"], "error: unknown loader 'nope'; valid loaders:"),
+    (["--loader", "folder", "--options", "{root"], "error: --options: not valid JSON"),
+    (["--loader", "folder", "--options", "[1]"], "error: --options: expected a JSON object"),
+])
+def test_cli_prepare_errors(args, message, tmp_path: Path):
+    from rankwise.cli import main
+
+    result = CliRunner().invoke(main, ["prepare", *args, "--out-dir", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert message in result.output

@@ -1,0 +1,438 @@
+"""Encoders end to end: real images, real Zarr stores, a real ONNX model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+from click.testing import CliRunner
+from PIL import Image
+
+import rankwise
+from rankwise.encoders import ENCODER_KINDS, encode_manifest, hog_features
+from rankwise.errors import RankwiseError
+from rankwise.hashing import file_sha256
+from rankwise.store import embeddings_attrs
+
+N_ROWS = 7
+
+
+# ---------------------------------------------------------------- python factories
+# Referenced by the tests as f"{__file__}:<name>".
+
+def mean_colour(scale: float = 1.0):
+    """Factory: images -> (B, 3) mean RGB times ``scale``."""
+    def encode(images):
+        assert all(im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3 for im in images)
+        return np.stack([im.reshape(-1, 3).mean(axis=0) * scale for im in images])
+    return encode
+
+
+def with_checkpoint(checkpoint: str):
+    """Factory reading its 'weights' (one float) from the checkpoint file."""
+    weight = float(Path(checkpoint).read_text())
+
+    def encode(images):
+        return np.stack([[weight, float(im.mean()) + 1.0] for im in images])
+    return encode
+
+
+def fails_on_second_batch():
+    calls = []
+
+    def encode(images):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise RuntimeError("model crashed")
+        return np.ones((len(images), 2))
+    return encode
+
+
+def gives_nan():
+    def encode(images):
+        out = np.ones((len(images), 2))
+        out[-1, 0] = np.nan
+        return out
+    return encode
+
+
+FACTORIES = __file__
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture
+def manifest(tmp_path: Path) -> Path:
+    """A manifest of N_ROWS RGB images of various sizes; paths relative to its folder."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(N_ROWS):
+        h, w = 12 + 2 * i, 8 + i
+        image = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        path = tmp_path / "data" / f"img{i}.png"
+        path.parent.mkdir(exist_ok=True)
+        Image.fromarray(image).save(path)
+        rows.append({"id": f"x{i}", "label": str(i % 3), "path": f"../data/img{i}.png"})
+    table = tmp_path / "manifests" / "query.csv"
+    table.parent.mkdir()
+    pd.DataFrame(rows).to_csv(table, index=False)
+    return table
+
+
+def _images(manifest: Path) -> list[Image.Image]:
+    table = pd.read_csv(manifest, dtype=str)
+    return [Image.open(manifest.parent / p).convert("RGB") for p in table["path"]]
+
+
+def _read(store: Path) -> np.ndarray:
+    return np.asarray(zarr.open_group(str(store), mode="r")["embeddings"][...])
+
+
+# ---------------------------------------------------------------- built-in encoders
+
+def test_pixels(manifest: Path, tmp_path: Path):
+    out = tmp_path / "emb" / "pixels.zarr"
+    info = encode_manifest(manifest, "pixels", {"size": [4, 3]}, out, batch_size=3,
+                           workers=2, progress=False)
+    emb = _read(out)
+    expected = np.stack([np.asarray(im.resize((3, 4), Image.Resampling.BILINEAR),
+                                    dtype=np.float32).ravel() / 255 for im in _images(manifest)])
+    assert emb.dtype == np.float32 and info["shape"] == [N_ROWS, 36]
+    np.testing.assert_allclose(emb, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("options, dim", [
+    ({}, 24), ({"joint": True, "bins": 4}, 64), ({"space": "rgb", "stripes": 3}, 72)])
+def test_color_histogram(options, dim, manifest: Path, tmp_path: Path):
+    out = tmp_path / "hist.zarr"
+    encode_manifest(manifest, "color-histogram", options, out, batch_size=4, progress=False)
+    emb = _read(out)
+    assert emb.shape == (N_ROWS, dim)
+    np.testing.assert_allclose(emb.sum(axis=1), 1.0, rtol=1e-5)
+    assert (emb >= 0).all()
+
+
+def test_color_histogram_rgb_values(tmp_path: Path):
+    Image.fromarray(np.array([[[255, 0, 0], [0, 0, 255]]], np.uint8)).save(tmp_path / "a.png")
+    pd.DataFrame({"id": ["a"], "label": ["1"], "path": ["a.png"]}).to_csv(tmp_path / "m.csv",
+                                                                       index=False)
+    encode_manifest(tmp_path / "m.csv", "color-histogram", {"space": "rgb", "bins": 2},
+                    tmp_path / "h.zarr", progress=False)
+    # channel R: one pixel low, one high; G: both low; B: one low, one high
+    np.testing.assert_allclose(_read(tmp_path / "h.zarr")[0],
+                               np.array([1, 1, 2, 0, 1, 1]) / 6)
+
+
+def test_hog(manifest: Path, tmp_path: Path):
+    encode_manifest(manifest, "hog", {"size": [16, 8], "cell": 4, "bins": 6}, tmp_path / "h.zarr",
+                    progress=False)
+    # 4 x 2 cells -> 3 x 1 blocks of 2 x 2 cells x 6 bins
+    assert _read(tmp_path / "h.zarr").shape == (N_ROWS, 3 * 1 * 4 * 6)
+
+
+def test_hog_orientation():
+    image = np.zeros((16, 16), np.float32)
+    image[:, 8:] = 1.0  # a vertical edge: horizontal gradient, orientation 0 degrees
+    feature = hog_features(image, cell=8, bins=9).reshape(-1, 9)
+    assert feature.sum(axis=0).argmax() == 0
+    image = image.T  # a horizontal edge: 90 degrees
+    assert hog_features(image, cell=8, bins=9).reshape(-1, 9).sum(axis=0).argmax() == 4
+
+
+# ---------------------------------------------------------------- python
+
+def test_python_factory_from_file(manifest: Path, tmp_path: Path):
+    out = tmp_path / "py.zarr"
+    options = {"factory": f"{FACTORIES}:mean_colour", "params": {"scale": 2.0}}
+    encode_manifest(manifest, "python", options, out, batch_size=3, progress=False)
+    expected = np.stack([np.asarray(im, np.float64).reshape(-1, 3).mean(0) * 2
+                         for im in _images(manifest)])
+    np.testing.assert_allclose(_read(out), expected, rtol=1e-5)
+    attrs = embeddings_attrs(out)
+    assert attrs["encoder"] == {"kind": "python", "options": {
+        "factory": options["factory"], "params": {"scale": 2.0}, "checkpoint": None,
+        "input_size": None}}
+    assert attrs["checkpoint_hash"] is None
+
+
+def test_python_factory_module(manifest: Path, tmp_path: Path, monkeypatch):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "my_encoder_mod.py").write_text(
+        "import numpy as np\n"
+        "def build(dim=3):\n"
+        "    return lambda images: np.stack([np.full(dim, im.shape[0]) for im in images])\n")
+    monkeypatch.syspath_prepend(str(package))
+    encode_manifest(manifest, "python", {"factory": "my_encoder_mod:build",
+                                         "params": {"dim": 5}, "input_size": [9, 4]},
+                    tmp_path / "m.zarr", progress=False)
+    np.testing.assert_array_equal(_read(tmp_path / "m.zarr"), np.full((N_ROWS, 5), 9.0))
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("no_such_module_xyz:f", r"module 'no_such_module_xyz' of options.factory not found"),
+    (f"{FACTORIES}:nothing_here", r"has no attribute 'nothing_here'"),
+    ("missing/file.py:f", r"missing/file\.py: factory file not found"),
+    ("no-colon", r"factory must be 'module:function'"),
+])
+def test_python_factory_errors(factory, message, manifest: Path, tmp_path: Path):
+    with pytest.raises(RankwiseError, match=message):
+        encode_manifest(manifest, "python", {"factory": factory}, tmp_path / "e.zarr",
+                        progress=False)
+    assert not (tmp_path / "e.zarr").exists()
+
+
+def test_checkpoint_hash_follows_content_not_mtime(manifest: Path, tmp_path: Path):
+    ckpt = tmp_path / "weights.txt"
+    ckpt.write_text("1.5")
+    options = {"factory": f"{FACTORIES}:with_checkpoint", "checkpoint": str(ckpt)}
+
+    def encode() -> dict:
+        out = tmp_path / "ck.zarr"
+        encode_manifest(manifest, "python", options, out, progress=False)
+        return embeddings_attrs(out)
+
+    first = encode()
+    assert first["checkpoint_hash"] == hashlib.sha256(b"1.5").hexdigest()
+    assert _read(tmp_path / "ck.zarr")[0, 0] == 1.5  # the factory got the checkpoint path
+    stat = ckpt.stat()
+    os.utime(ckpt, ns=(stat.st_atime_ns + 10**9, stat.st_mtime_ns + 10**9))  # touch
+    assert encode()["checkpoint_hash"] == first["checkpoint_hash"]
+    ckpt.write_text("2.5")
+    second = encode()
+    assert second["checkpoint_hash"] == hashlib.sha256(b"2.5").hexdigest()
+    assert second["manifest_hash"] == first["manifest_hash"]
+
+
+def test_missing_checkpoint_names_it(manifest: Path, tmp_path: Path):
+    options = {"factory": f"{FACTORIES}:with_checkpoint", "checkpoint": "gone/weights.pt"}
+    with pytest.raises(RankwiseError, match=r"gone/weights\.pt: python checkpoint file not "
+                                            r"found"):
+        encode_manifest(manifest, "python", options, tmp_path / "x.zarr", progress=False)
+
+
+def test_failing_encoder_leaves_no_store(manifest: Path, tmp_path: Path):
+    out = tmp_path / "emb" / "query.zarr"
+    with pytest.raises(RuntimeError, match="model crashed"):
+        encode_manifest(manifest, "python", {"factory": f"{FACTORIES}:fails_on_second_batch"},
+                        out, batch_size=3, progress=False)
+    assert not out.exists() and not Path(f"{out}.tmp").exists()
+    # over an existing complete store: the old store survives untouched
+    encode_manifest(manifest, "pixels", {"size": [2, 2]}, out, progress=False)
+    before = _read(out)
+    with pytest.raises(RuntimeError, match="model crashed"):
+        encode_manifest(manifest, "python", {"factory": f"{FACTORIES}:fails_on_second_batch"},
+                        out, batch_size=3, progress=False)
+    np.testing.assert_array_equal(_read(out), before)
+    assert embeddings_attrs(out)["encoder"]["kind"] == "pixels"
+
+
+def test_non_finite_output_is_an_error(manifest: Path, tmp_path: Path):
+    with pytest.raises(RankwiseError, match=r"query\.csv: row 4 \(id 'x2'\): the python encoder "
+                                            r"produced NaN"):
+        encode_manifest(manifest, "python", {"factory": f"{FACTORIES}:gives_nan"},
+                        tmp_path / "nan.zarr", batch_size=3, progress=False)
+    assert not (tmp_path / "nan.zarr").exists()
+
+
+# ---------------------------------------------------------------- onnx
+
+def _onnx_model(path: Path, size: int = 6, dim: int = 4, batch: int | str = "N") -> np.ndarray:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.random.default_rng(1).normal(size=(3 * size * size, dim)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["images"], ["flat"], axis=1),
+         helper.make_node("MatMul", ["flat", "W"], ["embedding"])],
+        "tiny",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [batch, 3, size, size])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [batch, dim])],
+        [numpy_helper.from_array(weights, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return weights
+
+
+@pytest.mark.parametrize("batch", ["N", 1])
+def test_onnx(batch, manifest: Path, tmp_path: Path):
+    pytest.importorskip("onnxruntime")
+    model = tmp_path / "tiny.onnx"
+    weights = _onnx_model(model, batch=batch)
+    out = tmp_path / "onnx.zarr"
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+    encode_manifest(manifest, "onnx", {"model": str(model), "mean": mean, "std": std,
+                                       "channel_order": "bgr"},
+                    out, batch_size=3, workers=2, progress=False)
+    x = np.stack([np.asarray(im.resize((6, 6), Image.Resampling.BILINEAR), np.float32) / 255
+                  for im in _images(manifest)])
+    x = ((x - np.float32(mean)) / np.float32(std))[..., ::-1].transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(_read(out), x.reshape(N_ROWS, -1) @ weights, rtol=1e-4, atol=1e-4)
+    attrs = embeddings_attrs(out)
+    assert attrs["checkpoint_hash"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert attrs["encoder"]["options"]["input_size"] == [6, 6]  # read from the model
+
+
+def test_onnx_missing_model(manifest: Path, tmp_path: Path):
+    with pytest.raises(RankwiseError, match=r"nope\.onnx: onnx model file not found"):
+        encode_manifest(manifest, "onnx", {"model": "nope.onnx"}, tmp_path / "o.zarr",
+                        progress=False)
+
+
+# ---------------------------------------------------------------- precomputed
+
+def test_precomputed_npy_and_zarr(manifest: Path, tmp_path: Path):
+    vectors = np.random.default_rng(2).normal(size=(N_ROWS, 5))
+    np.save(tmp_path / "q.npy", vectors)
+    out = tmp_path / "emb" / "query.zarr"
+    encode_manifest(manifest, "precomputed", {"query": str(tmp_path / "q.npy"),
+                                              "gallery": "unused.npy"}, out, progress=False)
+    np.testing.assert_allclose(_read(out), vectors.astype(np.float32))
+    assert embeddings_attrs(out)["checkpoint_hash"] == file_sha256(tmp_path / "q.npy")
+    # a Zarr group holding 'embeddings' (e.g. another rankwise store) as {path}
+    again = tmp_path / "again.zarr"
+    encode_manifest(manifest, "precomputed", {"path": str(out)}, again, progress=False)
+    np.testing.assert_array_equal(_read(again), _read(out))
+    assert embeddings_attrs(again)["checkpoint_hash"] is None
+
+
+def test_precomputed_length_mismatch(manifest: Path, tmp_path: Path):
+    np.save(tmp_path / "short.npy", np.zeros((N_ROWS - 2, 4)))
+    with pytest.raises(RankwiseError) as info:
+        encode_manifest(manifest, "precomputed", {"path": str(tmp_path / "short.npy")},
+                        tmp_path / "p.zarr", progress=False)
+    message = str(info.value)
+    assert "short.npy" in message and "query.csv" in message
+    assert f"{N_ROWS - 2} rows" in message and f"has {N_ROWS} rows" in message
+    assert not (tmp_path / "p.zarr").exists()
+
+
+def test_precomputed_needs_a_split(manifest: Path, tmp_path: Path):
+    other = manifest.with_name("items.csv")
+    other.write_bytes(manifest.read_bytes())
+    with pytest.raises(RankwiseError, match=r"cannot tell whether .*items\.csv is the query"):
+        encode_manifest(other, "precomputed", {"query": "q.npy", "gallery": "g.npy"},
+                        tmp_path / "store.zarr", progress=False)
+
+
+# ---------------------------------------------------------------- images and options
+
+def test_missing_image_names_file_and_row(manifest: Path, tmp_path: Path):
+    (tmp_path / "data" / "img4.png").unlink()
+    with pytest.raises(RankwiseError, match=r"query\.csv: row 6 \(id 'x4'\): image "
+                                            r"'\.\./data/img4\.png' not found"):
+        encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", batch_size=2,
+                        progress=False)
+    assert not (tmp_path / "e.zarr").exists() and not (tmp_path / "e.zarr.tmp").exists()
+
+
+def test_unreadable_image(manifest: Path, tmp_path: Path):
+    (tmp_path / "data" / "img1.png").write_bytes(b"not a png")
+    with pytest.raises(RankwiseError, match=r"row 3 \(id 'x1'\): cannot decode image .*img1"):
+        encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
+
+
+@pytest.mark.parametrize("kind, options, message", [
+    ("resnet", {}, r"unknown encoder kind 'resnet'; valid kinds: precomputed, python, onnx, "
+                   r"pixels, color-histogram, hog"),
+    ("pixels", {"sise": [2, 2]}, r"pixels: unknown option\(s\) sise; valid options: "
+                                 r"grayscale, size"),
+    ("pixels", {"size": 4}, r"option size must be \[height, width\]"),
+    ("color-histogram", {"space": "lab"}, r"option space must be one of hsv, rgb"),
+    ("python", {}, r"python: missing option\(s\) factory"),
+])
+def test_option_errors(kind, options, message, manifest: Path, tmp_path: Path):
+    with pytest.raises(RankwiseError, match=message):
+        encode_manifest(manifest, kind, options, tmp_path / "e.zarr", progress=False)
+
+
+def test_store_attrs(manifest: Path, tmp_path: Path):
+    out = tmp_path / "a.zarr"
+    encode_manifest(manifest, "color-histogram", {"bins": 4}, out, progress=False)
+    attrs = embeddings_attrs(out)
+    assert attrs["kind"] == "embeddings" and attrs["complete"] is True
+    assert attrs["encoder"] == {"kind": "color-histogram", "options": {
+        "bins": 4, "space": "hsv", "joint": False, "stripes": 1}}
+    assert attrs["manifest_hash"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
+    assert attrs["checkpoint_hash"] is None
+    assert attrs["rankwise_version"] == rankwise.__version__
+    assert attrs["num_rows"] == N_ROWS
+    json.dumps(attrs)
+
+
+def test_every_kind_is_documented():
+    import rankwise.encoders as encoders
+
+    for kind in ENCODER_KINDS:
+        assert f"``{kind}``" in encoders.__doc__
+
+
+# ---------------------------------------------------------------- hashing
+
+def test_hash_cache(tmp_path: Path):
+    cache = tmp_path / "cache" / "hashes.json"
+    file = tmp_path / "big.bin"
+    file.write_bytes(b"a" * 1000)
+    digest = file_sha256(file, cache_path=cache, min_cached_size=0)
+    assert digest == hashlib.sha256(b"a" * 1000).hexdigest()
+    entry = json.loads(cache.read_text())["entries"][str(file.resolve())]
+    assert entry["sha256"] == digest and entry["size"] == 1000
+    os.utime(file, ns=(entry["mtime_ns"] + 10**9, entry["mtime_ns"] + 10**9))
+    assert file_sha256(file, cache_path=cache, min_cached_size=0) == digest
+    file.write_bytes(b"b" * 1000)
+    new = file_sha256(file, cache_path=cache, min_cached_size=0)
+    assert new == hashlib.sha256(b"b" * 1000).hexdigest()
+    # a stale entry whose stamp matches is trusted: the cache really is consulted
+    data = json.loads(cache.read_text())
+    data["entries"][str(file.resolve())]["sha256"] = "f" * 64
+    cache.write_text(json.dumps(data))
+    assert file_sha256(file, cache_path=cache, min_cached_size=0) == "f" * 64
+    cache.write_text("{corrupt")
+    assert file_sha256(file, cache_path=cache, min_cached_size=0) == new
+
+
+def test_hash_missing_file(tmp_path: Path):
+    with pytest.raises(RankwiseError, match=r"nope\.bin: file not found"):
+        file_sha256(tmp_path / "nope.bin")
+
+
+# ---------------------------------------------------------------- command line
+
+def test_cli_encode(manifest: Path, tmp_path: Path):
+    from rankwise.cli import main
+
+    out = tmp_path / "cli.zarr"
+    result = CliRunner().invoke(main, ["encode", "--manifest", str(manifest), "--kind", "pixels",
+                                       "--options", '{"size": [2, 3]}', "--out", str(out),
+                                       "--batch-size", "4", "--threads", "2", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"encoded {N_ROWS} rows x 18 dims with pixels -> {out}"
+    assert _read(out).shape == (N_ROWS, 18)
+
+
+def test_cli_encode_error(manifest: Path, tmp_path: Path):
+    from rankwise.cli import main
+
+    result = CliRunner().invoke(main, ["encode", "--manifest", str(manifest), "--kind", "python",
+                                       "--options", '{"factory": "nope_mod:f"}', "--out",
+                                       str(tmp_path / "x.zarr")])
+    assert result.exit_code == 2
+    assert "error: python: module 'nope_mod' of options.factory not found" in result.output
+
+
+def test_checkpoint_file():
+    from rankwise.encoders import checkpoint_file
+
+    assert checkpoint_file("onnx", {"model": "m.onnx"}) == "m.onnx"
+    assert checkpoint_file("python", {"factory": "a:b", "checkpoint": "w.pt"}) == "w.pt"
+    assert checkpoint_file("precomputed", {"query": "q.npy", "gallery": "g.npy"},
+                           "gallery") == "g.npy"
+    assert checkpoint_file("pixels", {}) is None

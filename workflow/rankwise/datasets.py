@@ -1,0 +1,388 @@
+"""Dataset loaders: each writes one normalised manifest per split.
+
+:func:`prepare_dataset` is the one entry point (``rankwise prepare`` calls it). It
+writes ``out_dir/query.csv`` and ``out_dir/gallery.csv`` with the DESIGN.md columns
+(``id``, ``label``, then ``camera``, ``sequence``, ``frame``, ``sketch``, ``step``
+where the loader knows them, and ``path``), each written to a temporary name and
+renamed.  ``path`` is relative to ``out_dir`` (the manifest's folder), so a
+manifest keeps working when the tree holding both is moved.
+
+Loaders (options in braces, defaults after ``=``):
+
+``market1501`` {root, query_folder="query", gallery_folder="bounding_box_test"}
+    The standard Market-1501 tree. File names ``PPPP_cCsS_FFFFFF_BB.jpg``: person
+    id P (``-1`` junk, ``0000`` distractor), camera C, sequence S, frame F, box B.
+    label = ``str(int(P))`` (``"-1"``, ``"0"``, ``"2"``), camera = C,
+    sequence = ``c{C}s{S}``, frame = F, id = the file stem.
+``msmt17`` {root, images=auto}
+    ``list_query.txt`` / ``list_gallery.txt`` (lines ``pid/file.jpg label``) and the
+    images under ``test/`` (MSMT17_V1) or ``mask_test_v2/`` (MSMT17_V2). camera =
+    the file name's third field (``0000_000_01_0303morning_0015_0.jpg`` -> 1).
+``folder`` {query_dir, gallery_dir} or {root, query_fraction=0.2, seed=0}
+    One subfolder per label (images at any depth below it).  With ``root``, a
+    seeded ``query_fraction`` of each label's images become queries (at least one,
+    and at least one stays in the gallery; labels with one image stay in the
+    gallery).  With ``query_dir == gallery_dir`` the two manifests share ids
+    (leave-one-out retrieval: an image is never its own match).
+``manifest`` {query, gallery, protocol="recall"}
+    The user's own CSVs, validated (``rankwise.manifest.read_manifest`` for the
+    protocol's columns) and copied; relative ``path`` values are rewritten to stay
+    valid from ``out_dir``.
+``digits``, ``demo-market``, ``demo-reassociation``, ``demo-progressive``
+    Offline demo data generated under ``out_dir/images/`` (see :mod:`rankwise.demo`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from .errors import RankwiseError
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif",
+                              ".tiff", ".ppm", ".pgm"})
+COLUMN_ORDER = ("id", "label", "camera", "sequence", "frame", "sketch", "step", "path")
+SPLITS = ("query", "gallery")
+
+
+# ---------------------------------------------------------------- helpers
+
+def check_options(name: str, options: dict[str, Any] | None, defaults: dict[str, Any],
+                  required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Merge ``options`` over ``defaults``; unknown or missing keys raise RankwiseError."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise RankwiseError(f"{name}: options must be a JSON object, got {options!r}")
+    unknown = sorted(set(options) - set(defaults) - set(required))
+    if unknown:
+        valid = ", ".join(sorted(set(defaults) | set(required))) or "none"
+        raise RankwiseError(f"{name}: unknown option(s) {', '.join(unknown)}; valid options: "
+                            f"{valid}")
+    missing = [k for k in required if options.get(k) in (None, "")]
+    if missing:
+        raise RankwiseError(f"{name}: missing option(s) {', '.join(missing)}; add them to the "
+                            "options")
+    return {**defaults, **options}
+
+
+def _existing_dir(value: Any, what: str) -> Path:
+    path = Path(str(value)).expanduser()
+    if not path.is_dir():
+        raise RankwiseError(f"{path}: {what} folder not found; check the path "
+                            f"(relative paths start from {Path.cwd()})")
+    return path
+
+
+def _existing_file(value: Any, what: str) -> Path:
+    path = Path(str(value)).expanduser()
+    if not path.is_file():
+        raise RankwiseError(f"{path}: {what} not found; check the path "
+                            f"(relative paths start from {Path.cwd()})")
+    return path
+
+
+def relative_path(target: str | os.PathLike, base: str | os.PathLike) -> str:
+    """``target`` relative to folder ``base`` (POSIX separators; absolute if impossible)."""
+    real_target = os.path.realpath(target)
+    try:
+        rel = os.path.relpath(real_target, os.path.realpath(base))
+    except ValueError:  # another drive on Windows
+        return Path(real_target).as_posix()
+    return Path(rel).as_posix()
+
+
+def _images_in(folder: Path) -> list[Path]:
+    """Image files at any depth below ``folder``, sorted, hidden files skipped."""
+    return sorted(p for p in folder.rglob("*")
+                  if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+
+
+def _ordered(table: pd.DataFrame) -> pd.DataFrame:
+    cols = [c for c in COLUMN_ORDER if c in table.columns]
+    cols += [c for c in table.columns if c not in cols]
+    return table[cols].reset_index(drop=True)
+
+
+def _write_csv_atomic(table: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    table.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def seeded_split(labels: list[str] | np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of query rows: ``fraction`` of each label's rows, seeded per label.
+
+    Each label with n >= 2 rows sends ``clip(round(fraction * n), 1, n - 1)`` of them to
+    the queries, drawn with a generator seeded by ``(seed, crc32(label))``: adding or
+    removing a label never changes another label's split.  Labels with one row stay in
+    the gallery (a query needs a match).
+    """
+    if not 0.0 < float(fraction) < 1.0:
+        raise RankwiseError(f"query_fraction must be between 0 and 1 (exclusive), got "
+                            f"{fraction!r}")
+    labels = np.asarray([str(x) for x in labels])
+    mask = np.zeros(len(labels), dtype=bool)
+    for label in sorted(set(labels.tolist())):
+        rows = np.flatnonzero(labels == label)
+        if len(rows) < 2:
+            continue
+        n_query = int(np.clip(round(float(fraction) * len(rows)), 1, len(rows) - 1))
+        rng = np.random.default_rng([int(seed), zlib.crc32(label.encode("utf-8"))])
+        mask[rng.choice(rows, size=n_query, replace=False)] = True
+    return mask
+
+
+# ---------------------------------------------------------------- market1501
+
+_MARKET_NAME = re.compile(r"^(-?\d+)_c(\d+)s(\d+)_(\d+)_(\d+)$")
+
+
+def market1501_table(folder: Path) -> pd.DataFrame:
+    """Parse a folder of Market-1501 images (``PPPP_cCsS_FFFFFF_BB.jpg``); absolute paths."""
+    files = sorted(p for p in folder.iterdir()
+                   if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+    if not files:
+        raise RankwiseError(f"{folder}: no images found; expected Market-1501 files named "
+                            "like 0002_c1s1_000451_03.jpg")
+    rows = []
+    for path in files:
+        match = _MARKET_NAME.match(path.stem)
+        if match is None:
+            raise RankwiseError(f"{path}: file name does not follow the Market-1501 "
+                                "convention PPPP_cCsS_FFFFFF_BB.jpg (e.g. "
+                                "0002_c1s1_000451_03.jpg); rename or remove it")
+        pid, cam, seq, frame, _box = match.groups()
+        rows.append({"id": path.stem, "label": str(int(pid)), "camera": int(cam),
+                     "sequence": f"c{int(cam)}s{int(seq)}", "frame": int(frame),
+                     "path": str(path.absolute())})
+    return pd.DataFrame(rows)
+
+
+def _relative_paths(tables: dict[str, pd.DataFrame], out: Path) -> dict[str, pd.DataFrame]:
+    for table in tables.values():
+        table["path"] = [relative_path(p, out) for p in table["path"]]
+    return tables
+
+
+def _load_market1501(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
+    root = _existing_dir(opts["root"], "Market-1501 root")
+    tables = {}
+    for split, key in (("query", "query_folder"), ("gallery", "gallery_folder")):
+        folder = root / str(opts[key])
+        if not folder.is_dir():
+            raise RankwiseError(f"{folder}: Market-1501 {split} folder not found; options.root "
+                                f"must be the folder holding {opts['query_folder']}/ and "
+                                f"{opts['gallery_folder']}/")
+        tables[split] = market1501_table(folder)
+    return _relative_paths(tables, out)
+
+
+# ---------------------------------------------------------------- msmt17
+
+def _load_msmt17(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
+    root = _existing_dir(opts["root"], "MSMT17 root")
+    if opts["images"] in (None, "", "auto"):
+        candidates = [root / "test", root / "mask_test_v2"]
+        images = next((c for c in candidates if c.is_dir()), None)
+        if images is None:
+            raise RankwiseError(f"{root}: no image folder test/ (MSMT17_V1) or mask_test_v2/ "
+                                "(MSMT17_V2) found; set options.images to the folder holding "
+                                "the test images")
+    else:
+        images = _existing_dir(root / str(opts["images"]), "MSMT17 images")
+    tables = {}
+    for split in SPLITS:
+        listing = root / f"list_{split}.txt"
+        if not listing.is_file():
+            raise RankwiseError(f"{listing}: MSMT17 list file not found; options.root must be "
+                                "the folder holding list_query.txt and list_gallery.txt")
+        rows = []
+        for number, line in enumerate(listing.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            fields = line.split()
+            if len(fields) != 2 or not re.fullmatch(r"-?\d+", fields[1]):
+                raise RankwiseError(f"{listing}: line {number}: expected 'pid/file.jpg label', "
+                                    f"found {line.strip()!r}")
+            rel, label = fields
+            stem = Path(rel).stem
+            parts = stem.split("_")
+            if len(parts) < 3 or not parts[2].isdigit():
+                raise RankwiseError(f"{listing}: line {number}: cannot read the camera from "
+                                    f"{rel!r}; MSMT17 names look like "
+                                    "0000_000_01_0303morning_0015_0.jpg (third field = camera)")
+            path = images / rel
+            if not path.is_file():
+                raise RankwiseError(f"{listing}: line {number}: image {path} not found; check "
+                                    "options.root / options.images")
+            rows.append({"id": stem, "label": str(int(label)), "camera": int(parts[2]),
+                         "path": str(path.absolute())})
+        if not rows:
+            raise RankwiseError(f"{listing}: no entries; expected lines 'pid/file.jpg label'")
+        table = pd.DataFrame(rows)
+        dup = table["id"].duplicated()
+        if dup.any():
+            raise RankwiseError(f"{listing}: image name {table['id'][dup].iloc[0]!r} listed "
+                                "twice; each image must appear once")
+        tables[split] = table
+    return _relative_paths(tables, out)
+
+
+# ---------------------------------------------------------------- folder
+
+def _labelled_images(folder: Path) -> pd.DataFrame:
+    """One row per image below ``folder/<label>/``; id = path relative to ``folder``."""
+    labels = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    rows = []
+    for label_dir in labels:
+        for path in _images_in(label_dir):
+            rows.append({"id": path.relative_to(folder).as_posix(), "label": label_dir.name,
+                         "path": str(path.absolute())})
+    if not rows:
+        raise RankwiseError(f"{folder}: no labelled images found; expected one subfolder per "
+                            "label holding its images (e.g. "
+                            f"{folder}/cat/001.jpg)")
+    return pd.DataFrame(rows)
+
+
+def _load_folder(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
+    split_dirs = opts["query_dir"] is not None or opts["gallery_dir"] is not None
+    if split_dirs and opts["root"] is not None:
+        raise RankwiseError("folder: give either {query_dir, gallery_dir} or {root, "
+                            "query_fraction, seed}, not both")
+    if split_dirs:
+        if opts["query_dir"] is None or opts["gallery_dir"] is None:
+            raise RankwiseError("folder: options query_dir and gallery_dir go together; "
+                                "give both")
+        qdir = _existing_dir(opts["query_dir"], "query")
+        gdir = _existing_dir(opts["gallery_dir"], "gallery")
+        query, gallery = _labelled_images(qdir), _labelled_images(gdir)
+        if os.path.realpath(qdir) != os.path.realpath(gdir):
+            query["id"] = "query/" + query["id"]
+            gallery["id"] = "gallery/" + gallery["id"]
+        return _relative_paths({"query": query, "gallery": gallery}, out)
+    if opts["root"] is None:
+        raise RankwiseError("folder: missing option root (or query_dir and gallery_dir)")
+    table = _labelled_images(_existing_dir(opts["root"], "image"))
+    is_query = seeded_split(table["label"].tolist(), opts["query_fraction"], opts["seed"])
+    if not is_query.any():
+        raise RankwiseError(f"{opts['root']}: no label has two images, so no query can have a "
+                            "match; add images or use query_dir/gallery_dir")
+    return _relative_paths({"query": table[is_query].copy(), "gallery": table[~is_query].copy()},
+                           out)
+
+
+# ---------------------------------------------------------------- manifest
+
+def _load_manifest(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
+    from .manifest import read_manifest
+
+    tables = {}
+    for split in SPLITS:
+        source = _existing_file(opts[split], f"{split} manifest")
+        table = read_manifest(source, protocol=opts["protocol"], role=split).copy()
+        if "path" in table.columns:
+            # Absolute and empty paths are kept; relative ones are re-based on out_dir.
+            table["path"] = [relative_path(source.parent / p, out)
+                             if p and not Path(p).is_absolute() else p
+                             for p in table["path"].astype(str)]
+        tables[split] = table
+    return tables
+
+
+# ---------------------------------------------------------------- registry
+
+@dataclass(frozen=True)
+class Loader:
+    """A named loader: its option defaults, required options and function."""
+
+    function: Callable[..., dict[str, pd.DataFrame]]
+    defaults: dict[str, Any]
+    required: tuple[str, ...] = ()
+    generates_images: bool = False
+
+
+def _demo(name: str) -> Callable[..., dict[str, pd.DataFrame]]:
+    def run(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
+        from . import demo
+
+        return demo.GENERATORS[name](opts, images_dir)
+    return run
+
+
+def _demo_defaults(name: str) -> dict[str, Any]:
+    from . import demo
+
+    return dict(demo.DEFAULTS[name])
+
+
+LOADERS: dict[str, Loader] = {
+    "market1501": Loader(_load_market1501,
+                         {"query_folder": "query", "gallery_folder": "bounding_box_test"},
+                         ("root",)),
+    "msmt17": Loader(_load_msmt17, {"images": "auto"}, ("root",)),
+    "folder": Loader(_load_folder, {"root": None, "query_dir": None, "gallery_dir": None,
+                                    "query_fraction": 0.2, "seed": 0}),
+    "manifest": Loader(_load_manifest, {"protocol": "recall"}, ("query", "gallery")),
+}
+for _name in ("digits", "demo-market", "demo-reassociation", "demo-progressive"):
+    LOADERS[_name] = Loader(_demo(_name), {}, generates_images=True)
+
+
+def prepare_dataset(loader: str, options: dict[str, Any] | None,
+                    out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Write ``out_dir/query.csv`` and ``out_dir/gallery.csv`` for ``loader``.
+
+    Parameters
+    ----------
+    loader : a name in ``LOADERS``.
+    options : the loader's options (see the module docstring); unknown keys are errors.
+    out_dir : folder of the manifests (created). Demo images go to ``out_dir/images/``.
+
+    Returns
+    -------
+    dict with ``loader``, ``out_dir``, ``query`` and ``gallery`` (row counts),
+    ``labels`` (distinct labels over both splits) and ``columns``.
+    """
+    if loader not in LOADERS:
+        raise RankwiseError(f"unknown loader {loader!r}; valid loaders: "
+                            f"{', '.join(LOADERS)}")
+    spec = LOADERS[loader]
+    defaults = _demo_defaults(loader) if spec.generates_images else spec.defaults
+    opts = check_options(loader, options, defaults, spec.required)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if spec.generates_images:
+        images, tmp = out / "images", out / "images.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            tables = spec.function(opts, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if images.exists():
+            shutil.rmtree(images)
+        os.rename(tmp, images)
+        for table in tables.values():  # generator paths are relative to images/
+            table["path"] = ["images/" + Path(p).as_posix() for p in table["path"]]
+    else:
+        tables = spec.function(opts, out)
+    tables = {split: _ordered(tables[split]) for split in SPLITS}
+    for split in SPLITS:
+        _write_csv_atomic(tables[split], out / f"{split}.csv")
+    labels = set(tables["query"]["label"].astype(str)) | set(tables["gallery"]["label"].astype(str))
+    return {"loader": loader, "out_dir": str(out), "query": int(len(tables["query"])),
+            "gallery": int(len(tables["gallery"])), "labels": len(labels),
+            "columns": list(tables["query"].columns)}
