@@ -1,0 +1,425 @@
+"""Bootstrap intervals, the paired sign-flip test, Holm, and ``rankwise compare``.
+
+Reference computations are written here independently: per-resample loops for the
+bootstrap, ``itertools.product`` over all sign flips, Holm by hand.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import rankwise
+from conftest import progressive_case, read_json, reid_case
+from rankwise import stats
+from rankwise.cli import main
+from rankwise.errors import RankwiseError
+from rankwise.metrics import compute_metrics, metric_names
+from rankwise.store import read_ranks, write_ranks
+
+
+def _streams(seed):
+    """The documented generators: SeedSequence(seed).spawn(2) -> (bootstrap, flips)."""
+    boot, flip = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(boot), np.random.default_rng(flip)
+
+
+def synthetic_ranks(difficulty, n_rel, delta, rng, n_gallery=80):
+    """A reid ranks store: query q's relevant items score ``difficulty[q] + delta + noise``,
+    the others ``noise``; ranks follow from the scores (higher = closer)."""
+    offsets, ranks = [0], []
+    for d, g in zip(difficulty, n_rel):
+        rel = np.sort(d + delta + rng.normal(0, 1, g))[::-1]
+        non = rng.normal(0, 1, n_gallery - g)
+        ranks.append(1 + (non[None, :] >= rel[:, None]).sum(axis=1) + np.arange(g))
+        offsets.append(offsets[-1] + g)
+    n = len(n_rel)
+    arrays = {"offsets": np.array(offsets), "ranks": np.concatenate(ranks),
+              "query_index": np.arange(n), "group": np.full(n, -1), "step": np.zeros(n, int)}
+    attrs = {"protocol": "reid", "distance": "cosine", "num_queries": n, "num_skipped": 0,
+             "num_gallery": n_gallery, "embedding_dim": 8}
+    return arrays, attrs
+
+
+def synthetic_pair(seed, delta_b, n_persons=20, per_person=3):
+    """Encoders A and B on the same queries; B's relevant items are ``delta_b`` closer."""
+    rng = np.random.default_rng([seed, 7])
+    person = np.repeat(np.arange(n_persons), per_person)
+    n = len(person)
+    difficulty = rng.normal(1.0, 1.0, n_persons)[person] + rng.normal(0, 0.5, n)
+    n_rel = rng.integers(1, 4, n)
+    a = synthetic_ranks(difficulty, n_rel, 0.0, rng)
+    b = synthetic_ranks(difficulty, n_rel, delta_b, rng)
+    return a, b, person.astype(str)
+
+
+# ---------------------------------------------------------------- bootstrap
+
+def test_bootstrap_ci_matches_per_resample_loop():
+    values = np.random.default_rng(11).random(37)
+    boot_rng, _ = _streams(3)
+    means = [values[boot_rng.integers(0, 37, size=37)].mean() for _ in range(500)]
+    expected = np.percentile(means, [2.5, 97.5])
+    got = stats.bootstrap_ci(values, resamples=500, seed=3)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    assert got[0] < values.mean() < got[1]
+    # another coverage: 2.5% .. 97.5% -> 5% .. 95%
+    np.testing.assert_allclose(stats.bootstrap_ci(values, resamples=500, seed=3,
+                                                  confidence=0.9),
+                               np.percentile(means, [5, 95]), rtol=0, atol=1e-12)
+
+
+def test_cluster_bootstrap_matches_per_resample_loop():
+    rng = np.random.default_rng(5)
+    labels = rng.choice(np.array(["p3", "p1", "p7", "p2", "p9"]), 23)
+    values = rng.random(23)
+    ids = np.unique(labels)  # clusters are numbered in sorted label order
+    boot_rng, _ = _streams(8)
+    means = []
+    for _ in range(400):
+        chosen = boot_rng.integers(0, len(ids), size=len(ids))
+        means.append(np.concatenate([values[labels == ids[c]] for c in chosen]).mean())
+    got = stats.bootstrap_ci(values, clusters=labels, resamples=400, seed=8)
+    np.testing.assert_allclose(got, np.percentile(means, [2.5, 97.5]), rtol=0, atol=1e-12)
+
+
+def test_bootstrap_does_not_depend_on_block_size(monkeypatch):
+    a, _, person = synthetic_pair(0, 0.0)
+    kw = dict(resamples=333, seed=4, by="identity", labels=person)
+    whole = stats.metric_cis(*a, **kw)
+    monkeypatch.setattr(stats, "_BLOCK_ELEMENTS", 7)
+    assert stats.metric_cis(*a, **kw) == whole
+    monkeypatch.setattr(stats, "_BLOCK_ELEMENTS", 1)
+    assert stats.metric_cis(*a, **kw) == whole
+
+
+def test_metric_cis_are_bootstrap_ci_of_per_query_scores():
+    a, _, _ = synthetic_pair(1, 0.0)
+    cis = stats.metric_cis(*a, ks=(1, 5), resamples=300, seed=2)
+    pq = stats.per_query_scores(*a, ks=(1, 5))
+    columns = {"rank1": pq["hit@1"], "rank5": pq["hit@5"], "map": pq["ap"],
+               "minp": pq["inp"], "mrr": pq["rr"]}
+    assert list(cis) == metric_names("reid", (1, 5))
+    metrics, _ = compute_metrics(*a, ks=(1, 5))
+    for name, column in columns.items():
+        assert 100 * np.mean(column) == pytest.approx(metrics[name], abs=1e-9)
+        expected = 100 * np.array(stats.bootstrap_ci(column, resamples=300, seed=2))
+        np.testing.assert_allclose(cis[name], expected, rtol=0, atol=1e-9)
+        assert cis[name][0] <= metrics[name] <= cis[name][1]
+
+
+def test_progressive_units_are_sketches():
+    case = progressive_case()
+    result = rankwise.rank(*case.args(), protocol="progressive", distance="euclidean")
+    arrays, attrs = result.arrays(), result.attrs
+    metrics, _ = compute_metrics(arrays, attrs, ks=(1, 3))
+    pq = stats.per_query_scores(arrays, attrs, ks=(1, 3))
+    assert len(pq["sketch"]) == attrs["num_queries"]
+    assert 100 * pq["hit@1"].mean() == pytest.approx(metrics["acc@1"])
+    assert 100 * pq["wm@B"].mean() == pytest.approx(metrics["wm@B"])
+    first = case.query.groupby("sketch")["step"].idxmin()
+    assert set(pq["query_index"]) == set(first)
+    cis = stats.metric_cis(arrays, attrs, ks=(1, 3), resamples=200)
+    for name, value in metrics.items():
+        assert cis[name][0] <= value <= cis[name][1]
+    labels = case.query["label"].to_numpy()
+    by_target = stats.metric_cis(arrays, attrs, ks=(1, 3), resamples=200, by="identity",
+                                 labels=labels)
+    assert set(by_target) == set(metrics)
+
+
+# ---------------------------------------------------------------- sign-flip test
+
+def _exact_p(d, clusters=None):
+    """Fraction of all sign flips (of whole clusters) with |sum| >= the observed |sum|."""
+    groups = [d[clusters == c] for c in np.unique(clusters)] if clusters is not None \
+        else [d[i:i + 1] for i in range(len(d))]
+    sums = [g.sum() for g in groups]
+    observed = abs(sum(sums))
+    flips = list(itertools.product((1.0, -1.0), repeat=len(sums)))
+    return sum(abs(sum(s * x for s, x in zip(signs, sums))) >= observed
+               for signs in flips) / len(flips)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_sign_flip_p_value(seed):
+    d = np.random.default_rng(seed).integers(-4, 5, 11) / 8.0  # exact sums, many ties
+    assert stats.sign_flip_test(d, resamples=10) == _exact_p(d)
+
+
+def test_exact_sign_flip_by_cluster():
+    rng = np.random.default_rng(9)
+    d = rng.integers(-6, 7, 30) / 16.0
+    clusters = rng.integers(0, 9, 30)
+    assert stats.sign_flip_test(d, clusters=clusters) == _exact_p(d, clusters)
+
+
+def test_hand_example_sign_flip():
+    # d = (1, 1, 1): |sum| = 3 is reached by the identity and the all-flipped vector only
+    assert stats.sign_flip_test([1.0, 1.0, 1.0]) == pytest.approx(2 / 8)
+    # no difference at all: every flip ties -> p = 1
+    assert stats.sign_flip_test(np.zeros(40), resamples=99) == 1.0
+
+
+def test_monte_carlo_sign_flip_matches_per_resample_loop():
+    d = np.random.default_rng(4).normal(0.1, 1.0, 30)
+    _, flip_rng = _streams(6)
+    observed = abs(d.sum())
+    hits = 0
+    for _ in range(700):
+        flip = flip_rng.random(30) < 0.5
+        hits += abs(np.where(flip, -d, d).sum()) >= observed * (1 - 1e-12)
+    assert stats.sign_flip_test(d, resamples=700, seed=6) == pytest.approx((hits + 1) / 701,
+                                                                          abs=1e-15)
+
+
+def test_monte_carlo_agrees_with_exact():
+    d = np.random.default_rng(3).normal(0.3, 1.0, 14)
+    exact = _exact_p(d)
+    mc = stats.sign_flip_test(d, resamples=20000, seed=1, exact_max=0)
+    assert 0.05 < exact < 0.95
+    assert abs(mc - exact) < 0.015  # 4.5 standard errors at most
+
+
+# ---------------------------------------------------------------- Holm
+
+def test_holm_hand_example():
+    # sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 = 0.04 -> max(0.06, 0.04)
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0]
+    assert stats.holm([0.2]) == [0.2]
+    assert stats.holm([]) == []
+    rows = [{"metric": "m", "p_value": p, "p_holm": p} for p in (0.01, 0.04, 0.03, 0.005)]
+    assert [r["p_holm"] for r in stats.with_holm(rows)] == pytest.approx([0.03, 0.06, 0.06,
+                                                                          0.02])
+    assert rows[0]["p_holm"] == 0.01  # not mutated
+
+
+# ---------------------------------------------------------------- paired comparison
+
+def test_compare_ranks_paired_bootstrap_and_rows():
+    a, b, person = synthetic_pair(2, 0.5)
+    rows = stats.compare_ranks(*a, *b, metrics="map,rank1", resamples=400, seed=5,
+                               dataset="toy", names=("base", "new"))
+    ma, _ = compute_metrics(*a)
+    mb, _ = compute_metrics(*b)
+    assert [r["metric"] for r in rows] == ["map", "rank1"]
+    _, _, va = stats.unit_values(*a, ["map", "rank1"])
+    _, _, vb = stats.unit_values(*b, ["map", "rank1"])
+    for j, row in enumerate(rows):
+        assert {"dataset", "metric", "a", "b", "diff", "ci95", "p_value", "p_holm"} <= set(row)
+        assert (row["dataset"], row["encoder_a"], row["encoder_b"]) == ("toy", "base", "new")
+        assert row["a"] == pytest.approx(ma[row["metric"]])
+        assert row["b"] == pytest.approx(mb[row["metric"]])
+        assert row["diff"] == pytest.approx(row["b"] - row["a"])
+        # paired: the bootstrap of the per-query differences, same resamples
+        expected = 100 * np.array(stats.bootstrap_ci(vb[:, j] - va[:, j], resamples=400,
+                                                     seed=5))
+        np.testing.assert_allclose(row["ci95"], expected, rtol=0, atol=1e-9)
+        assert row["p_value"] == stats.sign_flip_test(vb[:, j] - va[:, j], resamples=400,
+                                                      seed=5)
+    assert [r["p_holm"] for r in rows] == stats.holm([r["p_value"] for r in rows])
+    by_id = stats.compare_ranks(*a, *b, metrics="map", resamples=400, seed=5, by="identity",
+                                labels=person)
+    assert by_id[0]["num_clusters"] == 20 and by_id[0]["num_units"] == 60
+    assert by_id[0]["ci95"] != rows[0]["ci95"]
+
+
+def test_calibration_noise_vs_real_difference():
+    metrics = "rank1,map,mrr"
+    null_p, null_cover, better_p = [], [], []
+    for seed in range(50):
+        a, b, _ = synthetic_pair(seed, 0.0)
+        rows = stats.compare_ranks(*a, *b, metrics=metrics, resamples=1000, seed=seed)
+        null_p.append([r["p_value"] for r in rows])
+        null_cover.append([r["ci95"][0] <= 0 <= r["ci95"][1] for r in rows])
+        a, b, _ = synthetic_pair(seed, 1.5)
+        better_p.append([r["p_value"] for r in stats.compare_ranks(
+            *a, *b, metrics=metrics, resamples=1000, seed=seed)])
+    null_p, better_p = np.array(null_p), np.array(better_p)
+    assert ((null_p > 0.05).mean(axis=0) >= 0.85).all()
+    assert (np.mean(null_cover, axis=0) >= 0.85).all()
+    assert ((better_p < 0.01).mean(axis=0) >= 0.94).all()
+
+
+_SCRIPT = """
+import json, sys
+import numpy as np
+from threadpoolctl import threadpool_limits
+sys.path.insert(0, {tests!r})
+from test_stats import synthetic_pair
+from rankwise import stats
+with threadpool_limits(int(sys.argv[1])):
+    a, b, person = synthetic_pair(3, 0.3)
+    out = {{"cis": stats.metric_cis(*a, resamples=2000, seed=7, by="identity", labels=person),
+           "rows": stats.compare_ranks(*a, *b, resamples=2000, seed=7, exact_max=0)}}
+print(json.dumps(out))
+"""
+
+
+def test_same_numbers_with_one_and_two_threads():
+    script = _SCRIPT.format(tests=str(Path(__file__).parent))
+    outputs = []
+    for threads in ("1", "2"):
+        env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
+                   MKL_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads)
+        done = subprocess.run([sys.executable, "-c", script, threads], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert outputs[0] == outputs[1]
+    assert json.loads(outputs[0])["rows"][0]["test"] == "sign-flip"
+
+
+# ---------------------------------------------------------------- input errors
+
+def _other_queries():
+    a, _, _ = synthetic_pair(0, 0.0)
+    arrays = dict(a[0], query_index=a[0]["query_index"] + 1)
+    return arrays, a[1]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a, b: (a, _other_queries()), "query_index"),
+    (lambda a, b: (a, (b[0], {**b[1], "protocol": "recall"})), "protocol"),
+    (lambda a, b: (a, (b[0], {**b[1], "num_gallery": 81})), "num_gallery"),
+])
+def test_compare_refuses_different_queries(change, message):
+    a, b, _ = synthetic_pair(0, 0.0)
+    a, b = change(a, b)
+    with pytest.raises(RankwiseError, match=message):
+        stats.compare_ranks(*a, *b, resamples=10)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"metrics": "map,recall@1"}, "unknown metric 'recall@1'.*valid metrics"),
+    ({"resamples": 0}, "--resamples must be a positive integer"),
+    ({"seed": -1}, "--seed must be a non-negative integer"),
+    ({"confidence": 1.5}, "--confidence must be between 0 and 1"),
+    ({"by": "person"}, "--by must be one of query, identity"),
+    ({"by": "identity"}, "needs the query labels.*--labels"),
+    ({"by": "identity", "labels": ["1", "2"]}, "one label per query manifest row"),
+    ({"by": "identity", "labels": "missing.csv"}, "missing.csv: query manifest not found"),
+    ({"ap": "11point"}, "unknown AP variant"),
+])
+def test_option_errors(options, message):
+    a, b, _ = synthetic_pair(0, 0.0)
+    with pytest.raises(RankwiseError, match=message):
+        stats.compare_ranks(*a, *b, **{"resamples": 10, **options})
+    if "metrics" not in options:
+        with pytest.raises(RankwiseError, match=message):
+            stats.metric_cis(*a, **{"resamples": 10, **options})
+
+
+# ---------------------------------------------------------------- command line
+
+@pytest.fixture
+def stores(tmp_path):
+    """Two ranks stores of the reid toy case written by the real engine, and a third
+    ranked on a subset of the queries."""
+    case = reid_case()
+    case.query.to_csv(tmp_path / "q.csv", index=False)
+    case.gallery.to_csv(tmp_path / "g.csv", index=False)
+    noisy = case.query_emb + np.random.default_rng(1).integers(-2, 3, case.query_emb.shape)
+    paths = {}
+    for name, query, emb in [("a", case.query, case.query_emb),
+                             ("b", case.query, noisy.astype(np.float32)),
+                             ("sub", case.query.iloc[:-3], case.query_emb[:-3])]:
+        result = rankwise.rank(query, case.gallery, emb, case.gallery_emb, protocol="reid",
+                               distance="euclidean")
+        attrs = dict(result.attrs, query_manifest=str(tmp_path / "q.csv"),
+                     gallery_manifest=str(tmp_path / "g.csv"))
+        paths[name] = tmp_path / f"{name}.zarr"
+        write_ranks(paths[name], result.arrays(), attrs)
+    return paths, case
+
+
+def test_cli_compare(stores, tmp_path, cli):
+    paths, case = stores
+    out = tmp_path / "cmp.json"
+    done = cli("compare", paths["a"], paths["b"], "--resamples", 300, "--seed", 1,
+               "--output", out)
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[3].split()
+    assert header == ["metric", "A", "B", "diff", "95%", "CI", "p", "p_holm"]
+    doc = read_json(out)
+    rows = doc["comparisons"]
+    assert [r["metric"] for r in rows] == metric_names("reid", (1, 5, 10))
+    ma, _ = compute_metrics(*read_ranks(paths["a"]))
+    mb, _ = compute_metrics(*read_ranks(paths["b"]))
+    for row in rows:
+        assert row["a"] == pytest.approx(ma[row["metric"]])
+        assert row["b"] == pytest.approx(mb[row["metric"]])
+        assert row["diff"] == pytest.approx(row["b"] - row["a"])
+        assert row["ci95"][0] <= row["ci95"][1]
+        assert 0 < row["p_value"] <= row["p_holm"] <= 1
+        assert f"{row['a']:.2f}" in done.stdout
+    # the same command gives the same file
+    again = tmp_path / "again.json"
+    assert cli("compare", paths["a"], paths["b"], "--resamples", 300, "--seed", 1,
+               "--output", again).returncode == 0
+    assert again.read_text() == out.read_text()
+
+
+def test_cli_compare_by_identity_and_metrics(stores, tmp_path):
+    paths, case = stores
+    out = tmp_path / "cmp.json"
+    runner = CliRunner()
+    done = runner.invoke(main, ["compare", str(paths["a"]), str(paths["b"]), "--by",
+                                "identity", "--metrics", "map,rank1", "--resamples", "200",
+                                "--dataset", "toy", "--output", str(out)])
+    assert done.exit_code == 0, done.output
+    rows = read_json(out)["comparisons"]
+    arrays, _ = read_ranks(paths["a"])
+    persons = case.query["label"].to_numpy()[arrays["query_index"]]
+    assert [r["metric"] for r in rows] == ["map", "rank1"]
+    assert rows[0]["num_clusters"] == len(set(persons)) <= 16
+    assert rows[0]["test"] == "exact" and rows[0]["dataset"] == "toy"
+    assert "identities" in done.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sub"], "query_index"),
+    (["b", "--metrics", "map,acc@1"], "unknown metric 'acc@1'"),
+    (["b", "--resamples", "0"], "--resamples"),
+    (["b", "--by", "identity", "--labels", "nowhere.csv"], "nowhere.csv"),
+])
+def test_cli_compare_errors(stores, args, message):
+    paths, _ = stores
+    done = CliRunner().invoke(main, ["compare", str(paths["a"]), str(paths[args[0]]),
+                                     *args[1:]])
+    assert done.exit_code == 2
+    assert "error:" in done.output and message in done.output
+
+
+def test_cli_ci_and_scores(stores, tmp_path):
+    paths, _ = stores
+    runner = CliRunner()
+    out = tmp_path / "ci.json"
+    done = runner.invoke(main, ["ci", str(paths["a"]), "--resamples", "200", "--output",
+                                str(out)])
+    assert done.exit_code == 0, done.output
+    doc = read_json(out)
+    metrics, _ = compute_metrics(*read_ranks(paths["a"]))
+    assert list(doc["ci95"]) == list(metrics)
+    for name, (low, high) in doc["ci95"].items():
+        assert low <= metrics[name] <= high
+        assert doc["metrics"][name] == pytest.approx(metrics[name])
+    csv = tmp_path / "scores.csv"
+    done = runner.invoke(main, ["scores", str(paths["a"]), "--ks", "1,3", "--output", str(csv)])
+    assert done.exit_code == 0, done.output
+    table = pd.read_csv(csv)
+    assert list(table.columns) == ["query_index", "num_relevant", "first_rank", "ap", "inp",
+                                   "rr", "hit@1", "hit@3"]
+    assert 100 * table["hit@3"].mean() == pytest.approx(compute_metrics(
+        *read_ranks(paths["a"]), ks=(3,))[0]["rank3"])
+    assert 100 * table["ap"].mean() == pytest.approx(metrics["map"], abs=1e-6)

@@ -1,0 +1,539 @@
+"""Uncertainty of the metrics: per-unit scores, bootstrap intervals, paired tests.
+
+Every metric of DESIGN.md is a mean of per-*unit* values, a unit being an evaluated
+query (a sketch for ``progressive``):
+
+=============================  =================================================
+``recall@K`` / ``rankK``       ``hit@K = [r_1 <= K]``
+``map`` / ``minp`` / ``mrr``   AP, ``INP = G / r_G``, ``RR = 1 / r_1``
+``m@A`` ... ``wm@B``           the sketch's m@A ... wm@B
+``acc@K``                      ``[r_T <= K]`` of the sketch's complete rendering
+=============================  =================================================
+
+so its uncertainty comes from resampling units.  Units are grouped into *clusters*
+that are resampled (or sign-flipped) as wholes: with ``by="query"`` every unit is
+its own cluster; with ``by="identity"`` a cluster is all the units of one label
+(one person in ``reid``: its queries are not independent; one track, i.e. sequence
+and label, in ``reassociation``; a sketch's target in ``progressive``).  Clusters
+are numbered in sorted label order (units: in store order).  With cluster sums ``S_c`` and sizes ``n_c``:
+
+- **Bootstrap** (Efron & Tibshirani, 1993): draw ``C`` clusters with replacement,
+  ``B`` times; the resampled metric is ``sum S_c / sum n_c`` over the drawn
+  clusters (the plain mean when clusters are single units; the ratio estimator of
+  the cluster bootstrap otherwise).  The interval is the percentile interval
+  (default 95%: the 2.5th and 97.5th percentiles, numpy's linear interpolation).
+- **Paired randomisation test** of two encoders on the same units: per-unit
+  differences ``d = b - a`` and their cluster sums ``D_c``.  Under H0 (the two
+  encoders are exchangeable on each cluster) every sign flip of the ``D_c`` is as
+  likely; the statistic is ``|sum_c s_c D_c|``.  Monte Carlo:
+  ``p = (k + 1) / (B + 1)``, ``k`` the number of ``B`` random flips whose statistic
+  is ``>=`` the observed one (Phipson & Smyth, 2010).  With ``C <= exact_max``
+  clusters all ``2^C`` flips are enumerated and ``p`` is the fraction of them
+  (identity included) at or above the observed statistic.
+- **Holm** (1979) step-down adjustment across every test shown together.
+
+Reproducibility: the randomness is a numpy ``Generator`` (PCG64) seeded from
+``SeedSequence(seed).spawn(2)``: child 0 draws the bootstrap resamples
+(``rng.integers(0, C, size=C)`` per resample, drawn in blocks of consecutive
+resamples, which gives the same numbers), child 1 the sign flips
+(``rng.random(C) < 0.5`` per resample: flipped).  Sums are numpy reductions on one
+thread, never BLAS: the same seed gives the same intervals and p-values on every
+machine, thread count and block size.  The resampled clusters depend only on the
+seed and ``C``, so for one seed every metric and both encoders of a comparison see
+the same resamples (the paired bootstrap).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .errors import RankwiseError
+from .manifest import read_manifest
+from .metrics import AP_VARIANTS, metric_names, parse_ks, parse_metric, per_query
+
+BY = ("query", "identity")
+#: Elements per block of resamples (block rows x clusters); bounds memory only.
+_BLOCK_ELEMENTS = 1 << 20
+#: Statistics within this fraction of sum |D_c| of the observed one count as ties.
+_REL_TOL = 1e-9
+
+
+# ---------------------------------------------------------------- validation
+
+def _check_options(resamples: int, seed: int, confidence: float, by: str) -> None:
+    if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) \
+            or resamples < 1:
+        raise RankwiseError(f"--resamples must be a positive integer, got {resamples!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise RankwiseError(f"--seed must be a non-negative integer, got {seed!r}")
+    if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
+        raise RankwiseError(f"--confidence must be between 0 and 1 (e.g. 0.95), "
+                            f"got {confidence!r}")
+    if by not in BY:
+        raise RankwiseError(f"--by must be one of {', '.join(BY)}, got {by!r}")
+
+
+def ci_key(confidence: float = 0.95) -> str:
+    """JSON key of an interval: ``"ci95"`` for 0.95, ``"ci99"``, ``"ci99.9"``..."""
+    return f"ci{100 * confidence:.10g}"
+
+
+def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """(bootstrap generator, sign-flip generator) of ``seed``."""
+    boot, flip = np.random.SeedSequence(int(seed)).spawn(2)
+    return np.random.default_rng(boot), np.random.default_rng(flip)
+
+
+# ---------------------------------------------------------------- per-unit scores
+
+def per_query_scores(arrays: dict[str, np.ndarray], attrs: dict, *,
+                     ks: Iterable[int] | str = (1, 5, 10), ap: str = "standard"
+                     ) -> dict[str, np.ndarray]:
+    """Per evaluated query (per sketch for ``progressive``) scores, as fractions.
+
+    Parameters
+    ----------
+    arrays, attrs : a ranks store, as returned by :func:`rankwise.store.read_ranks`.
+    ks : cutoffs K of the ``hit@K`` columns.
+    ap : ``"standard"`` or ``"trapezoid"``.
+
+    Returns
+    -------
+    dict of equal-length arrays ``(n_units,)``.  Queries: ``query_index`` (row in the
+    query manifest), ``num_relevant``, ``first_rank``, ``ap``, ``inp``, ``rr``,
+    ``hit@K`` (bool).  Sketches: ``sketch`` (sketch number), ``query_index`` (row of
+    the sketch's first rendering), ``m@A``, ``m@B``, ``wm@A``, ``wm@B``,
+    ``last_rank`` (rank at the complete rendering), ``hit@K`` (``last_rank <= K``).
+    The mean of a column times 100 is the matching metric.
+    """
+    ks = parse_ks(ks)
+    pq = _per_query(arrays, attrs, ap)
+    if attrs["protocol"] == "progressive":
+        sk = pq["sketches"]
+        out = {"sketch": sk["sketch"], "query_index": _sketch_rows(arrays, sk["sketch"])}
+        out.update({key: sk[key] for key in ("m@A", "m@B", "wm@A", "wm@B", "last_rank")})
+        last = sk["last_rank"]
+    else:
+        out = {key: pq[key] for key in ("query_index", "num_relevant", "first_rank", "ap",
+                                         "inp", "rr")}
+        last = pq["first_rank"]
+    out.update({f"hit@{k}": last <= k for k in ks})
+    return out
+
+
+def _per_query(arrays, attrs, ap):
+    if ap not in AP_VARIANTS:
+        raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
+    if len(arrays["query_index"]) == 0:
+        raise RankwiseError("the ranks store has no evaluated query; there is nothing to "
+                            "resample (check the manifests and the protocol)")
+    return per_query(arrays, attrs, ap=ap)
+
+
+def _sketch_rows(arrays, sketches: np.ndarray) -> np.ndarray:
+    """Manifest row of the first rendering (lowest step) of every sketch."""
+    group, step, qi = arrays["group"], arrays["step"], arrays["query_index"]
+    order = np.lexsort((step, group))
+    first = order[np.searchsorted(group[order], sketches)]
+    return qi[first]
+
+
+def resolve_metrics(protocol: str, metrics: str | Iterable[str] | None,
+                    ks: Iterable[int] | str = (1, 5, 10)) -> list[str]:
+    """The metric names to compare: ``metrics`` (``"map,rank1"`` or a list), else all
+    the protocol's metrics for ``ks``; unknown names raise, listing the valid ones."""
+    if metrics is None:
+        return metric_names(protocol, parse_ks(ks))
+    names = metrics.split(",") if isinstance(metrics, str) else list(metrics)
+    names = [str(n).strip() for n in names if str(n).strip()]
+    if not names:
+        raise RankwiseError(f"--metrics is empty; give names such as "
+                            f"{','.join(metric_names(protocol, (1,)))}")
+    for name in names:
+        parse_metric(name, protocol)
+    return list(dict.fromkeys(names))
+
+
+def unit_values(arrays: dict[str, np.ndarray], attrs: dict, metrics: Sequence[str], *,
+                ap: str = "standard") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-unit values of ``metrics`` (fractions; their column means are the metrics / 100).
+
+    Returns
+    -------
+    units : ``(n_units,)`` int64, ``query_index`` (sketch number for ``progressive``).
+    rows : ``(n_units,)`` int64, the unit's query manifest row (a sketch's first one).
+    values : ``(n_units, len(metrics))`` float64.
+    """
+    protocol = attrs["protocol"]
+    pq = _per_query(arrays, attrs, ap)
+    columns = []
+    for name in metrics:
+        family, k = parse_metric(name, protocol)
+        if family in ("recall", "rank"):
+            columns.append(pq["first_rank"] <= k)
+        elif family in ("map", "minp", "mrr"):
+            columns.append(pq[{"map": "ap", "minp": "inp", "mrr": "rr"}[family]])
+        elif family == "acc":
+            columns.append(pq["sketches"]["last_rank"] <= k)
+        else:
+            columns.append(pq["sketches"][family])
+    if protocol == "progressive":
+        units = np.asarray(pq["sketches"]["sketch"], np.int64)
+        rows = np.asarray(_sketch_rows(arrays, units), np.int64)
+    else:
+        units = rows = np.asarray(pq["query_index"], np.int64)
+    values = np.stack([np.asarray(c, np.float64) for c in columns], axis=1) if columns \
+        else np.zeros((len(units), 0))
+    return units, rows, values
+
+
+# ---------------------------------------------------------------- labels and clusters
+
+def query_labels(attrs: dict, labels=None) -> np.ndarray:
+    """Identity of every query manifest row, as strings.
+
+    ``labels``: ``None`` (read the query manifest named in ``attrs["query_manifest"]``,
+    as written by ``rankwise rank``), a manifest path or DataFrame, or a sequence with
+    one label per query manifest row.  For ``reassociation`` a manifest gives
+    ``sequence/label`` (a track): labels are reused across sequences.
+    """
+    protocol = attrs.get("protocol", "recall")
+    if labels is None:
+        path = attrs.get("query_manifest")
+        if not path:
+            raise RankwiseError("--by identity needs the query labels: this ranks store does "
+                                "not name its query manifest; pass --labels QUERY.csv")
+        if not os.path.isfile(path):
+            raise RankwiseError(f"{path}: query manifest named by the ranks store not found "
+                                "(paths are relative to where `rankwise rank` ran); pass "
+                                "--labels QUERY.csv")
+        labels = path
+    if isinstance(labels, (str, os.PathLike, pd.DataFrame)):
+        table = read_manifest(labels, protocol=protocol, role="query")
+        out = table["label"].astype(str).to_numpy()
+        if protocol == "reassociation":
+            out = (table["sequence"].astype(str) + "/" + table["label"].astype(str)).to_numpy()
+        return out
+    out = np.asarray(labels)
+    if out.ndim != 1:
+        raise RankwiseError(f"labels must be one label per query manifest row, got an array "
+                            f"of shape {out.shape}")
+    return out.astype(str)
+
+
+def _clusters(rows: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+    """Cluster number ``(n_units,)`` of every unit: its own (labels None) or its label's."""
+    if labels is None:
+        return np.arange(len(rows), dtype=np.int64)
+    if len(rows) and rows.max() >= len(labels):
+        raise RankwiseError(f"labels: {len(labels)} labels, but the ranks store has query "
+                            f"manifest row {int(rows.max())}; give one label per query "
+                            "manifest row (the manifest given to `rankwise rank`)")
+    _, cluster = np.unique(labels[rows], return_inverse=True)
+    return cluster.astype(np.int64)
+
+
+def _cluster_sums(values: np.ndarray, cluster: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster sums ``(C, m)`` and sizes ``(C,)`` (sequential, deterministic sums)."""
+    order = np.argsort(cluster, kind="stable")
+    sorted_c = cluster[order]
+    starts = np.flatnonzero(np.r_[True, sorted_c[1:] != sorted_c[:-1]])
+    sums = np.add.reduceat(values[order], starts, axis=0) if len(order) else values[:0]
+    sizes = np.diff(np.r_[starts, len(order)]).astype(np.float64)
+    return sums, sizes
+
+
+# ---------------------------------------------------------------- bootstrap
+
+def _blocks(resamples: int, n_clusters: int) -> Iterable[int]:
+    """Rows (resamples) per block: a function of the sizes only."""
+    rows = max(1, _BLOCK_ELEMENTS // max(n_clusters, 1))
+    for start in range(0, resamples, rows):
+        yield min(rows, resamples - start)
+
+
+def _bootstrap_means(sums: np.ndarray, sizes: np.ndarray, resamples: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Resampled means ``(resamples, m)`` of the cluster bootstrap (see module doc)."""
+    n_clusters = len(sizes)
+    columns = np.ascontiguousarray(sums.T)
+    unit = bool(np.all(sizes == 1))
+    out = np.empty((resamples, sums.shape[1]))
+    done = 0
+    for rows in _blocks(resamples, n_clusters):
+        idx = rng.integers(0, n_clusters, size=(rows, n_clusters))
+        total = float(n_clusters) if unit else sizes[idx].sum(axis=1)
+        for j, column in enumerate(columns):
+            out[done:done + rows, j] = column[idx].sum(axis=1) / total
+        done += rows
+    return out
+
+
+def _percentile_interval(boot: np.ndarray, confidence: float) -> np.ndarray:
+    """``(2, m)``: the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles."""
+    alpha = 1.0 - confidence
+    return np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=0)
+
+
+def bootstrap_ci(values, *, clusters=None, resamples: int = 10000, seed: int = 0,
+                 confidence: float = 0.95) -> list[float]:
+    """Percentile bootstrap interval of the mean of per-unit ``values``.
+
+    Parameters
+    ----------
+    values : array ``(n_units,)``, e.g. a column of :func:`per_query_scores` (the
+        interval is in the same units: multiply fractions by 100 for percentages).
+    clusters : optional array ``(n_units,)`` of cluster labels (e.g. person ids):
+        resample whole clusters (cluster bootstrap).  Default: every unit alone.
+    resamples, seed : number of bootstrap resamples, seed of the generator.
+    confidence : coverage of the interval (0.95: 2.5th-97.5th percentiles).
+
+    Returns
+    -------
+    ``[low, high]``
+    """
+    _check_options(resamples, seed, confidence, "query")
+    values = np.asarray(values, np.float64)
+    if values.ndim != 1 or len(values) == 0:
+        raise RankwiseError(f"values must be a non-empty 1-D array, got shape {values.shape}")
+    if clusters is None:
+        cluster = np.arange(len(values))
+    else:
+        clusters = np.asarray(clusters)
+        if clusters.shape != values.shape:
+            raise RankwiseError(f"clusters must have one entry per value: shape "
+                                f"{clusters.shape} vs {values.shape}")
+        cluster = np.unique(clusters, return_inverse=True)[1]
+    sums, sizes = _cluster_sums(values[:, None], cluster)
+    boot = _bootstrap_means(sums, sizes, resamples, _streams(seed)[0])
+    low, high = _percentile_interval(boot, confidence)[:, 0]
+    return [float(low), float(high)]
+
+
+def metric_cis(arrays: dict[str, np.ndarray], attrs: dict, *,
+               ks: Iterable[int] | str = (1, 5, 10), metrics=None, ap: str = "standard",
+               resamples: int = 10000, seed: int = 0, by: str = "query", labels=None,
+               confidence: float = 0.95) -> dict[str, list[float]]:
+    """Bootstrap interval of every metric of a ranks store, in percent.
+
+    Parameters
+    ----------
+    arrays, attrs : a ranks store (:func:`rankwise.store.read_ranks`).
+    ks, metrics : the metrics (default: all of the protocol's for ``ks``).
+    ap : AP variant.
+    resamples, seed, confidence : see :func:`bootstrap_ci`.
+    by : ``"query"`` (resample queries; sketches for progressive) or ``"identity"``
+        (resample labels with all their queries).
+    labels : for ``by="identity"``: see :func:`query_labels`.
+
+    Returns
+    -------
+    ``{metric: [low, high]}`` (percentages), in metric order.
+    """
+    _check_options(resamples, seed, confidence, by)
+    names = resolve_metrics(attrs["protocol"], metrics, ks)
+    _, rows, values = unit_values(arrays, attrs, names, ap=ap)
+    cluster = _clusters(rows, query_labels(attrs, labels) if by == "identity" else None)
+    sums, sizes = _cluster_sums(values, cluster)
+    boot = _bootstrap_means(sums, sizes, resamples, _streams(seed)[0])
+    bounds = 100.0 * _percentile_interval(boot, confidence)
+    return {name: [float(bounds[0, j]), float(bounds[1, j])] for j, name in enumerate(names)}
+
+
+# ---------------------------------------------------------------- paired test
+
+def _flip_pvalues(sums: np.ndarray, resamples: int, rng: np.random.Generator,
+                  exact_max: int) -> tuple[np.ndarray, str]:
+    """Two-sided sign-flip p-value of every column of cluster sums ``(C, m)``."""
+    n_clusters, m = sums.shape
+    observed = np.abs(sums.sum(axis=0))
+    tol = _REL_TOL * np.abs(sums).sum(axis=0)
+    columns = np.ascontiguousarray(sums.T)
+    if n_clusters <= exact_max:
+        hits = np.zeros(m, np.int64)
+        total = 1 << n_clusters
+        for start in range(0, total, 1 << 16):
+            codes = np.arange(start, min(total, start + (1 << 16)))
+            flip = ((codes[:, None] >> np.arange(n_clusters)) & 1).astype(bool)
+            for j, col in enumerate(columns):
+                stat = np.abs(np.where(flip, -col, col).sum(axis=1))
+                hits[j] += np.count_nonzero(stat >= observed[j] - tol[j])
+        return hits / float(total), "exact"
+    hits = np.zeros(m, np.int64)
+    for rows in _blocks(resamples, n_clusters):
+        flip = rng.random((rows, n_clusters)) < 0.5
+        for j, col in enumerate(columns):
+            stat = np.abs(np.where(flip, -col, col).sum(axis=1))
+            hits[j] += np.count_nonzero(stat >= observed[j] - tol[j])
+    return (hits + 1.0) / (resamples + 1.0), "sign-flip"
+
+
+def sign_flip_test(differences, *, clusters=None, resamples: int = 10000, seed: int = 0,
+                   exact_max: int = 16) -> float:
+    """Two-sided paired randomisation test of ``mean(differences) = 0``.
+
+    Parameters
+    ----------
+    differences : array ``(n_units,)`` of per-unit differences ``b - a``.
+    clusters : optional ``(n_units,)`` cluster labels: flip whole clusters.
+    resamples, seed : Monte Carlo sign flips; ``p = (k + 1) / (resamples + 1)``.
+    exact_max : with at most this many clusters, enumerate all ``2^C`` flips (exact p).
+
+    Returns
+    -------
+    the p-value (float in (0, 1]).
+    """
+    _check_options(resamples, seed, 0.95, "query")
+    d = np.asarray(differences, np.float64)
+    if d.ndim != 1 or len(d) == 0:
+        raise RankwiseError(f"differences must be a non-empty 1-D array, got shape {d.shape}")
+    cluster = np.arange(len(d)) if clusters is None else \
+        np.unique(np.asarray(clusters), return_inverse=True)[1]
+    sums, _ = _cluster_sums(d[:, None], cluster)
+    p, _ = _flip_pvalues(sums, resamples, _streams(seed)[1], _check_exact(exact_max))
+    return float(p[0])
+
+
+def _check_exact(exact_max: int) -> int:
+    if isinstance(exact_max, bool) or not isinstance(exact_max, (int, np.integer)) \
+            or not 0 <= exact_max <= 20:
+        raise RankwiseError(f"--exact-max must be an integer in 0..20 (2^n flips are "
+                            f"enumerated), got {exact_max!r}")
+    return int(exact_max)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the input order.
+
+    With ``p_(1) <= ... <= p_(m)``: ``p_holm_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``.
+    """
+    p = np.asarray(list(pvalues), np.float64)
+    if p.size == 0:
+        return []
+    if np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+        raise RankwiseError(f"p-values must be numbers in [0, 1], got {p.tolist()}")
+    order = np.argsort(p, kind="stable")
+    m = len(p)
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return [float(x) for x in adjusted]
+
+
+def with_holm(rows: Sequence[dict]) -> list[dict]:
+    """Copies of comparison rows with ``p_holm`` recomputed across all of them."""
+    adjusted = holm([row["p_value"] for row in rows])
+    return [{**row, "p_holm": q} for row, q in zip(rows, adjusted)]
+
+
+def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
+    a, b = names
+    if attrs_a["protocol"] != attrs_b["protocol"]:
+        raise RankwiseError(f"{b}: protocol {attrs_b['protocol']!r} differs from {a}'s "
+                            f"{attrs_a['protocol']!r}; compare stores of the same protocol")
+    for key in ("num_gallery", "protocol_options"):
+        if key in attrs_a and key in attrs_b and _canonical(attrs_a[key]) != \
+                _canonical(attrs_b[key]):
+            raise RankwiseError(f"{b}: {key} {attrs_b[key]!r} differs from {a}'s "
+                                f"{attrs_a[key]!r}; compare encoders on the same dataset "
+                                "and protocol options")
+    qa, qb = np.asarray(arrays_a["query_index"]), np.asarray(arrays_b["query_index"])
+    same = qa.shape == qb.shape and np.array_equal(qa, qb)
+    if same and attrs_a["protocol"] == "progressive":
+        same = np.array_equal(arrays_a["group"], arrays_b["group"]) and \
+            np.array_equal(arrays_a["step"], arrays_b["step"])
+    if not same:
+        raise RankwiseError(f"{b}: its evaluated queries (query_index, {len(qb)} queries) "
+                            f"differ from {a}'s ({len(qa)}); a paired comparison needs "
+                            "both ranked on the same query and gallery manifests")
+
+
+def _canonical(value) -> str:
+    """Attribute as stored (tuples and lists, numpy and Python numbers compare equal)."""
+    return json.dumps(value, sort_keys=True, default=lambda v: getattr(v, "tolist", str)(v))
+
+
+def compare_ranks(arrays_a: dict[str, np.ndarray], attrs_a: dict,
+                  arrays_b: dict[str, np.ndarray], attrs_b: dict, *,
+                  ks: Iterable[int] | str = (1, 5, 10), metrics=None, ap: str = "standard",
+                  resamples: int = 10000, seed: int = 0, by: str = "query", labels=None,
+                  confidence: float = 0.95, exact_max: int = 16, dataset: str | None = None,
+                  names: tuple[str, str] = ("A", "B")) -> list[dict[str, Any]]:
+    """Paired comparison of encoder B against encoder A on the same queries.
+
+    Parameters
+    ----------
+    arrays_a, attrs_a, arrays_b, attrs_b : two ranks stores of the same protocol,
+        query and gallery manifests (checked: the evaluated ``query_index`` must be
+        equal; otherwise a :class:`RankwiseError`).
+    ks, metrics, ap, resamples, seed, by, labels, confidence : see :func:`metric_cis`
+        (labels default to A's query manifest).
+    exact_max : enumerate all sign flips when there are at most this many clusters.
+    dataset, names : copied into the rows (``dataset``, ``encoder_a``, ``encoder_b``).
+
+    Returns
+    -------
+    one dict per metric: ``dataset``, ``encoder_a``, ``encoder_b``, ``metric``, ``a``,
+    ``b`` (percentages), ``diff`` (``b - a``, percentage points), ``ci95`` (paired
+    bootstrap interval of ``diff``; key :func:`ci_key` of ``confidence``),
+    ``p_value`` (sign-flip test), ``p_holm`` (Holm across these rows; use
+    :func:`with_holm` to adjust across several comparisons), ``test`` (``"exact"`` or
+    ``"sign-flip"``), ``by``, ``num_units``, ``num_clusters``.
+    """
+    _check_options(resamples, seed, confidence, by)
+    exact_max = _check_exact(exact_max)
+    _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names)
+    metric_list = resolve_metrics(attrs_a["protocol"], metrics, ks)
+    _, rows, va = unit_values(arrays_a, attrs_a, metric_list, ap=ap)
+    _, _, vb = unit_values(arrays_b, attrs_b, metric_list, ap=ap)
+    cluster = _clusters(rows, query_labels(attrs_a, labels) if by == "identity" else None)
+    boot_rng, flip_rng = _streams(seed)
+    d = vb - va
+    sums, sizes = _cluster_sums(d, cluster)
+    bounds = 100.0 * _percentile_interval(_bootstrap_means(sums, sizes, resamples, boot_rng),
+                                          confidence)
+    pvalues, test = _flip_pvalues(sums, resamples, flip_rng, exact_max)
+    adjusted = holm(pvalues)
+    key = ci_key(confidence)
+    out = []
+    for j, name in enumerate(metric_list):
+        a, b = 100.0 * float(np.mean(va[:, j])), 100.0 * float(np.mean(vb[:, j]))
+        out.append({"dataset": dataset, "encoder_a": names[0], "encoder_b": names[1],
+                    "metric": name, "a": a, "b": b, "diff": b - a,
+                    key: [float(bounds[0, j]), float(bounds[1, j])],
+                    "p_value": float(pvalues[j]), "p_holm": adjusted[j], "test": test,
+                    "by": by, "num_units": int(len(rows)), "num_clusters": int(len(sizes))})
+    return out
+
+
+# ---------------------------------------------------------------- store helpers
+
+def store_cis(path: str | os.PathLike, **options) -> dict[str, list[float]]:
+    """:func:`metric_cis` of the ranks store at ``path`` (same keyword options)."""
+    from .store import read_ranks
+
+    arrays, attrs = read_ranks(path)
+    return metric_cis(arrays, attrs, **options)
+
+
+def compare_stores(path_a: str | os.PathLike, path_b: str | os.PathLike,
+                   **options) -> list[dict[str, Any]]:
+    """:func:`compare_ranks` of two ranks stores (``names`` default to the paths)."""
+    from .store import read_ranks
+
+    arrays_a, attrs_a = read_ranks(path_a)
+    arrays_b, attrs_b = read_ranks(path_b)
+    options.setdefault("names", (str(path_a), str(path_b)))
+    return compare_ranks(arrays_a, attrs_a, arrays_b, attrs_b, **options)
+
+
+def format_p(p: float) -> str:
+    """p-value for tables: 4 decimals, scientific notation below 1e-4."""
+    if p < 1e-4:
+        return f"{p:.1e}"
+    return f"{p:.4f}"
