@@ -62,6 +62,27 @@ class Problem:
     num_units: int          # queries, or sketches for progressive
     num_units_skipped: int
     options: dict = field(default_factory=dict)
+    qcam: np.ndarray | None = None  # reid only
+    gcam: np.ndarray | None = None
+
+    def valid_relevant(self, q: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Masks of the valid and the relevant items among gallery rows [start, stop).
+
+        The same rules as the engine's, row by row; for display and checks, not speed.
+        """
+        g = slice(start, stop)
+        if not self.dense:
+            valid = np.zeros(stop - start, dtype=bool)
+            mine = self.pair_g[self.pair_q == q]
+            mine = mine[(mine >= start) & (mine < stop)]
+            valid[mine - start] = True
+        else:
+            valid = ~self.gjunk[g]
+            if self.exclude_self:
+                valid &= self.gid[g] != self.qid[q]
+            if self.qcam is not None:
+                valid &= ~((self.glab[g] == self.qlab[q]) & (self.gcam[g] == self.qcam[q]))
+        return valid, valid & (self.glab[g] == self.qlab[q])
 
 
 def _codes(query: pd.Series, gallery: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -96,6 +117,7 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
     step = np.zeros(n_q, dtype=np.int64)
     options: dict = {}
     exclude_self = protocol != "progressive"
+    qcam = gcam = None
 
     if protocol == "reassociation":
         if gap_frames < 1:
@@ -153,7 +175,7 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
                    exclude_self=exclude_self, pair_q=pair_q, pair_g=pair_g,
                    pair_rel=pair_rel, skip=skip, dense=dense, group=group, step=step,
                    num_gallery=int(n_g - gjunk.sum()), num_units=int(num_units),
-                   num_units_skipped=int(num_skipped), options=options)
+                   num_units_skipped=int(num_skipped), options=options, qcam=qcam, gcam=gcam)
 
 
 def _sketches(query: pd.DataFrame, skip: np.ndarray):
