@@ -134,15 +134,32 @@ def count_tile(sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk,
     b, c = sim.shape
     hist = np.zeros(thr.shape[0], dtype=np.int64)
     gn = np.sqrt(gsq)
+    gmax = gn.max() if c > 0 else 0.0
     for i in range(b):
         lo = toff[i]
         hi = toff[i + 1]
         if lo == hi:
             continue
-        tmax = thr[hi - 1]
         qn = np.sqrt(qsq[i])
+        # Skip test with the chunk's largest error bound, so the hot loop is one
+        # multiply-add and a compare: key - eps_max > t_max means certainly behind
+        # every relevant item, the common case.
+        if cosine:
+            cut = -(thr[hi - 1] + bound * qn * gmax)  # skip when s < cut
+        else:
+            r = qn + gmax
+            cut = thr[hi - 1] - qsq[i] + bound * r * r  # skip when gsq - 2 s > cut
         for j in range(c):
             s = np.float64(sim[i, j])
+            if cosine:
+                if s < cut:
+                    continue
+            elif gsq[j] - 2.0 * s > cut:
+                continue
+            if glab[j] == qlab[i] or gjunk[j]:
+                continue  # relevant (or same-camera junk), or a junk label
+            if exclude_self and gid[j] == qid[i]:
+                continue
             if cosine:
                 key = -s
                 eps = bound * qn * gn[j]
@@ -150,12 +167,6 @@ def count_tile(sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk,
                 key = qsq[i] + gsq[j] - 2.0 * s
                 r = qn + gn[j]
                 eps = bound * r * r
-            if key - eps > tmax:
-                continue  # certainly behind every relevant item: the common case
-            if glab[j] == qlab[i] or gjunk[j]:
-                continue  # relevant (or same-camera junk), or a junk label
-            if exclude_self and gid[j] == qid[i]:
-                continue
             # Thresholds below key - eps are certainly ahead of g; g is certainly ahead
             # of those at or above key + eps; one in between is too close to call from
             # float32, so the canonical key decides.
