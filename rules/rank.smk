@@ -1,0 +1,34 @@
+# Ranks: for each query, the ranks of its relevant gallery items (never a Q x G matrix).
+# Depends on the protocol options only; `ks` and `ap` belong to the metrics stage.
+
+
+rule rank:
+    input:
+        query="results/manifests/{dataset}/query.csv",
+        gallery="results/manifests/{dataset}/gallery.csv",
+        query_embeddings="results/embeddings/{dataset}/{encoder}/query.zarr",
+        gallery_embeddings="results/embeddings/{dataset}/{encoder}/gallery.zarr",
+    output:
+        ranks=directory("results/ranks/{dataset}/{encoder}.zarr"),
+    log:
+        "logs/ranks/{dataset}/{encoder}.log",
+    benchmark:
+        "results/benchmarks/ranks/{dataset}/{encoder}.tsv"
+    params:
+        protocol=dataset_value("protocol"),
+        distance=dataset_value("distance"),
+        gap_frames=dataset_value("gap_frames"),
+        junk_labels=comma_list("junk_labels"),
+        engine=engine_args,
+    threads: ENGINE["threads"]
+    conda:
+        CONDA_ENV
+    resources:
+        mem_mb=8000,
+    shell:
+        "rankwise rank --query {input.query:q} --gallery {input.gallery:q}"
+        " --query-embeddings {input.query_embeddings:q}"
+        " --gallery-embeddings {input.gallery_embeddings:q}"
+        " --protocol {params.protocol} --distance {params.distance}"
+        " --gap-frames {params.gap_frames} --junk-labels {params.junk_labels:q}"
+        " {params.engine} --out {output.ranks:q} > {log:q} 2>&1"
