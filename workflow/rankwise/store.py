@@ -27,12 +27,14 @@ import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
-import zarr
 
 from .errors import RankwiseError
+
+if TYPE_CHECKING:
+    import zarr
 
 # Snakemake writes `.snakemake_timestamp` inside directory() outputs; zarr warns about it.
 warnings.filterwarnings("ignore", message=".*Object at .snakemake_timestamp.*")
@@ -57,11 +59,13 @@ def _json_safe(value: Any) -> Any:
 
 
 @contextmanager
-def atomic_store(path: str | os.PathLike) -> Iterator[zarr.Group]:
+def atomic_store(path: str | os.PathLike) -> Iterator["zarr.Group"]:
     """Yield a fresh Zarr group at ``<path>.tmp``; rename it to ``path`` on success.
 
     On any exception the temporary store is removed and ``path`` is left as it was.
     """
+    import zarr  # imported lazily: a CLI run on .npy inputs never needs it
+
     final = Path(path)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
@@ -81,8 +85,10 @@ def atomic_store(path: str | os.PathLike) -> Iterator[zarr.Group]:
     os.rename(tmp, final)
 
 
-def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
+def open_complete_group(path: str | os.PathLike, kind: str) -> "zarr.Group":
     """Open a rankwise store for reading, refusing missing or incomplete ones."""
+    import zarr
+
     p = Path(path)
     if not p.exists():
         tmp = p.with_name(p.name + ".tmp")
