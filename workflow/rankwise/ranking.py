@@ -20,6 +20,7 @@ the row order among tied relevant items.  The two passes run as separate
 
 from __future__ import annotations
 
+import sys
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,12 +157,12 @@ _IN_DISTRIBUTED_WORKER = False
 def _limit_blas() -> None:
     """In a distributed worker process, pin BLAS to one thread (threads: set by caller)."""
     global _IN_DISTRIBUTED_WORKER
-    if _IN_DISTRIBUTED_WORKER:
-        return
+    if _IN_DISTRIBUTED_WORKER or "distributed" not in sys.modules:
+        return  # a worker process has imported distributed; a threaded run need not
     try:
         from distributed import get_worker
         get_worker()
-    except (ImportError, ValueError):
+    except ValueError:
         return
     from threadpoolctl import threadpool_limits
     threadpool_limits(1)
