@@ -1,11 +1,21 @@
-# Report: every dataset x encoder in one self-contained HTML page, Markdown and JSON.
-# The CMC curves are read from the ranks store each metrics file names (input.ranks).
+# Report: every dataset x encoder in one self-contained HTML page, Markdown and JSON, with
+# bootstrap intervals, paired tests, CMC curves and the worst queries. Besides the metrics
+# files it reads what their provenance names: the ranks stores (intervals, tests, CMC) and,
+# for the worst queries' nearest items, the manifests (and their images) and embeddings.
 
 
 rule report:
     input:
         metrics=all_pairs("results/metrics/{dataset}/{encoder}.json"),
         ranks=all_pairs("results/ranks/{dataset}/{encoder}.zarr"),
+        manifests=list(
+            dict.fromkeys(
+                all_pairs("results/manifests/{dataset}/query.csv")
+                + all_pairs("results/manifests/{dataset}/gallery.csv")
+            )
+        ),
+        embeddings=all_pairs("results/embeddings/{dataset}/{encoder}/query.zarr")
+        + all_pairs("results/embeddings/{dataset}/{encoder}/gallery.zarr"),
     output:
         html="results/report.html",
         md="results/report.md",
@@ -15,6 +25,12 @@ rule report:
     params:
         title=config["report"]["title"],
         cmc_max_rank=config["report"]["cmc_max_rank"],
+        resamples=config["report"]["resamples"],
+        seed=config["report"]["seed"],
+        by=config["report"]["by"],
+        worst_queries=config["report"]["worst_queries"],
+        worst_encoders=config["report"]["worst_encoders"],
+        top_k=config["report"]["top_k"],
     threads: 1
     conda:
         CONDA_ENV
@@ -22,5 +38,7 @@ rule report:
         mem_mb=2000,
     shell:
         "rankwise report {input.metrics:q} --title {params.title:q}"
-        " --cmc-max-rank {params.cmc_max_rank} --html {output.html:q} --md {output.md:q}"
-        " --json {output.json:q} > {log:q} 2>&1"
+        " --cmc-max-rank {params.cmc_max_rank} --resamples {params.resamples}"
+        " --seed {params.seed} --by {params.by} --worst-queries {params.worst_queries}"
+        " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"
+        " --html {output.html:q} --md {output.md:q} --json {output.json:q} > {log:q} 2>&1"

@@ -1,8 +1,10 @@
-"""`rankwise report`: files, self-contained HTML, JSON provenance, CMC, errors.
+"""`rankwise report`: files, self-contained HTML, JSON provenance, CMC, intervals,
+paired comparisons, the epochs plot, worst queries, determinism, errors.
 
 Inputs are made the way the pipeline makes them: embedding stores with provenance
 attributes, `rankwise rank`, then `rankwise metrics`, in the layout
-results/metrics/<dataset>/<encoder>.json.
+results/metrics/<dataset>/<encoder>.json. Three encoders play a series of checkpoints
+(epochs); the recall dataset has images (thumbnails), the progressive one has none (ids).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from click.testing import CliRunner
 
 from rankwise import __version__
 from rankwise.cli import main
-from rankwise.report import build_report, cmc_curve
-from rankwise.store import write_embeddings, write_ranks
+from rankwise.report import build_report, cmc_curve, comparison_pairs, render_html
+from rankwise.stats import holm
+from rankwise.store import read_ranks, write_embeddings, write_ranks
 
-ENCODERS = {"enc-a": 0.3, "enc-b": 1.5}  # name -> noise: two encoders of different quality
-CHECKPOINT = {"enc-a": "a1" * 32, "enc-b": "b2" * 32}
+# name -> noise: checkpoints of increasing quality, given in this (config) order
+ENCODERS = {"enc-a": 1.5, "enc-b": 0.6, "enc-c": 0.3}
+CHECKPOINT = {"enc-a": "a1" * 32, "enc-b": "b2" * 32, "enc-c": "c3" * 32}
+WORST = 3  # --worst-queries of the report fixture
 
 
 def invoke(*args: str) -> str:
@@ -30,19 +35,35 @@ def invoke(*args: str) -> str:
     return result.output
 
 
+def _image(path: Path, value: int) -> str:
+    """A tiny grey PNG; returns its path relative to the manifest's folder."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("L", (12, 16), color=int(value) % 256).save(path)
+    return f"images/{path.name}"
+
+
 def _manifests(folder: Path, protocol: str, rng) -> tuple[Path, Path, np.ndarray, np.ndarray]:
-    """Toy manifests and 'true' embeddings: 8 labels, 4 gallery items each."""
+    """Toy manifests and 'true' embeddings: 8 labels, 4 gallery items each.
+
+    recall: images under images/ (a `path` column); progressive: no images."""
     folder.mkdir(parents=True, exist_ok=True)
     centres = rng.normal(size=(8, 6))
     g_labels = np.repeat(np.arange(8), 4)
-    g_lines = ["id,label"] + [f"g{i},{lab}" for i, lab in enumerate(g_labels)]
     if protocol == "progressive":  # each sketch: 3 steps of one label
+        g_lines = ["id,label"] + [f"g{i},{lab}" for i, lab in enumerate(g_labels)]
         q_labels = np.repeat(np.arange(8), 3)
         q_lines = ["id,label,sketch,step"] + [
             f"q{i},{lab},s{lab},{i % 3 + 1}" for i, lab in enumerate(q_labels)]
     else:
+        g_lines = ["id,label,path"] + [
+            f"g{i},{lab},{_image(folder / 'images' / f'g{i}.png', 30 * lab)}"
+            for i, lab in enumerate(g_labels)]
         q_labels = np.arange(8)
-        q_lines = ["id,label"] + [f"q{i},{lab}" for i, lab in enumerate(q_labels)]
+        q_lines = ["id,label,path"] + [
+            f"q{i},{lab},{_image(folder / 'images' / f'q{i}.png', 30 * lab)}"
+            for i, lab in enumerate(q_labels)]
     (folder / "query.csv").write_text("\n".join(q_lines) + "\n")
     (folder / "gallery.csv").write_text("\n".join(g_lines) + "\n")
     return folder / "query.csv", folder / "gallery.csv", centres[q_labels], centres[g_labels]
@@ -80,8 +101,14 @@ def results(tmp_path_factory):
 def report(results):
     root, metrics = results
     invoke("report", *metrics, "--out-dir", root, "--title", "Toy <report>",
-           "--cmc-max-rank", "20")
+           "--cmc-max-rank", "20", "--resamples", "300", "--worst-queries", str(WORST),
+           "--top-k", "5")
     return root
+
+
+@pytest.fixture(scope="module")
+def doc(report):
+    return json.loads((report / "report.json").read_text())
 
 
 def test_writes_the_three_files(report):
@@ -96,9 +123,14 @@ def test_html_is_self_contained(report):
     assert links, "expected embedded plots"
     assert all(link.startswith(("data:", "#")) for link in links), links
     assert not re.search(r"<(script|link|iframe)\b|url\(|@import", text, flags=re.I)
-    # per dataset: a metrics bar chart and a CMC plot, as inline PNG
-    assert text.count('src="data:image/png;base64,') == 4
+    # plots and thumbnails are inline PNG
+    for alt in ("metrics across encoders on toy", "CMC curves on toy",
+                "metrics across encoders on sketchy", "CMC curves on sketchy",
+                "rank against completion on sketchy"):
+        assert re.search(f'<img alt="{alt}" src="data:image/png;base64,[A-Za-z0-9+/=]+"', text)
     assert "Toy &lt;report&gt;" in text and "Toy <report>" not in text
+    # long sections are collapsed
+    assert text.count("<details") >= 2 * 3
 
 
 def test_json_has_every_metric_and_provenance(results, report):
@@ -106,7 +138,7 @@ def test_json_has_every_metric_and_provenance(results, report):
     doc = json.loads((report / "report.json").read_text())
     assert doc["datasets"] == ["toy", "sketchy"]
     assert doc["encoders"] == list(ENCODERS)
-    assert len(doc["results"]) == 4
+    assert len(doc["results"]) == 6
     for path, entry in zip(metrics, doc["results"]):
         source = json.loads(path.read_text())
         assert (entry["dataset"], entry["encoder"]) == (path.parent.name, path.stem)
@@ -150,7 +182,8 @@ def test_markdown_tables(report):
 def test_same_inputs_same_bytes(results, tmp_path):
     _, metrics = results
     for out in ("one", "two"):
-        invoke("report", *metrics, "--out-dir", tmp_path / out)
+        invoke("report", *metrics, "--out-dir", tmp_path / out, "--resamples", "200",
+               "--worst-queries", "2")
     for name in ("report.html", "report.md", "report.json"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
@@ -189,3 +222,181 @@ def test_duplicate_pair_is_an_error(results):
     _, metrics = results
     with pytest.raises(ValueError, match="also given by"):
         build_report([metrics[0], metrics[0]])
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_ci95_for_every_metric_contains_the_value(doc):
+    assert doc["statistics"]["resamples"] == 300 and doc["statistics"]["seed"] == 0
+    for entry in doc["results"]:
+        assert list(entry["ci95"]) == list(entry["metrics"])
+        for name, value in entry["metrics"].items():
+            low, high = entry["ci95"][name]
+            # every metric is a mean of per-query (per-sketch) values
+            assert 0.0 <= low <= value + 1e-9 and value - 1e-9 <= high <= 100.0, name
+
+
+def test_comparisons_cover_every_pair_and_metric(doc):
+    rows = doc["comparisons"]
+    by_pair = {}
+    for row in rows:
+        by_pair.setdefault((row["dataset"], row["a"], row["b"]), []).append(row["metric"])
+    encoders = list(ENCODERS)
+    expected_pairs = [(a, b) for i, a in enumerate(encoders) for b in encoders[i + 1:]]
+    assert list(by_pair) == [(d, a, b) for d in ("toy", "sketchy") for a, b in expected_pairs]
+    values = {(r["dataset"], r["encoder"]): r["metrics"] for r in doc["results"]}
+    for (dataset, a, b), names in by_pair.items():
+        assert names == list(values[dataset, a])
+    for row in rows:
+        assert 0.0 < row["p_value"] <= 1.0
+        assert row["p_value"] <= row["p_holm"] <= 1.0
+        assert row["significant"] == (row["p_holm"] < 0.05)
+        assert row["value_a"] == pytest.approx(values[row["dataset"], row["a"]][row["metric"]])
+        assert row["value_b"] == pytest.approx(values[row["dataset"], row["b"]][row["metric"]])
+        assert row["diff"] == pytest.approx(row["value_b"] - row["value_a"])
+        assert row["ci95"][0] <= row["ci95"][1]
+    # Holm across everything shown together
+    assert [r["p_holm"] for r in rows] == pytest.approx(holm([r["p_value"] for r in rows]))
+    assert doc["statistics"]["num_tests"] == len(rows)
+    # the weakest against the best checkpoint on recall@1: a large, significant gain
+    gain = next(r for r in rows if (r["dataset"], r["a"], r["b"], r["metric"])
+                == ("toy", "enc-a", "enc-c", "map"))
+    assert gain["diff"] > 0
+
+
+def test_comparison_pairs_all_up_to_four_then_against_the_first():
+    assert comparison_pairs(["a"]) == []
+    assert comparison_pairs(list("abcd")) == [("a", "b"), ("a", "c"), ("a", "d"), ("b", "c"),
+                                              ("b", "d"), ("c", "d")]
+    assert comparison_pairs(list("abcde")) == [("a", "b"), ("a", "c"), ("a", "d"), ("a", "e")]
+
+
+def test_html_marks_significant_differences(doc, report):
+    text = (report / "report.html").read_text()
+    assert "Differences b &minus; a" in text
+    significant = [r for r in doc["comparisons"] if r["significant"]]
+    marked = re.findall(r'<td class="(up|down)"[^>]*>[^<]*\*</td>', text)
+    assert len(marked) == len(significant)
+    assert marked.count("up") == sum(r["diff"] > 0 for r in significant)
+
+
+def test_progressive_curve(doc):
+    for entry in doc["results"]:
+        curve = entry["progressive"]
+        if entry["protocol"] != "progressive":
+            assert curve is None
+            continue
+        assert curve["completion"] == pytest.approx([100 / 3, 200 / 3, 100.0])
+        assert curve["num_renderings"] == [8, 8, 8]
+        # every sketch has the same number of steps: m@B is the curve's mean
+        assert np.mean(curve["mean_reciprocal_rank"]) == pytest.approx(entry["metrics"]["m@B"])
+        for value, (low, high) in zip(curve["mean_reciprocal_rank"], curve["ci95"]):
+            assert low <= value <= high
+
+
+def test_epochs_plot_needs_two_encoders(results, tmp_path):
+    _, metrics = results
+    doc = build_report(metrics[:1], resamples=50, worst_queries=0)
+    text = render_html(doc)
+    assert "metrics across encoders" not in text
+    assert 'alt="metrics on toy"' in text  # bar chart with error bars instead
+    assert doc["comparisons"] == []
+
+
+# ---------------------------------------------------------------- worst queries
+
+
+def _independent_scores(ranks_path: str) -> dict[int, float]:
+    """manifest row -> AP (%) of every evaluated query, or -> m@B (%) of every sketch
+    keyed by its complete rendering's row; from the raw CSR arrays."""
+    arrays, attrs = read_ranks(ranks_path)
+    offsets, ranks, rows = arrays["offsets"], arrays["ranks"], arrays["query_index"]
+    if attrs["protocol"] != "progressive":
+        out = {}
+        for q in range(len(rows)):
+            r = ranks[offsets[q]:offsets[q + 1]].astype(float)
+            out[int(rows[q])] = 100 * float(np.mean(np.arange(1, len(r) + 1) / r))
+        return out
+    sketches: dict[int, list[tuple[int, int, float]]] = {}
+    for q in range(len(rows)):
+        sketches.setdefault(int(arrays["group"][q]), []).append(
+            (int(arrays["step"][q]), int(rows[q]), 1.0 / ranks[offsets[q]]))
+    return {max(items)[1]: 100 * float(np.mean([x[2] for x in items]))
+            for items in sketches.values()}
+
+
+def test_worst_queries_are_the_lowest(doc, report):
+    html_text = (report / "report.html").read_text()
+    for dataset in ("toy", "sketchy"):
+        entries = [r for r in doc["results"] if r["dataset"] == dataset]
+        shown = [r for r in entries if r["worst_queries"]]
+        # only the best encoder (highest headline metric) is shown
+        headline = "recall@1" if dataset == "toy" else "m@A"
+        best = max(entries, key=lambda r: r["metrics"][headline])
+        assert [r["encoder"] for r in shown] == [best["encoder"]]
+        worst = best["worst_queries"]
+        assert worst["score"] == ("ap" if dataset == "toy" else "m@B")
+        scores = _independent_scores(best["provenance"]["files"]["ranks"])
+        listed = worst["queries"]
+        assert len(listed) == WORST
+        query_csv = Path(best["provenance"]["files"]["query_manifest"])
+        ids = query_csv.read_text().splitlines()[1:]
+        for q in listed:
+            assert q["query_index"] in scores
+            assert q["score"] == pytest.approx(scores[q["query_index"]])
+            assert q["id"] == ids[q["query_index"]].split(",")[0]
+            assert f"<code>{q['id']}</code>" in html_text
+            # top items: the first relevant one sits at the query's first rank
+            relevant = [t["rank"] for t in q["top"] if t["relevant"]]
+            assert len(q["top"]) == 5
+            if q["rank"] <= 5:
+                assert relevant[0] == q["rank"]
+            else:
+                assert relevant == []
+        assert sorted(q["score"] for q in listed) == pytest.approx(
+            sorted(scores.values())[:WORST])
+        assert [q["score"] for q in listed] == sorted(q["score"] for q in listed)
+
+
+def test_worst_queries_thumbnails_or_ids(doc, report):
+    text = (report / "report.html").read_text()
+    toy, sketchy = text.split('<h2 id="sketchy">')
+    # toy has images: green/red bordered thumbnails; sketchy has none: id boxes
+    assert re.search(r'<span class="item (rel|non)"[^>]*><img alt="g\d+" width="48" '
+                     r'height="64" src="data:image/png;base64,', toy)
+    assert 'class="idbox"' not in toy
+    assert re.search(r'<span class="item (rel|non)"[^>]*><span class="idbox">g\d+</span>',
+                     sketchy)
+
+
+def test_worst_encoders_all_and_none(results):
+    _, metrics = results
+    doc = build_report(metrics, resamples=20, worst_queries=2, worst_encoders="all", top_k=3)
+    assert all(len(r["worst_queries"]["queries"]) == 2 for r in doc["results"])
+    doc = build_report(metrics, resamples=0, worst_queries=0)
+    assert all(r["worst_queries"] is None and r["ci95"] is None for r in doc["results"])
+    assert doc["comparisons"] == []
+    render_html(doc)  # renders without statistics
+
+
+def test_by_identity(results):
+    _, metrics = results
+    doc = build_report(metrics[:2], resamples=100, by="identity", worst_queries=0)
+    assert doc["statistics"]["by"] == "identity"
+    assert all(r["ci95"] for r in doc["results"])
+    assert {r["by"] for r in doc["comparisons"]} == {"identity"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resamples", "-1"], "--resamples must be a non-negative integer"),
+    (["--top-k", "0"], "--top-k must be at least 1"),
+    (["--worst-queries", "-2"], "--worst-queries must be a non-negative integer"),
+])
+def test_bad_options(results, tmp_path, args, message):
+    _, metrics = results
+    result = CliRunner().invoke(main, ["report", *map(str, metrics[:2]), "--out-dir",
+                                       str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not (tmp_path / "report.html").exists()
