@@ -95,7 +95,12 @@ def rank(query, gallery, query_embeddings, gallery_embeddings, *, protocol: str 
     g_src = open_embeddings(gallery_embeddings, name="gallery embeddings",
                             n_rows=len(g_table), manifest=_name(gallery))
     problem = build_problem(q_table, g_table, protocol, gap_frames=gap_frames,
-                            junk_labels=tuple(str(j) for j in junk_labels))
+                            junk_labels=tuple(str(j) for j in junk_labels),
+                            names=(_name(query) or "query table",
+                                   _name(gallery) or "gallery table"))
+    # The string tables are no longer needed: free them before the tiles are allocated
+    # (2M gallery rows hold ~240 MB of Python strings).
+    del q_table, g_table
     return compute_ranks(problem, q_src, g_src, distance=distance, options=options)
 
 

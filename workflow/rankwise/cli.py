@@ -23,6 +23,10 @@ class _Group(click.Group):
         except RankwiseError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except click.UsageError as exc:  # bad option value, missing option, unknown command
+            hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            click.echo(f"error: {exc.format_message()}{hint}", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=_Group)

@@ -69,7 +69,10 @@ def read_manifest(source: str | os.PathLike | pd.DataFrame, *, protocol: str, ro
         if not path.is_file():
             raise RankwiseError(f"{path}: {role} manifest not found; pass an existing CSV file")
         try:
-            table = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+            # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first
+            # column's name.
+            table = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
+                                encoding="utf-8-sig")
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise RankwiseError(f"{path}: not a readable CSV manifest ({first}); "

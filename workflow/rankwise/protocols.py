@@ -106,8 +106,12 @@ def _grouped_pairs(qkey: np.ndarray, gkey: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
-                  gap_frames: int = 1, junk_labels: tuple[str, ...] = ("-1",)) -> Problem:
-    """Apply ``protocol`` to validated manifests (see :func:`rankwise.manifest.read_manifest`)."""
+                  gap_frames: int = 1, junk_labels: tuple[str, ...] = ("-1",),
+                  names: tuple[str, str] = ("query manifest", "gallery manifest")) -> Problem:
+    """Apply ``protocol`` to validated manifests (see :func:`rankwise.manifest.read_manifest`).
+
+    ``names`` (the manifests' file names) are what error messages call them.
+    """
     check_protocol(protocol)
     qlab, glab = _codes(query["label"], gallery["label"])
     qid, gid = _codes(query["id"], gallery["id"])
@@ -160,14 +164,15 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
 
     num_units, num_skipped = n_q, int(skip.sum())
     if protocol == "progressive":
-        group, step, skip, num_units, num_skipped = _sketches(query, skip)
+        group, step, skip, num_units, num_skipped = _sketches(query, skip, names[0])
     # Only evaluated queries keep pairs: the engine lays thresholds out per evaluated query.
     keep = ~skip[pair_q]
     pair_q, pair_g, pair_rel = pair_q[keep], pair_g[keep], pair_rel[keep]
 
     if skip.all():
         raise RankwiseError(
-            f"no query has a valid match in the gallery under protocol {protocol!r} "
+            f"{names[0]}, {names[1]}: no query has a valid match in the gallery under "
+            f"protocol {protocol!r} "
             f"({n_q} queries, {n_g} gallery items): check that query and gallery labels "
             "use the same ids" + (" and that queries have other-camera matches"
                                   if protocol == "reid" else ""))
@@ -178,7 +183,7 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
                    num_units_skipped=int(num_skipped), options=options, qcam=qcam, gcam=gcam)
 
 
-def _sketches(query: pd.DataFrame, skip: np.ndarray):
+def _sketches(query: pd.DataFrame, skip: np.ndarray, name: str = "query manifest"):
     """Progressive: sketch numbers, steps, and whole-sketch skipping.
 
     A sketch is evaluated only when every one of its renderings has its target in the
@@ -192,12 +197,12 @@ def _sketches(query: pd.DataFrame, skip: np.ndarray):
     dup = table.duplicated(["g", "s"]).to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
-        raise RankwiseError(f"query manifest: row {i + 2}: sketch {names[group[i]]!r} has "
+        raise RankwiseError(f"{name}: row {i + 2}: sketch {names[group[i]]!r} has "
                             f"step {step[i]} twice; each rendering needs its own step")
     n_labels = table.groupby("g")["l"].nunique().to_numpy()
     if (n_labels > 1).any():
         g = int(np.flatnonzero(n_labels > 1)[0])
-        raise RankwiseError(f"query manifest: sketch {names[g]!r} has renderings with "
+        raise RankwiseError(f"{name}: sketch {names[g]!r} has renderings with "
                             "different labels; a sketch has one target")
     sketch_skip = np.bincount(group, weights=skip, minlength=len(names)) > 0
     row_skip = sketch_skip[group]

@@ -81,7 +81,7 @@ class EngineOptions:
                                     f"got {value!r}")
         if self.workers is not None and self.workers < 1:
             raise RankwiseError(f"--workers must be a positive integer, got {self.workers!r}")
-        if self.memory_limit_mb is not None and self.memory_limit_mb <= 0:
+        if self.memory_limit_mb is not None and not self.memory_limit_mb > 0:  # NaN too
             raise RankwiseError(f"--memory-limit must be a positive number of MB, got "
                                 f"{self.memory_limit_mb!r}")
 
@@ -231,9 +231,9 @@ def compute_ranks(problem: Problem, query: EmbeddingSource, gallery: EmbeddingSo
     check_distance(distance)
     cosine = distance == "cosine"
     if query.shape[1] != gallery.shape[1]:
-        raise RankwiseError(f"query embeddings have dimension {query.shape[1]} but gallery "
-                            f"embeddings have {gallery.shape[1]}; encode both with the "
-                            "same model")
+        raise RankwiseError(f"{query.path or query.name} has dimension {query.shape[1]} but "
+                            f"{gallery.path or gallery.name} has {gallery.shape[1]} (query vs "
+                            "gallery embeddings); encode both with the same model")
     dim = int(query.shape[1])
     qrows, qsq, bad, why = kernels.prepare_rows(query.read(0, query.shape[0]), cosine)
     if bad >= 0:
