@@ -308,7 +308,6 @@ def read_manifest(path: Path):
 def worker_matmul(files: dict, args) -> dict:
     """The floor: Q x G float32 products in (query block x gallery chunk) tiles, reading
     the same files; the products are discarded (a strided checksum keeps them live)."""
-    import numpy as np
 
     if args.matmul_blas_threads:
         from threadpoolctl import threadpool_limits

@@ -10,7 +10,6 @@ few exact duplicate rows. Every case has ties, unsorted and ungrouped rows.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers import RANKWISE  # noqa: E402
 from reference import distance_matrix, protocol_masks  # noqa: E402
 
 
@@ -288,20 +288,10 @@ def make_case():
 # ---------------------------------------------------------------------------
 
 
-def _rankwise_exe() -> str:
-    exe = Path(sys.executable).parent / "rankwise"
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("rankwise")
-    if found is None:
-        pytest.fail("console script `rankwise` not found next to the Python executable")
-    return found
-
-
 @pytest.fixture
 def cli():
     """``cli(subcommand, *args, options=dict) -> CompletedProcess`` (never raises)."""
-    exe = _rankwise_exe()
+    exe = RANKWISE
 
     def run(*args, options=None):
         argv = [exe, *map(str, args)]

@@ -39,26 +39,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers import RANKWISE, run_rankwise
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _exe() -> str:
-    for exe in (Path(sys.executable).parent / "rankwise", ROOT / ".venv" / "bin" / "rankwise"):
-        if exe.exists():
-            return str(exe)
-    found = shutil.which("rankwise")
-    if found is None:
-        pytest.fail("console script `rankwise` not found")
-    return found
-
-
-RANKWISE = _exe()
-
-
-def run_script(*args, cwd=None, timeout=120) -> subprocess.CompletedProcess:
-    """The ``rankwise`` console script in a fresh process."""
-    return subprocess.run([RANKWISE, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+run_script = run_rankwise
 
 
 # The server: imports the entry point once, then forks one child per request.  The

@@ -34,25 +34,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers import RANKWISE, planned_jobs, run_rankwise
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _exe() -> str:
-    for exe in (Path(sys.executable).parent / "rankwise", ROOT / ".venv" / "bin" / "rankwise"):
-        if exe.exists():
-            return str(exe)
-    found = shutil.which("rankwise")
-    if found is None:
-        pytest.fail("console script `rankwise` not found")
-    return found
-
-
-RANKWISE = _exe()
-
-
 def run(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([RANKWISE, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+    return run_rankwise(*args, cwd=cwd, timeout=timeout)
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -331,20 +319,6 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=600)
     assert proc.returncode == 0, f"snakemake {args}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
-
-
-def planned_jobs(text: str) -> dict[str, int]:
-    if "Nothing to be done" in text:
-        return {}
-    table = text[text.index("Job stats:"):]
-    jobs = {}
-    for line in table.splitlines()[3:]:
-        match = re.fullmatch(r"(\S+)\s+(\d+)", line.strip())
-        if match is None:
-            break
-        jobs[match[1]] = int(match[2])
-    jobs.pop("total", None)
-    return jobs
 
 
 def _workdir(path: Path) -> Path:

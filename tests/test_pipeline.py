@@ -19,7 +19,6 @@ import copy
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
+from helpers import planned_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEFILE = ROOT / "Snakefile"
@@ -96,18 +97,7 @@ def snakemake(workdir: Path, config: dict, *args: str, check: bool = True):
 def planned(workdir: Path, config: dict) -> dict[str, int]:
     """rule -> number of jobs a dry run schedules ({} when there is nothing to do)."""
     proc = snakemake(workdir, config, "--dry-run")
-    out = proc.stdout + proc.stderr
-    if "Nothing to be done" in out:
-        return {}
-    table = out[out.index("Job stats:"):]
-    jobs = {}
-    for line in table.splitlines()[3:]:
-        match = re.fullmatch(r"(\S+)\s+(\d+)", line.strip())
-        if match is None:
-            break
-        jobs[match[1]] = int(match[2])
-    jobs.pop("total")
-    return jobs
+    return planned_jobs(proc.stdout + proc.stderr)
 
 
 @pytest.fixture(scope="module")
