@@ -195,6 +195,13 @@ class _Runner:
                                         "the address") from None
             self.workers = max(1, sum(self.client.nthreads().values()))
 
+    def put(self, data):
+        """Data used by every graph of a pass: sent to the cluster once, not per graph."""
+        if self.client is None:
+            return data
+        # A list, because a scattered dict would become one future per key.
+        return self.client.scatter([data], broadcast=True, hash=False)[0]
+
     def get(self, graph: dict, keys: list):
         if self.client is not None:
             return self.client.get(graph, keys)
@@ -283,6 +290,7 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
     by_g = np.argsort(pair_g, kind="stable")
     cuts = np.searchsorted(pair_g[by_g], bounds)
     keys = np.empty(len(pair_q), dtype=np.float64)
+    qrows = runner.put(qrows)
     n_chunks = len(bounds) - 1
     group = max(1, runner.workers)
     for first in range(0, n_chunks, group):
@@ -316,6 +324,7 @@ def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bo
             "exclude_self": problem.exclude_self, "span": (int(toff[lo]), int(toff[hi])),
         })
     hist = np.zeros(len(thr), dtype=np.int64)
+    shared = [runner.put(block) for block in blocks]
     n_chunks = len(bounds) - 1
     group = max(1, runner.workers)
     steps = range(0, n_chunks, group)
@@ -332,11 +341,10 @@ def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bo
             graph[key("gmeta", c)] = {"lab": problem.glab[start:stop],
                                       "id": problem.gid[start:stop],
                                       "junk": problem.gjunk[start:stop]}
-        for b, block in enumerate(blocks):
-            graph[key("block", b)] = block
+        for b, block in enumerate(shared):
             tiles = []
             for c in chunk_ids:
-                graph[key("tile", b, c)] = (_count_task, key("prep", c), key("block", b),
+                graph[key("tile", b, c)] = (_count_task, key("prep", c), block,
                                             key("gmeta", c), cosine, bound)
                 tiles.append(key("tile", b, c))
             graph[key("sum", b)] = (_sum, tiles)
