@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
+from .store import atomic_directory, write_text_atomic
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif",
                               ".tiff", ".ppm", ".pgm"})
@@ -114,9 +114,7 @@ def _ordered(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _write_csv_atomic(table: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    table.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    write_text_atomic(path, table.to_csv(index=False))
 
 
 def seeded_split(labels: list[str] | np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -363,18 +361,8 @@ def prepare_dataset(loader: str, options: dict[str, Any] | None,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if spec.generates_images:
-        images, tmp = out / "images", out / "images.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        try:
+        with atomic_directory(out / "images") as tmp:
             tables = spec.function(opts, tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if images.exists():
-            shutil.rmtree(images)
-        os.rename(tmp, images)
         for table in tables.values():  # generator paths are relative to images/
             table["path"] = ["images/" + Path(p).as_posix() for p in table["path"]]
     else:

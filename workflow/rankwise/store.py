@@ -59,30 +59,41 @@ def _json_safe(value: Any) -> Any:
 
 
 @contextmanager
-def atomic_store(path: str | os.PathLike) -> Iterator["zarr.Group"]:
-    """Yield a fresh Zarr group at ``<path>.tmp``; rename it to ``path`` on success.
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty folder ``<path>.tmp`` to fill; it replaces ``path`` on success.
 
-    On any exception the temporary store is removed and ``path`` is left as it was.
+    A leftover ``<path>.tmp`` from a killed run is removed first; on any exception the
+    temporary folder is removed and ``path`` is left as it was.
     """
-    import zarr  # imported lazily: a CLI run on .npy inputs never needs it
-
     final = Path(path)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     final.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
     try:
-        group = zarr.open_group(str(tmp), mode="w")
-        yield group
-        group.attrs["complete"] = True
+        yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if final.exists():
-        # Snakemake may have created the directory() output already (it removes it
-        # before the job, but a user running by hand may overwrite an old store).
+        # An old result under the final name (a user rerunning by hand) is replaced whole.
         shutil.rmtree(final)
     os.rename(tmp, final)
+
+
+@contextmanager
+def atomic_store(path: str | os.PathLike) -> Iterator["zarr.Group"]:
+    """Yield a fresh Zarr group at ``<path>.tmp``; rename it to ``path`` on success.
+
+    The group is marked ``complete`` just before the rename (see :func:`atomic_directory`).
+    """
+    import zarr  # imported lazily: a CLI run on .npy inputs never needs it
+
+    with atomic_directory(path) as tmp:
+        group = zarr.open_group(str(tmp), mode="w")
+        yield group
+        group.attrs["complete"] = True
 
 
 def open_complete_group(path: str | os.PathLike, kind: str) -> "zarr.Group":
