@@ -1,0 +1,29 @@
+"""The README stays true: its Quick start has two lines, and its example prints what it shows."""
+
+import re
+import shlex
+
+from helpers import ROOT, run_rankwise
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_quick_start_is_two_lines_matching_ci():
+    block = re.search(r"## Quick start\s+```bash\n(.*?)```", README, re.S)
+    lines = block[1].strip().splitlines()
+    assert len(lines) == 2
+    assert "snakemake --cores" in lines[0]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert lines[1] in ci  # CI runs the README's test command verbatim
+
+
+def test_evaluate_example_prints_what_the_readme_shows(tmp_path):
+    section = README[README.index("## Evaluate your own embeddings"):]
+    command, shown = re.findall(r"```(?:bash)?\n(.*?)```", section, re.S)[:2]
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[:2] == ["rankwise", "evaluate"]
+    out = argv.index("--output")
+    argv[out + 1] = str(tmp_path / "report.json")
+    proc = run_rankwise(*argv[1:], cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == shown
