@@ -378,8 +378,13 @@ def worker_argsort(files: dict, args) -> dict:
         cmc[cmc > 1] = 1
         all_cmc.append(cmc[:max_rank])
         num_rel = raw_cmc.sum()
-        tmp_cmc = raw_cmc.cumsum() / (np.arange(raw_cmc.size) + 1.0)
-        tmp_cmc = tmp_cmc * raw_cmc
+        if args.argsort_ap == "torchreid":  # torchreid's eval_market1501 line, verbatim
+            tmp_cmc = raw_cmc.cumsum()
+            tmp_cmc = [x / (i + 1.) for i, x in enumerate(tmp_cmc)]
+            tmp_cmc = np.asarray(tmp_cmc) * raw_cmc
+        else:  # fast-reid's vectorised form
+            tmp_cmc = raw_cmc.cumsum() / (np.arange(raw_cmc.size) + 1.0)
+            tmp_cmc = tmp_cmc * raw_cmc
         all_ap.append(tmp_cmc.sum() / num_rel)
     times["loop_s"] = time.perf_counter() - t0
     cmc = np.asarray(all_cmc, np.float64).mean(0)
@@ -432,6 +437,7 @@ def method_command(method: str, files: dict, args, run_dir: Path) -> tuple[list,
                "--worker-out", str(out), "--query-block", str(args.query_block),
                "--gallery-chunk", str(args.gallery_chunk),
                "--junk-labels", args.junk_labels, "--argsort-dtype", args.argsort_dtype,
+               "--argsort-ap", args.argsort_ap,
                "--matmul-blas-threads", str(args.matmul_blas_threads)]
     return cmd, out
 
@@ -703,6 +709,9 @@ def main(argv=None) -> int:
     ap.add_argument("--argsort-dtype", choices=("float32", "float64"), default="float32",
                     help="distance dtype of the argsort method (float64: a rounding-free "
                          "reference, 2x the memory)")
+    ap.add_argument("--argsort-ap", choices=("vectorised", "torchreid"), default="vectorised",
+                    help="the argsort method's AP line: fast-reid's vectorised form (default) "
+                         "or torchreid's per-element Python list comprehension, verbatim")
     ap.add_argument("--force-argsort", action="store_true",
                     help="run argsort even when it would not fit in 70%% of available RAM")
     # internal: one method's worker process
