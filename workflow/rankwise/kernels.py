@@ -99,7 +99,16 @@ def pair_keys(qrows, grows, pq, pg, cosine):
 
 @njit(cache=True, nogil=True, inline="always")
 def _count_less(thr, lo, hi, x):
-    """Number of ``thr[lo:hi]`` (sorted ascending) strictly below ``x``."""
+    """Number of ``thr[lo:hi]`` (sorted ascending) strictly below ``x``.
+
+    A query has few relevant items: counting them all is one pass with no
+    data-dependent branch; long lists use a binary search.
+    """
+    if hi - lo <= 64:
+        n = 0
+        for k in range(lo, hi):
+            n += thr[k] < x
+        return n
     a = lo
     b = hi
     while a < b:
@@ -135,21 +144,41 @@ def count_tile(sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk,
     hist = np.zeros(thr.shape[0], dtype=np.int64)
     gn = np.sqrt(gsq)
     gmax = gn.max() if c > 0 else 0.0
+    half_gsq = (gsq / 2.0).astype(np.float32)
+    hmax = np.float64(half_gsq.max()) if c > 0 else 0.0
+    near = np.empty(c, dtype=np.uint8)
     for i in range(b):
         lo = toff[i]
         hi = toff[i + 1]
         if lo == hi:
             continue
         qn = np.sqrt(qsq[i])
-        # Skip test with the chunk's largest error bound, so the hot loop is one
-        # multiply-add and a compare: key - eps_max > t_max means certainly behind
-        # every relevant item, the common case.
+        # Skip test with the chunk's largest error bound: key - eps_max > t_max means
+        # certainly behind every relevant item, the common case.  A branch-free float32
+        # pass (it vectorises) marks the items that may pass it.
         if cosine:
             cut = -(thr[hi - 1] + bound * qn * gmax)  # skip when s < cut
+            # The largest float32 <= cut keeps every s >= cut.
+            cut32 = np.float32(cut)
+            if np.float64(cut32) > cut:
+                cut32 = np.nextafter(cut32, np.float32(-np.inf))
+            for j in range(c):
+                near[j] = sim[i, j] >= cut32
         else:
             r = qn + gmax
             cut = thr[hi - 1] - qsq[i] + bound * r * r  # skip when gsq - 2 s > cut
+            # gsq/2 - s in float32, widened by its own rounding error (float32
+            # roundings of values up to hmax + qn gmax) so it never drops an item the
+            # float64 test keeps.
+            slack = 4.0 * _U32 * (hmax + qn * gmax + abs(cut) / 2.0)
+            cut32 = np.float32(cut / 2.0 + slack)
+            if np.float64(cut32) < cut / 2.0 + slack:
+                cut32 = np.nextafter(cut32, np.float32(np.inf))
+            for j in range(c):
+                near[j] = half_gsq[j] - sim[i, j] <= cut32
         for j in range(c):
+            if near[j] == 0:
+                continue
             s = np.float64(sim[i, j])
             if cosine:
                 if s < cut:
