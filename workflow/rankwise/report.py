@@ -724,6 +724,15 @@ def trend_chart(rows: list[dict[str, Any]]) -> str:
     return _png(fig)
 
 
+def _percent_axes(ax, xlabel: str, ylabel: str, legend_loc: str) -> None:
+    """The common frame of the curve plots: a 0-100 % y axis, labels, grid, legend."""
+    ax.set_ylim(0, 101)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc=legend_loc)
+
+
 def cmc_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str | None:
     """CMC curves, one per encoder; base64 PNG (None without curves)."""
     rows = [r for r in rows if r["cmc"]]
@@ -737,11 +746,7 @@ def cmc_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str | None:
     full = [int(np.argmax(np.asarray(r["cmc"]) >= 100.0)) + 1 if r["cmc"][-1] >= 100.0
             else len(r["cmc"]) for r in rows]
     ax.set_xlim(1, max(2, min(len(rows[0]["cmc"]), max(10, *full))))
-    ax.set_ylim(0, 101)
-    ax.set_xlabel("rank k", fontsize=8)
-    ax.set_ylabel("% matched at rank <= k", fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="lower right")
+    _percent_axes(ax, "rank k", "% matched at rank <= k", "lower right")
     return _png(fig)
 
 
@@ -761,11 +766,7 @@ def progressive_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str
             lo, hi = np.array(curve["ci95"]).T
             ax.fill_between(x, lo, hi, color=colors[r["encoder"]], alpha=0.15, lw=0)
     ax.set_xlim(0, 102)
-    ax.set_ylim(0, 101)
-    ax.set_xlabel("sketch completion (%)", fontsize=8)
-    ax.set_ylabel("mean 1 / rank of target (%)", fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper left")
+    _percent_axes(ax, "sketch completion (%)", "mean 1 / rank of target (%)", "upper left")
     return _png(fig)
 
 
