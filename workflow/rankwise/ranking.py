@@ -195,6 +195,11 @@ class _Runner:
                                         "the address") from None
             self.workers = max(1, sum(self.client.nthreads().values()))
 
+    @property
+    def group_size(self) -> int:
+        """Gallery chunks per graph: one per worker."""
+        return max(1, self.workers)
+
     def put(self, data):
         """Data used by every graph of a pass: sent to the cluster once, not per graph."""
         if self.client is None:
@@ -207,6 +212,20 @@ class _Runner:
             return self.client.get(graph, keys)
         import dask.threaded
         return dask.threaded.get(graph, keys, num_workers=self.workers)
+
+
+def _chunk_groups(bounds: np.ndarray, gallery: EmbeddingSource, cosine: bool, runner):
+    """Gallery chunks in groups of ``runner.group_size``, one ``compute`` call per group
+    (which keeps memory flat): yields ``(graph, key, chunk_ids)``, the graph already
+    holding each chunk's read-and-prepare task under ``key("prep", c)``."""
+    n_chunks = len(bounds) - 1
+    for first in range(0, n_chunks, runner.group_size):
+        key = _key_maker()
+        chunk_ids = range(first, min(first + runner.group_size, n_chunks))
+        graph = {key("prep", c): (_prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]),
+                                  cosine)
+                 for c in chunk_ids}
+        yield graph, key, chunk_ids
 
 
 def _key_maker():
@@ -291,18 +310,13 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
     cuts = np.searchsorted(pair_g[by_g], bounds)
     keys = np.empty(len(pair_q), dtype=np.float64)
     qrows = runner.put(qrows)
-    n_chunks = len(bounds) - 1
-    group = max(1, runner.workers)
-    for first in range(0, n_chunks, group):
-        graph, out_keys, selections = {}, [], []
-        key = _key_maker()
-        for c in range(first, min(first + group, n_chunks)):
-            start, stop = int(bounds[c]), int(bounds[c + 1])
-            graph[key("prep", c)] = (_prepare_chunk, gallery, start, stop, cosine)
+    for graph, key, chunk_ids in _chunk_groups(bounds, gallery, cosine, runner):
+        out_keys, selections = [], []
+        for c in chunk_ids:
             sel = by_g[cuts[c]:cuts[c + 1]]
             # Every chunk is read and checked, even one holding no relevant item.
             graph[key("keys", c)] = (_pair_keys_task, key("prep", c), qrows, pair_q[sel],
-                                     pair_g[sel] - start, cosine)
+                                     pair_g[sel] - bounds[c], cosine)
             out_keys.append(key("keys", c))
             selections.append(sel)
         for sel, values in zip(selections, runner.get(graph, out_keys)):
@@ -325,19 +339,15 @@ def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bo
         })
     hist = np.zeros(len(thr), dtype=np.int64)
     shared = [runner.put(block) for block in blocks]
-    n_chunks = len(bounds) - 1
-    group = max(1, runner.workers)
-    steps = range(0, n_chunks, group)
+    groups = _chunk_groups(bounds, gallery, cosine, runner)
     if options.progress:
         from tqdm import tqdm
-        steps = tqdm(steps, desc="rank", unit="chunk-group", leave=False)
-    for first in steps:
-        graph, out_keys = {}, []
-        key = _key_maker()
-        chunk_ids = range(first, min(first + group, n_chunks))
+        groups = tqdm(groups, desc="rank", unit="chunk-group", leave=False,
+                      total=-(-(len(bounds) - 1) // runner.group_size))
+    for graph, key, chunk_ids in groups:
+        out_keys = []
         for c in chunk_ids:
             start, stop = int(bounds[c]), int(bounds[c + 1])
-            graph[key("prep", c)] = (_prepare_chunk, gallery, start, stop, cosine)
             graph[key("gmeta", c)] = {"lab": problem.glab[start:stop],
                                       "id": problem.gid[start:stop],
                                       "junk": problem.gjunk[start:stop]}
