@@ -15,33 +15,20 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
+from .registry import INTEGER_COLUMNS as _INTEGER_COLUMNS
+from .registry import PROTOCOLS, get_protocol
 
-PROTOCOLS = ("recall", "reid", "reassociation", "progressive")
-
-_REQUIRED = {
-    ("recall", "query"): ("id", "label"),
-    ("recall", "gallery"): ("id", "label"),
-    ("reid", "query"): ("id", "label", "camera"),
-    ("reid", "gallery"): ("id", "label", "camera"),
-    ("reassociation", "query"): ("id", "label", "sequence", "frame"),
-    ("reassociation", "gallery"): ("id", "label", "sequence", "frame"),
-    ("progressive", "query"): ("id", "label", "sketch", "step"),
-    ("progressive", "gallery"): ("id", "label"),
-}
-_INTEGER_COLUMNS = ("frame", "step")
+__all__ = ["PROTOCOLS", "check_protocol", "read_manifest", "required_columns"]
 
 
 def check_protocol(protocol: str) -> str:
     """Return ``protocol`` or raise listing the valid ones."""
-    if protocol not in PROTOCOLS:
-        raise RankwiseError(f"unknown protocol {protocol!r}; valid protocols: "
-                            f"{', '.join(PROTOCOLS)}")
-    return protocol
+    return get_protocol(protocol).name
 
 
 def required_columns(protocol: str, role: str) -> tuple[str, ...]:
     """Columns a manifest must have for ``protocol`` in ``role`` ('query'/'gallery')."""
-    return _REQUIRED[(check_protocol(protocol), role)]
+    return get_protocol(protocol).required_columns(role)
 
 
 def read_manifest(source: str | os.PathLike | pd.DataFrame, *, protocol: str, role: str,

@@ -29,15 +29,10 @@ from typing import Iterable
 import numpy as np
 
 from .errors import RankwiseError
+from .registry import REGISTRY
 
 _AT_K = {"recall@": "recall", "rank": "rank", "acc@": "acc"}
 _PLAIN = ("map", "minp", "mrr", "m@A", "m@B", "wm@A", "wm@B")
-_FAMILIES = {
-    "recall": ("recall@K", "map", "mrr", "minp"),
-    "reid": ("rankK", "map", "minp", "mrr"),
-    "reassociation": ("rankK", "mrr"),
-    "progressive": ("m@A", "m@B", "wm@A", "wm@B", "acc@K"),
-}
 AP_VARIANTS = ("standard", "trapezoid")
 
 
@@ -56,10 +51,18 @@ def parse_ks(text: str | Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted(set(ks)))
 
 
+def _families(protocol: str, *, strict: bool = True) -> tuple[str, ...]:
+    """The protocol's metric families (registry order); ``()`` if unknown and not strict."""
+    spec = REGISTRY.get(protocol)
+    if spec is None and strict:
+        raise KeyError(protocol)
+    return spec.metric_families if spec is not None else ()
+
+
 def metric_names(protocol: str, ks: Iterable[int]) -> list[str]:
     """The metrics reported for ``protocol``, in report order."""
     names: list[str] = []
-    for family in _FAMILIES[protocol]:
+    for family in _families(protocol):
         if family.endswith("K"):
             names += [f"{family[:-1]}{k}" for k in ks]
         else:
@@ -72,12 +75,13 @@ def parse_metric(name: str, protocol: str) -> tuple[str, int | None]:
 
     Raises a :class:`RankwiseError` listing the valid names for ``protocol``.
     """
-    valid = ", ".join(_FAMILIES.get(protocol, ()))
+    families = _families(protocol, strict=False)
+    valid = ", ".join(families)
     for prefix, family in _AT_K.items():
         if name.startswith(prefix) and name[len(prefix):].isdigit() and int(name[len(prefix):]) > 0:
-            if f"{prefix}K" in _FAMILIES.get(protocol, ()):
+            if f"{prefix}K" in families:
                 return family, int(name[len(prefix):])
-    if name in _PLAIN and name in _FAMILIES.get(protocol, ()):
+    if name in _PLAIN and name in families:
         return name, None
     raise RankwiseError(f"unknown metric {name!r} for protocol {protocol!r}; valid metrics: "
                         f"{valid} (K a positive integer)")

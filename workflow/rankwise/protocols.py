@@ -10,7 +10,9 @@ reassociation    q's sequence at frame q.frame + gap_frames    same label
 progressive      all                                           same label (one target)
 ===============  ===========================================  ========================
 
-Dense protocols (recall, reid, progressive) are described by per-row codes that
+Each protocol's rule is data in its :class:`~rankwise.registry.ProtocolSpec`
+(self-exclusion, same-camera exclusion, junk labels, candidate rule); this module
+turns those flags into arrays.  Dense protocols (recall, reid, progressive) are described by per-row codes that
 the tile kernel tests; reassociation lists each query's candidates explicitly.
 Relevant (or candidate) pairs are found from the manifests alone, no embeddings.
 """
@@ -23,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
-from .manifest import check_protocol
+from .registry import get_protocol
 
 
 @dataclass
@@ -112,7 +114,7 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
 
     ``names`` (the manifests' file names) are what error messages call them.
     """
-    check_protocol(protocol)
+    spec = get_protocol(protocol)
     qlab, glab = _codes(query["label"], gallery["label"])
     qid, gid = _codes(query["id"], gallery["id"])
     n_q, n_g = len(query), len(gallery)
@@ -120,10 +122,10 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
     group = np.full(n_q, -1, dtype=np.int64)
     step = np.zeros(n_q, dtype=np.int64)
     options: dict = {}
-    exclude_self = protocol != "progressive"
+    exclude_self = spec.exclude_self
     qcam = gcam = None
 
-    if protocol == "reassociation":
+    if spec.candidates == "sequence_gap":
         if gap_frames < 1:
             raise RankwiseError(f"--gap-frames must be a positive integer, got {gap_frames}")
         options["gap_frames"] = int(gap_frames)
@@ -143,10 +145,10 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
         pair_rel = glab[pair_g] == qlab[pair_q]
         n_valid = np.bincount(pair_q, minlength=n_q)
         n_rel = np.bincount(pair_q, weights=pair_rel, minlength=n_q)
-        skip = (n_valid < 2) | (n_rel == 0)
+        skip = (n_valid < spec.min_candidates) | (n_rel == 0)
         dense = False
-    else:
-        if protocol == "reid":
+    elif spec.candidates == "all":
+        if spec.junk_labels:
             junk = {str(j) for j in junk_labels}
             options["junk_labels"] = sorted(junk)
             gjunk = gallery["label"].astype(str).isin(junk).to_numpy()
@@ -154,16 +156,19 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
         keep = ~gjunk[pair_g]
         if exclude_self:
             keep &= gid[pair_g] != qid[pair_q]
-        if protocol == "reid":
+        if spec.exclude_same_camera:
             qcam, gcam = _codes(query["camera"], gallery["camera"])
             keep &= gcam[pair_g] != qcam[pair_q]
         pair_q, pair_g = pair_q[keep], pair_g[keep]
         pair_rel = np.ones(len(pair_q), dtype=bool)
         skip = np.bincount(pair_q, minlength=n_q) == 0
         dense = True
+    else:  # a spec whose candidate rule has no implementation here yet
+        raise RankwiseError(f"protocol {protocol!r}: candidate rule {spec.candidates!r} "
+                            "is not implemented")
 
     num_units, num_skipped = n_q, int(skip.sum())
-    if protocol == "progressive":
+    if spec.unit == "sketch":
         group, step, skip, num_units, num_skipped = _sketches(query, skip, names[0])
     # Only evaluated queries keep pairs: the engine lays thresholds out per evaluated query.
     keep = ~skip[pair_q]
@@ -175,7 +180,7 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
             f"protocol {protocol!r} "
             f"({n_q} queries, {n_g} gallery items): check that query and gallery labels "
             "use the same ids" + (" and that queries have other-camera matches"
-                                  if protocol == "reid" else ""))
+                                  if spec.exclude_same_camera else ""))
     return Problem(protocol=protocol, qlab=qlab, glab=glab, qid=qid, gid=gid, gjunk=gjunk,
                    exclude_self=exclude_self, pair_q=pair_q, pair_g=pair_g,
                    pair_rel=pair_rel, skip=skip, dense=dense, group=group, step=step,

@@ -60,10 +60,10 @@ import numpy as np
 
 from . import __version__
 from .errors import RankwiseError
+from .registry import REGISTRY
 
 #: The metric shown in the overview table (and that picks the "best" encoder), per protocol.
-HEADLINE = {"recall": "recall@1", "reid": "rank1", "reassociation": "rank1",
-            "progressive": "m@A"}
+HEADLINE = {name: spec.headline[0] for name, spec in REGISTRY.items()}
 #: Ranks listed in the Markdown CMC table.
 CMC_TABLE_RANKS = (1, 5, 10, 20, 50)
 #: A comparison is marked significant when its Holm-adjusted p-value is below this.
