@@ -146,3 +146,45 @@ def test_count_tile_applies_dense_masks(cosine, exclude_self, cameras):
     for i in range(n_q):
         ahead = np.array([(key[i, other[i]] <= t).sum() for t in thr[i]], np.int64)
         np.testing.assert_array_equal(np.cumsum(hist[toff[i]:toff[i + 1]]), ahead)
+
+
+@pytest.mark.parametrize("protocol", ["recall", "reid", "progressive"])
+def test_problem_masks_follow_design_table(protocol):
+    """build_problem's relevant pairs and Problem.valid_relevant, both from dense_masks,
+    against DESIGN.md's table written out pair by pair in plain Python."""
+    import pandas as pd
+
+    from rankwise.protocols import build_problem
+
+    rng = np.random.default_rng(3)
+    n_q, n_g = 8, 30
+    query = pd.DataFrame({"id": [f"i{k}" for k in rng.permutation(40)[:n_q]],
+                          "label": rng.choice(["1", "2", "-1", "0"], n_q),
+                          "camera": rng.choice(["a", "b"], n_q),
+                          "sketch": [f"s{k}" for k in range(n_q)], "step": [1] * n_q})
+    gallery = pd.DataFrame({"id": [f"i{k}" for k in rng.permutation(40)[:n_g]],
+                            "label": rng.choice(["1", "2", "-1", "0"], n_g),
+                            "camera": rng.choice(["a", "b"], n_g)})
+    problem = build_problem(query, gallery, protocol, junk_labels=("-1",))
+
+    def valid(q, g):
+        if protocol == "progressive":
+            return True
+        if gallery.id[g] == query.id[q]:
+            return False
+        if protocol == "reid":
+            return not (gallery.label[g] == "-1" or (gallery.label[g] == query.label[q]
+                                                     and gallery.camera[g] == query.camera[q]))
+        return True
+
+    pairs = set(zip(problem.pair_q.tolist(), problem.pair_g.tolist()))
+    for q in range(n_q):
+        v, r = problem.valid_relevant(q, 0, n_g)
+        expected_v = [valid(q, g) for g in range(n_g)]
+        expected_r = [expected_v[g] and gallery.label[g] == query.label[q] for g in range(n_g)]
+        assert v.tolist() == expected_v and r.tolist() == expected_r
+        if not problem.skip[q]:
+            assert {g for (i, g) in pairs if i == q} == set(np.flatnonzero(expected_r).tolist())
+        # any window of rows gives the same masks
+        v2, r2 = problem.valid_relevant(q, 7, 19)
+        assert v2.tolist() == expected_v[7:19] and r2.tolist() == expected_r[7:19]
