@@ -656,7 +656,8 @@ def test_encode_precomputed_copies_the_rows(d, tmp_path):
         proc = run("encode", "--manifest", d / "g.csv", "--kind", "precomputed", "--options",
                    json.dumps({"path": str(d / source)}), "--out", out, "--no-progress")
         assert proc.returncode == 0, proc.stderr
-        np.testing.assert_array_equal(open_embeddings(out, name="x").read(0, G), np.load(d / "g.npy"))
+        np.testing.assert_array_equal(open_embeddings(out, name="x").read(0, G),
+                                      np.load(d / "g.npy"))
 
 
 def snakemake_dry_run(workdir: Path, config: str) -> subprocess.CompletedProcess:

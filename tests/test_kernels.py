@@ -67,7 +67,7 @@ def test_count_tile_split_gallery_sums_to_the_whole():
                     True, False) for a, b in ((0, 3), (3, 4), (4, 7))]
     before = [p.copy() for p in parts]
     np.testing.assert_array_equal(kernels.sum_counts(parts), [1, 1, 0, 1, 1, 0])
-    for part, copy in zip(parts, before):  # inputs are not modified
+    for part, copy in zip(parts, before, strict=True):  # inputs are not modified
         np.testing.assert_array_equal(part, copy)
 
 
@@ -177,7 +177,7 @@ def test_problem_masks_follow_design_table(protocol):
                                                      and gallery.camera[g] == query.camera[q]))
         return True
 
-    pairs = set(zip(problem.pair_q.tolist(), problem.pair_g.tolist()))
+    pairs = set(zip(problem.pair_q.tolist(), problem.pair_g.tolist(), strict=True))
     for q in range(n_q):
         v, r = problem.valid_relevant(q, 0, n_g)
         expected_v = [valid(q, g) for g in range(n_g)]

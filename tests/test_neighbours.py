@@ -22,7 +22,7 @@ def test_top_items_match_brute_force_and_ranks():
     evaluated = result.per_query["query_index"]
     tops = top_items(query, gallery, qe, ge, evaluated, protocol="reid", distance="euclidean",
                      k=5, chunk=7)
-    for top, first in zip(tops, result.per_query["first_rank"]):
+    for top, first in zip(tops, result.per_query["first_rank"], strict=True):
         q = top["query_index"]
         d = ((qe[q].astype(float) - ge.astype(float)) ** 2).sum(1)
         valid = ~((glab == qlab[q]) & (gcam == qcam[q]))

@@ -64,10 +64,10 @@ def nearest_items(inputs: Inputs, query_rows: Iterable[int], *, distance: str = 
             idx = np.flatnonzero(valid)
             keys = kernels.pair_keys(qrows, grows, np.full(len(idx), n, np.int64),
                                      idx.astype(np.int64), cosine)
-            best[n] += zip(keys, relevant[idx], idx + start)
+            best[n] += zip(keys, relevant[idx], idx + start, strict=True)
             best[n] = sorted(best[n])[:k]  # (key, non-relevant first, row order)
     return [{"query_index": r,
              "gallery_index": np.array([b[2] for b in items], np.int64),
              "distance_key": np.array([b[0] for b in items], np.float64),
              "relevant": np.array([b[1] for b in items], bool)}
-            for r, items in zip(rows, best)]
+            for r, items in zip(rows, best, strict=True)]

@@ -310,7 +310,7 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
                                      pair_g[sel] - bounds[c], cosine)
             out_keys.append(key("keys", c))
             selections.append(sel)
-        for sel, values in zip(selections, runner.get(graph, out_keys)):
+        for sel, values in zip(selections, runner.get(graph, out_keys), strict=True):
             keys[sel] = values
     return keys
 
@@ -350,7 +350,7 @@ def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bo
                 tiles.append(key("tile", b, c))
             graph[key("sum", b)] = (kernels.sum_counts, tiles)
             out_keys.append(key("sum", b))
-        for block, part in zip(blocks, runner.get(graph, out_keys)):
+        for block, part in zip(blocks, runner.get(graph, out_keys), strict=True):
             lo, hi = block["span"]
             hist[lo:hi] += part
     return hist
