@@ -546,6 +546,63 @@ def test_store_commands_refuse(bad_stores, tmp_path, name, argv, pattern):
 
 
 # ---------------------------------------------------------------------------
+# report: the worst queries reopen the inputs the ranks store names
+# ---------------------------------------------------------------------------
+
+
+def _break_gallery_row(work: Path) -> None:
+    gallery = np.load(work / "g.npy")
+    gallery[7, 3] = np.nan
+    np.save(work / "g.npy", gallery)
+
+
+def _resort_query_manifest(work: Path) -> None:
+    table = pd.read_csv(work / "q.csv", dtype=str, keep_default_na=False)
+    table.iloc[::-1].to_csv(work / "q.csv", index=False)
+
+
+# (id, what changes after ranking, regex of the one stderr line)
+REPORT_CASES = [
+    ("report-nan-gallery-row", _break_gallery_row,
+     r"g\.npy: gallery embeddings row 7 \(0-based\) contains NaN or inf; fix or drop"),
+    ("report-query-manifest-changed", _resort_query_manifest,
+     r"q\.zarr: query embeddings were encoded from \S*/q\.csv \(sha256 [0-9a-f]{12}\), which "
+     r"has changed since \(sha256 [0-9a-f]{12}\), so rows would not align: restore it, or "
+     r"encode \S*/q\.csv again"),
+]
+
+
+@pytest.mark.parametrize("name, change, pattern", REPORT_CASES, ids=[c[0] for c in REPORT_CASES])
+def test_report_refuses_changed_inputs(d, tmp_path, name, change, pattern):
+    """`rankwise report` lists each worst query's nearest gallery items from the
+    manifests and embeddings the ranks store names: inputs changed since ranking (a NaN
+    row, a re-sorted manifest) stop it with one line, and no report is written."""
+    from rankwise.encoders import encode_manifest
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for name_ in ("q.csv", "g.csv", "g.npy"):
+        shutil.copy(d / name_, work / name_)
+    encode_manifest(work / "q.csv", "precomputed", {"path": str(d / "q.npy")}, work / "q.zarr",
+                    progress=False)
+    metrics = work / "metrics" / "toy" / "enc.json"
+    for argv in (["rank", "--query", work / "q.csv", "--gallery", work / "g.csv",
+                  "--query-embeddings", work / "q.zarr", "--gallery-embeddings", work / "g.npy",
+                  "--out", work / "ranks.zarr"],
+                 ["metrics", work / "ranks.zarr", "--output", metrics]):
+        proc = run(*argv)
+        assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    proc = run("report", metrics, "--out-dir", out, "--resamples", "0")
+    assert proc.returncode == 0, proc.stderr  # control: the unchanged inputs report
+    shutil.rmtree(out)
+    change(work)
+    proc = run("report", metrics, "--out-dir", out, "--resamples", "0")
+    assert_one_line_error(proc, pattern)
+    assert not out.exists() or sorted(out.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------
 # the pipeline: encode, config validation
 # ---------------------------------------------------------------------------
 

@@ -191,13 +191,19 @@ def check_manifest(src: EmbeddingSource, manifest) -> None:
     from .hashing import file_sha256
 
     actual = file_sha256(Path(manifest))
-    if actual != recorded:
-        origin = src.attrs.get("manifest") or "another manifest"
+    if actual == recorded:
+        return
+    origin = src.attrs.get("manifest")
+    if origin and Path(origin).resolve() == Path(manifest).resolve():
         raise RankwiseError(
-            f"{src.path}: {src.name} were encoded from {origin} (sha256 {recorded[:12]}), "
-            f"but {manifest} has other content (sha256 {actual[:12]}), so rows would not "
-            f"align: pass the manifest the store was encoded from, or encode {manifest} "
-            "again")
+            f"{src.path}: {src.name} were encoded from {manifest} (sha256 {recorded[:12]}), "
+            f"which has changed since (sha256 {actual[:12]}), so rows would not align: "
+            f"restore it, or encode {manifest} again")
+    raise RankwiseError(
+        f"{src.path}: {src.name} were encoded from {origin or 'another manifest'} (sha256 "
+        f"{recorded[:12]}), but {manifest} has other content (sha256 {actual[:12]}), so "
+        f"rows would not align: pass the manifest the store was encoded from, or encode "
+        f"{manifest} again")
 
 
 def check_same_dim(query: EmbeddingSource, gallery: EmbeddingSource) -> None:
