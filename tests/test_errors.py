@@ -632,6 +632,7 @@ def images(tmp_path_factory) -> Path:
     (d / "missing.csv").write_text(rows.replace("img/1.png", "img/gone.png"))
     (d / "broken.csv").write_text(rows.replace("img/2.png", "img/broken.png"))
     (d / "nopath.csv").write_text("id,label\na,0\n")
+    (d / "emptypath.csv").write_text(rows.replace("img/1.png", " "))
     return d
 
 
@@ -643,6 +644,8 @@ ENCODE_CASES = [
      r"broken\.csv: row 4 \(id 'c'\): cannot decode image .*broken\.png .*replace the file"),
     ("missing-path-column", "nopath.csv", "pixels", "{}",
      r"nopath\.csv: missing column 'path' needed by the pixels encoder"),
+    ("empty-path", "emptypath.csv", "pixels", "{}",
+     r"emptypath\.csv: row 3: empty 'path'; every item needs a path"),
     ("missing-onnx-checkpoint", "ok.csv", "onnx", '{"model": "ckpt/missing.onnx"}',
      r"ckpt/missing\.onnx: onnx model file not found; check options\.model"),
     ("missing-python-checkpoint", "ok.csv", "python",
