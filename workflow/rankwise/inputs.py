@@ -18,15 +18,12 @@ as the rows are read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from .embeddings import EmbeddingSource, check_same_dim, open_embeddings
 from .manifest import read_manifest
-
-if TYPE_CHECKING:
-    from .protocols import Problem
+from .protocols import Problem, build_problem
 
 
 @dataclass
@@ -49,10 +46,8 @@ class Inputs:
     names: tuple[str, str]
 
     def problem(self, *, gap_frames: int = 1,
-                junk_labels: tuple[str, ...] = ("-1",)) -> "Problem":
+                junk_labels: tuple[str, ...] = ("-1",)) -> Problem:
         """The protocol applied to the manifests (:func:`rankwise.protocols.build_problem`)."""
-        from .protocols import build_problem
-
         return build_problem(self.query, self.gallery, self.protocol, gap_frames=gap_frames,
                              junk_labels=tuple(str(j) for j in junk_labels), names=self.names)
 
