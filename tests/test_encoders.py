@@ -362,6 +362,7 @@ def test_store_attrs(manifest: Path, tmp_path: Path):
     assert attrs["encoder"] == {"kind": "color-histogram", "options": {
         "bins": 4, "space": "hsv", "joint": False, "stripes": 1}}
     assert attrs["manifest_hash"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
+    assert attrs["manifest_csv_sha256"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
     assert attrs["checkpoint_hash"] is None
     assert attrs["rankwise_version"] == rankwise.__version__
     assert attrs["num_rows"] == N_ROWS
@@ -426,13 +427,3 @@ def test_cli_encode_error(manifest: Path, tmp_path: Path):
                                        str(tmp_path / "x.zarr")])
     assert result.exit_code == 2
     assert "error: python: module 'nope_mod' of options.factory not found" in result.output
-
-
-def test_checkpoint_file():
-    from rankwise.encoders import checkpoint_file
-
-    assert checkpoint_file("onnx", {"model": "m.onnx"}) == "m.onnx"
-    assert checkpoint_file("python", {"factory": "a:b", "checkpoint": "w.pt"}) == "w.pt"
-    assert checkpoint_file("precomputed", {"query": "q.npy", "gallery": "g.npy"},
-                           "gallery") == "g.npy"
-    assert checkpoint_file("pixels", {}) is None

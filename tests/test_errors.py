@@ -263,6 +263,18 @@ def d(tmp_path_factory) -> Path:
     np.savez(d / "g_archive.npz", embeddings=ge)
     shutil.move(d / "g_archive.npz", d / "g_archive.npy")
     _write_zarr_variants(d, ge)
+
+    # stores that record the manifest they were encoded from, and other manifests
+    from rankwise.encoders import encode_manifest
+
+    for side in ("q", "g"):
+        encode_manifest(d / f"{side}.csv", "precomputed", {"path": str(d / f"{side}.npy")},
+                        d / f"{side}_enc.zarr", progress=False)
+    q.iloc[::-1].to_csv(d / "q_sorted.csv", index=False)  # same rows, another order
+    pd.concat([g, g.iloc[:1].assign(id="g_new")]).to_csv(d / "g_added.csv", index=False)
+    bad = q.copy()
+    bad.loc[2, "label"] = " "
+    bad.to_csv(d / "q_blanklabel.csv", index=False)
     return d
 
 
@@ -380,6 +392,14 @@ CASES = [
     ("zarr-missing-chunk", dict(ge="g_nochunk.zarr"), ["--distance", "euclidean"],
      r"g_nochunk\.zarr: rows 8-11 \(0-based\) of the gallery embeddings are missing from the "
      r"Zarr store"),
+    # a store opened with a manifest other than the one it was encoded from
+    ("store-manifest-resorted", dict(q="q_sorted.csv", qe="q_enc.zarr"), [],
+     r"q_enc\.zarr: query embeddings were encoded from \S*/q\.csv \(sha256 [0-9a-f]{12}\), "
+     r"but \S*/q_sorted\.csv has other content \(sha256 [0-9a-f]{12}\), so rows would not "
+     r"align: pass the manifest the store was encoded from, or encode \S*/q_sorted\.csv again"),
+    ("store-manifest-rows-added", dict(g="g_added.csv", ge="g_enc.zarr"), [],
+     r"g_enc\.zarr: gallery embeddings were encoded from \S*/g\.csv .*but \S*/g_added\.csv "
+     r"has other content"),
 ]
 
 
@@ -399,7 +419,7 @@ def test_evaluate_refuses(d, tmp_path, name, files, extra, pattern):
 
 RANK_CASES = ["rows-mismatch", "nan-gallery-row", "zero-vector-cosine-gallery", "no-valid-match",
               "unknown-protocol", "zarr-corrupt-chunk", "zarr-missing-chunk",
-              "memory-limit-too-small"]
+              "memory-limit-too-small", "store-manifest-resorted", "store-manifest-rows-added"]
 
 
 @pytest.fixture(scope="module")
@@ -448,6 +468,13 @@ def test_valid_inputs_work(d, tmp_path):
     proc = run("evaluate", *inputs(d), "--memory-limit", "100000", "--output", tmp_path / "m.json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "m.json").read_text()) == report
+    # stores that record their manifest open with it, or with a byte-identical copy
+    shutil.copy(d / "q.csv", tmp_path / "q_copy.csv")
+    proc = run("evaluate", "--query", tmp_path / "q_copy.csv", "--gallery", d / "g.csv",
+               "--query-embeddings", d / "q_enc.zarr", "--gallery-embeddings", d / "g_enc.zarr",
+               "--output", tmp_path / "e.json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "e.json").read_text()) == report
 
 
 def test_forked_cli_matches_console_script(d, tmp_path):
@@ -519,6 +546,63 @@ def test_store_commands_refuse(bad_stores, tmp_path, name, argv, pattern):
 
 
 # ---------------------------------------------------------------------------
+# report: the worst queries reopen the inputs the ranks store names
+# ---------------------------------------------------------------------------
+
+
+def _break_gallery_row(work: Path) -> None:
+    gallery = np.load(work / "g.npy")
+    gallery[7, 3] = np.nan
+    np.save(work / "g.npy", gallery)
+
+
+def _resort_query_manifest(work: Path) -> None:
+    table = pd.read_csv(work / "q.csv", dtype=str, keep_default_na=False)
+    table.iloc[::-1].to_csv(work / "q.csv", index=False)
+
+
+# (id, what changes after ranking, regex of the one stderr line)
+REPORT_CASES = [
+    ("report-nan-gallery-row", _break_gallery_row,
+     r"g\.npy: gallery embeddings row 7 \(0-based\) contains NaN or inf; fix or drop"),
+    ("report-query-manifest-changed", _resort_query_manifest,
+     r"q\.zarr: query embeddings were encoded from \S*/q\.csv \(sha256 [0-9a-f]{12}\), which "
+     r"has changed since \(sha256 [0-9a-f]{12}\), so rows would not align: restore it, or "
+     r"encode \S*/q\.csv again"),
+]
+
+
+@pytest.mark.parametrize("name, change, pattern", REPORT_CASES, ids=[c[0] for c in REPORT_CASES])
+def test_report_refuses_changed_inputs(d, tmp_path, name, change, pattern):
+    """`rankwise report` lists each worst query's nearest gallery items from the
+    manifests and embeddings the ranks store names: inputs changed since ranking (a NaN
+    row, a re-sorted manifest) stop it with one line, and no report is written."""
+    from rankwise.encoders import encode_manifest
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for name_ in ("q.csv", "g.csv", "g.npy"):
+        shutil.copy(d / name_, work / name_)
+    encode_manifest(work / "q.csv", "precomputed", {"path": str(d / "q.npy")}, work / "q.zarr",
+                    progress=False)
+    metrics = work / "metrics" / "toy" / "enc.json"
+    for argv in (["rank", "--query", work / "q.csv", "--gallery", work / "g.csv",
+                  "--query-embeddings", work / "q.zarr", "--gallery-embeddings", work / "g.npy",
+                  "--out", work / "ranks.zarr"],
+                 ["metrics", work / "ranks.zarr", "--output", metrics]):
+        proc = run(*argv)
+        assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    proc = run("report", metrics, "--out-dir", out, "--resamples", "0")
+    assert proc.returncode == 0, proc.stderr  # control: the unchanged inputs report
+    shutil.rmtree(out)
+    change(work)
+    proc = run("report", metrics, "--out-dir", out, "--resamples", "0")
+    assert_one_line_error(proc, pattern)
+    assert not out.exists() or sorted(out.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------
 # the pipeline: encode, config validation
 # ---------------------------------------------------------------------------
 
@@ -548,6 +632,7 @@ def images(tmp_path_factory) -> Path:
     (d / "missing.csv").write_text(rows.replace("img/1.png", "img/gone.png"))
     (d / "broken.csv").write_text(rows.replace("img/2.png", "img/broken.png"))
     (d / "nopath.csv").write_text("id,label\na,0\n")
+    (d / "emptypath.csv").write_text(rows.replace("img/1.png", " "))
     return d
 
 
@@ -559,6 +644,8 @@ ENCODE_CASES = [
      r"broken\.csv: row 4 \(id 'c'\): cannot decode image .*broken\.png .*replace the file"),
     ("missing-path-column", "nopath.csv", "pixels", "{}",
      r"nopath\.csv: missing column 'path' needed by the pixels encoder"),
+    ("empty-path", "emptypath.csv", "pixels", "{}",
+     r"emptypath\.csv: row 3: empty 'path'; every item needs a path"),
     ("missing-onnx-checkpoint", "ok.csv", "onnx", '{"model": "ckpt/missing.onnx"}',
      r"ckpt/missing\.onnx: onnx model file not found; check options\.model"),
     ("missing-python-checkpoint", "ok.csv", "python",
@@ -577,6 +664,60 @@ def test_encode_refuses(images, tmp_path, name, manifest, kind, options, pattern
                "--out", out, "--no-progress", cwd=tmp_path)
     assert_one_line_error(proc, pattern)
     assert not out.exists() and not (tmp_path / "emb.zarr.tmp").exists()
+
+
+# `rankwise encode` reads its manifest and its precomputed vectors with the readers
+# ranking uses: (id, manifest, precomputed source, regex of the one stderr line)
+READER_ENCODE_CASES = [
+    ("precomputed-missing-chunk", "g.csv", "g_nochunk.zarr",
+     r"g_nochunk\.zarr: rows 8-11 \(0-based\) of the precomputed embeddings are missing from "
+     r"the Zarr store \(no chunk file 'c/2/0'\); the store is incomplete"),
+    ("precomputed-corrupt-chunk", "g.csv", "g_badchunk.zarr",
+     r"g_badchunk\.zarr: cannot read rows 4-7 \(0-based\) of the precomputed embeddings"),
+    ("precomputed-incomplete-store", "g.csv", "g_incomplete.zarr",
+     r"g_incomplete\.zarr: incomplete embedding store; delete it and encode again"),
+    ("precomputed-rows", "g.csv", "g_short.zarr",
+     r"g_short\.zarr: precomputed embeddings have 11 rows but \S*g\.csv has 12 rows"),
+    ("precomputed-text-dtype", "q.csv", "q_text.npy",
+     r"q_text\.npy: precomputed embeddings have dtype <U1; expected numbers"),
+    ("precomputed-store-of-other-manifest", "q_sorted.csv", "q_enc.zarr",
+     r"q_enc\.zarr: precomputed embeddings were encoded from \S*/q\.csv .*but "
+     r"\S*/q_sorted\.csv has other content"),
+    ("encode-duplicate-id", "q_dup.csv", "q.npy",
+     r"q_dup\.csv: duplicate id 'q1' at rows 3 and 5; ids must be unique"),
+    ("encode-missing-label", "q_nolabel.csv", "q.npy",
+     r"q_nolabel\.csv: missing column\(s\) label required by every protocol for the query "
+     r"and the gallery; add them"),
+    ("encode-blank-label", "q_blanklabel.csv", "q.npy",
+     r"q_blanklabel\.csv: row 4: empty 'label'; every item needs a label"),
+    ("encode-no-rows", "q_empty.csv", "q0.npy",
+     r"q_empty\.csv: the manifest has no rows; it needs at least one item"),
+    ("encode-manifest-not-found", "nope.csv", "q.npy",
+     r"nope\.csv: manifest not found; pass an existing CSV file"),
+]
+
+
+@pytest.mark.parametrize("name, manifest, source, pattern", READER_ENCODE_CASES,
+                         ids=[c[0] for c in READER_ENCODE_CASES])
+def test_encode_reader_refuses(d, tmp_path, name, manifest, source, pattern):
+    out = tmp_path / "emb.zarr"
+    proc = run("encode", "--manifest", d / manifest, "--kind", "precomputed", "--options",
+               json.dumps({"path": str(d / source)}), "--out", out, "--no-progress")
+    assert_one_line_error(proc, pattern)
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_encode_precomputed_copies_the_rows(d, tmp_path):
+    """Control: the intact sources encode to exactly their rows."""
+    from rankwise.embeddings import open_embeddings
+
+    for source in ("g.npy", "g_store.zarr", "g_enc.zarr"):
+        out = tmp_path / f"{source}.zarr"
+        proc = run("encode", "--manifest", d / "g.csv", "--kind", "precomputed", "--options",
+                   json.dumps({"path": str(d / source)}), "--out", out, "--no-progress")
+        assert proc.returncode == 0, proc.stderr
+        np.testing.assert_array_equal(open_embeddings(out, name="x").read(0, G),
+                                      np.load(d / "g.npy"))
 
 
 def snakemake_dry_run(workdir: Path, config: str) -> subprocess.CompletedProcess:

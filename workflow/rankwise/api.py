@@ -8,12 +8,10 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from .embeddings import open_embeddings
-from .manifest import read_manifest
-from .metrics import AP_VARIANTS, compute_metrics, parse_ks
-from .protocols import build_problem
-from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
 from .errors import RankwiseError
+from .inputs import open_inputs
+from .metrics import AP_VARIANTS, compute_metrics, parse_ks
+from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
 
 REPORT_KEYS = ("protocol", "distance", "num_queries", "num_skipped", "num_gallery",
                "embedding_dim", "metrics")
@@ -40,10 +38,6 @@ class EvaluationResult:
     def to_json(self) -> dict[str, Any]:
         """The JSON report: exactly the keys of DESIGN.md."""
         return {key: getattr(self, key) for key in REPORT_KEYS}
-
-    def text(self) -> str:
-        """The text report: an ``[evaluation]`` block, then a ``[metrics]`` block."""
-        return format_text(self.to_json())
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -88,19 +82,13 @@ def rank(query, gallery, query_embeddings, gallery_embeddings, *, protocol: str 
     options = EngineOptions(query_block=query_block, gallery_chunk=gallery_chunk,
                             workers=workers, scheduler=scheduler, progress=progress,
                             memory_limit_mb=memory_limit_mb)
-    q_table = read_manifest(query, protocol=protocol, role="query")
-    g_table = read_manifest(gallery, protocol=protocol, role="gallery")
-    q_src = open_embeddings(query_embeddings, name="query embeddings", n_rows=len(q_table),
-                            manifest=_name(query))
-    g_src = open_embeddings(gallery_embeddings, name="gallery embeddings",
-                            n_rows=len(g_table), manifest=_name(gallery))
-    problem = build_problem(q_table, g_table, protocol, gap_frames=gap_frames,
-                            junk_labels=tuple(str(j) for j in junk_labels),
-                            names=(_name(query) or "query table",
-                                   _name(gallery) or "gallery table"))
+    inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings,
+                         protocol=protocol)
+    problem = inputs.problem(gap_frames=gap_frames, junk_labels=tuple(junk_labels))
+    q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
-    del q_table, g_table
+    del inputs
     return compute_ranks(problem, q_src, g_src, distance=distance, options=options)
 
 
@@ -165,6 +153,3 @@ def recall_at_k(query_emb, gallery_emb, query_labels, gallery_labels, ks=(1, 5, 
                       distance=distance, ks=ks)
     return {name: value for name, value in result.metrics.items() if name.startswith("recall@")}
 
-
-def _name(source) -> str | None:
-    return None if isinstance(source, pd.DataFrame) else str(source)

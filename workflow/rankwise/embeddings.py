@@ -3,6 +3,21 @@
 An :class:`EmbeddingSource` is a small picklable handle that reads row ranges, so
 Dask tasks (threads or distributed workers) read the gallery chunk by chunk and
 no process holds more than a chunk of it.
+
+:func:`open_embeddings` is the one reader of embeddings, used by ranking, the
+neighbours, and ``rankwise encode --kind precomputed``.  Opening checks the file
+(readable ``.npy``; a Zarr store that is complete and holds ``embeddings``), the
+dtype (numbers), the shape (2-D, dimension > 0), the rows against the manifest's,
+and the manifest itself (below); reading checks every chunk (a chunk file missing
+from a Zarr store, or one that does not decode, is an error, never zeros).
+
+The manifest check: a rankwise embedding store records ``manifest_csv_sha256``,
+the sha256 of the bytes of the manifest CSV it was encoded from (and ``manifest``,
+its path).  Opened with a manifest file whose bytes differ (re-sorted, rows added
+or removed, ids edited: anything could have moved a row), it is an error naming
+both files; the store records no ids, so rows are never realigned.  Stores without
+the attribute (written by other tools or older versions) and manifests given as
+tables (no file) are not checked.
 """
 
 from __future__ import annotations
@@ -15,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import RankwiseError
+
+#: Store attribute: sha256 of the bytes of the manifest CSV the store was encoded from.
+MANIFEST_SHA256 = "manifest_csv_sha256"
 
 
 @dataclass
@@ -32,6 +50,7 @@ class EmbeddingSource:
     array_path: str | None = None
     array: np.ndarray | None = None
     chunk_rows: int | None = None
+    attrs: dict | None = None  # a rankwise store's attributes (None for other sources)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as a float32 array.
@@ -110,8 +129,8 @@ def _check_chunks_present(array, start: int, stop: int, source: "EmbeddingSource
 
 
 def open_embeddings(source, *, name: str, n_rows: int | None = None,
-                    manifest: str | None = None) -> EmbeddingSource:
-    """Open and check an embedding source.
+                    manifest: str | os.PathLike | None = None) -> EmbeddingSource:
+    """Open and check an embedding source (module docstring: what is checked).
 
     Parameters
     ----------
@@ -119,6 +138,8 @@ def open_embeddings(source, *, name: str, n_rows: int | None = None,
         array, or an array-like ``(N, D)``.
     name : what to call it in messages (e.g. "gallery embeddings").
     n_rows : rows the manifest has; a different N is an error naming both.
+    manifest : the manifest's path (named in messages); when it is a file and the
+        store records the manifest it was encoded from, their contents must agree.
     """
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
@@ -144,11 +165,53 @@ def open_embeddings(source, *, name: str, n_rows: int | None = None,
     if shape[1] == 0:
         raise RankwiseError(f"{label}: {name} have dimension 0; embeddings need at least one "
                             "column")
-    if n_rows is not None and shape[0] != n_rows:
-        where = f" but {manifest or 'the manifest'} has {n_rows} rows"
-        raise RankwiseError(f"{label}: {name} have {shape[0]} rows{where}; "
-                            "rows must align one-to-one with the manifest")
+    check_manifest(src, manifest)
+    if n_rows is not None:
+        check_rows(src, n_rows, manifest)
     return src
+
+
+def check_rows(src: EmbeddingSource, n_rows: int, manifest=None) -> None:
+    """Refuse embeddings whose row count is not the manifest's ``n_rows``."""
+    if src.shape[0] != n_rows:
+        where = f" but {manifest or 'the manifest'} has {n_rows} rows"
+        raise RankwiseError(f"{src.path or src.name}: {src.name} have {src.shape[0]} "
+                            f"rows{where}; rows must align one-to-one with the manifest")
+
+
+def check_manifest(src: EmbeddingSource, manifest) -> None:
+    """Refuse a store opened with a manifest file other than the one it was encoded from.
+
+    Compares the store's ``manifest_csv_sha256`` with the sha256 of ``manifest``'s
+    bytes; nothing to compare (no attribute, no manifest file) passes.
+    """
+    recorded = (src.attrs or {}).get(MANIFEST_SHA256)
+    if not recorded or manifest is None or not Path(manifest).is_file():
+        return
+    from .hashing import file_sha256
+
+    actual = file_sha256(Path(manifest))
+    if actual == recorded:
+        return
+    origin = src.attrs.get("manifest")
+    if origin and Path(origin).resolve() == Path(manifest).resolve():
+        raise RankwiseError(
+            f"{src.path}: {src.name} were encoded from {manifest} (sha256 {recorded[:12]}), "
+            f"which has changed since (sha256 {actual[:12]}), so rows would not align: "
+            f"restore it, or encode {manifest} again")
+    raise RankwiseError(
+        f"{src.path}: {src.name} were encoded from {origin or 'another manifest'} (sha256 "
+        f"{recorded[:12]}), but {manifest} has other content (sha256 {actual[:12]}), so "
+        f"rows would not align: pass the manifest the store was encoded from, or encode "
+        f"{manifest} again")
+
+
+def check_same_dim(query: EmbeddingSource, gallery: EmbeddingSource) -> None:
+    """Refuse query and gallery embeddings of different dimensions."""
+    if query.shape[1] != gallery.shape[1]:
+        raise RankwiseError(f"{query.path or query.name} has dimension {query.shape[1]} but "
+                            f"{gallery.path or gallery.name} has {gallery.shape[1]} (query vs "
+                            "gallery embeddings); encode both with the same model")
 
 
 def _check_dtype(dtype, name: str, label: str) -> None:
@@ -186,6 +249,7 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
         raise RankwiseError(f"{path}: not a readable Zarr store ({type(exc).__name__}); "
                             "write it again") from None
     array_path = None
+    attrs = None
     if isinstance(node, zarr.Group):
         attrs = dict(node.attrs)
         if attrs.get("kind") == "embeddings" and not attrs.get("complete"):
@@ -198,4 +262,5 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
         array_path = "embeddings"
     _check_dtype(node.dtype, name, str(path))
     return EmbeddingSource("zarr", tuple(node.shape), name, path=str(path),
-                           array_path=array_path, chunk_rows=int(node.chunks[0]))
+                           array_path=array_path, chunk_rows=int(node.chunks[0]),
+                           attrs=attrs if (attrs or {}).get("kind") == "embeddings" else None)

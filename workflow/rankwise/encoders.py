@@ -9,6 +9,8 @@ thread pool, one batch ahead of the encoder. Store attributes::
     encoder           {"kind": ..., "options": {... with defaults filled in}}
     checkpoint_hash   sha256 of the checkpoint / model / .npy file, or null
     manifest_hash     sha256 of the manifest file
+    manifest_csv_sha256  sha256 of the manifest CSV's bytes: checked whenever the store
+                      is opened with a manifest (rankwise.embeddings.check_manifest)
     manifest          the manifest's path, as given
     num_rows          N
     rankwise_version  the package version
@@ -41,6 +43,11 @@ channel_order="rgb", layout="nchw", input=null, output=null}
 
 Rows are never skipped: a missing or unreadable image is an error naming the file
 and the manifest row, because embeddings must stay aligned with the manifest.
+
+The manifest is read by :func:`rankwise.manifest.read_manifest`, the reader ranking
+uses: without a protocol it checks what every protocol needs (``id``, ``label``,
+non-empty values, unique ids, at least one row), plus a non-empty ``path`` for image
+encoders, so a manifest no protocol could rank fails here, before any encoding.
 """
 
 from __future__ import annotations
@@ -57,13 +64,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
 from . import __version__
 from .datasets import check_options
+from .embeddings import MANIFEST_SHA256, EmbeddingSource, check_rows, open_embeddings
 from .errors import RankwiseError
 from .hashing import file_sha256
+from .manifest import check_nonempty, read_manifest
 from .store import write_embeddings
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -140,9 +148,7 @@ class _Rows:
     def read(self, i: int, size: tuple[int, int] | None = None, mode: str = "RGB",
              resample: int = Image.Resampling.BILINEAR) -> Image.Image:
         """Decode row ``i``'s image, converted to ``mode`` and resized to [H, W]."""
-        raw = self.paths[i]
-        if not raw:
-            raise RankwiseError(f"{self.where(i)}: empty 'path'; every row needs an image")
+        raw = self.paths[i]  # never empty: checked when the manifest is read
         path = Path(raw)
         if not path.is_absolute():
             path = self.manifest.parent / path
@@ -450,31 +456,14 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
     return _Encoder(opts, model, batches, threads=threads)
 
 
-def _open_vectors(source: Path) -> Any:
-    """An ``(N, D)`` array-like from a .npy file or a Zarr store."""
-    if not source.exists():
-        raise RankwiseError(f"{source}: precomputed embeddings not found; check the options")
-    if source.is_file():
-        if source.suffix != ".npy":
-            raise RankwiseError(f"{source}: precomputed embeddings must be a .npy file or a "
-                                "Zarr store")
-        try:
-            return np.load(source, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise RankwiseError(f"{source}: not a readable .npy file ({exc})") from None
-    import zarr
+def _open_vectors(source: Path, manifest: Path) -> EmbeddingSource:
+    """The precomputed ``(N, D)`` vectors, through the one embeddings reader.
 
-    try:
-        node = zarr.open(str(source), mode="r")
-    except Exception as exc:  # zarr raises several types for non-stores
-        raise RankwiseError(f"{source}: not a readable Zarr store ({type(exc).__name__}); "
-                            "give a .npy file or a Zarr store") from None
-    if isinstance(node, zarr.Group):
-        if "embeddings" not in node:
-            raise RankwiseError(f"{source}: Zarr group without an 'embeddings' array; "
-                                "store the (N, D) array as 'embeddings'")
-        node = node["embeddings"]
-    return node
+    So they get every check ranking applies (dtype, completeness mark, the manifest a
+    rankwise store was encoded from) and are read chunk by chunk with the
+    missing/corrupt-chunk checks: a deleted chunk file is an error, never rows of zeros.
+    """
+    return open_embeddings(source, name="precomputed embeddings", manifest=manifest)
 
 
 def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
@@ -498,38 +487,20 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
             raise RankwiseError(f"precomputed: missing option {split} (embeddings for the "
                                 f"{split} manifest {manifest})")
         source = Path(str(opts[split])).expanduser()
-    vectors = _open_vectors(source)
+    vectors = _open_vectors(source, manifest)
     checkpoint = source if source.is_file() else None
 
     def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         n = len(rows.ids)
-        if len(vectors.shape) != 2 or vectors.shape[0] != n:
-            raise RankwiseError(f"{source}: {vectors.shape[0] if vectors.shape else 0} rows "
-                                f"(shape {tuple(vectors.shape)}) but manifest {rows.manifest} "
-                                f"has {n} rows; give (N, D) embeddings aligned row by row "
-                                "with the manifest")
+        check_rows(vectors, n, rows.manifest)
+        # Whole storage chunks per read: no chunk is decoded twice.
         step = max(batch_size, 8192)
+        if vectors.chunk_rows:
+            step = max(vectors.chunk_rows, step // vectors.chunk_rows * vectors.chunk_rows)
         for start in range(0, n, step):
-            yield np.asarray(vectors[start:start + step], dtype=np.float32)
+            yield vectors.read(start, min(start + step, n))
 
     return _Encoder(opts, checkpoint, batches, needs_images=False)
-
-
-def checkpoint_file(kind: str, options: dict[str, Any] | None,
-                    split: str | None = None) -> str | None:
-    """The file whose content identifies the encoder (for Snakemake inputs), or None.
-
-    ``python`` -> ``checkpoint``, ``onnx`` -> ``model``, ``precomputed`` -> ``path`` or
-    the ``split``'s file; built-in kinds have none.  Nothing is checked or opened.
-    """
-    options = options or {}
-    if kind == "python":
-        return options.get("checkpoint")
-    if kind == "onnx":
-        return options.get("model")
-    if kind == "precomputed":
-        return options.get("path") or (options.get(split) if split else None)
-    return None
 
 
 def build_encoder(kind: str, options: dict[str, Any] | None, *, manifest: Path, out: Path,
@@ -552,7 +523,8 @@ def build_encoder(kind: str, options: dict[str, Any] | None, *, manifest: Path, 
 
 def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[str, Any] | None,
                     out_store: str | os.PathLike, batch_size: int = 64,
-                    workers: int | None = None, *, progress: bool = True) -> dict[str, Any]:
+                    workers: int | None = None, *, progress: bool = True,
+                    protocol: str | None = None, role: str | None = None) -> dict[str, Any]:
     """Encode every row of a manifest into the embedding store ``out_store``.
 
     Parameters
@@ -564,28 +536,18 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
     batch_size : images per encoder call.
     workers : decoding threads (and onnxruntime threads); default :func:`default_workers`.
     progress : show a tqdm progress bar on stderr.
+    protocol, role : when known, the manifest is also checked for that protocol's
+        columns in that role (``query``/``gallery``), as ranking will; by default only
+        what every protocol needs (module docstring).
 
     Returns
     -------
     The store's attributes plus ``shape`` ``[N, D]``.
     """
     manifest, out = Path(manifest_csv), Path(out_store)
-    if not manifest.is_file():
-        raise RankwiseError(f"{manifest}: manifest not found; run `rankwise prepare` or check "
-                            "the path")
     batch_size = _int("encode", batch_size, "batch_size")
     workers = default_workers() if workers is None else _int("encode", workers, "workers")
-    try:
-        table = pd.read_csv(manifest, dtype=str, keep_default_na=False, na_filter=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise RankwiseError(f"{manifest}: not a readable CSV manifest "
-                            f"({type(exc).__name__}); write a header line and one row per "
-                            "item") from None
-    table.columns = [str(c).strip() for c in table.columns]
-    if "id" not in table.columns:
-        raise RankwiseError(f"{manifest}: missing column 'id'; every manifest needs id and label")
-    if len(table) == 0:
-        raise RankwiseError(f"{manifest}: no rows to encode")
+    table = read_manifest(manifest, protocol=protocol, role=role)
     encoder = build_encoder(kind, options, manifest=manifest, out=out, threads=workers)
     rows = _Rows(manifest, table["id"].tolist())
     if encoder.needs_images:
@@ -593,12 +555,15 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
             raise RankwiseError(f"{manifest}: missing column 'path' needed by the {kind} "
                                 "encoder; add image paths (relative to the manifest's folder) "
                                 "or use kind precomputed")
+        check_nonempty(table, ["path"], str(manifest))
         rows.paths = table["path"].str.strip().tolist()
+    manifest_sha256 = file_sha256(manifest)
     attrs = {
         "encoder": {"kind": kind, "options": encoder.options},
         "checkpoint_hash": None if encoder.checkpoint is None else file_sha256(encoder.checkpoint),
         "checkpoint": None if encoder.checkpoint is None else str(encoder.checkpoint),
-        "manifest_hash": file_sha256(manifest),
+        "manifest_hash": manifest_sha256,
+        MANIFEST_SHA256: manifest_sha256,
         "manifest": str(manifest),
         "num_rows": len(table),
         "rankwise_version": __version__,

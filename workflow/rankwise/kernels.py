@@ -1,5 +1,12 @@
 """Compiled per-row and per-tile kernels (numba); plain numpy in, numpy out.
 
+The engine's steps, in order: per chunk :func:`prepare_rows` and :func:`pair_keys`
+(pass 1); per tile :func:`count_tile`, combine :func:`sum_counts`, finish
+:func:`ranks_from_hist` (pass 2); reassociation's candidate lists:
+:func:`rank_candidates`.  Which gallery items count is decided by
+:func:`rankwise.protocols.dense_masks`; ``count_tile`` applies the same rule inline
+(tested equal in tests/test_kernels.py).
+
 Exactness
 ---------
 Ranks follow one *canonical* distance per (query, gallery) pair, computed the same
@@ -205,6 +212,17 @@ def count_tile(sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk,
             if p < hi - lo:
                 hist[lo + p] += 1
     return hist
+
+
+def sum_counts(parts):
+    """Combine: add the per-chunk ``count_tile`` histograms of one query block.
+
+    ``parts`` is a non-empty list of equal-shape int64 arrays; none is modified.
+    """
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
 
 
 @njit(cache=True, nogil=True)

@@ -12,14 +12,17 @@ progressive      all                                           same label (one t
 
 Each protocol's rule is data in its :class:`~rankwise.registry.ProtocolSpec`
 (self-exclusion, same-camera exclusion, junk labels, candidate rule); this module
-turns those flags into arrays.  Dense protocols (recall, reid, progressive) are described by per-row codes that
-the tile kernel tests; reassociation lists each query's candidates explicitly.
+turns those flags into arrays, and :func:`dense_masks` is the one statement of the
+dense protocols' validity rule.  Dense protocols (recall, reid, progressive) are
+described by per-row codes that the tile kernel tests; reassociation lists each
+query's candidates explicitly.
 Relevant (or candidate) pairs are found from the manifests alone, no embeddings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -68,23 +71,46 @@ class Problem:
     gcam: np.ndarray | None = None
 
     def valid_relevant(self, q: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Masks of the valid and the relevant items among gallery rows [start, stop).
-
-        The same rules as the engine's, row by row; for display and checks, not speed.
+        """Masks ``(stop - start,)`` of the valid and the relevant items among gallery
+        rows [start, stop) for query row ``q``: :func:`dense_masks` for the dense
+        protocols, the listed candidates otherwise.  For display and checks, not speed.
         """
-        g = slice(start, stop)
         if not self.dense:
             valid = np.zeros(stop - start, dtype=bool)
             mine = self.pair_g[self.pair_q == q]
             mine = mine[(mine >= start) & (mine < stop)]
             valid[mine - start] = True
-        else:
-            valid = ~self.gjunk[g]
-            if self.exclude_self:
-                valid &= self.gid[g] != self.qid[q]
-            if self.qcam is not None:
-                valid &= ~((self.glab[g] == self.qlab[q]) & (self.gcam[g] == self.qcam[q]))
-        return valid, valid & (self.glab[g] == self.qlab[q])
+            return valid, valid & (self.glab[start:stop] == self.qlab[q])
+        return dense_masks(self, np.int64(q), np.arange(start, stop, dtype=np.int64))
+
+
+def dense_masks(codes, q: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rule "which gallery items count" of the dense protocols, in one place.
+
+    For query rows ``q`` and gallery rows ``g`` (broadcastable int arrays) returns
+    boolean ``(valid, relevant)`` of their broadcast shape::
+
+        relevant = label(g) == label(q)
+        valid    = not junk(g)
+                   and not (exclude_self and id(g) == id(q))
+                   and not (camera rule and relevant and camera(g) == camera(q))
+        relevant &= valid
+
+    ``codes`` holds the integer codes (``qlab glab qid gid gjunk exclude_self qcam
+    gcam``; cameras ``None`` when the protocol has no camera rule): a
+    :class:`Problem`, or the arrays :func:`build_problem` is assembling.  It decides
+    the relevant pairs (:func:`build_problem`) and the masks of
+    :meth:`Problem.valid_relevant`; :func:`rankwise.kernels.count_tile` applies it
+    inline to count the valid non-relevant items (label differs, not junk, not self),
+    tested equal in tests/test_kernels.py.
+    """
+    relevant = codes.glab[g] == codes.qlab[q]
+    valid = ~codes.gjunk[g]
+    if codes.exclude_self:
+        valid = valid & (codes.gid[g] != codes.qid[q])
+    if codes.qcam is not None:
+        valid = valid & ~(relevant & (codes.gcam[g] == codes.qcam[q]))
+    return valid, relevant & valid
 
 
 def _codes(query: pd.Series, gallery: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -152,13 +178,12 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
             junk = {str(j) for j in junk_labels}
             options["junk_labels"] = sorted(junk)
             gjunk = gallery["label"].astype(str).isin(junk).to_numpy()
-        pair_q, pair_g = _grouped_pairs(qlab, glab)
-        keep = ~gjunk[pair_g]
-        if exclude_self:
-            keep &= gid[pair_g] != qid[pair_q]
         if spec.exclude_same_camera:
             qcam, gcam = _codes(query["camera"], gallery["camera"])
-            keep &= gcam[pair_g] != qcam[pair_q]
+        pair_q, pair_g = _grouped_pairs(qlab, glab)  # every same-label pair
+        codes = SimpleNamespace(qlab=qlab, glab=glab, qid=qid, gid=gid, gjunk=gjunk,
+                                exclude_self=exclude_self, qcam=qcam, gcam=gcam)
+        _, keep = dense_masks(codes, pair_q, pair_g)
         pair_q, pair_g = pair_q[keep], pair_g[keep]
         pair_rel = np.ones(len(pair_q), dtype=bool)
         skip = np.bincount(pair_q, minlength=n_q) == 0

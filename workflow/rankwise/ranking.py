@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import kernels
-from .embeddings import EmbeddingSource
+from .embeddings import EmbeddingSource, check_same_dim
 from .errors import RankwiseError
 from .protocols import Problem
 
@@ -109,8 +109,12 @@ def estimate_memory_mb(n_query: int, n_gallery: int, dim: int, n_pairs: int,
 
 # ----------------------------------------------------------------- task functions
 
-def _prepare_chunk(source: EmbeddingSource, start: int, stop: int, cosine: bool):
-    """Per chunk: read rows, normalise (cosine), check every row."""
+def prepare_chunk(source: EmbeddingSource, start: int, stop: int, cosine: bool):
+    """Per chunk: read rows ``[start, stop)``, normalise (cosine), check every row.
+
+    Returns ``(rows, sq)`` of :func:`rankwise.kernels.prepare_rows`; a NaN/inf row, or
+    a zero row under cosine, is an error naming the source and the row.
+    """
     rows, sq, bad, why = kernels.prepare_rows(source.read(start, stop), cosine)
     if bad >= 0:
         raise RankwiseError(_bad_row_message(source, start + bad, why))
@@ -141,14 +145,6 @@ def _count_task(prep, block, gmeta, cosine, bound):
                               grows, gsq, gmeta["lab"], gmeta["id"], gmeta["junk"],
                               block["thr"], block["toff"], block["exclude_self"], cosine,
                               bound)
-
-
-def _sum(parts):
-    """Combine: add the per-chunk counts of one query block."""
-    total = parts[0].copy()
-    for part in parts[1:]:
-        total += part
-    return total
 
 
 _IN_DISTRIBUTED_WORKER = False
@@ -222,7 +218,7 @@ def _chunk_groups(bounds: np.ndarray, gallery: EmbeddingSource, cosine: bool, ru
     for first in range(0, n_chunks, runner.group_size):
         key = _key_maker()
         chunk_ids = range(first, min(first + runner.group_size, n_chunks))
-        graph = {key("prep", c): (_prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]),
+        graph = {key("prep", c): (prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]),
                                   cosine)
                  for c in chunk_ids}
         yield graph, key, chunk_ids
@@ -256,14 +252,9 @@ def compute_ranks(problem: Problem, query: EmbeddingSource, gallery: EmbeddingSo
     options = options or EngineOptions()
     check_distance(distance)
     cosine = distance == "cosine"
-    if query.shape[1] != gallery.shape[1]:
-        raise RankwiseError(f"{query.path or query.name} has dimension {query.shape[1]} but "
-                            f"{gallery.path or gallery.name} has {gallery.shape[1]} (query vs "
-                            "gallery embeddings); encode both with the same model")
+    check_same_dim(query, gallery)
     dim = int(query.shape[1])
-    qrows, qsq, bad, why = kernels.prepare_rows(query.read(0, query.shape[0]), cosine)
-    if bad >= 0:
-        raise RankwiseError(_bad_row_message(query, bad, why))
+    qrows, qsq = prepare_chunk(query, 0, query.shape[0], cosine)
     bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
     runner = _Runner(options)
     if options.memory_limit_mb is not None:
@@ -319,7 +310,7 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
                                      pair_g[sel] - bounds[c], cosine)
             out_keys.append(key("keys", c))
             selections.append(sel)
-        for sel, values in zip(selections, runner.get(graph, out_keys)):
+        for sel, values in zip(selections, runner.get(graph, out_keys), strict=True):
             keys[sel] = values
     return keys
 
@@ -357,9 +348,9 @@ def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bo
                 graph[key("tile", b, c)] = (_count_task, key("prep", c), block,
                                             key("gmeta", c), cosine, bound)
                 tiles.append(key("tile", b, c))
-            graph[key("sum", b)] = (_sum, tiles)
+            graph[key("sum", b)] = (kernels.sum_counts, tiles)
             out_keys.append(key("sum", b))
-        for block, part in zip(blocks, runner.get(graph, out_keys)):
+        for block, part in zip(blocks, runner.get(graph, out_keys), strict=True):
             lo, hi = block["span"]
             hist[lo:hi] += part
     return hist

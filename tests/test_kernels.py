@@ -1,0 +1,190 @@
+"""The tile kernels on hand-built tiles, and count_tile's validity rule against dense_masks.
+
+Hand-computed cases use small integer embeddings, whose squared L2 distances and dot
+products are exact in float32, so every expected count below is worked out by hand.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rankwise import kernels
+from rankwise.protocols import dense_masks
+
+# ---------------------------------------------------------------- a hand-built tile
+#
+# Two queries, seven gallery items, D = 2, euclidean (key = squared L2 distance).
+#
+#   gallery   row     label  id    junk | key for q0=(0,0) A  | key for q1=(1,1) B
+#   g0        (1,0)   A      g0         | 1  relevant         | 1  non-relevant
+#   g1        (1,1)   B      g1         | 2  non-relevant     | 0  relevant
+#   g2        (0,1)   B      g2         | 1  non-relevant     | 1  relevant
+#   g3        (2,0)   A      g3         | 4  relevant         | 2  non-relevant
+#   g4        (0,3)   B      g4    yes  | 9  (junk)           | 5  (junk)
+#   g5        (3,0)   B      g5         | 9  non-relevant     | 5  relevant
+#   g6        (0,0)   B      q0         | 0  (q0 itself)      | 2  relevant
+#
+# q0: thresholds [1, 4].  Non-relevant valid items: g2 (1) in (-inf, 1]; g1 (2) in
+#     (1, 4]; g5 (9) behind every threshold.  hist = [1, 1]; ranks 1+1+0 = 2, 1+2+1 = 4.
+#     Without self-exclusion g6 (key 0) counts too: hist = [2, 1].
+# q1: thresholds [0, 1, 2, 5].  Non-relevant valid: g0 (1) in (0, 1]; g3 (2) in (1, 2].
+#     hist = [0, 1, 1, 0]; ranks 1, 1+1+1 = 3, 1+2+2 = 5, 1+2+3 = 6.
+
+QROWS = np.array([[0, 0], [1, 1]], np.float32)
+GROWS = np.array([[1, 0], [1, 1], [0, 1], [2, 0], [0, 3], [3, 0], [0, 0]], np.float32)
+QLAB, GLAB = np.array([0, 1]), np.array([0, 1, 1, 0, 1, 1, 1])
+QID, GID = np.array([0, 1]), np.array([2, 3, 4, 5, 6, 7, 0])
+GJUNK = np.array([False, False, False, False, True, False, False])
+THR = np.array([1.0, 4.0, 0.0, 1.0, 2.0, 5.0])
+TOFF = np.array([0, 2, 6])
+
+
+def _count(qrows, grows, qlab, qid, glab, gid, gjunk, thr, toff, exclude_self, cosine):
+    qrows, qsq, _, _ = kernels.prepare_rows(qrows, cosine)
+    grows, gsq, _, _ = kernels.prepare_rows(grows, cosine)
+    sim = qrows @ grows.T
+    return kernels.count_tile(sim, qrows, qsq, qlab.astype(np.int64), qid.astype(np.int64),
+                              grows, gsq, glab.astype(np.int64), gid.astype(np.int64),
+                              gjunk, thr, toff.astype(np.int64), exclude_self, cosine,
+                              kernels.error_bound_factor(qrows.shape[1]))
+
+
+def test_count_tile_hand_computed():
+    hist = _count(QROWS, GROWS, QLAB, QID, GLAB, GID, GJUNK, THR, TOFF, True, False)
+    np.testing.assert_array_equal(hist, [1, 1, 0, 1, 1, 0])
+
+
+def test_count_tile_without_self_exclusion_counts_the_query_item():
+    hist = _count(QROWS, GROWS, QLAB, QID, GLAB, GID, GJUNK, THR, TOFF, False, False)
+    np.testing.assert_array_equal(hist, [2, 1, 0, 1, 1, 0])
+
+
+def test_count_tile_split_gallery_sums_to_the_whole():
+    """Counting per gallery chunk and combining with sum_counts gives the whole tile's
+    counts (the engine's per tile + combine steps)."""
+    parts = [_count(QROWS, GROWS[a:b], QLAB, QID, GLAB[a:b], GID[a:b], GJUNK[a:b], THR, TOFF,
+                    True, False) for a, b in ((0, 3), (3, 4), (4, 7))]
+    before = [p.copy() for p in parts]
+    np.testing.assert_array_equal(kernels.sum_counts(parts), [1, 1, 0, 1, 1, 0])
+    for part, copy in zip(parts, before, strict=True):  # inputs are not modified
+        np.testing.assert_array_equal(part, copy)
+
+
+def test_count_tile_cosine_hand_computed():
+    """Cosine, key = -cos.  Query (1, 0) label A; gallery at angles 0, 45, 90, 180 deg.
+
+    g0 (2,0) A relevant, key -1.  g1 (1,1) B key -0.707; g2 (0,5) B key 0;
+    g3 (-1,0) B key 1; g4 (3,0) B key -1 (ties with g0: counted ahead of it).
+    Threshold [-1]: hist = [1] (g4); rank 2.  With threshold list [-1, 0] (g2 made
+    relevant by its label): g1 is in (-1, 0] -> hist [1, 1]."""
+    q = np.array([[1, 0]], np.float32)
+    g = np.array([[2, 0], [1, 1], [0, 5], [-1, 0], [3, 0]], np.float32)
+    ids, junk = np.arange(1, 6), np.zeros(5, bool)
+    hist = _count(q, g, np.array([0]), np.array([0]), np.array([0, 1, 1, 1, 1]), ids, junk,
+                  np.array([-1.0]), np.array([0, 1]), True, True)
+    np.testing.assert_array_equal(hist, [1])
+    hist = _count(q, g, np.array([0]), np.array([0]), np.array([0, 1, 0, 1, 1]), ids, junk,
+                  np.array([-1.0, 0.0]), np.array([0, 2]), True, True)
+    np.testing.assert_array_equal(hist, [1, 1])
+    assert kernels.ranks_from_hist(hist, np.array([0, 2])).tolist() == [2, 4]
+
+
+def test_ranks_from_hist_hand_computed():
+    hist = np.array([1, 1, 0, 1, 1, 0])
+    np.testing.assert_array_equal(kernels.ranks_from_hist(hist, TOFF), [2, 4, 1, 3, 5, 6])
+    # a query with no threshold contributes nothing; zeros give 1, 2, 3
+    np.testing.assert_array_equal(
+        kernels.ranks_from_hist(np.array([0, 0, 0, 4]), np.array([0, 0, 3, 3, 4])),
+        [1, 2, 3, 5])
+
+
+def test_rank_candidates_hand_computed():
+    """query 0: relevant 0.5; non-relevant 0.2, 0.5 at or ahead -> rank 3.
+    query 1: relevant 1.0; non-relevant 1.0 (a tie counts against) -> rank 2.
+    query 2: relevant 0.1, 0.3; non-relevant 0.3 -> ranks 1, 1+1+1 = 3.
+    query 3: no relevant candidate -> no rank."""
+    offsets = np.array([0, 3, 5, 8, 10])
+    keys = np.array([0.5, 0.2, 0.5, 1.0, 1.0, 0.3, 0.1, 0.3, 0.0, 0.4])
+    relevant = np.array([1, 0, 0, 1, 0, 1, 1, 0, 0, 0], bool)
+    rank_off, ranks = kernels.rank_candidates(offsets, keys, relevant)
+    np.testing.assert_array_equal(rank_off, [0, 1, 2, 4, 4])
+    np.testing.assert_array_equal(ranks, [3, 2, 1, 3])
+
+
+# ---------------------------------------------------------------- the validity rule
+
+@pytest.mark.parametrize("cosine", [False, True])
+@pytest.mark.parametrize("exclude_self, cameras", [(True, True), (True, False), (False, False)])
+def test_count_tile_applies_dense_masks(cosine, exclude_self, cameras):
+    """count_tile's counts equal a brute-force count whose "valid, non-relevant" and
+    thresholds come from protocols.dense_masks: the kernel's inline rule and the
+    one stated rule agree (random codes with many collisions, integer rows with ties)."""
+    rng = np.random.default_rng(11 + cosine + 2 * exclude_self + 4 * cameras)
+    n_q, n_g, dim = 9, 60, 3
+    codes = SimpleNamespace(
+        qlab=rng.integers(0, 4, n_q), glab=rng.integers(0, 4, n_g),
+        qid=rng.integers(0, 20, n_q), gid=rng.permutation(80)[:n_g],
+        gjunk=rng.random(n_g) < 0.15, exclude_self=exclude_self,
+        qcam=rng.integers(0, 2, n_q) if cameras else None,
+        gcam=rng.integers(0, 2, n_g) if cameras else None)
+    qe = rng.integers(-2, 3, (n_q, dim)).astype(np.float32)
+    ge = rng.integers(-2, 3, (n_g, dim)).astype(np.float32)
+    qe[~qe.any(1)] = 1  # no zero rows: they have no cosine distance
+    ge[~ge.any(1)] = 1
+    qp, _, _, _ = kernels.prepare_rows(qe, cosine)
+    gp, _, _, _ = kernels.prepare_rows(ge, cosine)
+    key = np.array([[kernels.pair_keys(qp, gp, np.array([i]), np.array([j]), cosine)[0]
+                     for j in range(n_g)] for i in range(n_q)])
+    valid, relevant = dense_masks(codes, np.arange(n_q)[:, None], np.arange(n_g)[None, :])
+    thr = [np.sort(key[i, relevant[i]]) for i in range(n_q)]
+    toff = np.concatenate([[0], np.cumsum([len(t) for t in thr])])
+    flat = np.concatenate(thr)
+    hist = _count(qe, ge, codes.qlab, codes.qid, codes.glab, codes.gid, codes.gjunk, flat,
+                  toff, exclude_self, cosine)
+    other = valid & ~relevant
+    for i in range(n_q):
+        ahead = np.array([(key[i, other[i]] <= t).sum() for t in thr[i]], np.int64)
+        np.testing.assert_array_equal(np.cumsum(hist[toff[i]:toff[i + 1]]), ahead)
+
+
+@pytest.mark.parametrize("protocol", ["recall", "reid", "progressive"])
+def test_problem_masks_follow_design_table(protocol):
+    """build_problem's relevant pairs and Problem.valid_relevant, both from dense_masks,
+    against DESIGN.md's table written out pair by pair in plain Python."""
+    import pandas as pd
+
+    from rankwise.protocols import build_problem
+
+    rng = np.random.default_rng(3)
+    n_q, n_g = 8, 30
+    query = pd.DataFrame({"id": [f"i{k}" for k in rng.permutation(40)[:n_q]],
+                          "label": rng.choice(["1", "2", "-1", "0"], n_q),
+                          "camera": rng.choice(["a", "b"], n_q),
+                          "sketch": [f"s{k}" for k in range(n_q)], "step": [1] * n_q})
+    gallery = pd.DataFrame({"id": [f"i{k}" for k in rng.permutation(40)[:n_g]],
+                            "label": rng.choice(["1", "2", "-1", "0"], n_g),
+                            "camera": rng.choice(["a", "b"], n_g)})
+    problem = build_problem(query, gallery, protocol, junk_labels=("-1",))
+
+    def valid(q, g):
+        if protocol == "progressive":
+            return True
+        if gallery.id[g] == query.id[q]:
+            return False
+        if protocol == "reid":
+            return not (gallery.label[g] == "-1" or (gallery.label[g] == query.label[q]
+                                                     and gallery.camera[g] == query.camera[q]))
+        return True
+
+    pairs = set(zip(problem.pair_q.tolist(), problem.pair_g.tolist(), strict=True))
+    for q in range(n_q):
+        v, r = problem.valid_relevant(q, 0, n_g)
+        expected_v = [valid(q, g) for g in range(n_g)]
+        expected_r = [expected_v[g] and gallery.label[g] == query.label[q] for g in range(n_g)]
+        assert v.tolist() == expected_v and r.tolist() == expected_r
+        if not problem.skip[q]:
+            assert {g for (i, g) in pairs if i == q} == set(np.flatnonzero(expected_r).tolist())
+        # any window of rows gives the same masks
+        v2, r2 = problem.valid_relevant(q, 7, 19)
+        assert v2.tolist() == expected_v[7:19] and r2.tolist() == expected_r[7:19]

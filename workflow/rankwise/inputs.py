@@ -1,0 +1,80 @@
+"""The evaluation inputs: a query and a gallery manifest with their embeddings, opened together.
+
+:func:`open_inputs` is the one way every command that ranks opens its four inputs
+(:func:`rankwise.api.rank`, :func:`rankwise.neighbours.top_items`, the report's worst
+queries), so each gets the same checks in the same order:
+
+1. each manifest with :func:`rankwise.manifest.read_manifest` (the protocol's columns
+   for its role, non-empty values, unique ids, integer columns);
+2. each embeddings with :func:`rankwise.embeddings.open_embeddings` (file, dtype,
+   shape, completeness mark; a store opened with a manifest other than the one it was
+   encoded from is refused; rows equal to the manifest's);
+3. query and gallery of the same dimension.
+
+Row values (NaN, zero vectors under cosine, missing or corrupt chunks) are checked
+as the rows are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .embeddings import EmbeddingSource, check_same_dim, open_embeddings
+from .manifest import read_manifest
+from .protocols import Problem, build_problem
+
+
+@dataclass
+class Inputs:
+    """Validated query/gallery manifests and their embedding sources.
+
+    Attributes
+    ----------
+    protocol : the protocol the manifests were checked for.
+    query, gallery : manifests ``(Q rows)`` / ``(G rows)`` from ``read_manifest``.
+    query_embeddings, gallery_embeddings : sources ``(Q, D)`` / ``(G, D)``.
+    names : the manifests' file names for messages (``"query table"`` for a DataFrame).
+    """
+
+    protocol: str
+    query: pd.DataFrame
+    gallery: pd.DataFrame
+    query_embeddings: EmbeddingSource
+    gallery_embeddings: EmbeddingSource
+    names: tuple[str, str]
+
+    def problem(self, *, gap_frames: int = 1,
+                junk_labels: tuple[str, ...] = ("-1",)) -> Problem:
+        """The protocol applied to the manifests (:func:`rankwise.protocols.build_problem`)."""
+        return build_problem(self.query, self.gallery, self.protocol, gap_frames=gap_frames,
+                             junk_labels=tuple(str(j) for j in junk_labels), names=self.names)
+
+
+def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *,
+                protocol: str) -> Inputs:
+    """Read and check the four inputs of an evaluation (module docstring).
+
+    Parameters
+    ----------
+    query, gallery : manifest CSV path or DataFrame.
+    query_embeddings, gallery_embeddings : ``.npy`` path, Zarr store/array path, or
+        array ``(n_rows, dim)``, rows aligned with the manifest.
+    protocol : decides the manifests' required columns.
+    """
+    q_table = read_manifest(query, protocol=protocol, role="query")
+    g_table = read_manifest(gallery, protocol=protocol, role="gallery")
+    q_name, g_name = _name(query), _name(gallery)
+    q_src = open_embeddings(query_embeddings, name="query embeddings", n_rows=len(q_table),
+                            manifest=q_name)
+    g_src = open_embeddings(gallery_embeddings, name="gallery embeddings",
+                            n_rows=len(g_table), manifest=g_name)
+    check_same_dim(q_src, g_src)
+    return Inputs(protocol=protocol, query=q_table, gallery=g_table, query_embeddings=q_src,
+                  gallery_embeddings=g_src,
+                  names=(q_name or "query table", g_name or "gallery table"))
+
+
+def _name(source) -> str | None:
+    return None if isinstance(source, pd.DataFrame) else str(source)
