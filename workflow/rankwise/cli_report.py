@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .report import WORST_ENCODERS
-from .stats import BY
+from .stats import BY, DEFAULT_RESAMPLES
 
 
 @click.command()
@@ -26,7 +26,7 @@ from .stats import BY
 @click.option("--title", default="rankwise report", show_default=True, help="Report heading.")
 @click.option("--cmc-max-rank", default=50, show_default=True, type=int,
               help="CMC curves cover ranks 1..N.")
-@click.option("--resamples", default=1000, show_default=True, type=int,
+@click.option("--resamples", default=DEFAULT_RESAMPLES, show_default=True, type=int,
               help="Bootstrap resamples (and random sign flips) of the 95% intervals and "
                    "the paired tests; 0 leaves them out.")
 @click.option("--seed", default=0, show_default=True, type=int,

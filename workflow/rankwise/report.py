@@ -60,7 +60,8 @@ import numpy as np
 
 from . import __version__
 from .errors import RankwiseError
-from .registry import REGISTRY
+from .registry import REGISTRY, get_protocol
+from .stats import DEFAULT_RESAMPLES
 
 #: The metric shown in the overview table (and that picks the "best" encoder), per protocol.
 HEADLINE = {name: spec.headline[0] for name, spec in REGISTRY.items()}
@@ -74,6 +75,9 @@ ALL_PAIRS_MAX = 4
 WORST_ENCODERS = ("best", "all")
 #: Confidence of every interval in the report (the JSON key is ``ci95``).
 CONFIDENCE = 0.95
+#: The per-unit metric that ranks the worst queries, and its name in the document.
+_WORST_METRIC = {"query": "map", "sketch": "m@B"}
+_WORST_SCORE = {"query": "ap", "sketch": "m@B"}
 #: Thumbnails fit in a square of this many pixels.
 THUMBNAIL_PX = 64
 
@@ -106,18 +110,6 @@ def _check_options(*, cmc_max_rank: int, resamples: int, seed: int, by: str,
 
 # ---------------------------------------------------------------- reading
 
-def _cmc(arrays: dict[str, np.ndarray], attrs: dict, max_rank: int) -> list[float]:
-    from .metrics import per_query
-
-    pq = per_query(arrays, attrs)
-    first = pq["sketches"]["last_rank"] if attrs["protocol"] == "progressive" \
-        else pq["first_rank"]
-    if len(first) == 0:
-        return [0.0] * max_rank
-    counts = np.bincount(np.minimum(first, max_rank + 1), minlength=max_rank + 2)
-    return [float(x) for x in 100.0 * np.cumsum(counts)[1:max_rank + 1] / len(first)]
-
-
 def cmc_curve(ranks_store: str | os.PathLike, max_rank: int = 50) -> list[float]:
     """CMC of a ranks store: ``curve[k - 1]`` = % of queries with first rank <= k.
 
@@ -132,10 +124,11 @@ def cmc_curve(ranks_store: str | os.PathLike, max_rank: int = 50) -> list[float]
     -------
     list of ``max_rank`` floats (percentages), non-decreasing.
     """
+    from .metrics import cmc
     from .store import read_ranks
 
     arrays, attrs = read_ranks(ranks_store)
-    return _cmc(arrays, attrs, max_rank)
+    return cmc(arrays, attrs, max_rank)
 
 
 def _short(digest: Any, n: int = 12) -> str:
@@ -171,6 +164,7 @@ def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
 def _load(metrics_path: str | os.PathLike, cmc_max_rank: int):
     """``(entry, store)``: the report entry of a metrics JSON and its ranks store
     ``(arrays, attrs)`` (``None`` when the store it names is not there)."""
+    from .metrics import cmc
     from .store import read_ranks
 
     path = Path(metrics_path)
@@ -195,19 +189,13 @@ def _load(metrics_path: str | os.PathLike, cmc_max_rank: int):
                                           "num_gallery", "embedding_dim")},
         "metrics": {k: float(v) for k, v in data["metrics"].items()},
         "ci95": None,
-        "cmc": _cmc(*store, cmc_max_rank) if store else None,
+        "cmc": cmc(*store, cmc_max_rank) if store else None,
         "progressive": None,
         "worst_queries": None,
         "provenance": _provenance(path.stem, raw),
         "source": str(path),
     }
     return entry, store
-
-
-def load_result(metrics_path: str | os.PathLike, *, cmc_max_rank: int = 50) -> dict[str, Any]:
-    """One dataset x encoder entry of the report (without statistics), from a
-    ``rankwise metrics`` JSON."""
-    return _load(metrics_path, cmc_max_rank)[0]
 
 
 # ---------------------------------------------------------------- statistics
@@ -269,7 +257,8 @@ def _comparisons(groups, stores, *, resamples: int, seed: int, by: str
             for row in with_holm(rows)], n_resamples
 
 
-def progressive_curve(arrays: dict[str, np.ndarray], attrs: dict, *, resamples: int = 1000,
+def progressive_curve(arrays: dict[str, np.ndarray], attrs: dict, *,
+                      resamples: int = DEFAULT_RESAMPLES,
                       seed: int = 0) -> dict[str, list]:
     """The target's rank against sketch completion, for a ``progressive`` ranks store.
 
@@ -283,30 +272,13 @@ def progressive_curve(arrays: dict[str, np.ndarray], attrs: dict, *, resamples: 
     its average over steps), ``median_rank``, ``ci95`` (bootstrap interval of the mean
     reciprocal rank, sketches resampled; ``None`` when ``resamples`` is 0).
     """
+    from .metrics import completion_curve, completion_levels
     from .stats import bootstrap_ci
 
-    offsets, ranks = arrays["offsets"], arrays["ranks"]
-    first = ranks[offsets[:-1]].astype(np.float64)
-    order = np.lexsort((arrays["step"], arrays["group"]))
-    group, r = arrays["group"][order], first[order]
-    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-    sizes = np.diff(np.r_[starts, len(group)])
-    t = np.arange(len(group)) - np.repeat(starts, sizes) + 1.0
-    completion = np.round(100.0 * t / np.repeat(sizes, sizes), 6)
-    if len(np.unique(completion)) > 20:
-        completion = 10.0 * np.ceil(completion / 10.0 - 1e-9)
-    out: dict[str, list] = {"completion": [], "num_renderings": [], "mean_reciprocal_rank": [],
-                            "median_rank": [], "ci95": []}
-    for level in np.unique(completion):
-        mask = completion == level
-        reciprocal = 1.0 / r[mask]
-        out["completion"].append(float(level))
-        out["num_renderings"].append(int(mask.sum()))
-        out["mean_reciprocal_rank"].append(100.0 * float(np.mean(reciprocal)))
-        out["median_rank"].append(float(np.median(r[mask])))
-        out["ci95"].append([100.0 * x for x in bootstrap_ci(
-            reciprocal, clusters=group[mask], resamples=resamples, seed=seed,
-            confidence=CONFIDENCE)] if resamples else None)
+    out = completion_curve(arrays)
+    out["ci95"] = [[100.0 * x for x in bootstrap_ci(
+        1.0 / r, clusters=sketch, resamples=resamples, seed=seed, confidence=CONFIDENCE)]
+        if resamples else None for _, r, sketch in completion_levels(arrays)]
     return out
 
 
@@ -346,21 +318,14 @@ def worst_queries_of(arrays: dict[str, np.ndarray], attrs: dict, *, n: int = 5, 
     ``progressive``), ``num_relevant``, ``sketch`` (progressive), ``top`` (list of
     ``{"rank", "gallery_index", "id", "label", "image", "relevant"}``).
     """
+    from .metrics import per_unit
     from .neighbours import top_items
-    from .stats import per_query_scores
 
     protocol = attrs["protocol"]
-    scores = per_query_scores(arrays, attrs, ks=(1,), ap=ap)
-    if protocol == "progressive":
-        order = np.lexsort((arrays["step"], arrays["group"]))
-        group = arrays["group"][order]
-        last = np.flatnonzero(np.r_[group[1:] != group[:-1], True])
-        rows = np.asarray(arrays["query_index"][order][last], np.int64)
-        score, rank, relevant, name = scores["m@B"], scores["last_rank"], None, "m@B"
-    else:
-        rows = np.asarray(scores["query_index"], np.int64)
-        score, rank, relevant, name = (scores["ap"], scores["first_rank"],
-                                       scores["num_relevant"], "ap")
+    table = per_unit(arrays, attrs, [_WORST_METRIC[get_protocol(protocol).unit]], ap=ap)
+    name = _WORST_SCORE[table.unit]
+    rows, score, rank = table.last_rows, table.values[:, 0], table.rank
+    relevant = table.num_relevant
     pick = np.lexsort((rows, score))[:n]
     q_path, g_path = attrs.get("query_manifest"), attrs.get("gallery_manifest")
     q_table = _manifest_or_none(q_path, protocol, "query")
@@ -382,8 +347,8 @@ def worst_queries_of(arrays: dict[str, np.ndarray], attrs: dict, *, n: int = 5, 
         row = int(rows[i])
         entry = {"query_index": row, **_item(q_table, row, q_folder),
                  "score": 100.0 * float(score[i]), "rank": int(rank[i]),
-                 "num_relevant": int(relevant[i]) if relevant is not None else 1}
-        if protocol == "progressive" and q_table is not None:
+                 "num_relevant": int(relevant[i])}
+        if table.unit == "sketch" and q_table is not None:
             entry["sketch"] = str(q_table.iloc[row]["sketch"])
         entry["top"] = None if tops is None else [
             {"rank": j + 1, "gallery_index": int(g), **_item(g_table, int(g), g_folder),
@@ -408,7 +373,7 @@ def _best_encoder(entries: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------- document
 
 def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "rankwise report",
-                 cmc_max_rank: int = 50, resamples: int = 1000, seed: int = 0,
+                 cmc_max_rank: int = 50, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                  by: str = "query", worst_queries: int = 5, worst_encoders: str = "best",
                  top_k: int = 10) -> dict[str, Any]:
     """The report document (what ``report.json`` holds) for the given metrics files.
@@ -454,7 +419,7 @@ def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "ra
             entry["ci95"] = metric_cis(*store, metrics=list(entry["metrics"]),
                                        ap=_ap_variant(entry), resamples=resamples, seed=seed,
                                        by=by, confidence=CONFIDENCE)
-        if entry["protocol"] == "progressive":
+        if get_protocol(entry["protocol"]).unit == "sketch":
             entry["progressive"] = progressive_curve(*store, resamples=resamples, seed=seed)
     if worst_queries:
         for _, entries in groups:
