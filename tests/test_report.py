@@ -400,3 +400,80 @@ def test_bad_options(results, tmp_path, args, message):
     assert result.exit_code == 2
     assert message in result.output
     assert not (tmp_path / "report.html").exists()
+
+
+# ---------------------------------------------------------------- one view-model
+
+def _markdown_rows(text: str, heading: str) -> list[list[str]]:
+    """The body cells of the first table after ``heading``."""
+    lines = text.split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    table = []
+    for line in lines[start + 2:]:
+        if not line.startswith("| "):
+            break
+        table.append([c.strip() for c in line.strip("|").split(" | ")][1:])
+    return table
+
+
+def _html_rows(text: str, heading: str) -> list[list[str]]:
+    """The body cells of the first table after ``heading``: '<td class=...>text'."""
+    body = text.split(heading, 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    return [re.findall(r"<td([^>]*)>(.*?)</td>", row)[1:]
+            for row in body.split("</tr>") if row]
+
+
+def test_markdown_and_html_share_the_cells(doc):
+    """Every overview and metrics cell: the same best flag, value and interval in both
+    renderers (the Markdown overview now bolds the best value too)."""
+    from rankwise.report import render_markdown, view
+
+    md, page = render_markdown(doc), render_html(doc)
+    header, body = view.overview(doc)
+    tables = [("## Overview", "<h2>Overview</h2>", body)]
+    tables += [(f"## {d}\n", f'<h2 id="{d}">', view.metrics_table(rows)[1])
+               for d, rows in view.by_dataset(doc)]
+    flagged = 0
+    for md_heading, html_heading, rows in tables:
+        md_rows, html_rows = _markdown_rows(md, md_heading), _html_rows(page, html_heading)
+        assert len(md_rows) == len(html_rows) == len(rows)
+        for (_, cells), md_row, html_row in zip(rows, md_rows, html_rows):
+            for cell, md_cell, (attrs, html_cell) in zip(cells, md_row, html_row):
+                flagged += cell.best
+                assert md_cell.startswith(f"**{cell.text}**") == cell.best
+                assert ('class="best"' in attrs) == cell.best
+                assert html_cell.startswith(cell.text)
+                if cell.ci:
+                    assert md_cell.endswith(f"[{cell.ci[0]:.1f}, {cell.ci[1]:.1f}]")
+                    assert f"{cell.ci[0]:.1f}&ndash;{cell.ci[1]:.1f}" in html_cell
+    assert flagged >= 2 + len(doc["datasets"])  # overview and tables both flag a best
+
+
+def test_renderers_read_the_settings_from_the_document(doc):
+    """"95%" and "p(Holm) < 0.05" are not retyped: another confidence and alpha in the
+    document change every sentence of both renderers."""
+    from rankwise.report import render_markdown
+    from rankwise.stats import EXACT_MAX
+
+    changed = json.loads(json.dumps(doc))
+    changed["statistics"].update(confidence=0.9, alpha=0.01)
+    for text, less in ((render_markdown(changed), "<"), (render_html(changed), "&lt;")):
+        assert "95%" not in text and f"p(Holm) {less} 0.05" not in text
+        assert "90%" in text and f"p(Holm) {less} 0.01" in text
+        assert f"at most {EXACT_MAX} queries" in text
+    assert "90% CI" in render_html(changed)
+
+
+def test_markdown_counts_sketches(report):
+    text = (report / "report.md").read_text()
+    sketchy = text.split("## sketchy", 1)[1]
+    assert "8 sketches (0 skipped)" in sketchy
+    assert "CMC (% of complete sketches" in sketchy
+
+
+def test_css_is_package_data(report):
+    from importlib import resources
+
+    css = resources.files("rankwise.report").joinpath("report.css").read_text()
+    assert css.startswith("body {")
+    assert f"<style>\n{css}</style>" in (report / "report.html").read_text()

@@ -16,7 +16,8 @@ that are resampled (or sign-flipped) as wholes: with ``by="query"`` every unit i
 its own cluster; with ``by="identity"`` a cluster is all the units of one label
 (one person in ``reid``: its queries are not independent; one track, i.e. sequence
 and label, in ``reassociation``; a sketch's target in ``progressive``).  Clusters
-are numbered in sorted label order (units: in store order).  With cluster sums ``S_c`` and sizes ``n_c``:
+are numbered in sorted label order (units: in store order).  With cluster sums ``S_c``
+and sizes ``n_c``:
 
 - **Bootstrap** (Efron & Tibshirani, 1993): draw ``C`` clusters with replacement,
   ``B`` times; the resampled metric is ``sum S_c / sum n_c`` over the drawn
