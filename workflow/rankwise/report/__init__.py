@@ -40,6 +40,8 @@ one view-model of cells and words (:mod:`.view`):
   and the top-level ``comparisons`` list).
 - Markdown: per dataset the metrics with intervals, the differences, CMC, worst
   queries (ids) and provenance.
+- CSV (tidy, one row per dataset x encoder x metric) and LaTeX (booktabs tables per
+  dataset), on request.
 - HTML: one self-contained file (inline CSS, plots and thumbnails as base64 PNG, no
   external link); long sections are collapsed (``<details>``).
 
@@ -60,22 +62,24 @@ import os
 from typing import Any, Iterable
 
 from .comparisons import comparison_pairs, flip_resamples
-from .constants import (ALL_PAIRS_MAX, ALPHA, CMC_TABLE_RANKS, CONFIDENCE, HEADLINE,
-                        THUMBNAIL_PX, WORST_ENCODERS)
+from .constants import (ALL_PAIRS_MAX, ALPHA, CMC_TABLE_RANKS, CONFIDENCE, THUMBNAIL_PX,
+                        WORST_ENCODERS)
+from .csv_table import render_csv
 from .curves import cmc_curve, progressive_curve
 from .document import build_report
 from .html import render_html
+from .latex import render_latex
 from .markdown import render_markdown
 from .worst import worst_queries_of
 
-__all__ = ["ALL_PAIRS_MAX", "ALPHA", "CMC_TABLE_RANKS", "CONFIDENCE", "HEADLINE",
-           "THUMBNAIL_PX", "WORST_ENCODERS", "build_report", "cmc_curve", "comparison_pairs",
-           "flip_resamples", "progressive_curve", "render_html", "render_markdown",
-           "worst_queries_of", "write_report"]
+__all__ = ["ALL_PAIRS_MAX", "ALPHA", "CMC_TABLE_RANKS", "CONFIDENCE", "THUMBNAIL_PX",
+           "WORST_ENCODERS", "build_report", "cmc_curve", "comparison_pairs",
+           "flip_resamples", "progressive_curve", "render_csv", "render_html",
+           "render_latex", "render_markdown", "worst_queries_of", "write_report"]
 
 
 def write_report(metrics_paths: Iterable[str | os.PathLike], *, html_path=None, md_path=None,
-                 json_path=None, **options) -> dict[str, Any]:
+                 json_path=None, csv_path=None, tex_path=None, **options) -> dict[str, Any]:
     """Build the report (``options``: those of :func:`build_report`) and write the
     requested files (each atomically); return the document."""
     from ..store import write_text_atomic
@@ -87,4 +91,8 @@ def write_report(metrics_paths: Iterable[str | os.PathLike], *, html_path=None, 
         write_text_atomic(md_path, render_markdown(doc))
     if html_path:
         write_text_atomic(html_path, render_html(doc))
+    if csv_path:
+        write_text_atomic(csv_path, render_csv(doc))
+    if tex_path:
+        write_text_atomic(tex_path, render_latex(doc))
     return doc

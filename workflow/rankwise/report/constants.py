@@ -1,11 +1,10 @@
-"""The report's settings, defined once and read by the document and every renderer."""
+"""The report's settings, defined once and read by the document and every renderer.
+
+Protocol-specific choices (the overview's headline metrics, what a unit is called) are
+read from :mod:`rankwise.registry`, never mapped here."""
 
 from __future__ import annotations
 
-from ..registry import REGISTRY
-
-#: The metric shown in the overview table (and that picks the "best" encoder), per protocol.
-HEADLINE = {name: spec.headline[0] for name, spec in REGISTRY.items()}
 #: Ranks listed in the Markdown CMC table.
 CMC_TABLE_RANKS = (1, 5, 10, 20, 50)
 #: A comparison is marked significant when its Holm-adjusted p-value is below this.

@@ -22,7 +22,7 @@ from ..metrics import cmc
 from ..registry import get_protocol
 from ..stats import BY, DEFAULT_RESAMPLES, metric_cis
 from .comparisons import ap_variant, compare_encoders
-from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE, HEADLINE, WORST_ENCODERS
+from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE, WORST_ENCODERS
 from .curves import progressive_curve
 from .worst import worst_queries_of
 
@@ -111,17 +111,29 @@ def _load(metrics_path: str | os.PathLike, cmc_max_rank: int):
     return entry, store
 
 
-def headline_name(entries: list[dict[str, Any]]) -> str:
-    """The overview metric of a dataset's entries (its protocol's headline[0])."""
-    name = HEADLINE.get(entries[0]["protocol"])
-    return name if name in entries[0]["metrics"] else next(iter(entries[0]["metrics"]), "")
+def headline_names(entries: list[dict[str, Any]]) -> list[str]:
+    """The overview metrics of a dataset's entries: its protocol's ``headline`` metrics
+    that were computed (else its first metric); the first one picks the best encoder."""
+    metrics = entries[0]["metrics"]
+    names = [n for n in get_protocol(entries[0]["protocol"]).headline if n in metrics]
+    return names or list(metrics)[:1]
 
 
 def best_encoder(entries: list[dict[str, Any]]) -> str:
-    """The encoder with the highest headline metric (the first one on ties)."""
-    name = headline_name(entries)
+    """The encoder with the highest first headline metric (the first one on ties)."""
+    name = (headline_names(entries) or [""])[0]
     values = [e["metrics"].get(name, -np.inf) for e in entries]
     return entries[int(np.argmax(values))]["encoder"]
+
+
+def _best(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The best checkpoint of one dataset, by its first headline metric."""
+    name = best_encoder(entries)
+    entry = next(e for e in entries if e["encoder"] == name)
+    metric = (headline_names(entries) or [""])[0]
+    return {"dataset": entry["dataset"], "encoder": name,
+            "checkpoint": entry["provenance"]["checkpoint"], "metric": metric,
+            "value": entry["metrics"].get(metric)}
 
 
 def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "rankwise report",
@@ -190,4 +202,5 @@ def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "ra
                            "else each against the first"}
     return {"title": title, "rankwise_version": __version__, "cmc_max_rank": cmc_max_rank,
             "statistics": statistics, "datasets": datasets, "encoders": encoders,
-            "results": results, "comparisons": comparisons}
+            "results": results, "comparisons": comparisons,
+            "best": [_best(entries) for _, entries in groups]}

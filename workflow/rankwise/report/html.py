@@ -147,7 +147,10 @@ def render_html(doc: dict[str, Any]) -> str:
     header, body = view.overview(doc)
     parts += ["<h2>Overview</h2>", _html_table(
         ["encoder"] + [f"{_esc(d)}<br><small>{_esc(h)}</small>" for d, h in header],
-        _value_rows(body))]
+        _value_rows(body)),
+        '<p class="meta">Best checkpoint per dataset: ' + "; ".join(
+            f"{_esc(d)}: <b>{_esc(e)}</b> ({_esc(what)})"
+            for d, e, what in view.best_checkpoints(doc)) + ".</p>"]
     for dataset, rows in view.by_dataset(doc):
         first = rows[0]
         names, table = view.metrics_table(rows)

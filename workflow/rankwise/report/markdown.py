@@ -40,7 +40,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
            f"{view.stats_sentence(doc)}", ""]
     header, body = view.overview(doc)
     out += ["## Overview", "", _table(["encoder"] + [f"{d} ({h})" for d, h in header],
-                                      _rows(body)), ""]
+                                      _rows(body)), "",
+            "Best checkpoint per dataset: " + "; ".join(
+                f"{d}: **{_escape(e)}** ({what})" for d, e, what in view.best_checkpoints(doc))
+            + ".", ""]
     for dataset, rows in view.by_dataset(doc):
         first = rows[0]
         names, table = view.metrics_table(rows)

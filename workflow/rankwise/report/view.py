@@ -15,7 +15,7 @@ from typing import Any
 
 from ..registry import get_protocol
 from ..stats import EXACT_MAX, format_p
-from .document import headline_name
+from .document import headline_names
 
 #: The mark of a significant difference.
 SIGNIFICANT_MARK = "*"
@@ -181,15 +181,20 @@ Row = tuple[str, list[ValueCell]]
 
 
 def overview(doc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[Row]]:
-    """The overview: ``[(dataset, headline metric)]`` and one row per encoder with
-    the headline value of each dataset (best of the column flagged)."""
-    groups = by_dataset(doc)
-    header = [(d, headline_name(rows)) for d, rows in groups]
-    body = [(e, [value_cell(next((r for r in rows if r["encoder"] == e), None),
-                            headline_name(rows), best(rows, headline_name(rows)))
-                 for _, rows in groups])
+    """The overview: ``[(dataset, headline metric)]`` (each dataset's headline metrics,
+    :func:`.document.headline_names`) and one row per encoder with those values (best
+    of each column flagged)."""
+    columns = [(d, name, rows) for d, rows in by_dataset(doc) for name in headline_names(rows)]
+    body = [(e, [value_cell(next((r for r in rows if r["encoder"] == e), None), name,
+                            best(rows, name)) for _, name, rows in columns])
             for e in doc["encoders"]]
-    return header, body
+    return [(d, name) for d, name, _ in columns], body
+
+
+def best_checkpoints(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(dataset, encoder, "metric value")`` of each dataset's best checkpoint."""
+    return [(b["dataset"], b["encoder"], f"{b['metric']} {fmt(b['value'])}")
+            for b in doc.get("best", [])]
 
 
 def metrics_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[Row]]:
