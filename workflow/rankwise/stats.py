@@ -131,10 +131,11 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
 
     ``labels``: ``None`` (read the query manifest named in ``attrs["query_manifest"]``,
     as written by ``rankwise rank``), a manifest path or DataFrame, or a sequence with
-    one label per query manifest row.  For ``reassociation`` a manifest gives
-    ``sequence/label`` (a track): labels are reused across sequences.
+    one label per query manifest row.  When the protocol's queries have a ``sequence``
+    column (``reassociation``), a manifest gives ``sequence/label`` (a track): labels
+    are reused across sequences.
     """
-    import pandas as pd  # noqa: PLC0415 (heavy: only --by identity reads a manifest)
+    import pandas as pd  # heavy, and only --by identity reads a manifest
 
     from .manifest import read_manifest
 
@@ -152,7 +153,7 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     if isinstance(labels, (str, os.PathLike, pd.DataFrame)):
         table = read_manifest(labels, protocol=protocol, role="query")
         out = table["label"].astype(str).to_numpy()
-        if protocol == "reassociation":
+        if "sequence" in get_protocol(protocol).required_columns("query"):
             out = (table["sequence"].astype(str) + "/" + table["label"].astype(str)).to_numpy()
         return out
     out = np.asarray(labels)
