@@ -286,9 +286,13 @@ def per_unit(arrays: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str] 
     -------
     :class:`UnitTable`, units in store order (sketches: ascending sketch number).
     """
+    return _unit_table(per_query(arrays, attrs, ap=ap), attrs, metrics)
+
+
+def _unit_table(pq: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str]) -> UnitTable:
+    """:func:`per_unit` from the per-query record ``pq`` of :func:`per_query`."""
     unit = get_protocol(attrs["protocol"]).unit
     parsed = [(name, *_parse_unit_metric(name, unit)) for name in metrics]
-    pq = per_query(arrays, attrs, ap=ap)
     if unit == "sketch":
         record = pq["sketches"]
         index = np.asarray(record["sketch"], np.int64)
@@ -314,9 +318,8 @@ def compute_metrics(arrays: dict[str, np.ndarray], attrs: dict, *, ks: Iterable[
     """All metrics of the protocol in ``attrs`` as percentages (the means of
     :func:`per_unit`), and the per-query record (:func:`per_query`)."""
     ks = parse_ks(ks) if not isinstance(ks, tuple) else ks
-    names = metric_names(attrs["protocol"], ks)
-    table = per_unit(arrays, attrs, names, ap=ap)
-    return table.means(), per_query(arrays, attrs, ap=ap)
+    pq = per_query(arrays, attrs, ap=ap)
+    return _unit_table(pq, attrs, metric_names(attrs["protocol"], ks)).means(), pq
 
 
 def unit_scores(arrays: dict[str, np.ndarray], attrs: dict, *, ks: Iterable[int] = (1, 5, 10),
