@@ -1,5 +1,5 @@
 """The comparison report: every dataset x encoder, with intervals and tests, as HTML,
-Markdown and JSON.
+Markdown and JSON (and, on request, CSV and LaTeX).
 
 Inputs are the JSON files written by ``rankwise metrics`` (one per dataset x encoder).
 Each holds the numbers and a ``provenance`` dict (the ranks store's attributes, with
