@@ -400,3 +400,173 @@ def test_bad_options(results, tmp_path, args, message):
     assert result.exit_code == 2
     assert message in result.output
     assert not (tmp_path / "report.html").exists()
+
+
+# ---------------------------------------------------------------- one view-model
+
+def _markdown_rows(text: str, heading: str) -> list[list[str]]:
+    """The body cells of the first table after ``heading``."""
+    lines = text.split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    table = []
+    for line in lines[start + 2:]:
+        if not line.startswith("| "):
+            break
+        table.append([c.strip() for c in line.strip("|").split(" | ")][1:])
+    return table
+
+
+def _html_rows(text: str, heading: str) -> list[list[str]]:
+    """The body cells of the first table after ``heading``: '<td class=...>text'."""
+    body = text.split(heading, 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    return [re.findall(r"<td([^>]*)>(.*?)</td>", row)[1:]
+            for row in body.split("</tr>") if row]
+
+
+def test_markdown_and_html_share_the_cells(doc):
+    """Every overview and metrics cell: the same best flag, value and interval in both
+    renderers (the Markdown overview now bolds the best value too)."""
+    from rankwise.report import render_markdown, view
+
+    md, page = render_markdown(doc), render_html(doc)
+    header, body = view.overview(doc)
+    tables = [("## Overview", "<h2>Overview</h2>", body)]
+    tables += [(f"## {d}\n", f'<h2 id="{d}">', view.metrics_table(rows)[1])
+               for d, rows in view.by_dataset(doc)]
+    flagged = 0
+    for md_heading, html_heading, rows in tables:
+        md_rows, html_rows = _markdown_rows(md, md_heading), _html_rows(page, html_heading)
+        assert len(md_rows) == len(html_rows) == len(rows)
+        for (_, cells), md_row, html_row in zip(rows, md_rows, html_rows):
+            for cell, md_cell, (attrs, html_cell) in zip(cells, md_row, html_row):
+                flagged += cell.best
+                assert md_cell.startswith(f"**{cell.text}**") == cell.best
+                assert ('class="best"' in attrs) == cell.best
+                assert html_cell.startswith(cell.text)
+                if cell.ci:
+                    assert md_cell.endswith(f"[{cell.ci[0]:.1f}, {cell.ci[1]:.1f}]")
+                    assert f"{cell.ci[0]:.1f}&ndash;{cell.ci[1]:.1f}" in html_cell
+    assert flagged >= 2 + len(doc["datasets"])  # overview and tables both flag a best
+
+
+def test_renderers_read_the_settings_from_the_document(doc):
+    """"95%" and "p(Holm) < 0.05" are not retyped: another confidence and alpha in the
+    document change every sentence of both renderers."""
+    from rankwise.report import render_markdown
+    from rankwise.stats import EXACT_MAX
+
+    changed = json.loads(json.dumps(doc))
+    changed["statistics"].update(confidence=0.9, alpha=0.01)
+    for text, less in ((render_markdown(changed), "<"), (render_html(changed), "&lt;")):
+        assert "95%" not in text and f"p(Holm) {less} 0.05" not in text
+        assert "90%" in text and f"p(Holm) {less} 0.01" in text
+        assert f"at most {EXACT_MAX} queries" in text
+    assert "90% CI" in render_html(changed)
+
+
+def test_markdown_counts_sketches(report):
+    text = (report / "report.md").read_text()
+    sketchy = text.split("## sketchy", 1)[1]
+    assert "8 sketches (0 skipped)" in sketchy
+    assert "CMC (% of complete sketches" in sketchy
+
+
+def test_css_is_package_data(report):
+    from importlib import resources
+
+    css = resources.files("rankwise.report").joinpath("report.css").read_text()
+    assert css.startswith("body {")
+    assert f"<style>\n{css}</style>" in (report / "report.html").read_text()
+
+
+# ---------------------------------------------------------------- overview, CSV, LaTeX
+
+def test_overview_shows_every_headline_metric_and_the_best_checkpoint(doc, report):
+    from rankwise.registry import get_protocol
+    from rankwise.report import view
+
+    header, _ = view.overview(doc)
+    expected = [(d, name) for d in doc["datasets"]
+                for name in get_protocol(next(r["protocol"] for r in doc["results"]
+                                              if r["dataset"] == d)).headline]
+    assert header == expected  # recall: recall@1, map; progressive: m@A, m@B
+    assert [b["dataset"] for b in doc["best"]] == doc["datasets"]
+    for best in doc["best"]:
+        entries = [r for r in doc["results"] if r["dataset"] == best["dataset"]]
+        values = [r["metrics"][best["metric"]] for r in entries]
+        assert best["metric"] == header[[d for d, _ in header].index(best["dataset"])][1]
+        assert best["value"] == max(values)
+        assert best["encoder"] == entries[values.index(max(values))]["encoder"]
+        assert best["checkpoint"] == f"{best['encoder']}.onnx"
+    md = (report / "report.md").read_text()
+    html_text = (report / "report.html").read_text()
+    for best in doc["best"]:
+        assert f"{best['dataset']}: **{best['encoder']}**" in md
+        assert f"{best['dataset']}: <b>{best['encoder']}</b>" in html_text
+
+
+def test_csv_round_trips_through_pandas(doc):
+    import io
+
+    import pandas as pd
+
+    from rankwise.report import render_csv
+
+    table = pd.read_csv(io.StringIO(render_csv(doc)), keep_default_na=False)
+    assert list(table.columns) == ["dataset", "encoder", "checkpoint", "metric", "value",
+                                   "ci_low", "ci_high", "num_queries", "num_skipped"]
+    expected = [(e, name) for e in doc["results"] for name in e["metrics"]]
+    assert len(table) == len(expected)
+    for row, (entry, name) in zip(table.itertuples(index=False), expected):
+        assert (row.dataset, row.encoder, row.metric) == (entry["dataset"], entry["encoder"],
+                                                          name)
+        assert row.checkpoint == entry["provenance"]["checkpoint"]
+        assert row.value == entry["metrics"][name]  # exactly: the numbers of report.json
+        assert [row.ci_low, row.ci_high] == entry["ci95"][name]
+        assert (row.num_queries, row.num_skipped) == (entry["num_queries"],
+                                                      entry["num_skipped"])
+
+
+def test_latex_tables(doc, tmp_path):
+    import shutil
+    import subprocess
+
+    from rankwise.report import render_latex, view
+
+    # every LaTeX special character in a name is escaped (the document still compiles)
+    doc = dict(doc, title="Toy_1 & 50% #2 {x} ~^ $y$ \\ <z>")
+    text = render_latex(doc)
+    assert (r"\section*{Toy\_1 \& 50\% \#2 \{x\} \textasciitilde{}\textasciicircum{} "
+            r"\$y\$ \textbackslash{} $<$z$>$}") in text
+    # best values in bold: as many as the view-model flags (overview + dataset tables)
+    flags = sum(c.best for _, cells in view.overview(doc)[1] for c in cells)
+    flags += sum(c.best for _, rows in view.by_dataset(doc)
+                 for _, cells in view.metrics_table(rows)[1] for c in cells)
+    assert text.count(r"\textbf{") == flags
+    assert text.count("$^{*}$") == sum(c["significant"] for c in doc["comparisons"])
+    assert text.count(r"\toprule") == 1 + len(doc["datasets"]) + len(
+        {c["dataset"] for c in doc["comparisons"]})
+    for dataset in doc["datasets"]:
+        assert f"{dataset}: protocol" in text
+    assert "(0 skipped)" in text and "p(Holm) $<$ 0.05" in text
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed (Debian: texlive-latex-recommended)")
+    (tmp_path / "report.tex").write_text(text)
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                           "report.tex"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert (tmp_path / "report.pdf").stat().st_size > 0
+
+
+def test_cli_writes_csv_and_tex(results, tmp_path):
+    from rankwise.report import render_csv, render_latex
+
+    _, metrics = results
+    invoke("report", *metrics[:2], "--resamples", "40", "--worst-queries", "0",
+           "--json", tmp_path / "r.json", "--csv", tmp_path / "r.csv",
+           "--tex", tmp_path / "r.tex")
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert (tmp_path / "r.csv").read_text() == render_csv(doc)
+    assert (tmp_path / "r.tex").read_text() == render_latex(doc)
+    assert not (tmp_path / "report.html").exists()

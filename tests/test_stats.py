@@ -23,7 +23,7 @@ from conftest import progressive_case, read_json, reid_case
 from rankwise import stats
 from rankwise.cli import main
 from rankwise.errors import RankwiseError
-from rankwise.metrics import compute_metrics, metric_names
+from rankwise.metrics import compute_metrics, metric_names, per_unit, unit_scores
 from rankwise.store import read_ranks, write_ranks
 
 
@@ -105,7 +105,7 @@ def test_bootstrap_does_not_depend_on_block_size(monkeypatch):
 def test_metric_cis_are_bootstrap_ci_of_per_query_scores():
     a, _, _ = synthetic_pair(1, 0.0)
     cis = stats.metric_cis(*a, ks=(1, 5), resamples=300, seed=2)
-    pq = stats.per_query_scores(*a, ks=(1, 5))
+    pq = unit_scores(*a, ks=(1, 5))
     columns = {"rank1": pq["hit@1"], "rank5": pq["hit@5"], "map": pq["ap"],
                "minp": pq["inp"], "mrr": pq["rr"]}
     assert list(cis) == metric_names("reid", (1, 5))
@@ -122,7 +122,7 @@ def test_progressive_units_are_sketches():
     result = rankwise.rank(*case.args(), protocol="progressive", distance="euclidean")
     arrays, attrs = result.arrays(), result.attrs
     metrics, _ = compute_metrics(arrays, attrs, ks=(1, 3))
-    pq = stats.per_query_scores(arrays, attrs, ks=(1, 3))
+    pq = unit_scores(arrays, attrs, ks=(1, 3))
     assert len(pq["sketch"]) == attrs["num_queries"]
     assert 100 * pq["hit@1"].mean() == pytest.approx(metrics["acc@1"])
     assert 100 * pq["wm@B"].mean() == pytest.approx(metrics["wm@B"])
@@ -213,8 +213,8 @@ def test_compare_ranks_paired_bootstrap_and_rows():
     ma, _ = compute_metrics(*a)
     mb, _ = compute_metrics(*b)
     assert [r["metric"] for r in rows] == ["map", "rank1"]
-    _, _, va = stats.unit_values(*a, ["map", "rank1"])
-    _, _, vb = stats.unit_values(*b, ["map", "rank1"])
+    va = per_unit(*a, ["map", "rank1"]).values
+    vb = per_unit(*b, ["map", "rank1"]).values
     for j, row in enumerate(rows):
         assert {"dataset", "metric", "a", "b", "diff", "ci95", "p_value", "p_holm"} <= set(row)
         assert (row["dataset"], row["encoder_a"], row["encoder_b"]) == ("toy", "base", "new")

@@ -12,9 +12,10 @@ import click
 import numpy as np
 import pandas as pd
 
-from .metrics import AP_VARIANTS, parse_ks
-from .stats import (BY, ci_key, compare_ranks, format_p, metric_cis, resolve_metrics,
-                    per_query_scores, unit_values)
+from .metrics import AP_VARIANTS, parse_ks, per_unit, unit_scores
+from .registry import get_protocol
+from .stats import (BY, DEFAULT_RESAMPLES, ci_key, compare_ranks, format_p, metric_cis,
+                    resolve_metrics)
 from .store import read_ranks, write_text_atomic
 
 
@@ -28,7 +29,7 @@ def _stat_options(func):
                           "protocol's for --ks."),
         click.option("--ap", default="standard", show_default=True,
                      type=click.Choice(AP_VARIANTS), help="AP variant."),
-        click.option("--resamples", default=10000, show_default=True, type=int,
+        click.option("--resamples", default=DEFAULT_RESAMPLES, show_default=True, type=int,
                      help="Bootstrap resamples (and random sign flips)."),
         click.option("--seed", default=0, show_default=True, type=int,
                      help="Seed: the same seed gives the same numbers everywhere."),
@@ -57,7 +58,8 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _units(protocol: str, by: str, n_units: int, n_clusters: int) -> str:
-    units, unit = ("sketches", "sketch") if protocol == "progressive" else ("queries", "query")
+    spec = get_protocol(protocol)
+    units, unit = spec.units, spec.unit
     if by == "identity":
         return f"{n_units} {units} in {n_clusters} identities (resampled by identity)"
     return f"{n_units} {units} (resampled by {unit})"
@@ -117,10 +119,10 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     names = resolve_metrics(attrs["protocol"], metrics, parse_ks(ks))
     intervals = metric_cis(arrays, attrs, metrics=names, ap=ap, resamples=resamples,
                            seed=seed, by=by, labels=labels, confidence=confidence)
-    _, _, values = unit_values(arrays, attrs, names, ap=ap)
-    point = {name: 100.0 * float(np.mean(values[:, j])) for j, name in enumerate(names)}
-    unit = "sketches" if attrs["protocol"] == "progressive" else "queries"
-    click.echo(f"{ranks}: protocol {attrs['protocol']}, {len(values)} {unit}; "
+    table = per_unit(arrays, attrs, names, ap=ap)
+    point = table.means()
+    click.echo(f"{ranks}: protocol {attrs['protocol']}, {len(table)} "
+               f"{get_protocol(attrs['protocol']).units}; "
                f"{resamples} bootstrap resamples by {by}, seed {seed}")
     header = ["metric", "value", f"{100 * confidence:g}% CI"]
     body = [[n, f"{point[n]:.2f}", f"[{intervals[n][0]:.2f}, {intervals[n][1]:.2f}]"]
@@ -128,7 +130,7 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     click.echo(_table(header, body), nl=False)
     _write_json(output, {"ranks": str(ranks), "protocol": attrs["protocol"], "ap": ap,
                          "by": by, "resamples": resamples, "seed": seed,
-                         "confidence": confidence, "num_units": len(values),
+                         "confidence": confidence, "num_units": len(table),
                          "metrics": point, ci_key(confidence): intervals})
 
 
@@ -145,7 +147,7 @@ def scores(ranks, ks, ap, output):
     0/1); progressive: sketch, query_index, m@A, m@B, wm@A, wm@B, last_rank, hit@K.
     """
     arrays, attrs = read_ranks(ranks)
-    table = pd.DataFrame(per_query_scores(arrays, attrs, ks=parse_ks(ks), ap=ap))
+    table = pd.DataFrame(unit_scores(arrays, attrs, ks=parse_ks(ks), ap=ap))
     hits = [c for c in table.columns if c.startswith("hit@")]
     table[hits] = table[hits].astype(np.int64)
     buffer = io.StringIO()

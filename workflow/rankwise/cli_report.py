@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .report import WORST_ENCODERS
-from .stats import BY
+from .stats import BY, DEFAULT_RESAMPLES
 
 
 @click.command()
@@ -23,10 +23,15 @@ from .stats import BY
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the JSON report (all metrics, intervals, comparisons, "
                    "provenance) here.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
+              help="Also write the tidy CSV (dataset, encoder, checkpoint, metric, value, "
+                   "ci_low, ci_high, num_queries, num_skipped) here.")
+@click.option("--tex", "tex_path", type=click.Path(dir_okay=False),
+              help="Also write the LaTeX tables (booktabs; a standalone document) here.")
 @click.option("--title", default="rankwise report", show_default=True, help="Report heading.")
 @click.option("--cmc-max-rank", default=50, show_default=True, type=int,
               help="CMC curves cover ranks 1..N.")
-@click.option("--resamples", default=1000, show_default=True, type=int,
+@click.option("--resamples", default=DEFAULT_RESAMPLES, show_default=True, type=int,
               help="Bootstrap resamples (and random sign flips) of the 95% intervals and "
                    "the paired tests; 0 leaves them out.")
 @click.option("--seed", default=0, show_default=True, type=int,
@@ -42,7 +47,7 @@ from .stats import BY
               help="Whose worst queries: the best encoder of each dataset, or every one.")
 @click.option("--top-k", default=10, show_default=True, type=int,
               help="Nearest gallery items shown per worst query.")
-def report(metrics, out_dir, html_path, md_path, json_path, **options):
+def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, **options):
     """Compare encoders across datasets from `rankwise metrics` JSON files.
 
     METRICS are the --output files of `rankwise metrics`, named
@@ -58,8 +63,8 @@ def report(metrics, out_dir, html_path, md_path, json_path, **options):
         html_path, md_path, json_path = (out / "report.html", out / "report.md",
                                          out / "report.json")
     doc = write_report(metrics, html_path=html_path, md_path=md_path, json_path=json_path,
-                       **options)
-    for path in (html_path, md_path, json_path):
+                       csv_path=csv_path, tex_path=tex_path, **options)
+    for path in (html_path, md_path, json_path, csv_path, tex_path):
         if path:
             click.echo(f"wrote {path}")
     significant = sum(c["significant"] for c in doc["comparisons"])

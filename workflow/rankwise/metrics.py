@@ -17,19 +17,25 @@ ranks of its G valid relevant gallery items.  All metrics are percentages.
 ``acc@K``      progressive, fraction of sketches with ``r_T <= K``
 =============  ===============================================================
 
-(m@A / m@B: Bhunia et al., "Sketch Less for More", CVPR 2020.)  Per-query values
-come from the private ``_per_query_*`` functions; the public ones average them.
+(m@A / m@B: Bhunia et al., "Sketch Less for More", CVPR 2020.)  Every metric is the
+mean of a per-*unit* value (a unit is an evaluated query, or a sketch: the protocol
+spec's ``unit``).  :func:`per_unit` is the one place that turns ranks into those
+values (the private ``_per_query_*`` / ``_per_sketch`` functions compute them);
+:func:`compute_metrics` averages them, :mod:`rankwise.stats` resamples them, and the
+report and ``rankwise scores`` read them.  The CMC (:func:`cmc`) and the sketch
+completion curve (:func:`completion_curve`) live here too.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 
 from .errors import RankwiseError
-from .registry import REGISTRY
+from .registry import REGISTRY, get_protocol
 
 _AT_K = {"recall@": "recall", "rank": "rank", "acc@": "acc"}
 _PLAIN = ("map", "minp", "mrr", "m@A", "m@B", "wm@A", "wm@B")
@@ -120,63 +126,274 @@ def _per_query_first(offsets, ranks) -> np.ndarray:
     return ranks[offsets[:-1]]
 
 
-def _per_sketch(first, group, step, num_gallery: int) -> dict[str, np.ndarray]:
-    """Progressive: per sketch m@A, m@B, wm@A, wm@B (fractions) and the last rank r_T.
+def sketch_groups(group: np.ndarray, step: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The renderings of each sketch, in step order: the one place they are grouped.
+
+    Parameters
+    ----------
+    group, step : ``(n_queries,)`` sketch number and step of every evaluated query.
+
+    Returns
+    -------
+    order : ``(n_queries,)`` evaluated queries sorted by (sketch, step).
+    starts : ``(n_sketches,)`` where each sketch begins in ``order`` (sketches ascending).
+    sizes : ``(n_sketches,)`` its number of renderings T; rendering t = 1..T is
+        ``order[starts + t - 1]``.
+    """
+    order = np.lexsort((step, group))
+    g = group[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, np.int64)
+    sizes = np.diff(np.r_[starts, len(g)])
+    return order, starts, sizes
+
+
+def _per_sketch(first, group, step, query_index, num_gallery: int) -> dict[str, np.ndarray]:
+    """Progressive: per sketch m@A, m@B, wm@A, wm@B (fractions), the last rank r_T and
+    the query manifest rows of its first and complete renderings.
 
     Rows of one sketch are ordered by step; t = 1..T is the position in that order.
     """
-    order = np.lexsort((step, group))
+    order, starts, sizes = sketch_groups(group, step)
     g, r = group[order], first[order].astype(np.float64)
-    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-    sizes = np.diff(np.r_[starts, len(g)])
     T = np.repeat(sizes, sizes).astype(np.float64)
     t = np.arange(len(g)) - np.repeat(starts, sizes) + 1.0
     n = float(num_gallery)
     pct = (n - r) / (n - 1) if n > 1 else np.ones_like(r)
     w = np.exp(1.0 - t / T) / np.e
     mean = lambda x: np.add.reduceat(x, starts) / sizes  # noqa: E731
+    last = starts + sizes - 1
     return {"sketch": g[starts], "m@A": mean(pct), "m@B": mean(1.0 / r),
             "wm@A": mean(w * pct), "wm@B": mean(w / r),
-            "last_rank": r[starts + sizes - 1].astype(np.int64)}
+            "last_rank": r[last].astype(np.int64),
+            "query_index": query_index[order[starts]],
+            "last_query_index": query_index[order[last]]}
+
+
+def _sketch_units(protocol: str) -> bool:
+    """Whether the protocol's unit is a sketch (a group of step renderings)."""
+    return get_protocol(protocol).unit == "sketch"
 
 
 def per_query(arrays: dict[str, np.ndarray], attrs: dict, *, ap: str = "standard"
               ) -> dict[str, np.ndarray]:
-    """Per-query (per-sketch for progressive) values from a ranks store's arrays."""
+    """Per evaluated query values from a ranks store's arrays (the record kept in
+    :attr:`rankwise.api.EvaluationResult.per_query`).
+
+    Returns ``query_index``, ``first_rank`` (r_1), ``num_relevant`` (G), ``rr``, ``ap``,
+    ``inp`` (fractions), each ``(n_queries,)``; with sketch units also ``sketches``:
+    per sketch ``sketch``, ``m@A``, ``m@B``, ``wm@A``, ``wm@B``, ``last_rank`` (r_T),
+    ``query_index`` / ``last_query_index`` (rows of its first / complete rendering).
+    """
     offsets, ranks = arrays["offsets"], arrays["ranks"]
     first = _per_query_first(offsets, ranks)
     out = {"query_index": arrays["query_index"], "first_rank": first,
            "num_relevant": np.diff(offsets), "rr": 1.0 / first,
            "ap": _per_query_ap(offsets, ranks, ap=ap), "inp": _per_query_inp(offsets, ranks)}
-    if attrs["protocol"] == "progressive":
+    if _sketch_units(attrs["protocol"]):
         out["sketches"] = _per_sketch(first, arrays["group"], arrays["step"],
-                                      attrs["num_gallery"])
+                                      np.asarray(arrays["query_index"]), attrs["num_gallery"])
     return out
+
+
+# ----------------------------------------------------------------- per unit
+
+#: Per-query column of each query-unit family (hit families read ``rank <= K``).
+_QUERY_COLUMNS = {"map": "ap", "minp": "inp", "mrr": "rr"}
+
+
+def _unit_families(unit: str) -> tuple[str, ...]:
+    """Every metric family defined on ``unit`` (the registry's protocols with that unit):
+    e.g. AP is a per-query value of a ``reassociation`` query too (worst queries)."""
+    return tuple(dict.fromkeys(f for spec in REGISTRY.values() if spec.unit == unit
+                               for f in spec.metric_families))
+
+
+def _parse_unit_metric(name: str, unit: str) -> tuple[str, int | None]:
+    """``parse_metric`` against every family defined on ``unit``."""
+    families = _unit_families(unit)
+    for prefix, family in _AT_K.items():
+        if name.startswith(prefix) and name[len(prefix):].isdigit() and \
+                int(name[len(prefix):]) > 0 and f"{prefix}K" in families:
+            return family, int(name[len(prefix):])
+    if name in _PLAIN and name in families:
+        return name, None
+    raise RankwiseError(f"metrics: unknown metric {name!r} for {unit} units; valid metrics: "
+                        f"{', '.join(families)} (K a positive integer)")
+
+
+@dataclass(frozen=True)
+class UnitTable:
+    """Per-unit values of metrics; a unit is the protocol's ``unit`` (query or sketch).
+
+    Attributes
+    ----------
+    unit : ``"query"`` or ``"sketch"`` (:attr:`rankwise.registry.ProtocolSpec.unit`).
+    index : ``(n_units,)`` int64, the unit: its ``query_index`` (query manifest row), or
+        its sketch number.
+    rows : ``(n_units,)`` int64, the unit's query manifest row (a sketch's first,
+        least complete rendering): what ``--by identity`` reads labels of.
+    last_rows : ``(n_units,)`` int64, a sketch's complete rendering (``rows`` for queries).
+    rank : ``(n_units,)`` int64, the rank that ``hit@K`` and the CMC read: ``r_1``, or
+        the target's ``r_T`` at the complete rendering.
+    num_relevant : ``(n_units,)`` int64, G (1 for a sketch).
+    names : the metric names, one per column of ``values``.
+    values : ``(n_units, len(names))`` float64, fractions:
+        ``100 * values[:, j].mean()`` is metric ``names[j]``.
+    """
+
+    unit: str
+    index: np.ndarray
+    rows: np.ndarray
+    last_rows: np.ndarray
+    rank: np.ndarray
+    num_relevant: np.ndarray
+    names: tuple[str, ...]
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def column(self, name: str) -> np.ndarray:
+        """``(n_units,)`` values of metric ``name``."""
+        return self.values[:, self.names.index(name)]
+
+    def means(self) -> dict[str, float]:
+        """``{name: 100 * mean}``: the metrics, in percent."""
+        return {name: 100.0 * float(np.mean(self.values[:, j]))
+                for j, name in enumerate(self.names)}
+
+
+def per_unit(arrays: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str] = (), *,
+             ap: str = "standard") -> UnitTable:
+    """The per-unit table of ``metrics`` for a ranks store: every "ranks -> per-unit value".
+
+    ========================  ==================================================
+    ``recall@K`` / ``rankK``  ``hit@K = [r_1 <= K]``
+    ``map`` / ``minp``        AP, ``INP = G / r_G``
+    ``mrr``                   ``RR = 1 / r_1``
+    ``m@A`` ... ``wm@B``      the sketch's m@A ... wm@B
+    ``acc@K``                 ``[r_T <= K]``, r_T the complete rendering's rank
+    ========================  ==================================================
+
+    Parameters
+    ----------
+    arrays, attrs : a ranks store (:func:`rankwise.store.read_ranks`).
+    metrics : metric names defined on the protocol's unit (see :func:`metric_names`).
+    ap : ``"standard"`` or ``"trapezoid"``.
+
+    Returns
+    -------
+    :class:`UnitTable`, units in store order (sketches: ascending sketch number).
+    """
+    return _unit_table(per_query(arrays, attrs, ap=ap), attrs, metrics)
+
+
+def _unit_table(pq: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str]) -> UnitTable:
+    """:func:`per_unit` from the per-query record ``pq`` of :func:`per_query`."""
+    unit = get_protocol(attrs["protocol"]).unit
+    parsed = [(name, *_parse_unit_metric(name, unit)) for name in metrics]
+    if unit == "sketch":
+        record = pq["sketches"]
+        index = np.asarray(record["sketch"], np.int64)
+        rows = np.asarray(record["query_index"], np.int64)
+        last_rows = np.asarray(record["last_query_index"], np.int64)
+        rank = np.asarray(record["last_rank"], np.int64)
+        num_relevant = np.ones(len(index), np.int64)
+    else:
+        record = {key: pq[col] for key, col in _QUERY_COLUMNS.items()}
+        index = rows = last_rows = np.asarray(pq["query_index"], np.int64)
+        rank = np.asarray(pq["first_rank"], np.int64)
+        num_relevant = np.asarray(pq["num_relevant"], np.int64)
+    columns = [rank <= k if k is not None else record[family] for _, family, k in parsed]
+    values = np.stack([np.asarray(c, np.float64) for c in columns], axis=1) if columns \
+        else np.zeros((len(index), 0))
+    return UnitTable(unit=unit, index=index, rows=rows, last_rows=last_rows, rank=rank,
+                     num_relevant=num_relevant, names=tuple(name for name, _, _ in parsed),
+                     values=values)
 
 
 def compute_metrics(arrays: dict[str, np.ndarray], attrs: dict, *, ks: Iterable[int] = (1, 5, 10),
                     ap: str = "standard") -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """All metrics of the protocol in ``attrs`` as percentages, and the per-query values."""
-    protocol = attrs["protocol"]
+    """All metrics of the protocol in ``attrs`` as percentages (the means of
+    :func:`per_unit`), and the per-query record (:func:`per_query`)."""
     ks = parse_ks(ks) if not isinstance(ks, tuple) else ks
     pq = per_query(arrays, attrs, ap=ap)
-    metrics: dict[str, float] = {}
-    for name in metric_names(protocol, ks):
-        family, k = parse_metric(name, protocol)
-        metrics[name] = 100.0 * float(_average(pq, family, k))
-    return metrics, pq
+    return _unit_table(pq, attrs, metric_names(attrs["protocol"], ks)).means(), pq
 
 
-def _average(pq: dict, family: str, k: int | None) -> float:
-    if family in ("recall", "rank"):
-        return np.mean(pq["first_rank"] <= k)
-    if family == "map":
-        return np.mean(pq["ap"])
-    if family == "minp":
-        return np.mean(pq["inp"])
-    if family == "mrr":
-        return np.mean(pq["rr"])
-    sk = pq["sketches"]
-    if family == "acc":
-        return np.mean(sk["last_rank"] <= k)
-    return np.mean(sk[family])
+def unit_scores(arrays: dict[str, np.ndarray], attrs: dict, *, ks: Iterable[int] = (1, 5, 10),
+                ap: str = "standard") -> dict[str, np.ndarray]:
+    """The per-unit table as named columns (``rankwise scores``), as fractions.
+
+    Queries: ``query_index``, ``num_relevant``, ``first_rank``, ``ap``, ``inp``, ``rr``,
+    ``hit@K`` (bool).  Sketches: ``sketch``, ``query_index`` (row of its first
+    rendering), ``m@A``, ``m@B``, ``wm@A``, ``wm@B``, ``last_rank``, ``hit@K``
+    (``last_rank <= K``).  Each ``(n_units,)``; a column's mean x 100 is its metric.
+    """
+    ks = parse_ks(ks)
+    if _sketch_units(attrs["protocol"]):
+        names = ["m@A", "m@B", "wm@A", "wm@B"]
+        table = per_unit(arrays, attrs, names, ap=ap)
+        out = {"sketch": table.index, "query_index": table.rows,
+               **{n: table.column(n) for n in names}, "last_rank": table.rank}
+    else:
+        table = per_unit(arrays, attrs, list(_QUERY_COLUMNS), ap=ap)
+        out = {"query_index": table.index, "num_relevant": table.num_relevant,
+               "first_rank": table.rank,
+               **{col: table.column(name) for name, col in _QUERY_COLUMNS.items()}}
+    out.update({f"hit@{k}": table.rank <= k for k in ks})
+    return out
+
+
+# ----------------------------------------------------------------- curves
+
+def cmc(arrays: dict[str, np.ndarray], attrs: dict, max_rank: int = 50) -> list[float]:
+    """CMC: ``curve[k - 1]`` = % of units whose ``rank`` (:class:`UnitTable`) is <= k,
+    k = 1..``max_rank`` (for sketches: the complete rendering, the curve of ``acc@K``)."""
+    first = per_unit(arrays, attrs).rank
+    if len(first) == 0:
+        return [0.0] * max_rank
+    counts = np.bincount(np.minimum(first, max_rank + 1), minlength=max_rank + 2)
+    return [float(x) for x in 100.0 * np.cumsum(counts)[1:max_rank + 1] / len(first)]
+
+
+def completion_levels(arrays: dict[str, np.ndarray]
+                      ) -> list[tuple[float, np.ndarray, np.ndarray]]:
+    """Sketch completion levels: rendering t of T is ``100 t / T`` percent complete
+    (grouped into tenths when there are more than 20 distinct levels).
+
+    Returns
+    -------
+    ``[(completion, ranks, sketch), ...]`` by ascending completion: the target's rank
+    ``r_t`` (float64) of every rendering at that level and its sketch number.
+    """
+    offsets, ranks = arrays["offsets"], arrays["ranks"]
+    first = ranks[offsets[:-1]].astype(np.float64)
+    order, starts, sizes = sketch_groups(arrays["group"], arrays["step"])
+    group, r = arrays["group"][order], first[order]
+    t = np.arange(len(group)) - np.repeat(starts, sizes) + 1.0
+    completion = np.round(100.0 * t / np.repeat(sizes, sizes), 6)
+    if len(np.unique(completion)) > 20:
+        completion = 10.0 * np.ceil(completion / 10.0 - 1e-9)
+    return [(float(level), r[completion == level], group[completion == level])
+            for level in np.unique(completion)]
+
+
+def completion_curve(arrays: dict[str, np.ndarray]) -> dict[str, list]:
+    """The target's rank against sketch completion (:func:`completion_levels`).
+
+    Returns
+    -------
+    dict of lists, one item per level: ``completion`` (percent), ``num_renderings``,
+    ``mean_reciprocal_rank`` (mean ``1 / r_t`` in percent; m@B is its average over
+    steps), ``median_rank``.
+    """
+    out: dict[str, list] = {"completion": [], "num_renderings": [],
+                            "mean_reciprocal_rank": [], "median_rank": []}
+    for level, r, _ in completion_levels(arrays):
+        out["completion"].append(level)
+        out["num_renderings"].append(int(len(r)))
+        out["mean_reciprocal_rank"].append(100.0 * float(np.mean(1.0 / r)))
+        out["median_rank"].append(float(np.median(r)))
+    return out

@@ -1,7 +1,7 @@
-"""Uncertainty of the metrics: per-unit scores, bootstrap intervals, paired tests.
+"""Uncertainty of the metrics: bootstrap intervals, paired tests, Holm.
 
 Every metric of DESIGN.md is a mean of per-*unit* values, a unit being an evaluated
-query (a sketch for ``progressive``):
+query (a sketch for ``progressive``), read from :func:`rankwise.metrics.per_unit`:
 
 =============================  =================================================
 ``recall@K`` / ``rankK``       ``hit@K = [r_1 <= K]``
@@ -10,12 +10,14 @@ query (a sketch for ``progressive``):
 ``acc@K``                      ``[r_T <= K]`` of the sketch's complete rendering
 =============================  =================================================
 
-so its uncertainty comes from resampling units.  Units are grouped into *clusters*
+so its uncertainty comes from resampling units; this module only resamples
+``(n_units, n_metrics)`` matrices of those values.  Units are grouped into *clusters*
 that are resampled (or sign-flipped) as wholes: with ``by="query"`` every unit is
 its own cluster; with ``by="identity"`` a cluster is all the units of one label
 (one person in ``reid``: its queries are not independent; one track, i.e. sequence
 and label, in ``reassociation``; a sketch's target in ``progressive``).  Clusters
-are numbered in sorted label order (units: in store order).  With cluster sums ``S_c`` and sizes ``n_c``:
+are numbered in sorted label order (units: in store order).  With cluster sums ``S_c``
+and sizes ``n_c``:
 
 - **Bootstrap** (Efron & Tibshirani, 1993): draw ``C`` clusters with replacement,
   ``B`` times; the resampled metric is ``sum S_c / sum n_c`` over the drawn
@@ -50,13 +52,17 @@ import os
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-import pandas as pd
 
 from .errors import RankwiseError
-from .manifest import read_manifest
-from .metrics import AP_VARIANTS, metric_names, parse_ks, parse_metric, per_query
+from .metrics import AP_VARIANTS, UnitTable, metric_names, parse_ks, parse_metric, per_unit
+from .registry import get_protocol
 
 BY = ("query", "identity")
+#: Bootstrap resamples (and random sign flips) of every function, command and report
+#: unless told otherwise (papers use 10,000; one default, so one store gives one interval).
+DEFAULT_RESAMPLES = 10000
+#: Up to this many clusters the sign-flip test enumerates all 2^C flips (exact p-value).
+EXACT_MAX = 16
 #: Elements per block of resamples (block rows x clusters); bounds memory only.
 _BLOCK_ELEMENTS = 1 << 20
 #: Statistics within this fraction of sum |D_c| of the observed one count as ties.
@@ -89,58 +95,17 @@ def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     return np.random.default_rng(boot), np.random.default_rng(flip)
 
 
-# ---------------------------------------------------------------- per-unit scores
+# ---------------------------------------------------------------- per-unit values
 
-def per_query_scores(arrays: dict[str, np.ndarray], attrs: dict, *,
-                     ks: Iterable[int] | str = (1, 5, 10), ap: str = "standard"
-                     ) -> dict[str, np.ndarray]:
-    """Per evaluated query (per sketch for ``progressive``) scores, as fractions.
-
-    Parameters
-    ----------
-    arrays, attrs : a ranks store, as returned by :func:`rankwise.store.read_ranks`.
-    ks : cutoffs K of the ``hit@K`` columns.
-    ap : ``"standard"`` or ``"trapezoid"``.
-
-    Returns
-    -------
-    dict of equal-length arrays ``(n_units,)``.  Queries: ``query_index`` (row in the
-    query manifest), ``num_relevant``, ``first_rank``, ``ap``, ``inp``, ``rr``,
-    ``hit@K`` (bool).  Sketches: ``sketch`` (sketch number), ``query_index`` (row of
-    the sketch's first rendering), ``m@A``, ``m@B``, ``wm@A``, ``wm@B``,
-    ``last_rank`` (rank at the complete rendering), ``hit@K`` (``last_rank <= K``).
-    The mean of a column times 100 is the matching metric.
-    """
-    ks = parse_ks(ks)
-    pq = _per_query(arrays, attrs, ap)
-    if attrs["protocol"] == "progressive":
-        sk = pq["sketches"]
-        out = {"sketch": sk["sketch"], "query_index": _sketch_rows(arrays, sk["sketch"])}
-        out.update({key: sk[key] for key in ("m@A", "m@B", "wm@A", "wm@B", "last_rank")})
-        last = sk["last_rank"]
-    else:
-        out = {key: pq[key] for key in ("query_index", "num_relevant", "first_rank", "ap",
-                                         "inp", "rr")}
-        last = pq["first_rank"]
-    out.update({f"hit@{k}": last <= k for k in ks})
-    return out
-
-
-def _per_query(arrays, attrs, ap):
+def _unit_table(arrays: dict[str, np.ndarray], attrs: dict, metrics: Sequence[str],
+                ap: str) -> UnitTable:
+    """:func:`rankwise.metrics.per_unit`, refusing a store with nothing to resample."""
     if ap not in AP_VARIANTS:
         raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
     if len(arrays["query_index"]) == 0:
         raise RankwiseError("the ranks store has no evaluated query; there is nothing to "
                             "resample (check the manifests and the protocol)")
-    return per_query(arrays, attrs, ap=ap)
-
-
-def _sketch_rows(arrays, sketches: np.ndarray) -> np.ndarray:
-    """Manifest row of the first rendering (lowest step) of every sketch."""
-    group, step, qi = arrays["group"], arrays["step"], arrays["query_index"]
-    order = np.lexsort((step, group))
-    first = order[np.searchsorted(group[order], sketches)]
-    return qi[first]
+    return per_unit(arrays, attrs, metrics, ap=ap)
 
 
 def resolve_metrics(protocol: str, metrics: str | Iterable[str] | None,
@@ -159,39 +124,6 @@ def resolve_metrics(protocol: str, metrics: str | Iterable[str] | None,
     return list(dict.fromkeys(names))
 
 
-def unit_values(arrays: dict[str, np.ndarray], attrs: dict, metrics: Sequence[str], *,
-                ap: str = "standard") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-unit values of ``metrics`` (fractions; their column means are the metrics / 100).
-
-    Returns
-    -------
-    units : ``(n_units,)`` int64, ``query_index`` (sketch number for ``progressive``).
-    rows : ``(n_units,)`` int64, the unit's query manifest row (a sketch's first one).
-    values : ``(n_units, len(metrics))`` float64.
-    """
-    protocol = attrs["protocol"]
-    pq = _per_query(arrays, attrs, ap)
-    columns = []
-    for name in metrics:
-        family, k = parse_metric(name, protocol)
-        if family in ("recall", "rank"):
-            columns.append(pq["first_rank"] <= k)
-        elif family in ("map", "minp", "mrr"):
-            columns.append(pq[{"map": "ap", "minp": "inp", "mrr": "rr"}[family]])
-        elif family == "acc":
-            columns.append(pq["sketches"]["last_rank"] <= k)
-        else:
-            columns.append(pq["sketches"][family])
-    if protocol == "progressive":
-        units = np.asarray(pq["sketches"]["sketch"], np.int64)
-        rows = np.asarray(_sketch_rows(arrays, units), np.int64)
-    else:
-        units = rows = np.asarray(pq["query_index"], np.int64)
-    values = np.stack([np.asarray(c, np.float64) for c in columns], axis=1) if columns \
-        else np.zeros((len(units), 0))
-    return units, rows, values
-
-
 # ---------------------------------------------------------------- labels and clusters
 
 def query_labels(attrs: dict, labels=None) -> np.ndarray:
@@ -199,9 +131,14 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
 
     ``labels``: ``None`` (read the query manifest named in ``attrs["query_manifest"]``,
     as written by ``rankwise rank``), a manifest path or DataFrame, or a sequence with
-    one label per query manifest row.  For ``reassociation`` a manifest gives
-    ``sequence/label`` (a track): labels are reused across sequences.
+    one label per query manifest row.  When the protocol's queries have a ``sequence``
+    column (``reassociation``), a manifest gives ``sequence/label`` (a track): labels
+    are reused across sequences.
     """
+    import pandas as pd  # heavy, and only --by identity reads a manifest
+
+    from .manifest import read_manifest
+
     protocol = attrs.get("protocol", "recall")
     if labels is None:
         path = attrs.get("query_manifest")
@@ -216,7 +153,7 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     if isinstance(labels, (str, os.PathLike, pd.DataFrame)):
         table = read_manifest(labels, protocol=protocol, role="query")
         out = table["label"].astype(str).to_numpy()
-        if protocol == "reassociation":
+        if "sequence" in get_protocol(protocol).required_columns("query"):
             out = (table["sequence"].astype(str) + "/" + table["label"].astype(str)).to_numpy()
         return out
     out = np.asarray(labels)
@@ -280,13 +217,13 @@ def _percentile_interval(boot: np.ndarray, confidence: float) -> np.ndarray:
     return np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=0)
 
 
-def bootstrap_ci(values, *, clusters=None, resamples: int = 10000, seed: int = 0,
+def bootstrap_ci(values, *, clusters=None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                  confidence: float = 0.95) -> list[float]:
     """Percentile bootstrap interval of the mean of per-unit ``values``.
 
     Parameters
     ----------
-    values : array ``(n_units,)``, e.g. a column of :func:`per_query_scores` (the
+    values : array ``(n_units,)``, e.g. a column of :func:`rankwise.metrics.per_unit` (the
         interval is in the same units: multiply fractions by 100 for percentages).
     clusters : optional array ``(n_units,)`` of cluster labels (e.g. person ids):
         resample whole clusters (cluster bootstrap).  Default: every unit alone.
@@ -317,7 +254,7 @@ def bootstrap_ci(values, *, clusters=None, resamples: int = 10000, seed: int = 0
 
 def metric_cis(arrays: dict[str, np.ndarray], attrs: dict, *,
                ks: Iterable[int] | str = (1, 5, 10), metrics=None, ap: str = "standard",
-               resamples: int = 10000, seed: int = 0, by: str = "query", labels=None,
+               resamples: int = DEFAULT_RESAMPLES, seed: int = 0, by: str = "query", labels=None,
                confidence: float = 0.95) -> dict[str, list[float]]:
     """Bootstrap interval of every metric of a ranks store, in percent.
 
@@ -337,9 +274,9 @@ def metric_cis(arrays: dict[str, np.ndarray], attrs: dict, *,
     """
     _check_options(resamples, seed, confidence, by)
     names = resolve_metrics(attrs["protocol"], metrics, ks)
-    _, rows, values = unit_values(arrays, attrs, names, ap=ap)
-    cluster = _clusters(rows, query_labels(attrs, labels) if by == "identity" else None)
-    sums, sizes = _cluster_sums(values, cluster)
+    table = _unit_table(arrays, attrs, names, ap)
+    cluster = _clusters(table.rows, query_labels(attrs, labels) if by == "identity" else None)
+    sums, sizes = _cluster_sums(table.values, cluster)
     boot = _bootstrap_means(sums, sizes, resamples, _streams(seed)[0])
     bounds = 100.0 * _percentile_interval(boot, confidence)
     return {name: [float(bounds[0, j]), float(bounds[1, j])] for j, name in enumerate(names)}
@@ -373,8 +310,8 @@ def _flip_pvalues(sums: np.ndarray, resamples: int, rng: np.random.Generator,
     return (hits + 1.0) / (resamples + 1.0), "sign-flip"
 
 
-def sign_flip_test(differences, *, clusters=None, resamples: int = 10000, seed: int = 0,
-                   exact_max: int = 16) -> float:
+def sign_flip_test(differences, *, clusters=None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                   exact_max: int = EXACT_MAX) -> float:
     """Two-sided paired randomisation test of ``mean(differences) = 0``.
 
     Parameters
@@ -444,7 +381,7 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
                                 "and protocol options")
     qa, qb = np.asarray(arrays_a["query_index"]), np.asarray(arrays_b["query_index"])
     same = qa.shape == qb.shape and np.array_equal(qa, qb)
-    if same and attrs_a["protocol"] == "progressive":
+    if same and get_protocol(attrs_a["protocol"]).unit == "sketch":
         same = np.array_equal(arrays_a["group"], arrays_b["group"]) and \
             np.array_equal(arrays_a["step"], arrays_b["step"])
     if not same:
@@ -461,8 +398,8 @@ def _canonical(value) -> str:
 def compare_ranks(arrays_a: dict[str, np.ndarray], attrs_a: dict,
                   arrays_b: dict[str, np.ndarray], attrs_b: dict, *,
                   ks: Iterable[int] | str = (1, 5, 10), metrics=None, ap: str = "standard",
-                  resamples: int = 10000, seed: int = 0, by: str = "query", labels=None,
-                  confidence: float = 0.95, exact_max: int = 16, dataset: str | None = None,
+                  resamples: int = DEFAULT_RESAMPLES, seed: int = 0, by: str = "query", labels=None,
+                  confidence: float = 0.95, exact_max: int = EXACT_MAX, dataset: str | None = None,
                   names: tuple[str, str] = ("A", "B")) -> list[dict[str, Any]]:
     """Paired comparison of encoder B against encoder A on the same queries.
 
@@ -489,8 +426,9 @@ def compare_ranks(arrays_a: dict[str, np.ndarray], attrs_a: dict,
     exact_max = _check_exact(exact_max)
     _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names)
     metric_list = resolve_metrics(attrs_a["protocol"], metrics, ks)
-    _, rows, va = unit_values(arrays_a, attrs_a, metric_list, ap=ap)
-    _, _, vb = unit_values(arrays_b, attrs_b, metric_list, ap=ap)
+    table_a = _unit_table(arrays_a, attrs_a, metric_list, ap)
+    va, vb = table_a.values, _unit_table(arrays_b, attrs_b, metric_list, ap).values
+    rows = table_a.rows
     cluster = _clusters(rows, query_labels(attrs_a, labels) if by == "identity" else None)
     boot_rng, flip_rng = _streams(seed)
     d = vb - va
@@ -509,27 +447,6 @@ def compare_ranks(arrays_a: dict[str, np.ndarray], attrs_a: dict,
                     "p_value": float(pvalues[j]), "p_holm": adjusted[j], "test": test,
                     "by": by, "num_units": int(len(rows)), "num_clusters": int(len(sizes))})
     return out
-
-
-# ---------------------------------------------------------------- store helpers
-
-def store_cis(path: str | os.PathLike, **options) -> dict[str, list[float]]:
-    """:func:`metric_cis` of the ranks store at ``path`` (same keyword options)."""
-    from .store import read_ranks
-
-    arrays, attrs = read_ranks(path)
-    return metric_cis(arrays, attrs, **options)
-
-
-def compare_stores(path_a: str | os.PathLike, path_b: str | os.PathLike,
-                   **options) -> list[dict[str, Any]]:
-    """:func:`compare_ranks` of two ranks stores (``names`` default to the paths)."""
-    from .store import read_ranks
-
-    arrays_a, attrs_a = read_ranks(path_a)
-    arrays_b, attrs_b = read_ranks(path_b)
-    options.setdefault("names", (str(path_a), str(path_b)))
-    return compare_ranks(arrays_a, attrs_a, arrays_b, attrs_b, **options)
 
 
 def format_p(p: float) -> str:

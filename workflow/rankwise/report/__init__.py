@@ -1,0 +1,98 @@
+"""The comparison report: every dataset x encoder, with intervals and tests, as HTML,
+Markdown and JSON (and, on request, CSV and LaTeX).
+
+Inputs are the JSON files written by ``rankwise metrics`` (one per dataset x encoder).
+Each holds the numbers and a ``provenance`` dict (the ranks store's attributes, with
+the embedding stores' attributes under ``query_embeddings`` / ``gallery_embeddings``
+and the ranks store's path under ``ranks``).  Names come from the pipeline layout
+``.../metrics/<dataset>/<encoder>.json``: the folder is the dataset, the file stem
+the encoder.  Datasets and encoders keep the order in which they are given (the
+pipeline gives them in config order, so a series of checkpoints reads as epochs).
+
+Everything else is read from the ranks store (and, for the worst queries, the
+manifests and embedding stores) that the provenance names; paths are relative to
+the folder the pipeline runs in.  Per dataset x encoder the report holds:
+
+- the metrics and, for each, its 95% interval ``ci95`` (percentile bootstrap of the
+  per-query values, :func:`rankwise.stats.metric_cis`; ``resamples`` resamples of
+  queries or of identities (``by``), seeded by ``seed``);
+- the CMC curve (percentage of queries whose first relevant item is at rank <= k,
+  k = 1..``cmc_max_rank``; for ``progressive`` over each sketch's complete rendering,
+  the curve of ``acc@K``);
+- for ``progressive``, the target's mean reciprocal rank against sketch completion
+  (step t of T, as t / T in percent) with its interval;
+- the worst queries (lowest AP; lowest m@B per sketch for ``progressive``) of the
+  best encoder of each dataset (or of every encoder) with their top-k valid gallery
+  items (:func:`rankwise.neighbours.top_items`).
+
+And across encoders: paired comparisons (:func:`rankwise.stats.compare_ranks`) on
+every metric, of every pair of encoders of a dataset when it has at most
+``ALL_PAIRS_MAX`` of them, else of each encoder against the dataset's first one;
+p-values from the paired sign-flip test, adjusted by Holm across every comparison in
+the report; ``significant`` means ``p_holm < ALPHA``.  The tests (and the intervals
+of the differences) use :func:`flip_resamples` resamples: at least ``resamples``, and
+enough that the smallest Monte Carlo p-value can survive Holm's correction.
+
+Outputs, all rendered from one document (:func:`build_report`, plain data) through
+one view-model of cells and words (:mod:`.view`):
+
+- JSON: the document (every metric, ``ci95``, CMC, curves, worst queries, provenance,
+  and the top-level ``comparisons`` list).
+- Markdown: per dataset the metrics with intervals, the differences, CMC, worst
+  queries (ids) and provenance.
+- CSV (tidy, one row per dataset x encoder x metric) and LaTeX (booktabs tables per
+  dataset), on request.
+- HTML: one self-contained file (inline CSS, plots and thumbnails as base64 PNG, no
+  external link); long sections are collapsed (``<details>``).
+
+Nothing in the output depends on the time or the machine: the same inputs and
+options give the same bytes.
+
+Modules: :mod:`.constants` (settings read by all), :mod:`.document` (the document),
+:mod:`.comparisons`, :mod:`.curves`, :mod:`.worst` (its parts), :mod:`.view` (the
+shared view-model), :mod:`.markdown`, :mod:`.html` (+ ``report.css``), :mod:`.plots`,
+:mod:`.thumbnails`.
+"""
+
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+from .comparisons import comparison_pairs, flip_resamples
+from .constants import (ALL_PAIRS_MAX, ALPHA, CMC_TABLE_RANKS, CONFIDENCE, THUMBNAIL_PX,
+                        WORST_ENCODERS)
+from .csv_table import render_csv
+from .curves import cmc_curve, progressive_curve
+from .document import build_report
+from .html import render_html
+from .latex import render_latex
+from .markdown import render_markdown
+from .worst import worst_queries_of
+
+__all__ = ["ALL_PAIRS_MAX", "ALPHA", "CMC_TABLE_RANKS", "CONFIDENCE", "THUMBNAIL_PX",
+           "WORST_ENCODERS", "build_report", "cmc_curve", "comparison_pairs",
+           "flip_resamples", "progressive_curve", "render_csv", "render_html",
+           "render_latex", "render_markdown", "worst_queries_of", "write_report"]
+
+
+def write_report(metrics_paths: Iterable[str | os.PathLike], *, html_path=None, md_path=None,
+                 json_path=None, csv_path=None, tex_path=None, **options) -> dict[str, Any]:
+    """Build the report (``options``: those of :func:`build_report`) and write the
+    requested files (each atomically); return the document."""
+    from ..store import write_text_atomic
+
+    doc = build_report(metrics_paths, **options)
+    if json_path:
+        write_text_atomic(json_path, json.dumps(doc, indent=2) + "\n")
+    if md_path:
+        write_text_atomic(md_path, render_markdown(doc))
+    if html_path:
+        write_text_atomic(html_path, render_html(doc))
+    if csv_path:
+        write_text_atomic(csv_path, render_csv(doc))
+    if tex_path:
+        write_text_atomic(tex_path, render_latex(doc))
+    return doc

@@ -1,0 +1,206 @@
+"""The report document: plain data (what ``report.json`` holds), built once.
+
+Per dataset x encoder, from the ``rankwise metrics`` JSON and the ranks store its
+provenance names: the metrics, their intervals (``ci95``), the CMC curve, the sketch
+completion curve, the worst queries and the provenance; across encoders, the paired
+comparisons (:mod:`.comparisons`); and the statistics settings.  The renderers
+(:mod:`.markdown`, :mod:`.html`) only read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from .. import __version__
+from ..errors import RankwiseError
+from ..metrics import cmc
+from ..registry import get_protocol
+from ..stats import BY, DEFAULT_RESAMPLES, metric_cis
+from .comparisons import ap_variant, compare_encoders
+from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE, WORST_ENCODERS
+from .curves import progressive_curve
+from .worst import worst_queries_of
+
+
+def _check_options(*, cmc_max_rank: int, resamples: int, seed: int, by: str,
+                   worst_queries: int, worst_encoders: str, top_k: int) -> None:
+    def integer_at_least(value, minimum):
+        return not isinstance(value, bool) and isinstance(value, (int, np.integer)) \
+            and value >= minimum
+
+    checks = [(cmc_max_rank, 1, "--cmc-max-rank", "at least 1"),
+              (resamples, 0, "--resamples", "a non-negative integer (0: no intervals or "
+                                                "tests)"),
+              (seed, 0, "--seed", "a non-negative integer"),
+              (worst_queries, 0, "--worst-queries", "a non-negative integer (0: none)"),
+              (top_k, 1, "--top-k", "at least 1")]
+    for value, minimum, name, what in checks:
+        if not integer_at_least(value, minimum):
+            raise RankwiseError(f"{name} must be {what}, got {value!r}")
+    if by not in BY:
+        raise RankwiseError(f"--by must be one of {', '.join(BY)}, got {by!r}")
+    if worst_encoders not in WORST_ENCODERS:
+        raise RankwiseError(f"--worst-encoders must be one of {', '.join(WORST_ENCODERS)}, "
+                            f"got {worst_encoders!r}")
+
+
+def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The provenance summary of one result, from the metrics JSON's ``provenance``."""
+    qe = raw.get("query_embeddings") or {}
+    ge = raw.get("gallery_embeddings") or {}
+    encoder = qe.get("encoder") if isinstance(qe.get("encoder"), dict) else {}
+    return {
+        "encoder": encoder_name,
+        "encoder_kind": encoder.get("kind"),
+        "encoder_options": encoder.get("options"),
+        "checkpoint": qe.get("checkpoint"),
+        "checkpoint_hash": qe.get("checkpoint_hash"),
+        "manifest_hash": {"query": qe.get("manifest_hash"), "gallery": ge.get("manifest_hash")},
+        "rankwise_version": qe.get("rankwise_version") or raw.get("rankwise_version"),
+        "protocol": raw.get("protocol"),
+        "distance": raw.get("distance"),
+        "protocol_options": raw.get("protocol_options"),
+        "ks": raw.get("ks"),
+        "ap": raw.get("ap"),
+        "files": {"ranks": raw.get("ranks"), "query_embeddings": qe.get("path"),
+                  "gallery_embeddings": ge.get("path"),
+                  "query_manifest": raw.get("query_manifest"),
+                  "gallery_manifest": raw.get("gallery_manifest")},
+        "raw": raw,
+    }
+
+
+def _load(metrics_path: str | os.PathLike, cmc_max_rank: int):
+    """``(entry, store)``: the report entry of a metrics JSON and its ranks store
+    ``(arrays, attrs)`` (``None`` when the store it names is not there)."""
+    from ..store import read_ranks
+
+    path = Path(metrics_path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise RankwiseError(f"{path}: cannot read the metrics file ({exc.strerror}); run "
+                            "`rankwise metrics` first") from None
+    except ValueError:
+        raise RankwiseError(f"{path}: not a JSON file; pass the --output of "
+                            "`rankwise metrics`") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise RankwiseError(f"{path}: no 'metrics' object; pass the --output of "
+                            "`rankwise metrics`")
+    raw = data.get("provenance") or {}
+    ranks = raw.get("ranks")
+    store = read_ranks(ranks) if ranks and Path(ranks).is_dir() else None
+    entry = {
+        "dataset": path.parent.name,
+        "encoder": path.stem,
+        **{key: data.get(key) for key in ("protocol", "distance", "num_queries", "num_skipped",
+                                          "num_gallery", "embedding_dim")},
+        "metrics": {k: float(v) for k, v in data["metrics"].items()},
+        "ci95": None,
+        "cmc": cmc(*store, cmc_max_rank) if store else None,
+        "progressive": None,
+        "worst_queries": None,
+        "provenance": _provenance(path.stem, raw),
+        "source": str(path),
+    }
+    return entry, store
+
+
+def headline_names(entries: list[dict[str, Any]]) -> list[str]:
+    """The overview metrics of a dataset's entries: its protocol's ``headline`` metrics
+    that were computed (else its first metric); the first one picks the best encoder."""
+    metrics = entries[0]["metrics"]
+    names = [n for n in get_protocol(entries[0]["protocol"]).headline if n in metrics]
+    return names or list(metrics)[:1]
+
+
+def best_encoder(entries: list[dict[str, Any]]) -> str:
+    """The encoder with the highest first headline metric (the first one on ties)."""
+    name = (headline_names(entries) or [""])[0]
+    values = [e["metrics"].get(name, -np.inf) for e in entries]
+    return entries[int(np.argmax(values))]["encoder"]
+
+
+def _best(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The best checkpoint of one dataset, by its first headline metric."""
+    name = best_encoder(entries)
+    entry = next(e for e in entries if e["encoder"] == name)
+    metric = (headline_names(entries) or [""])[0]
+    return {"dataset": entry["dataset"], "encoder": name,
+            "checkpoint": entry["provenance"]["checkpoint"], "metric": metric,
+            "value": entry["metrics"].get(metric)}
+
+
+def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "rankwise report",
+                 cmc_max_rank: int = 50, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                 by: str = "query", worst_queries: int = 5, worst_encoders: str = "best",
+                 top_k: int = 10) -> dict[str, Any]:
+    """The report document (what ``report.json`` holds) for the given metrics files.
+
+    Parameters
+    ----------
+    metrics_paths : ``rankwise metrics`` JSON files, ``<dataset>/<encoder>.json``.
+    title : the heading.
+    cmc_max_rank : CMC curves cover ranks 1..cmc_max_rank.
+    resamples, seed, by : the bootstrap and sign-flip tests (:mod:`rankwise.stats`);
+        ``resamples=0`` leaves out every interval and comparison.
+    worst_queries : how many worst queries to list per dataset x shown encoder (0: none).
+    worst_encoders : ``"best"`` (the best encoder of each dataset) or ``"all"``.
+    top_k : gallery items shown per worst query.
+
+    Datasets and encoders keep the order in which they first appear.
+    """
+    _check_options(cmc_max_rank=cmc_max_rank, resamples=resamples, seed=seed, by=by,
+                   worst_queries=worst_queries, worst_encoders=worst_encoders, top_k=top_k)
+    loaded = [_load(p, cmc_max_rank) for p in metrics_paths]
+    if not loaded:
+        raise RankwiseError("no metrics files given; pass the JSON files written by "
+                            "`rankwise metrics` (e.g. results/metrics/*/*.json)")
+    results = [entry for entry, _ in loaded]
+    stores: dict[tuple[str, str], Any] = {}
+    seen: dict[tuple[str, str], str] = {}
+    for entry, store in loaded:
+        key = (entry["dataset"], entry["encoder"])
+        if key in seen:
+            raise RankwiseError(f"{entry['source']}: dataset {key[0]!r} x encoder {key[1]!r} "
+                                f"is also given by {seen[key]}; pass each pair once")
+        seen[key], stores[key] = entry["source"], store
+    datasets = list(dict.fromkeys(r["dataset"] for r in results))
+    encoders = list(dict.fromkeys(r["encoder"] for r in results))
+    groups = [(d, [r for r in results if r["dataset"] == d]) for d in datasets]
+    for entry in results:
+        store = stores[entry["dataset"], entry["encoder"]]
+        if store is None:
+            continue
+        if resamples:
+            entry["ci95"] = metric_cis(*store, metrics=list(entry["metrics"]),
+                                       ap=ap_variant(entry), resamples=resamples, seed=seed,
+                                       by=by, confidence=CONFIDENCE)
+        if get_protocol(entry["protocol"]).unit == "sketch":
+            entry["progressive"] = progressive_curve(*store, resamples=resamples, seed=seed)
+    if worst_queries:
+        for _, entries in groups:
+            shown = [e for e in entries if stores[e["dataset"], e["encoder"]] is not None]
+            if shown and worst_encoders == "best":
+                shown = [e for e in shown if e["encoder"] == best_encoder(shown)]
+            for entry in shown:
+                entry["worst_queries"] = worst_queries_of(
+                    *stores[entry["dataset"], entry["encoder"]], n=worst_queries, top_k=top_k,
+                    ap=ap_variant(entry))
+    comparisons, n_test = compare_encoders(groups, stores, resamples=resamples, seed=seed,
+                                           by=by) if resamples else ([], 0)
+    statistics = {"resamples": resamples, "seed": seed, "by": by, "confidence": CONFIDENCE,
+                  "interval": "percentile bootstrap", "test": "paired sign-flip",
+                  "flip_resamples": n_test,
+                  "correction": "holm", "alpha": ALPHA, "num_tests": len(comparisons),
+                  "pairs": f"all pairs up to {ALL_PAIRS_MAX} encoders per dataset, "
+                           "else each against the first"}
+    return {"title": title, "rankwise_version": __version__, "cmc_max_rank": cmc_max_rank,
+            "statistics": statistics, "datasets": datasets, "encoders": encoders,
+            "results": results, "comparisons": comparisons,
+            "best": [_best(entries) for _, entries in groups]}

@@ -1,0 +1,227 @@
+"""The view-model shared by every renderer: what a cell shows, and the report's words.
+
+A renderer (Markdown, HTML, ...) reads the document only through this module: the
+tables as rows of cells (:class:`ValueCell`: value, best flag, interval;
+:class:`DiffCell`: difference, significance mark, interval, p-values), number formats,
+and the sentences whose numbers come from the document's ``statistics`` (confidence,
+alpha) or the statistics' constants (:data:`rankwise.stats.EXACT_MAX`).  A renderer only
+decides the markup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..registry import get_protocol
+from ..stats import EXACT_MAX, format_p
+from .document import headline_names
+
+#: The mark of a significant difference.
+SIGNIFICANT_MARK = "*"
+#: How the worst queries' score and rank are named, per ``worst_queries["score"]``.
+SCORE_NAMES = {"ap": "AP", "m@B": "m@B"}
+RANK_NAMES = {"ap": "first match at rank {}", "m@B": "complete sketch: target at rank {}"}
+#: Provenance table columns (both renderers).
+PROVENANCE_HEADER = ["encoder", "kind", "checkpoint sha256", "query manifest",
+                     "gallery manifest", "dim", "rankwise"]
+
+
+# ---------------------------------------------------------------- formats
+
+def fmt(value: float | None) -> str:
+    """A percentage: two decimals; ``-`` when missing."""
+    return "-" if value is None else f"{value:.2f}"
+
+
+def fmt_ci(ci: list[float] | None) -> str:
+    """An interval as ``[low, high]`` (one decimal); empty when missing."""
+    return "" if ci is None else f"[{ci[0]:.1f}, {ci[1]:.1f}]"
+
+
+def fmt_ci2(ci: list[float]) -> str:
+    """An interval of a difference, ``[low, high]`` with two decimals."""
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def fmt_diff(value: float) -> str:
+    """A signed difference in percentage points, with a true minus sign."""
+    return f"{value:+.2f}".replace("-", "\u2212")
+
+
+def short(digest: Any, n: int = 12) -> str:
+    """A hash prefix (``-`` when missing)."""
+    return str(digest)[:n] if digest else "-"
+
+
+# ---------------------------------------------------------------- words
+
+def confidence_label(doc: dict[str, Any]) -> str:
+    """``"95%"``: the coverage of every interval in the report."""
+    return f"{100 * doc['statistics']['confidence']:g}%"
+
+
+def significance_rule(doc: dict[str, Any]) -> str:
+    """``"p(Holm) < 0.05"``: when a difference is marked significant."""
+    return f"p(Holm) < {doc['statistics']['alpha']:g}"
+
+
+def stats_sentence(doc: dict[str, Any]) -> str:
+    """How the intervals and tests were made (one sentence per renderer)."""
+    s = doc["statistics"]
+    if not s["resamples"]:
+        return "No intervals or tests (resamples = 0)."
+    unit, units = ("identity", "identities") if s["by"] == "identity" else ("query", "queries")
+    return (f"Intervals: {confidence_label(doc)} percentile bootstrap, {s['resamples']} "
+            f"resamples by {unit}, seed {s['seed']}. Differences: paired sign-flip test "
+            f"({s['flip_resamples']} random sign flips; every flip with at most {EXACT_MAX} "
+            f"{units}), Holm-adjusted over all {s['num_tests']} tests in this report; "
+            f"significant when {significance_rule(doc)}.")
+
+
+def units_name(protocol: str) -> str:
+    """What a dataset's ``num_queries`` counts: ``queries`` or ``sketches``."""
+    return get_protocol(protocol).units
+
+
+def cmc_units(protocol: str) -> str:
+    """What the CMC counts: the queries, or the complete renderings of the sketches."""
+    spec = get_protocol(protocol)
+    return f"complete {spec.units}" if spec.unit == "sketch" else spec.units
+
+
+def worst_caption(entry: dict[str, Any]) -> str:
+    worst = entry["worst_queries"]
+    what = "sketches (lowest m@B)" if worst["score"] == "m@B" else "queries (lowest AP)"
+    return f"Worst {len(worst['queries'])} {what} of {entry['encoder']}"
+
+
+# ---------------------------------------------------------------- document access
+
+def by_dataset(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    return [(d, [r for r in doc["results"] if r["dataset"] == d]) for d in doc["datasets"]]
+
+
+def metric_names(rows: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(name for r in rows for name in r["metrics"]))
+
+
+def best(rows: list[dict[str, Any]], name: str) -> float | None:
+    """The highest value of metric ``name`` (``None`` with fewer than two values)."""
+    values = [r["metrics"][name] for r in rows if name in r["metrics"]]
+    return max(values) if len(values) > 1 else None
+
+
+def ci(entry: dict[str, Any], name: str) -> list[float] | None:
+    return (entry.get("ci95") or {}).get(name)
+
+
+def dataset_comparisons(doc: dict[str, Any], dataset: str) -> list[dict[str, Any]]:
+    return [c for c in doc["comparisons"] if c["dataset"] == dataset]
+
+
+def pairs(comparisons: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((c["a"], c["b"]) for c in comparisons))
+
+
+# ---------------------------------------------------------------- cells
+
+@dataclass(frozen=True)
+class ValueCell:
+    """A metric value: ``text``, whether it is the best of its column, its interval."""
+
+    value: float | None
+    best: bool = False
+    ci: list[float] | None = None
+
+    @property
+    def text(self) -> str:
+        return fmt(self.value)
+
+
+def value_cell(entry: dict[str, Any] | None, name: str, best_value: float | None) -> ValueCell:
+    value = entry["metrics"].get(name) if entry else None
+    return ValueCell(value, value is not None and value == best_value,
+                     ci(entry, name) if entry else None)
+
+
+@dataclass(frozen=True)
+class DiffCell:
+    """One comparison b - a: the difference, its significance, interval and p-values."""
+
+    comparison: dict[str, Any]
+
+    @property
+    def significant(self) -> bool:
+        return bool(self.comparison["significant"])
+
+    @property
+    def text(self) -> str:
+        """The difference, marked when significant."""
+        return fmt_diff(self.comparison["diff"]) + (SIGNIFICANT_MARK if self.significant
+                                                    else "")
+
+    @property
+    def direction(self) -> str:
+        """``up`` / ``down`` for a significant gain / loss, else empty."""
+        if not self.significant:
+            return ""
+        return "up" if self.comparison["diff"] > 0 else "down"
+
+    @property
+    def p_value(self) -> str:
+        return format_p(self.comparison["p_value"])
+
+    @property
+    def p_holm(self) -> str:
+        return format_p(self.comparison["p_holm"])
+
+
+Row = tuple[str, list[ValueCell]]
+
+
+def overview(doc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[Row]]:
+    """The overview: ``[(dataset, headline metric)]`` (each dataset's headline metrics,
+    :func:`.document.headline_names`) and one row per encoder with those values (best
+    of each column flagged)."""
+    columns = [(d, name, rows) for d, rows in by_dataset(doc) for name in headline_names(rows)]
+    body = [(e, [value_cell(next((r for r in rows if r["encoder"] == e), None), name,
+                            best(rows, name)) for _, name, rows in columns])
+            for e in doc["encoders"]]
+    return [(d, name) for d, name, _ in columns], body
+
+
+def best_checkpoints(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(dataset, encoder, "metric value")`` of each dataset's best checkpoint."""
+    return [(b["dataset"], b["encoder"], f"{b['metric']} {fmt(b['value'])}")
+            for b in doc.get("best", [])]
+
+
+def metrics_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[Row]]:
+    """A dataset's metrics: the names, and one row of cells per encoder."""
+    names = metric_names(rows)
+    return names, [(r["encoder"], [value_cell(r, n, best(rows, n)) for n in names])
+                   for r in rows]
+
+
+def differences(comparisons: list[dict[str, Any]], names: list[str]
+                ) -> list[tuple[str, str, list[DiffCell | None]]]:
+    """Pairs x metrics: ``(a, b, cells)``, ``None`` where a metric was not compared."""
+    cells = {(c["a"], c["b"], c["metric"]): c for c in comparisons}
+    return [(a, b, [DiffCell(cells[a, b, n]) if (a, b, n) in cells else None for n in names])
+            for a, b in pairs(comparisons)]
+
+
+def provenance_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Per encoder, the provenance columns (:data:`PROVENANCE_HEADER`) as text."""
+    out = []
+    for r in rows:
+        p = r["provenance"]
+        out.append({"encoder": r["encoder"], "kind": p["encoder_kind"] or "-",
+                    "checkpoint": short(p["checkpoint_hash"]),
+                    "checkpoint_full": p["checkpoint_hash"] or "",
+                    "query_manifest": short(p["manifest_hash"]["query"]),
+                    "gallery_manifest": short(p["manifest_hash"]["gallery"]),
+                    "dim": str(r["embedding_dim"]),
+                    "rankwise": str(p["rankwise_version"] or "-")})
+    return out

@@ -1,0 +1,91 @@
+"""The worst queries of an encoder (lowest AP; lowest m@B per sketch) and their
+nearest valid gallery items."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..metrics import per_unit
+from ..registry import get_protocol
+
+#: The per-unit metric that ranks the worst queries, and its name in the document.
+_WORST_METRIC = {"query": "map", "sketch": "m@B"}
+_WORST_SCORE = {"query": "ap", "sketch": "m@B"}
+
+
+def _manifest_or_none(path, protocol: str, role: str):
+    from ..manifest import read_manifest
+
+    if not path or not Path(path).is_file():
+        return None
+    return read_manifest(path, protocol=protocol, role=role)
+
+
+def _item(table, row: int, folder: Path | None) -> dict[str, Any]:
+    """id, label and image path of one manifest row (``row`` alone without a manifest)."""
+    if table is None:
+        return {"id": f"row {row}", "label": None, "image": None}
+    record = table.iloc[row]
+    image = record.get("path") if "path" in table.columns else None
+    return {"id": str(record["id"]), "label": str(record["label"]),
+            "image": str(folder / image) if image else None}
+
+
+def worst_queries_of(arrays: dict[str, np.ndarray], attrs: dict, *, n: int = 5,
+                     top_k: int = 10, ap: str = "standard") -> dict[str, Any]:
+    """The ``n`` evaluated queries with the lowest score, and their top-``top_k`` items.
+
+    The score is AP (``ap`` variant) per query; for ``progressive``, m@B per sketch, the
+    sketch being shown by its complete rendering.  Ties go to the lower manifest row.
+    The top items need the manifests and embedding stores the ranks store names
+    (``query_manifest``..., ``query_embeddings.path``...); without them ``top`` is
+    ``None`` and ids are manifest rows.
+
+    Returns
+    -------
+    ``{"score": "ap" | "m@B", "queries": [...]}``, each query: ``query_index`` (manifest
+    row), ``id``, ``label``, ``image`` (its path or ``None``), ``score`` (percent),
+    ``rank`` (first relevant rank; the target's rank at the complete rendering for
+    ``progressive``), ``num_relevant``, ``sketch`` (progressive), ``top`` (list of
+    ``{"rank", "gallery_index", "id", "label", "image", "relevant"}``).
+    """
+    from ..neighbours import top_items
+
+    protocol = attrs["protocol"]
+    table = per_unit(arrays, attrs, [_WORST_METRIC[get_protocol(protocol).unit]], ap=ap)
+    name = _WORST_SCORE[table.unit]
+    rows, score, rank = table.last_rows, table.values[:, 0], table.rank
+    relevant = table.num_relevant
+    pick = np.lexsort((rows, score))[:n]
+    q_path, g_path = attrs.get("query_manifest"), attrs.get("gallery_manifest")
+    q_table = _manifest_or_none(q_path, protocol, "query")
+    g_table = _manifest_or_none(g_path, protocol, "gallery")
+    embeddings = [(attrs.get(f"{side}_embeddings") or {}).get("path")
+                  for side in ("query", "gallery")]
+    tops = None
+    if q_table is not None and g_table is not None and all(
+            p and Path(p).exists() for p in embeddings):
+        options = attrs.get("protocol_options") or {}
+        tops = top_items(q_path, g_path, *embeddings, rows[pick], protocol=protocol,
+                         distance=attrs.get("distance", "cosine"), k=top_k,
+                         gap_frames=int(options.get("gap_frames", 1)),
+                         junk_labels=tuple(options.get("junk_labels", ("-1",))))
+    q_folder = Path(q_path).parent if q_table is not None else None
+    g_folder = Path(g_path).parent if g_table is not None else None
+    queries = []
+    for n_, i in enumerate(pick):
+        row = int(rows[i])
+        entry = {"query_index": row, **_item(q_table, row, q_folder),
+                 "score": 100.0 * float(score[i]), "rank": int(rank[i]),
+                 "num_relevant": int(relevant[i])}
+        if table.unit == "sketch" and q_table is not None:
+            entry["sketch"] = str(q_table.iloc[row]["sketch"])
+        entry["top"] = None if tops is None else [
+            {"rank": j + 1, "gallery_index": int(g), **_item(g_table, int(g), g_folder),
+             "relevant": bool(rel)}
+            for j, (g, rel) in enumerate(zip(tops[n_]["gallery_index"], tops[n_]["relevant"]))]
+        queries.append(entry)
+    return {"score": name, "queries": queries}
