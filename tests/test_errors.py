@@ -524,7 +524,7 @@ def test_store_commands_refuse(bad_stores, tmp_path, name, argv, pattern):
 
 
 def _has_encode() -> bool:
-    source = ROOT / "workflow" / "rankwise" / "cli_pipeline.py"
+    source = ROOT / "workflow" / "rankwise" / "cli" / "pipeline.py"
     return source.exists() and "def encode(" in source.read_text()
 
 
