@@ -273,6 +273,9 @@ def _json_value(value: Any) -> Any:
 
 def parse_cutoffs(value: Any, label: str = "ks") -> tuple[int, ...]:
     """``"1,5,10"`` or an iterable -> sorted unique positive ints, else a clear error."""
+    if not isinstance(value, (str, list, tuple)):
+        raise RankwiseError(f"{label} must be positive integers separated by commas "
+                            f"(e.g. 1,5,10); got {value!r}")
     items = value.split(",") if isinstance(value, str) else list(value)
     ks = []
     for item in items:

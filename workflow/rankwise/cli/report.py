@@ -44,9 +44,9 @@ def report(metrics, out_dir, html_path, md_path, json_path, **options):
     paired tests, the CMC curves and the worst queries.
     """
     from ..extras import require
-    from ..report import write_report
 
-    require("matplotlib", "rankwise report")
+    require("matplotlib", "rankwise report")  # before the report module imports it
+    from ..report import write_report
 
     if not (html_path or md_path or json_path):
         out = Path(out_dir)
