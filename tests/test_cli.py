@@ -13,7 +13,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from helpers import RANKWISE, ROOT, run_rankwise
 
 HEAVY = ("numpy", "pandas", "numba", "dask", "zarr", "matplotlib", "sklearn", "snakemake")

@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from pathlib import Path
 
 import click
 import pytest
 import yaml
 from click.testing import CliRunner
-from jsonschema import Draft202012Validator
-
 from helpers import ROOT, run_rankwise
+from jsonschema import Draft202012Validator
 from rankwise import datasets, demo, encoders, options
 from rankwise.errors import RankwiseError
 from rankwise.options import Option, OptionSet
@@ -57,7 +55,7 @@ def test_generator_prints_what_the_schema_holds(capsys):
     printed = capsys.readouterr().out
     blocks = re.split(r"^# (\S+)\n", printed, flags=re.M)[1:]
     assert len(blocks) == 2 * len(FRAGMENTS)
-    for dotted, text in zip(blocks[::2], blocks[1::2]):
+    for dotted, text in zip(blocks[::2], blocks[1::2], strict=True):
         path = next(p for p in FRAGMENTS if ".".join(p) == dotted)
         assert yaml.safe_load(text) == {path[-1]: FRAGMENTS[path]}
 
@@ -130,7 +128,7 @@ def test_default_passes_its_own_check(where, option):
 def test_defaults_dicts_derive_from_the_specs():
     assert demo.DEFAULTS["demo-market"]["height"] == 64
     assert demo.OPTIONS["demo-market"]["height"].minimum == 16  # the schema's bound
-    for name, loader in datasets.LOADERS.items():
+    for loader in datasets.LOADERS.values():
         assert loader.defaults == loader.options.defaults
     for kind, spec in encoders.OPTIONS.items():
         assert encoders.DEFAULTS[kind] == spec.defaults
@@ -175,7 +173,6 @@ def test_library_names_the_parameter_cli_names_the_flag(option, value, wording):
 
 def test_evaluate_names_the_parameter(tmp_path):
     import numpy as np
-
     import rankwise
 
     (tmp_path / "q.csv").write_text("id,label\nq0,a\n")
@@ -305,3 +302,14 @@ def test_conda_environment_installs_this_repository():
         "rankwise"
     rules = "\n".join(p.read_text() for p in (ROOT / "rules").glob("*.smk"))
     assert '"../envs/rankwise.yaml"' in rules  # the file the rules name
+
+
+def test_library_constants_are_the_specs_choices():
+    """Names the library still keeps beside the specs must say the same thing."""
+    from rankwise import metrics, ranking, stats
+
+    assert ranking.DISTANCES == options.DISTANCE.choices
+    assert tuple(metrics.AP_VARIANTS) == options.AP.choices
+    assert tuple(stats.BY) == options.BY.choices
+    assert ranking.EngineOptions().query_block == options.QUERY_BLOCK.default
+    assert ranking.EngineOptions().gallery_chunk == options.GALLERY_CHUNK.default

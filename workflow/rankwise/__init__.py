@@ -5,7 +5,8 @@ first use (module ``__getattr__``): importing the package, and so ``rankwise --h
 does not import numpy, pandas, numba, dask or zarr.
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 from .errors import RankwiseError
 

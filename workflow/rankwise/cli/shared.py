@@ -112,6 +112,6 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     """A plain-text table: first column left-aligned, the others right-aligned."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
              for r in [header, *rows]]
     return "\n".join(lines) + "\n"
