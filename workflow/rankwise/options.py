@@ -67,7 +67,8 @@ class Option:
     ``noun``: for choices with a name of their own (``protocol``), the message lists
     them as ``unknown protocol 'x'; valid protocols: ...``.
     ``rule``: the wording of the bound in messages, where one reads better than the
-    generated one (``at least 1``).
+    generated one (``at least 1``); ``unit`` completes a number's (``a positive number
+    of MB``).
     ``schema_default``: write ``default:`` in the schema (the workflow fills some keys in
     itself, e.g. a manifest loader's protocol).
     """
