@@ -608,7 +608,7 @@ def test_report_refuses_changed_inputs(d, tmp_path, name, change, pattern):
 
 
 def _has_encode() -> bool:
-    source = ROOT / "workflow" / "rankwise" / "cli_pipeline.py"
+    source = ROOT / "workflow" / "rankwise" / "cli" / "pipeline.py"
     return source.exists() and "def encode(" in source.read_text()
 
 

@@ -218,7 +218,7 @@ def make():
 
 
 def _has_encode() -> bool:
-    source = ROOT / "workflow" / "rankwise" / "cli_pipeline.py"
+    source = ROOT / "workflow" / "rankwise" / "cli" / "pipeline.py"
     return source.exists() and "def encode(" in source.read_text()
 
 

@@ -17,6 +17,16 @@ def test_quick_start_is_two_lines_matching_ci():
     assert lines[1] in ci  # CI runs the README's test command verbatim
 
 
+def test_quick_start_installs_what_the_demo_needs():
+    """The default pipeline runs snakemake (extra pipeline), draws the report's charts
+    (report) and builds the digits demos from scikit-learn (demo)."""
+    block = re.search(r"## Quick start\s+```bash\n(.*?)```", README, re.S)
+    first = block[1].strip().splitlines()[0]
+    extras = re.search(r"pip install -e '\.\[([a-z,]+)\]'", first)
+    assert extras, f"line 1 must install the extras: {first}"
+    assert {"pipeline", "report", "demo"} <= set(extras[1].split(","))
+
+
 def test_evaluate_example_prints_what_the_readme_shows(tmp_path):
     section = README[README.index("## Evaluate your own embeddings"):]
     command, shown = re.findall(r"```(?:bash)?\n(.*?)```", section, re.S)[:2]

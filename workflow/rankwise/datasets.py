@@ -44,7 +44,10 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from .demo import OPTIONS as DEMO_OPTIONS
 from .errors import RankwiseError
+from .options import Option, OptionSet
+from .registry import PROTOCOLS
 from .store import atomic_directory, write_text_atomic
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif",
@@ -54,25 +57,6 @@ SPLITS = ("query", "gallery")
 
 
 # ---------------------------------------------------------------- helpers
-
-def check_options(name: str, options: dict[str, Any] | None, defaults: dict[str, Any],
-                  required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Merge ``options`` over ``defaults``; unknown or missing keys raise RankwiseError."""
-    if options is None:
-        options = {}
-    if not isinstance(options, dict):
-        raise RankwiseError(f"{name}: options must be a JSON object, got {options!r}")
-    unknown = sorted(set(options) - set(defaults) - set(required))
-    if unknown:
-        valid = ", ".join(sorted(set(defaults) | set(required))) or "none"
-        raise RankwiseError(f"{name}: unknown option(s) {', '.join(unknown)}; valid options: "
-                            f"{valid}")
-    missing = [k for k in required if options.get(k) in (None, "")]
-    if missing:
-        raise RankwiseError(f"{name}: missing option(s) {', '.join(missing)}; add them to the "
-                            "options")
-    return {**defaults, **options}
-
 
 def _existing_dir(value: Any, what: str) -> Path:
     path = Path(str(value)).expanduser()
@@ -302,12 +286,19 @@ def _load_manifest(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
 
 @dataclass(frozen=True)
 class Loader:
-    """A named loader: its option defaults, required options and function."""
+    """A named loader: its options (defaults, bounds, required keys) and function."""
 
     function: Callable[..., dict[str, pd.DataFrame]]
-    defaults: dict[str, Any]
-    required: tuple[str, ...] = ()
+    options: OptionSet
     generates_images: bool = False
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.options.defaults
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return self.options.required
 
 
 def _demo(name: str) -> Callable[..., dict[str, pd.DataFrame]]:
@@ -318,23 +309,42 @@ def _demo(name: str) -> Callable[..., dict[str, pd.DataFrame]]:
     return run
 
 
-def _demo_defaults(name: str) -> dict[str, Any]:
-    from . import demo
-
-    return dict(demo.DEFAULTS[name])
+def _path(name: str, help: str, *, default: str | None = None, required: bool = False,
+          nullable: bool = False) -> Option:
+    return Option(name, "string", default, help=help, required=required, nullable=nullable)
 
 
 LOADERS: dict[str, Loader] = {
-    "market1501": Loader(_load_market1501,
-                         {"query_folder": "query", "gallery_folder": "bounding_box_test"},
-                         ("root",)),
-    "msmt17": Loader(_load_msmt17, {"images": "auto"}, ("root",)),
-    "folder": Loader(_load_folder, {"root": None, "query_dir": None, "gallery_dir": None,
-                                    "query_fraction": 0.2, "seed": 0}),
-    "manifest": Loader(_load_manifest, {"protocol": "recall"}, ("query", "gallery")),
+    "market1501": Loader(_load_market1501, OptionSet("market1501", (
+        _path("root", "folder holding query/ and bounding_box_test/", required=True),
+        _path("query_folder", "query image folder under root", default="query"),
+        _path("gallery_folder", "gallery image folder under root",
+              default="bounding_box_test")))),
+    "msmt17": Loader(_load_msmt17, OptionSet("msmt17", (
+        _path("root", "folder holding list_query.txt and list_gallery.txt", required=True),
+        _path("images", "image folder under root; auto = test/ or mask_test_v2/",
+              default="auto")))),
+    "folder": Loader(_load_folder, OptionSet("folder", (
+        _path("query_dir", "query folder, one subfolder per label", nullable=True),
+        _path("gallery_dir", "gallery folder, one subfolder per label", nullable=True),
+        _path("root", "one subfolder per label, split into query and gallery",
+              nullable=True),
+        Option("query_fraction", "number", 0.2, above=0, below=1,
+               help="with root: fraction of each label's images used as queries"),
+        Option("seed", "integer", 0, minimum=0, help="with root: seeds the split")),
+        description="{query_dir, gallery_dir} or {root, query_fraction, seed}; one "
+                    "subfolder per label")),
+    "manifest": Loader(_load_manifest, OptionSet("manifest", (
+        _path("query", "query manifest CSV", required=True),
+        _path("gallery", "gallery manifest CSV", required=True),
+        # The workflow passes the dataset's protocol: no default in the schema.
+        Option("protocol", "enum", "recall", choices=PROTOCOLS, noun="protocol",
+               schema_default=False,
+               help="columns to check; defaults to the dataset's protocol (set by the "
+                    "workflow)")))),
 }
-for _name in ("digits", "demo-market", "demo-reassociation", "demo-progressive"):
-    LOADERS[_name] = Loader(_demo(_name), {}, generates_images=True)
+for _name, _options in DEMO_OPTIONS.items():
+    LOADERS[_name] = Loader(_demo(_name), _options, generates_images=True)
 
 
 def prepare_dataset(loader: str, options: dict[str, Any] | None,
@@ -356,8 +366,7 @@ def prepare_dataset(loader: str, options: dict[str, Any] | None,
         raise RankwiseError(f"unknown loader {loader!r}; valid loaders: "
                             f"{', '.join(LOADERS)}")
     spec = LOADERS[loader]
-    defaults = _demo_defaults(loader) if spec.generates_images else spec.defaults
-    opts = check_options(loader, options, defaults, spec.required)
+    opts = spec.options.check(options)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if spec.generates_images:

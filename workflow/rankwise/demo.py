@@ -1,7 +1,7 @@
 """Offline demo data: small, seeded, real files in the layouts users bring.
 
-Each generator takes its options (defaults in :data:`DEFAULTS`) and a folder for its
-images, writes the images there, and returns ``{"query": table, "gallery": table}``
+Each generator takes its options (declared in :data:`OPTIONS`, checked and completed
+by :func:`rankwise.datasets.prepare_dataset`) and a folder for its images, writes the images there, and returns ``{"query": table, "gallery": table}``
 whose ``path`` column is relative to that folder.  The same options always give the
 same files and tables.  :func:`rankwise.datasets.prepare_dataset` calls them.
 
@@ -35,41 +35,64 @@ import pandas as pd
 from PIL import Image
 
 from .errors import RankwiseError
+from .extras import require
+from .options import Option, OptionSet
 
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "digits": {"seed": 0, "query_fraction": 0.2, "scale": 4},
-    "demo-market": {"seed": 0, "identities": 60, "cameras": 6, "images_per_camera": 3,
-                    "queries_per_identity": 2, "distractors": 60, "junk": 40,
-                    "height": 64, "width": 32},
-    "demo-reassociation": {"seed": 0, "sequences": 3, "frames": 20, "people": 6,
-                           "presence": 0.9, "height": 64, "width": 32},
-    "demo-progressive": {"seed": 0, "targets": 200, "sketches": 100, "steps": 5,
-                         "scale": 4, "noise": 0.15},
+_SEED = Option("seed", "integer", 0, minimum=0, help="seeds everything generated")
+_SCALE = Option("scale", "integer", 4, minimum=1, help="each 8x8 digit is upscaled this many times")
+# Person crops keep Market-1501's 2:1 aspect at their smallest (16 x 8): below 16 rows
+# the head, torso and legs get one or two rows each and a junk fragment (a third of the
+# height, blown up) is a smear.
+_HEIGHT = Option("height", "integer", 64, minimum=16, help="image height in pixels")
+_WIDTH = Option("width", "integer", 32, minimum=8, help="image width in pixels")
+
+#: loader name -> its options (the config schema's ``loader_<name>`` fragments).
+OPTIONS: dict[str, OptionSet] = {
+    "digits": OptionSet("digits", (
+        _SEED,
+        Option("query_fraction", "number", 0.2, above=0, below=1,
+               help="fraction of each digit's images used as queries"),
+        _SCALE)),
+    "demo-market": OptionSet("demo-market", (
+        _SEED,
+        Option("identities", "integer", 60, minimum=1, maximum=1501,
+               help="persons (Market-1501 ids are 1..1501)"),
+        Option("cameras", "integer", 6, minimum=2, help="cameras (each person is seen by 2+)"),
+        Option("images_per_camera", "integer", 3, minimum=1,
+               help="gallery images per person and camera"),
+        Option("queries_per_identity", "integer", 2, minimum=1,
+               help="query images per person (each from another camera)"),
+        Option("distractors", "integer", 60, minimum=0, help="gallery images of label 0"),
+        Option("junk", "integer", 40, minimum=0, help="gallery images of label -1"),
+        _HEIGHT, _WIDTH)),
+    "demo-reassociation": OptionSet("demo-reassociation", (
+        _SEED,
+        Option("sequences", "integer", 3, minimum=1, help="tracked sequences"),
+        Option("frames", "integer", 20, minimum=2,
+               help="frames per sequence (a query needs a next frame)"),
+        Option("people", "integer", 6, minimum=2,
+               help="persons per sequence (a query needs 2+ candidates)"),
+        Option("presence", "number", 0.9, above=0, maximum=1,
+               help="probability that a person is in a frame"),
+        _HEIGHT, _WIDTH)),
+    "demo-progressive": OptionSet("demo-progressive", (
+        _SEED,
+        Option("targets", "integer", 200, minimum=2,
+               help="gallery digits (at most 1,797; 2+ so that ranking means something)"),
+        Option("sketches", "integer", 100, minimum=1,
+               help="query drawings (at most targets)"),
+        Option("steps", "integer", 5, minimum=1, help="partial renderings per drawing"),
+        _SCALE,
+        Option("noise", "number", 0.15, minimum=0,
+               help="ink noise, as a fraction of full intensity"))),
 }
-
-
-def _positive_int(opts: dict[str, Any], name: str, loader: str, minimum: int = 1) -> int:
-    value = opts[name]
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise RankwiseError(f"{loader}: option {name} must be an integer >= {minimum}, got "
-                            f"{value!r}")
-    return int(value)
-
-
-def _fraction(opts: dict[str, Any], name: str, loader: str, *, closed: bool = False) -> float:
-    value = opts[name]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
-        0 < value <= 1 if closed else 0 < value < 1)
-    if not ok:
-        bounds = "in (0, 1]" if closed else "strictly between 0 and 1"
-        raise RankwiseError(f"{loader}: option {name} must be a number {bounds}, got {value!r}")
-    return float(value)
+#: loader name -> its option defaults.
+DEFAULTS: dict[str, dict[str, Any]] = {name: spec.defaults for name, spec in OPTIONS.items()}
 
 
 def _digit_images() -> tuple[np.ndarray, np.ndarray]:
     """The 1,797 scikit-learn digits as uint8 ``(n, 8, 8)`` images and their labels."""
-    from sklearn.datasets import load_digits
-
+    load_digits = require("sklearn.datasets", "the digits demos").load_digits
     digits = load_digits()
     images = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
     return images, digits.target.astype(int)
@@ -86,8 +109,7 @@ def digits(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
     """Real handwritten digits split per class into query / gallery (protocol recall)."""
     from .datasets import seeded_split
 
-    scale = _positive_int(opts, "scale", "digits")
-    fraction = _fraction(opts, "query_fraction", "digits")
+    scale, fraction = opts["scale"], opts["query_fraction"]
     images, targets = _digit_images()
     folder = images_dir / "digits"
     folder.mkdir(parents=True, exist_ok=True)
@@ -152,17 +174,10 @@ def demo_market(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFram
     """A small Market-1501-format tree, loaded with the ``market1501`` parser."""
     from .datasets import market1501_table
 
-    loader = "demo-market"
-    n_ids = _positive_int(opts, "identities", loader)
-    n_cams = _positive_int(opts, "cameras", loader, 2)
-    per_cam = _positive_int(opts, "images_per_camera", loader)
-    q_per_id = _positive_int(opts, "queries_per_identity", loader)
-    n_distractors = _positive_int(opts, "distractors", loader, 0)
-    n_junk = _positive_int(opts, "junk", loader, 0)
-    height = _positive_int(opts, "height", loader, 8)
-    width = _positive_int(opts, "width", loader, 8)
-    if n_ids > 1501:
-        raise RankwiseError(f"{loader}: option identities must be at most 1501, got {n_ids}")
+    n_ids, n_cams = opts["identities"], opts["cameras"]
+    per_cam, q_per_id = opts["images_per_camera"], opts["queries_per_identity"]
+    n_distractors, n_junk = opts["distractors"], opts["junk"]
+    height, width = opts["height"], opts["width"]
     rng = np.random.default_rng(int(opts["seed"]))
     root = images_dir / "Market-1501-demo"
     qdir, gdir = root / "query", root / "bounding_box_test"
@@ -215,12 +230,8 @@ def demo_market(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFram
 def demo_reassociation(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
     """Tracks of people over frames; query and gallery are the same detections."""
     loader = "demo-reassociation"
-    n_seq = _positive_int(opts, "sequences", loader)
-    n_frames = _positive_int(opts, "frames", loader, 2)
-    n_people = _positive_int(opts, "people", loader)
-    presence = _fraction(opts, "presence", loader, closed=True)
-    height = _positive_int(opts, "height", loader, 8)
-    width = _positive_int(opts, "width", loader, 8)
+    n_seq, n_frames, n_people = opts["sequences"], opts["frames"], opts["people"]
+    presence, height, width = opts["presence"], opts["height"], opts["width"]
     rng = np.random.default_rng(int(opts["seed"]))
     folder = images_dir / "tracks"
     folder.mkdir(parents=True)
@@ -254,13 +265,8 @@ def demo_reassociation(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.D
 def demo_progressive(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
     """Digits revealed step by step (queries) against the complete digits (gallery)."""
     loader = "demo-progressive"
-    n_targets = _positive_int(opts, "targets", loader)
-    n_sketches = _positive_int(opts, "sketches", loader)
-    steps = _positive_int(opts, "steps", loader)
-    scale = _positive_int(opts, "scale", loader)
-    noise = opts["noise"]
-    if not isinstance(noise, (int, float)) or isinstance(noise, bool) or noise < 0:
-        raise RankwiseError(f"{loader}: option noise must be a number >= 0, got {noise!r}")
+    n_targets, n_sketches = opts["targets"], opts["sketches"]
+    steps, scale, noise = opts["steps"], opts["scale"], opts["noise"]
     images, _ = _digit_images()
     if n_targets > len(images):
         raise RankwiseError(f"{loader}: option targets must be at most {len(images)}, got "

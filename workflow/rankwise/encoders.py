@@ -61,33 +61,76 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from . import __version__
-from .datasets import check_options
 from .embeddings import MANIFEST_SHA256, EmbeddingSource, check_rows, open_embeddings
 from .errors import RankwiseError
 from .hashing import file_sha256
 from .manifest import check_nonempty, read_manifest
+from .options import BATCH_SIZE, WORKERS, Option, OptionSet
 from .store import write_embeddings
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "precomputed": {"query": None, "gallery": None, "path": None, "split": "auto"},
-    "python": {"params": {}, "checkpoint": None, "input_size": None},
-    "onnx": {"input_size": None, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD),
-             "channel_order": "rgb", "layout": "nchw", "input": None, "output": None},
-    "pixels": {"size": [16, 16], "grayscale": False},
-    "color-histogram": {"bins": 8, "space": "hsv", "joint": False, "stripes": 1},
-    "hog": {"size": [64, 64], "cell": 8, "bins": 9},
+_SIZE_HELP = "[height, width] the images are resized to"
+
+#: kind -> its options (the config schema's ``encoder_<kind>`` fragments).
+OPTIONS: dict[str, OptionSet] = {
+    "precomputed": OptionSet("precomputed", (
+        Option("query", "string", None, nullable=True, help="query embeddings (.npy or Zarr)"),
+        Option("gallery", "string", None, nullable=True,
+               help="gallery embeddings (.npy or Zarr)"),
+        Option("path", "string", None, nullable=True,
+               help="one file for whichever split is encoded"),
+        Option("split", "enum", "auto", choices=("auto", "query", "gallery"),
+               help="which of query / gallery this manifest is; auto = its file name")),
+        description="{query, gallery}: .npy or Zarr per split; or {path}: one file"),
+    "python": OptionSet("python", (
+        Option("factory", "string", required=True,
+               help="module:function or path/file.py:function"),
+        Option("params", "object", {}, help="keyword arguments of the factory"),
+        Option("checkpoint", "string", None, nullable=True, help="weights file"),
+        Option("input_size", "size", None, nullable=True,
+               help=_SIZE_HELP + "; null = as decoded"))),
+    "onnx": OptionSet("onnx", (
+        Option("model", "string", required=True, help=".onnx file"),
+        Option("input_size", "size", None, nullable=True, help=_SIZE_HELP +
+               "; null = from the model"),
+        Option("mean", "numbers", IMAGENET_MEAN, length=3,
+               help="per-channel mean of x / 255 (ImageNet)"),
+        Option("std", "numbers", IMAGENET_STD, length=3, above=0,
+               help="per-channel standard deviation of x / 255 (ImageNet)"),
+        Option("channel_order", "enum", "rgb", choices=("rgb", "bgr"),
+               help="channel order the model expects"),
+        Option("layout", "enum", "nchw", choices=("nchw", "nhwc"),
+               help="input layout the model expects"),
+        Option("input", "string", None, nullable=True, help="input name; null = the first"),
+        Option("output", "string", None, nullable=True,
+               help="output name; null = the first"))),
+    "pixels": OptionSet("pixels", (
+        Option("size", "size", (16, 16), help=_SIZE_HELP),
+        Option("grayscale", "boolean", False, help="one channel instead of RGB"))),
+    "color-histogram": OptionSet("color-histogram", (
+        Option("bins", "integer", 8, minimum=1, maximum=256, help="bins per channel"),
+        Option("space", "enum", "hsv", choices=("hsv", "rgb"), help="colour space"),
+        Option("joint", "boolean", False,
+               help="one bins^3 joint histogram instead of 3 x bins"),
+        Option("stripes", "integer", 1, minimum=1,
+               help="horizontal stripes, one histogram each"))),
+    "hog": OptionSet("hog", (
+        Option("size", "size", (64, 64), help=_SIZE_HELP),
+        Option("cell", "integer", 8, minimum=1, help="pixels per cell side"),
+        Option("bins", "integer", 9, minimum=1, help="orientation bins"))),
 }
-REQUIRED: dict[str, tuple[str, ...]] = {"python": ("factory",), "onnx": ("model",)}
-ENCODER_KINDS = tuple(DEFAULTS)
+#: kind -> its option defaults.
+DEFAULTS: dict[str, dict[str, Any]] = {kind: spec.defaults for kind, spec in OPTIONS.items()}
+REQUIRED: dict[str, tuple[str, ...]] = {kind: spec.required for kind, spec in OPTIONS.items()}
+ENCODER_KINDS = tuple(OPTIONS)
 
 
 def default_workers() -> int:
@@ -100,29 +143,6 @@ def default_workers() -> int:
 
 
 # ---------------------------------------------------------------- option checks
-
-def _size(kind: str, value: Any, name: str = "size") -> tuple[int, int]:
-    ok = (isinstance(value, (list, tuple)) and len(value) == 2
-          and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value))
-    if not ok:
-        raise RankwiseError(f"{kind}: option {name} must be [height, width] (two positive "
-                            f"integers), got {value!r}")
-    return int(value[0]), int(value[1])
-
-
-def _int(kind: str, value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RankwiseError(f"{kind}: option {name} must be an integer >= {minimum}, got "
-                            f"{value!r}")
-    return value
-
-
-def _choice(kind: str, value: Any, name: str, valid: Sequence[str]) -> str:
-    if value not in valid:
-        raise RankwiseError(f"{kind}: option {name} must be one of {', '.join(valid)}, got "
-                            f"{value!r}")
-    return value
-
 
 def _checkpoint(kind: str, value: Any, name: str) -> Path:
     path = Path(str(value)).expanduser()
@@ -265,29 +285,17 @@ class _Encoder:
 
 def _builtin(kind: str, opts: dict[str, Any]) -> _Encoder:
     if kind == "pixels":
-        size = _size(kind, opts["size"])
-        if not isinstance(opts["grayscale"], bool):
-            raise RankwiseError(f"pixels: option grayscale must be true or false, got "
-                                f"{opts['grayscale']!r}")
+        size = tuple(opts["size"])
 
         def feature(rows: _Rows, i: int) -> np.ndarray:
             return _pixels(rows, i, size, opts["grayscale"])
     elif kind == "color-histogram":
-        bins = _int(kind, opts["bins"], "bins")
-        if bins > 256:
-            raise RankwiseError(f"color-histogram: option bins must be at most 256, got {bins}")
-        space = _choice(kind, opts["space"], "space", ("hsv", "rgb"))
-        stripes = _int(kind, opts["stripes"], "stripes")
-        if not isinstance(opts["joint"], bool):
-            raise RankwiseError(f"color-histogram: option joint must be true or false, got "
-                                f"{opts['joint']!r}")
+        bins, space, stripes = opts["bins"], opts["space"], opts["stripes"]
 
         def feature(rows: _Rows, i: int) -> np.ndarray:
             return _colour_histogram(rows, i, bins, space, opts["joint"], stripes)
     else:
-        size = _size(kind, opts["size"])
-        cell = _int(kind, opts["cell"], "cell")
-        bins = _int(kind, opts["bins"], "bins")
+        size, cell, bins = tuple(opts["size"]), opts["cell"], opts["bins"]
 
         def feature(rows: _Rows, i: int) -> np.ndarray:
             return _hog(rows, i, size, cell, bins)
@@ -357,10 +365,7 @@ def _as_matrix(output: Any, n: int, what: str) -> np.ndarray:
 
 
 def _python(opts: dict[str, Any]) -> _Encoder:
-    if not isinstance(opts["params"], dict):
-        raise RankwiseError(f"python: option params must be an object, got {opts['params']!r}")
-    size = None if opts["input_size"] is None else _size("python", opts["input_size"],
-                                                         "input_size")
+    size = None if opts["input_size"] is None else tuple(opts["input_size"])
     checkpoint = None if opts["checkpoint"] is None else _checkpoint("python", opts["checkpoint"],
                                                                      "checkpoint")
     factory = _load_factory(opts["factory"])
@@ -389,12 +394,8 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
     except ImportError:
         raise RankwiseError("onnx: the onnxruntime package is not installed; install the "
                             "extra: pip install 'rankwise[onnx]'") from None
-    channel_order = _choice("onnx", opts["channel_order"], "channel_order", ("rgb", "bgr"))
-    layout = _choice("onnx", opts["layout"], "layout", ("nchw", "nhwc"))
+    channel_order, layout = opts["channel_order"], opts["layout"]
     mean, std = (np.asarray(opts[k], dtype=np.float32) for k in ("mean", "std"))
-    if mean.shape != (3,) or std.shape != (3,) or not (std > 0).all():
-        raise RankwiseError(f"onnx: options mean and std must be 3 numbers each (std > 0), got "
-                            f"{opts['mean']!r} and {opts['std']!r}")
     settings = ort.SessionOptions()
     settings.intra_op_num_threads = threads
     settings.inter_op_num_threads = 1
@@ -425,7 +426,7 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
                                 "options.input_size to [height, width]")
         size = (int(spatial[0]), int(spatial[1]))
     else:
-        size = _size("onnx", opts["input_size"], "input_size")
+        size = tuple(opts["input_size"])
     opts = {**opts, "input_size": list(size), "input": input_name, "output": output_name}
     fixed_batch = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else None
 
@@ -482,7 +483,6 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
             if split is None:
                 raise RankwiseError(f"precomputed: cannot tell whether {manifest} is the query "
                                     "or the gallery; set options.split or options.path")
-        _choice("precomputed", split, "split", ("query", "gallery"))
         if opts[split] is None:
             raise RankwiseError(f"precomputed: missing option {split} (embeddings for the "
                                 f"{split} manifest {manifest})")
@@ -506,10 +506,10 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
 def build_encoder(kind: str, options: dict[str, Any] | None, *, manifest: Path, out: Path,
                   threads: int) -> _Encoder:
     """Check ``options`` for ``kind`` and return the configured encoder."""
-    if kind not in DEFAULTS:
+    if kind not in OPTIONS:
         raise RankwiseError(f"unknown encoder kind {kind!r}; valid kinds: "
                             f"{', '.join(ENCODER_KINDS)}")
-    opts = check_options(kind, options, DEFAULTS[kind], REQUIRED.get(kind, ()))
+    opts = OPTIONS[kind].check(options)
     if kind == "precomputed":
         return _precomputed(opts, manifest, out)
     if kind == "python":
@@ -522,7 +522,7 @@ def build_encoder(kind: str, options: dict[str, Any] | None, *, manifest: Path, 
 # ---------------------------------------------------------------- entry point
 
 def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[str, Any] | None,
-                    out_store: str | os.PathLike, batch_size: int = 64,
+                    out_store: str | os.PathLike, batch_size: int = BATCH_SIZE.default,
                     workers: int | None = None, *, progress: bool = True,
                     protocol: str | None = None, role: str | None = None) -> dict[str, Any]:
     """Encode every row of a manifest into the embedding store ``out_store``.
@@ -545,8 +545,8 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
     The store's attributes plus ``shape`` ``[N, D]``.
     """
     manifest, out = Path(manifest_csv), Path(out_store)
-    batch_size = _int("encode", batch_size, "batch_size")
-    workers = default_workers() if workers is None else _int("encode", workers, "workers")
+    batch_size = BATCH_SIZE.check(batch_size)
+    workers = default_workers() if workers is None else WORKERS.check(workers)
     table = read_manifest(manifest, protocol=protocol, role=role)
     encoder = build_encoder(kind, options, manifest=manifest, out=out, threads=workers)
     rows = _Rows(manifest, table["id"].tolist())

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
+from .options import GAP_FRAMES
 from .registry import get_protocol
 
 
@@ -152,8 +153,7 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
     qcam = gcam = None
 
     if spec.candidates == "sequence_gap":
-        if gap_frames < 1:
-            raise RankwiseError(f"--gap-frames must be a positive integer, got {gap_frames}")
+        GAP_FRAMES.check(gap_frames)
         options["gap_frames"] = int(gap_frames)
         qseq, gseq = _codes(query["sequence"], gallery["sequence"])
         qframe = query["frame"].to_numpy(np.int64)

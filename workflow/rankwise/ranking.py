@@ -30,17 +30,15 @@ import numpy as np
 from . import kernels
 from .embeddings import EmbeddingSource, check_same_dim
 from .errors import RankwiseError
+from .options import DISTANCE, GALLERY_CHUNK, MEMORY_LIMIT, QUERY_BLOCK, WORKERS
 from .protocols import Problem
 
-DISTANCES = ("cosine", "euclidean")
+DISTANCES = DISTANCE.choices
 
 
 def check_distance(distance: str) -> str:
     """Return ``distance`` or raise listing the valid ones."""
-    if distance not in DISTANCES:
-        raise RankwiseError(f"unknown distance {distance!r}; valid distances: "
-                            f"{', '.join(DISTANCES)}")
-    return distance
+    return DISTANCE.check(distance)
 
 
 @dataclass
@@ -66,24 +64,19 @@ class RankResult:
 class EngineOptions:
     """How the work is cut and run; never changes a number."""
 
-    query_block: int = 1024
-    gallery_chunk: int = 8192
+    query_block: int = QUERY_BLOCK.default
+    gallery_chunk: int = GALLERY_CHUNK.default
     workers: int | None = None
     scheduler: Any = None  # None: threads; else a dask.distributed Client or address
     progress: bool = False
     memory_limit_mb: float | None = None  # refuse to start when the estimate exceeds it
 
     def __post_init__(self) -> None:
-        for name in ("query_block", "gallery_chunk"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise RankwiseError(f"--{name.replace('_', '-')} must be a positive integer, "
-                                    f"got {value!r}")
-        if self.workers is not None and self.workers < 1:
-            raise RankwiseError(f"--workers must be a positive integer, got {self.workers!r}")
-        if self.memory_limit_mb is not None and not self.memory_limit_mb > 0:  # NaN too
-            raise RankwiseError(f"--memory-limit must be a positive number of MB, got "
-                                f"{self.memory_limit_mb!r}")
+        # messages name the parameter; the CLI checks the same specs, naming the flag
+        QUERY_BLOCK.check(self.query_block)
+        GALLERY_CHUNK.check(self.gallery_chunk)
+        WORKERS.check(self.workers)
+        MEMORY_LIMIT.check(self.memory_limit_mb, "memory_limit_mb")
 
 
 #: Resident size of the interpreter with numpy, numba, dask and zarr loaded.

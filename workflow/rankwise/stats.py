@@ -60,7 +60,7 @@ from .registry import get_protocol
 BY = ("query", "identity")
 #: Bootstrap resamples (and random sign flips) of every function, command and report
 #: unless told otherwise (papers use 10,000; one default, so one store gives one interval).
-DEFAULT_RESAMPLES = 10000
+from .options import DEFAULT_RESAMPLES  # noqa: E402  (declared once, with the option specs)
 #: Up to this many clusters the sign-flip test enumerates all 2^C flips (exact p-value).
 EXACT_MAX = 16
 #: Elements per block of resamples (block rows x clusters); bounds memory only.

@@ -110,7 +110,9 @@ def open_complete_group(path: str | os.PathLike, kind: str) -> "zarr.Group":
         group = zarr.open_group(str(p), mode="r")
     except Exception as exc:  # zarr raises several types for a corrupt store
         raise RankwiseError(f"{p}: not a readable Zarr store ({type(exc).__name__}); "
-                            "delete it and run the command that writes it again") from None
+                            f"expected a {kind} store, the Zarr folder written by `rankwise "
+                            f"{dict(ranks='rank', embeddings='encode').get(kind, kind)}`: "
+                            "check the path") from None
     attrs = dict(group.attrs)
     if not attrs.get("complete"):
         raise RankwiseError(f"{p}: incomplete store (no 'complete' mark); delete it and "

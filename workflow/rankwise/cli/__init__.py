@@ -1,5 +1,12 @@
 """The ``rankwise`` command line (click).
 
+One module per group of commands: :mod:`.evaluation` (evaluate, rank, metrics),
+:mod:`.statistics` (compare, ci, scores), :mod:`.report` (report), :mod:`.pipeline`
+(prepare, encode); the options they share are built in :mod:`.shared` from the specs
+of :mod:`rankwise.options`. Modules here import only click and light modules at the
+top; the heavy ones (numpy, pandas, numba, dask, zarr, matplotlib) are imported in the
+command bodies, so ``rankwise --help`` and ``--version`` answer at once.
+
 Input errors (:class:`~rankwise.errors.RankwiseError`) print one line
 ``error: ...`` and exit with status 2; nothing is written.
 """
@@ -10,8 +17,9 @@ import sys
 
 import click
 
-from . import __version__
-from .errors import RankwiseError
+from .. import __version__
+from ..errors import RankwiseError
+from . import evaluation, pipeline, report, statistics
 
 
 class _Group(click.Group):
@@ -35,21 +43,7 @@ def main() -> None:
     """Reproducible, out-of-core retrieval and re-identification evaluation."""
 
 
-def _register() -> None:
-    """Attach the subcommands defined in their own modules."""
-    from . import cli_core
-
-    for command in cli_core.COMMANDS:
-        main.add_command(command)
-    for module_name in ("cli_pipeline", "cli_report", "cli_compare"):
-        try:
-            module = __import__(f"rankwise.{module_name}", fromlist=["COMMANDS"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"rankwise.{module_name}":
-                raise
-            continue
-        for command in module.COMMANDS:
-            main.add_command(command)
-
-
-_register()
+for _command in (evaluation.evaluate, evaluation.rank, evaluation.metrics,
+                 statistics.compare, statistics.ci, statistics.scores,
+                 report.report, pipeline.prepare, pipeline.encode):
+    main.add_command(_command)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from .report import WORST_ENCODERS
-from .stats import BY, DEFAULT_RESAMPLES
+from .. import options as spec
 
 
 @click.command()
@@ -28,25 +27,18 @@ from .stats import BY, DEFAULT_RESAMPLES
                    "ci_low, ci_high, num_queries, num_skipped) here.")
 @click.option("--tex", "tex_path", type=click.Path(dir_okay=False),
               help="Also write the LaTeX tables (booktabs; a standalone document) here.")
-@click.option("--title", default="rankwise report", show_default=True, help="Report heading.")
-@click.option("--cmc-max-rank", default=50, show_default=True, type=int,
-              help="CMC curves cover ranks 1..N.")
-@click.option("--resamples", default=DEFAULT_RESAMPLES, show_default=True, type=int,
-              help="Bootstrap resamples (and random sign flips) of the 95% intervals and "
-                   "the paired tests; 0 leaves them out.")
-@click.option("--seed", default=0, show_default=True, type=int,
-              help="Seed of the resampling: the same seed gives the same report.")
-@click.option("--by", default="query", show_default=True, type=click.Choice(BY),
-              help="Resample queries (sketches for progressive), or identities with all "
-                   "their queries (labels from the query manifest).")
-@click.option("--worst-queries", default=5, show_default=True, type=int,
-              help="List the N queries with the lowest AP (m@B per sketch for "
-                   "progressive), with their nearest gallery items; 0: none.")
-@click.option("--worst-encoders", default="best", show_default=True,
-              type=click.Choice(WORST_ENCODERS),
-              help="Whose worst queries: the best encoder of each dataset, or every one.")
-@click.option("--top-k", default=10, show_default=True, type=int,
-              help="Nearest gallery items shown per worst query.")
+@spec.TITLE.click(help="Report heading.")
+@spec.CMC_MAX_RANK.click(help="CMC curves cover ranks 1..N.")
+@spec.REPORT_RESAMPLES.click(help="Bootstrap resamples (and random sign flips) of the 95% "
+                                  "intervals and the paired tests; 0 leaves them out.")
+@spec.SEED.click(help="Seed of the resampling: the same seed gives the same report.")
+@spec.BY.click(help="Resample queries (sketches for progressive), or identities with all "
+                    "their queries (labels from the query manifest).")
+@spec.WORST_QUERIES.click(help="List the N queries with the lowest AP (m@B per sketch for "
+                               "progressive), with their nearest gallery items; 0: none.")
+@spec.WORST_ENCODERS.click(help="Whose worst queries: the best encoder of each dataset, or "
+                                "every one.")
+@spec.TOP_K.click(help="Nearest gallery items shown per worst query.")
 def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, **options):
     """Compare encoders across datasets from `rankwise metrics` JSON files.
 
@@ -56,7 +48,10 @@ def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, 
     embedding stores each file's provenance names are read for the intervals, the
     paired tests, the CMC curves and the worst queries.
     """
-    from .report import write_report
+    from ..extras import require
+
+    require("matplotlib", "rankwise report")  # before the report module imports it
+    from ..report import write_report
 
     if not (html_path or md_path or json_path):
         out = Path(out_dir)
@@ -72,5 +67,3 @@ def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, 
                f"{len(doc['encoders'])} encoder(s); {len(doc['comparisons'])} comparisons, "
                f"{significant} significant")
 
-
-COMMANDS = [report]

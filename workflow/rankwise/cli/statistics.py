@@ -5,78 +5,27 @@ See :mod:`rankwise.stats` for the bootstrap, the sign-flip test and Holm's corre
 
 from __future__ import annotations
 
-import io
-import json
-
 import click
-import numpy as np
-import pandas as pd
 
-from .metrics import AP_VARIANTS, parse_ks, per_unit, unit_scores
-from .registry import get_protocol
-from .stats import (BY, DEFAULT_RESAMPLES, ci_key, compare_ranks, format_p, metric_cis,
-                    resolve_metrics)
-from .store import read_ranks, write_text_atomic
-
-
-def _stat_options(func):
-    """Options shared by ``compare`` and ``ci``."""
-    options = [
-        click.option("--ks", default="1,5,10", show_default=True,
-                     help="Cutoffs K, comma-separated (for the default metrics)."),
-        click.option("--metrics", default=None,
-                     help="Metrics, comma-separated (e.g. map,rank1); default: all of the "
-                          "protocol's for --ks."),
-        click.option("--ap", default="standard", show_default=True,
-                     type=click.Choice(AP_VARIANTS), help="AP variant."),
-        click.option("--resamples", default=DEFAULT_RESAMPLES, show_default=True, type=int,
-                     help="Bootstrap resamples (and random sign flips)."),
-        click.option("--seed", default=0, show_default=True, type=int,
-                     help="Seed: the same seed gives the same numbers everywhere."),
-        click.option("--confidence", default=0.95, show_default=True, type=float,
-                     help="Coverage of the percentile bootstrap interval."),
-        click.option("--by", default="query", show_default=True, type=click.Choice(BY),
-                     help="Resample queries (sketches for progressive), or identities "
-                          "with all their queries (labels from the query manifest)."),
-        click.option("--labels", type=click.Path(dir_okay=False),
-                     help="--by identity: query manifest CSV (default: the one named in "
-                          "the ranks store)."),
-        click.option("--output", type=click.Path(dir_okay=False),
-                     help="Write the JSON result here."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-             for r in [header, *rows]]
-    return "\n".join(lines) + "\n"
+from .. import options as spec
+from ..registry import get_protocol
+from . import shared
 
 
 def _units(protocol: str, by: str, n_units: int, n_clusters: int) -> str:
-    spec = get_protocol(protocol)
-    units, unit = spec.units, spec.unit
+    protocol_spec = get_protocol(protocol)
+    units, unit = protocol_spec.units, protocol_spec.unit
     if by == "identity":
         return f"{n_units} {units} in {n_clusters} identities (resampled by identity)"
     return f"{n_units} {units} (resampled by {unit})"
 
 
-def _write_json(path, doc) -> None:
-    if path:
-        write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
-
-
 @click.command()
 @click.argument("ranks_a", type=click.Path())
 @click.argument("ranks_b", type=click.Path())
-@_stat_options
-@click.option("--exact-max", default=16, show_default=True, type=int,
-              help="Enumerate all 2^n sign flips when there are at most this many "
-                   "queries (identities).")
+@shared.statistics
+@spec.EXACT_MAX.click(help="Enumerate all 2^n sign flips when there are at most this many "
+                           "queries (identities).")
 @click.option("--dataset", default=None, help="Dataset name copied into the JSON rows.")
 def compare(ranks_a, ranks_b, ks, metrics, ap, resamples, seed, confidence, by, labels,
             output, exact_max, dataset):
@@ -85,9 +34,12 @@ def compare(ranks_a, ranks_b, ks, metrics, ap, resamples, seed, confidence, by, 
     Prints, per metric, A, B, the difference B - A (percentage points), its paired
     bootstrap interval, the sign-flip randomisation p-value and the Holm-adjusted one.
     """
+    from ..stats import ci_key, compare_ranks, format_p
+    from ..store import read_ranks
+
     arrays_a, attrs_a = read_ranks(ranks_a)
     arrays_b, attrs_b = read_ranks(ranks_b)
-    rows = compare_ranks(arrays_a, attrs_a, arrays_b, attrs_b, ks=parse_ks(ks),
+    rows = compare_ranks(arrays_a, attrs_a, arrays_b, attrs_b, ks=ks,
                          metrics=metrics, ap=ap, resamples=resamples, seed=seed, by=by,
                          labels=labels, confidence=confidence, exact_max=exact_max,
                          dataset=dataset, names=(str(ranks_a), str(ranks_b)))
@@ -103,8 +55,8 @@ def compare(ranks_a, ranks_b, ks, metrics, ap, resamples, seed, confidence, by, 
     body = [[r["metric"], f"{r['a']:.2f}", f"{r['b']:.2f}", f"{r['diff']:+.2f}",
              f"[{r[key][0]:+.2f}, {r[key][1]:+.2f}]", format_p(r["p_value"]),
              format_p(r["p_holm"])] for r in rows]
-    click.echo(_table(header, body), nl=False)
-    _write_json(output, {"a": str(ranks_a), "b": str(ranks_b),
+    click.echo(shared.table(header, body), nl=False)
+    shared.write_json(output, {"a": str(ranks_a), "b": str(ranks_b),
                          "protocol": attrs_a["protocol"], "ap": ap, "by": by,
                          "resamples": resamples, "seed": seed, "confidence": confidence,
                          "exact_max": exact_max, "comparisons": rows})
@@ -112,11 +64,17 @@ def compare(ranks_a, ranks_b, ks, metrics, ap, resamples, seed, confidence, by, 
 
 @click.command()
 @click.argument("ranks", type=click.Path())
-@_stat_options
+@shared.statistics
 def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     """Bootstrap confidence interval of every metric of one ranks store."""
+    import numpy as np
+
+    from ..metrics import per_unit
+    from ..stats import ci_key, metric_cis, resolve_metrics
+    from ..store import read_ranks
+
     arrays, attrs = read_ranks(ranks)
-    names = resolve_metrics(attrs["protocol"], metrics, parse_ks(ks))
+    names = resolve_metrics(attrs["protocol"], metrics, ks)
     intervals = metric_cis(arrays, attrs, metrics=names, ap=ap, resamples=resamples,
                            seed=seed, by=by, labels=labels, confidence=confidence)
     table = per_unit(arrays, attrs, names, ap=ap)
@@ -127,8 +85,8 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     header = ["metric", "value", f"{100 * confidence:g}% CI"]
     body = [[n, f"{point[n]:.2f}", f"[{intervals[n][0]:.2f}, {intervals[n][1]:.2f}]"]
             for n in names]
-    click.echo(_table(header, body), nl=False)
-    _write_json(output, {"ranks": str(ranks), "protocol": attrs["protocol"], "ap": ap,
+    click.echo(shared.table(header, body), nl=False)
+    shared.write_json(output, {"ranks": str(ranks), "protocol": attrs["protocol"], "ap": ap,
                          "by": by, "resamples": resamples, "seed": seed,
                          "confidence": confidence, "num_units": len(table),
                          "metrics": point, ci_key(confidence): intervals})
@@ -136,8 +94,8 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
 
 @click.command()
 @click.argument("ranks", type=click.Path())
-@click.option("--ks", default="1,5,10", show_default=True, help="Cutoffs of the hit@K columns.")
-@click.option("--ap", default="standard", show_default=True, type=click.Choice(AP_VARIANTS))
+@spec.KS.click(help="Cutoffs of the hit@K columns.")
+@shared.ap
 @click.option("--output", type=click.Path(dir_okay=False),
               help="Write the CSV here (default: standard output).")
 def scores(ranks, ks, ap, output):
@@ -146,8 +104,16 @@ def scores(ranks, ks, ap, output):
     Columns: query_index, num_relevant, first_rank, ap, inp, rr, hit@K (fractions and
     0/1); progressive: sketch, query_index, m@A, m@B, wm@A, wm@B, last_rank, hit@K.
     """
+    import io
+
+    import numpy as np
+    import pandas as pd
+
+    from ..metrics import unit_scores
+    from ..store import read_ranks, write_text_atomic
+
     arrays, attrs = read_ranks(ranks)
-    table = pd.DataFrame(unit_scores(arrays, attrs, ks=parse_ks(ks), ap=ap))
+    table = pd.DataFrame(unit_scores(arrays, attrs, ks=ks, ap=ap))
     hits = [c for c in table.columns if c.startswith("hit@")]
     table[hits] = table[hits].astype(np.int64)
     buffer = io.StringIO()
@@ -158,5 +124,3 @@ def scores(ranks, ks, ap, output):
     else:
         click.echo(buffer.getvalue(), nl=False)
 
-
-COMMANDS = [compare, ci, scores]

@@ -1,0 +1,132 @@
+"""``rankwise evaluate``, ``rankwise rank`` and ``rankwise metrics``."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import click
+
+from . import shared
+
+
+def _reid_hint(query: str, gallery: str) -> str | None:
+    """Why the manifests look like re-identification data (a ``camera`` column, or a
+    gallery label ``-1``), or None. Unreadable files give None: ranking reports them."""
+    found = None
+    try:
+        for path in (query, gallery):
+            with open(path, newline="", encoding="utf-8") as file:
+                header = [c.strip() for c in next(csv.reader(file), [])]
+            if "camera" in header:
+                found = "a 'camera' column"
+                break
+        if found is None and "label" in header:
+            import pandas as pd
+
+            labels = pd.read_csv(gallery, usecols=["label"], dtype=str,
+                                 keep_default_na=False)["label"].str.strip()
+            if (labels == "-1").any():
+                found = "gallery label -1"
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error):
+        return None
+    if found is None:
+        return None
+    return (f"note: ran --protocol recall (the default), but the manifests look like "
+            f"re-identification data ({found}); pass --protocol reid to exclude same-camera "
+            "matches and junk labels, or --protocol recall to silence this note")
+
+
+def _rank(kw: dict, progress: bool):
+    """Rank with the command's options; returns ``(result, note or None)``."""
+    from ..api import rank
+
+    note = None
+    if kw["protocol"] is None:
+        note = _reid_hint(kw["query"], kw["gallery"])
+        kw["protocol"] = "recall"
+    result = rank(kw["query"], kw["gallery"], kw["query_embeddings"], kw["gallery_embeddings"],
+                  protocol=kw["protocol"], distance=kw["distance"],
+                  gap_frames=kw["gap_frames"], junk_labels=kw["junk_labels"],
+                  query_block=kw["query_block"], gallery_chunk=kw["gallery_chunk"],
+                  workers=kw["workers"], scheduler=kw["scheduler"], progress=progress,
+                  memory_limit_mb=kw["memory_limit"])
+    return result, note
+
+
+def _emit(report: dict, output: str | None, text_output: str | None = None) -> None:
+    from ..api import format_text
+    from ..store import write_text_atomic
+
+    text = format_text(report)
+    click.echo(text, nl=False)
+    shared.write_json(output, report)
+    if text_output:
+        write_text_atomic(text_output, text)
+
+
+@click.command()
+@shared.inputs
+@shared.ks
+@shared.ap
+@shared.output
+def evaluate(ks, ap, output, **kw):
+    """Rank and score in one go; print the text report, write the JSON report."""
+    from ..api import result_from_ranks
+
+    ranks, note = _rank(kw, progress=False)
+    _emit(result_from_ranks(ranks, ks=ks, ap=ap).to_json(), output)
+    if note:
+        click.echo(note, err=True)
+
+
+@click.command(name="rank")
+@shared.inputs
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Ranks store to write (Zarr, written atomically).")
+def rank(out, **kw):
+    """Compute the ranks store that every metric is computed from."""
+    from ..store import write_ranks
+
+    result, note = _rank(kw, progress=True)
+    attrs = dict(result.attrs)
+    for side in ("query", "gallery"):
+        attrs[f"{side}_embeddings"] = _provenance(kw[f"{side}_embeddings"])
+        attrs[f"{side}_manifest"] = str(kw[side])
+    write_ranks(out, result.arrays(), attrs)
+    click.echo(f"{out}: {attrs['num_queries']} queries ranked, {attrs['num_skipped']} skipped")
+    if note:
+        click.echo(note, err=True)
+
+
+def _provenance(path: str) -> dict:
+    """The attributes of a rankwise embedding store, or just the file name."""
+    import zarr
+
+    if Path(path).is_dir():
+        try:
+            attrs = dict(zarr.open_group(path, mode="r").attrs)
+            return {k: v for k, v in attrs.items() if k != "complete"} | {"path": str(path)}
+        except Exception:  # a bare Zarr array has no group attributes
+            pass
+    return {"path": str(path)}
+
+
+@click.command()
+@click.argument("ranks", type=click.Path())
+@shared.ks
+@shared.ap
+@shared.output
+@click.option("--text-output", type=click.Path(dir_okay=False),
+              help="Write the text report here too.")
+def metrics(ranks, ks, ap, output, text_output):
+    """Score a ranks store: print the text report, write the JSON report (+ provenance)."""
+    from ..api import REPORT_KEYS, result_from_ranks
+    from ..store import read_ranks
+
+    arrays, attrs = read_ranks(ranks)
+    report = result_from_ranks((arrays, attrs), ks=ks, ap=ap).to_json()
+    assert tuple(report) == REPORT_KEYS
+    report["provenance"] = {k: v for k, v in attrs.items() if k not in ("complete", "kind")}
+    report["provenance"].update({"ks": list(ks), "ap": ap, "ranks": str(ranks)})
+    _emit(report, output, text_output)

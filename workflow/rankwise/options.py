@@ -1,0 +1,524 @@
+"""Option specs: each option's type, default, bounds and help, declared once.
+
+An :class:`Option` is read by every layer that takes the option:
+
+- the library checks a value with ``spec.check(value)``; the message names the
+  parameter: ``query_block must be a positive integer, got 0``;
+- the command line builds its click option with ``spec.click()``; the same check runs
+  while the command line is parsed and names the flag: ``--query-block must be ...``;
+- the config schema's fragment is ``spec.schema()``; config/schema.yaml holds the
+  fragments verbatim (tests/test_options.py compares them; ``python -m
+  rankwise.options --schema`` prints them, ``--check config/schema.yaml`` diffs them).
+
+An :class:`OptionSet` is the options of one loader or encoder kind (declared beside
+the loader / encoder: :data:`rankwise.datasets.LOADERS`, :data:`rankwise.demo.OPTIONS`,
+:data:`rankwise.encoders.OPTIONS`): ``check(options)`` fills in the defaults, refuses
+unknown and missing keys and checks each value (``pixels: option size must be ...``).
+
+This module declares the options shared by the commands, the library and the config:
+evaluation (protocol, distance, ks, ...), engine (query_block, gallery_chunk, ...),
+statistics and report options. It imports only the standard library and the
+protocol registry, so ``rankwise --help`` can read it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+from .errors import RankwiseError
+from .registry import PROTOCOLS
+
+#: Bootstrap resamples (and random sign flips) of every interval and paired test, in
+#: ``rankwise ci``, ``compare`` and ``report`` and their library functions.
+DEFAULT_RESAMPLES = 10_000
+
+_KINDS = ("integer", "number", "string", "boolean", "enum", "size", "cutoffs", "labels",
+          "numbers", "object")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its name (the parameter / config key; the flag is ``--name-with-dashes``),
+    kind, default, bounds and help.
+
+    ``kind``: ``integer``, ``number``, ``string``, ``boolean``, ``enum`` (``choices``),
+    ``size`` (``[height, width]``, positive integers), ``cutoffs`` (positive integers,
+    ``"1,5,10"`` on the command line), ``labels`` (strings, ``"-1,0"`` on the command
+    line), ``numbers`` (``length`` numbers, each within the bounds), ``object`` (a
+    mapping). ``minimum`` / ``maximum`` are inclusive, ``above`` / ``below`` exclusive.
+    ``nullable``: ``None`` is a value (meaning "automatic" / "not given").
+    ``required``: no default; a loader / encoder must be given this key.
+    ``noun``: for choices with a name of their own (``protocol``), the message lists
+    them as ``unknown protocol 'x'; valid protocols: ...``.
+    ``rule``: the wording of the bound in messages, where one reads better than the
+    generated one (``at least 1``); ``unit`` completes a number's (``a positive number
+    of MB``).
+    ``schema_default``: write ``default:`` in the schema (the workflow fills some keys in
+    itself, e.g. a manifest loader's protocol).
+    """
+
+    name: str
+    kind: str
+    default: Any = None
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    below: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+    required: bool = False
+    length: int | None = None
+    noun: str | None = None
+    rule: str | None = None
+    unit: str | None = None
+    schema_default: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"option {self.name}: unknown kind {self.kind!r}")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    # ------------------------------------------------------------ checking
+
+    def _bounds(self) -> str:
+        """The bound, in words: ``a positive integer``, ``between 0 and 1 (exclusive)``."""
+        if self.rule:
+            return self.rule
+        lo, hi, above, below = self.minimum, self.maximum, self.above, self.below
+        if self.kind == "integer":
+            if lo is not None and hi is not None:
+                return f"an integer in {_fmt(lo)}..{_fmt(hi)}"
+            if lo == 1:
+                return "a positive integer"
+            if lo == 0:
+                return "a non-negative integer"
+            return f"an integer >= {_fmt(lo)}" if lo is not None else "an integer"
+        unit = f" of {self.unit}" if self.unit else ""
+        if above is not None and below is not None:
+            return f"between {_fmt(above)} and {_fmt(below)} (exclusive)"
+        if above is not None and hi is not None:
+            return f"a number in ({_fmt(above)}, {_fmt(hi)}]"
+        if above == 0 and hi is None:
+            return f"a positive number{unit}"
+        if lo == 0 and hi is None:
+            return f"a non-negative number{unit}"
+        parts = [f">= {_fmt(lo)}" if lo is not None else None,
+                 f"> {_fmt(above)}" if above is not None else None,
+                 f"<= {_fmt(hi)}" if hi is not None else None,
+                 f"< {_fmt(below)}" if below is not None else None]
+        return " ".join([f"a number{unit}", " and ".join(p for p in parts if p)]).strip()
+
+    def _in_bounds(self, x: float) -> bool:
+        return not (math.isnan(x)
+                    or (self.minimum is not None and x < self.minimum)
+                    or (self.maximum is not None and x > self.maximum)
+                    or (self.above is not None and x <= self.above)
+                    or (self.below is not None and x >= self.below))
+
+    def check(self, value: Any, label: str | None = None) -> Any:
+        """``value`` checked and normalised (tuple for sequences, int for integers).
+
+        ``label`` names the option in the message (default: its name); the CLI passes
+        the flag, an option set ``<owner>: option <name>``.
+        """
+        label = label or self.name
+        if value is None and self.nullable:
+            return None
+
+        def bad(what: str) -> RankwiseError:
+            return RankwiseError(f"{label} must be {what}, got {value!r}")
+
+        kind = self.kind
+        if kind == "integer":
+            if not _is_int(value) or not self._in_bounds(value):
+                raise bad(self._bounds())
+            return int(value)
+        if kind == "number":
+            if not _is_number(value) or not self._in_bounds(float(value)):
+                raise bad(self._bounds())
+            return value
+        if kind == "string":
+            if not isinstance(value, str):
+                raise bad("a string")
+            return value
+        if kind == "boolean":
+            if not isinstance(value, bool):
+                raise bad("true or false")
+            return value
+        if kind == "enum":
+            if value not in self.choices:
+                if self.noun is None:
+                    raise bad(f"one of {', '.join(self.choices)}")
+                prefix = "" if label == self.name else f"{label}: "
+                raise RankwiseError(f"{prefix}unknown {self.noun} {value!r}; valid "
+                                    f"{self.noun}s: {', '.join(self.choices)}")
+            return value
+        if kind == "size":
+            if not (isinstance(value, (list, tuple)) and len(value) == 2
+                    and all(_is_int(v) and v > 0 for v in value)):
+                raise bad("[height, width] (two positive integers)")
+            return (int(value[0]), int(value[1]))
+        if kind == "numbers":
+            if not (isinstance(value, (list, tuple)) and len(value) == self.length
+                    and all(_is_number(v) and self._in_bounds(float(v)) for v in value)):
+                each = "" if self.above is None else f" (each > {_fmt(self.above)})"
+                raise bad(f"a list of {self.length} numbers{each}")
+            return tuple(value)
+        if kind == "object":
+            if not isinstance(value, dict):
+                raise bad("an object")
+            return value
+        if kind == "cutoffs":
+            return parse_cutoffs(value, label)
+        # labels
+        if isinstance(value, str):
+            return tuple(j.strip() for j in value.split(",") if j.strip())
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(v, str) or _is_int(v) for v in value):
+            raise bad("a list of labels")
+        return tuple(str(v) for v in value)
+
+    # ------------------------------------------------------------ schema
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON-schema fragment of this option (config/schema.yaml holds it)."""
+        node: dict[str, Any]
+        kind = self.kind
+        if kind in ("integer", "number", "string", "boolean", "object"):
+            node = {"type": [kind, "null"] if self.nullable else kind}
+            for key, bound in (("minimum", self.minimum), ("maximum", self.maximum),
+                               ("exclusiveMinimum", self.above),
+                               ("exclusiveMaximum", self.below)):
+                if bound is not None:
+                    node[key] = bound
+        elif kind == "enum":
+            node = {"enum": list(self.choices) + ([None] if self.nullable else [])}
+        elif kind == "size":
+            node = ({"anyOf": [{"type": "null"}, {"$ref": "#/$defs/size"}]} if self.nullable
+                    else {"$ref": "#/$defs/size"})
+        elif kind == "numbers":
+            item: dict[str, Any] = {"type": "number"}
+            for key, bound in (("minimum", self.minimum), ("exclusiveMinimum", self.above)):
+                if bound is not None:
+                    item[key] = bound
+            node = {"type": "array", "items": item, "minItems": self.length,
+                    "maxItems": self.length}
+        elif kind == "cutoffs":
+            node = {"type": "array", "items": {"type": "integer", "minimum": 1},
+                    "minItems": 1, "uniqueItems": True}
+        else:  # labels
+            node = {"type": "array", "items": {"type": ["string", "integer"]}}
+        if not self.required and self.schema_default:
+            node["default"] = _json_value(self.default)
+        if self.help:
+            node["description"] = self.help
+        return node
+
+    # ------------------------------------------------------------ command line
+
+    def click(self, *, default: Any = ..., help: str | None = None, flag: str | None = None,
+              **extra: Any) -> Callable:
+        """A click option for this spec: same default and check, messages name the flag.
+
+        ``default=None`` makes the option optional on the command line ("automatic");
+        ``extra`` goes to :func:`click.option` (``metavar``, ``type`` for paths...).
+        """
+        import click
+
+        flag = flag or self.flag
+        spec = self if default is ... else replace(self, nullable=self.nullable or
+                                                  default is None)
+        value = self.default if default is ... else default
+        types = {"integer": click.INT, "number": click.FLOAT, "boolean": click.BOOL}
+        if self.kind in ("cutoffs", "labels") and isinstance(value, (list, tuple)):
+            value = ",".join(str(v) for v in value)
+        metavar = extra.pop("metavar", None)
+        if metavar is None and self.kind == "enum":
+            metavar = "[" + "|".join(self.choices) + "]"
+
+        def callback(ctx, param, raw):
+            return spec.check(raw, flag)
+
+        return click.option(flag, self.name, default=value, show_default=value is not None,
+                            type=extra.pop("type", types.get(self.kind)), metavar=metavar,
+                            callback=callback, help=help if help is not None else self.help,
+                            **extra)
+
+
+def _json_value(value: Any) -> Any:
+    """Tuples as lists: schema defaults are JSON values."""
+    if isinstance(value, tuple):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def parse_cutoffs(value: Any, label: str = "ks") -> tuple[int, ...]:
+    """``"1,5,10"`` or an iterable -> sorted unique positive ints, else a clear error."""
+    if not isinstance(value, (str, list, tuple)):
+        raise RankwiseError(f"{label} must be positive integers separated by commas "
+                            f"(e.g. 1,5,10); got {value!r}")
+    items = value.split(",") if isinstance(value, str) else list(value)
+    ks = []
+    for item in items:
+        token = str(item).strip()
+        if not re.fullmatch(r"\+?\d+", token) or int(token) < 1:
+            raise RankwiseError(f"{label} must be positive integers separated by commas "
+                                f"(e.g. 1,5,10); got {token!r} in {value!r}")
+        ks.append(int(token))
+    if not ks:
+        raise RankwiseError(f"{label} is empty; give at least one cutoff, e.g. 1,5,10")
+    return tuple(sorted(set(ks)))
+
+
+@dataclass(frozen=True)
+class OptionSet:
+    """The options of one loader or encoder kind (``owner``), checked together."""
+
+    owner: str
+    options: tuple[Option, ...]
+    description: str = ""
+    #: extra keys of the schema object (e.g. a ``description`` of alternatives)
+    schema_extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.options if o.required)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """``{name: default}`` of the options that have one (JSON values)."""
+        return {o.name: _json_value(o.default) for o in self.options if not o.required}
+
+    def __getitem__(self, name: str) -> Option:
+        return next(o for o in self.options if o.name == name)
+
+    def check(self, options: dict[str, Any] | None) -> dict[str, Any]:
+        """Defaults filled in, every value checked; unknown or missing keys are errors.
+
+        Values keep their JSON form (lists, not tuples): they are recorded in stores.
+        """
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise RankwiseError(f"{self.owner}: options must be a JSON object, got {options!r}")
+        names = [o.name for o in self.options]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise RankwiseError(f"{self.owner}: unknown option(s) {', '.join(unknown)}; valid "
+                                f"options: {', '.join(sorted(names)) or 'none'}")
+        missing = [k for k in self.required if options.get(k) in (None, "")]
+        if missing:
+            raise RankwiseError(f"{self.owner}: missing option(s) {', '.join(missing)}; add "
+                                "them to the options")
+        merged = {**self.defaults, **options}
+        for option in self.options:
+            option.check(merged[option.name], f"{self.owner}: option {option.name}")
+        return merged
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON-schema object of these options."""
+        node: dict[str, Any] = {"type": "object", "additionalProperties": False}
+        if self.description:
+            node["description"] = self.description
+        node.update(self.schema_extra)
+        if self.required:
+            node["required"] = list(self.required)
+        node["properties"] = {o.name: o.schema() for o in self.options}
+        return node
+
+
+def group(*options: Option) -> dict[str, Option]:
+    """``{name: option}`` in declaration order."""
+    return {o.name: o for o in options}
+
+
+# ---------------------------------------------------------------- evaluation
+
+PROTOCOL = Option("protocol", "enum", "recall", choices=PROTOCOLS, noun="protocol",
+                  help="who is ranked and who is relevant, per query")
+DISTANCE = Option("distance", "enum", "cosine", choices=("cosine", "euclidean"),
+                  noun="distance", help="cosine = 1 - cos (L2-normalised); euclidean = L2")
+KS = Option("ks", "cutoffs", (1, 5, 10), help="cutoffs of recall@K / rankK / acc@K")
+GAP_FRAMES = Option("gap_frames", "integer", 1, minimum=1,
+                    help="reassociation, candidates at frame + gap_frames")
+JUNK_LABELS = Option("junk_labels", "labels", ("-1",),
+                     help="reid, gallery labels removed before ranking")
+AP = Option("ap", "enum", "standard", choices=("standard", "trapezoid"), noun="AP variant",
+            help="AP variant: standard, or the official Market-1501 trapezoid")
+
+#: The options of a dataset entry in the config that say how it is evaluated.
+EVALUATION = group(PROTOCOL, DISTANCE, KS, GAP_FRAMES, JUNK_LABELS, AP)
+
+# ---------------------------------------------------------------- engine
+
+THREADS = Option("threads", "integer", 2, minimum=1, help="threads per encode/rank job")
+QUERY_BLOCK = Option("query_block", "integer", 1024, minimum=1, help="queries per tile")
+GALLERY_CHUNK = Option("gallery_chunk", "integer", 8192, minimum=1,
+                       help="gallery rows per tile")
+BATCH_SIZE = Option("batch_size", "integer", 64, minimum=1, help="images per encoder batch")
+SCHEDULER = Option("scheduler", "string", None, nullable=True,
+                   help="dask.distributed scheduler address; null = local threads")
+WORKERS = Option("workers", "integer", None, minimum=1, nullable=True,
+                 help="threads of the rank job; null = all cores")
+MEMORY_LIMIT = Option("memory_limit", "number", None, above=0, nullable=True, unit="MB",
+                      help="MB; refuse to start when the estimated peak exceeds it")
+
+#: The config's ``engine:`` keys (none of them changes a number).
+ENGINE = group(THREADS, QUERY_BLOCK, GALLERY_CHUNK, BATCH_SIZE, SCHEDULER)
+
+# ---------------------------------------------------------------- statistics and report
+
+RESAMPLES = Option("resamples", "integer", DEFAULT_RESAMPLES, minimum=1,
+                   help="bootstrap resamples (and random sign flips)")
+SEED = Option("seed", "integer", 0, minimum=0, help="seed of the resampling")
+CONFIDENCE = Option("confidence", "number", 0.95, above=0, below=1,
+                    help="coverage of the percentile bootstrap interval")
+BY = Option("by", "enum", "query", choices=("query", "identity"),
+            help="resample queries (sketches for progressive), or identities with all "
+                 "their queries")
+EXACT_MAX = Option("exact_max", "integer", 16, minimum=0, maximum=20,
+                   help="enumerate all 2^n sign flips when there are at most this many "
+                        "queries (identities)")
+
+TITLE = Option("title", "string", "rankwise report", help="heading of the report")
+CMC_MAX_RANK = Option("cmc_max_rank", "integer", 50, minimum=1, rule="at least 1",
+                      help="CMC curves cover ranks 1..cmc_max_rank")
+REPORT_RESAMPLES = replace(RESAMPLES, minimum=0,
+                           rule="a non-negative integer (0: no intervals or tests)",
+                           help="bootstrap resamples per 95% interval (the tests use at least "
+                                "as many); 0 = no intervals or tests")
+WORST_QUERIES = Option("worst_queries", "integer", 5, minimum=0,
+                       rule="a non-negative integer (0: none)",
+                       help="lowest-AP queries (lowest m@B sketches) listed per dataset; "
+                            "0 = none")
+WORST_ENCODERS = Option("worst_encoders", "enum", "best", choices=("best", "all"),
+                        help="whose worst queries are listed; best = highest headline metric "
+                             "of the dataset")
+TOP_K = Option("top_k", "integer", 10, minimum=1, rule="at least 1",
+               help="gallery items shown per worst query")
+
+#: The config's ``report:`` keys (``rankwise report`` options).
+REPORT = group(TITLE, CMC_MAX_RANK, REPORT_RESAMPLES, SEED, BY, WORST_QUERIES,
+               WORST_ENCODERS, TOP_K)
+
+
+# ---------------------------------------------------------------- schema fragments
+
+def schema_fragments() -> dict[tuple[str, ...], Any]:
+    """Every generated part of config/schema.yaml: ``{key path: fragment}``."""
+    from .datasets import LOADERS
+    from .encoders import OPTIONS as ENCODERS
+
+    def branches(key: str, names: Sequence[str], prefix: str) -> list[dict[str, Any]]:
+        return [{"if": {"properties": {key: {"const": name}}},
+                 "then": {"properties": {"options": {
+                     "$ref": f"#/$defs/{prefix}_{name.replace('-', '_')}"}}}}
+                for name in names]
+
+    fragments: dict[tuple[str, ...], Any] = {
+        ("properties", "engine", "properties"): {n: o.schema() for n, o in ENGINE.items()},
+        ("properties", "report", "properties"): {n: o.schema() for n, o in REPORT.items()},
+        ("$defs", "dataset", "properties", "loader", "enum"): list(LOADERS),
+        ("$defs", "dataset", "allOf"): branches("loader", list(LOADERS), "loader"),
+        ("$defs", "encoder", "properties", "kind", "enum"): list(ENCODERS),
+        ("$defs", "encoder", "allOf"): branches("kind", list(ENCODERS), "encoder"),
+    }
+    for name, option in EVALUATION.items():
+        fragments[("$defs", "dataset", "properties", name)] = option.schema()
+    for name, loader in LOADERS.items():
+        fragments[("$defs", f"loader_{name.replace('-', '_')}")] = loader.options.schema()
+    for kind, options in ENCODERS.items():
+        fragments[("$defs", f"encoder_{kind.replace('-', '_')}")] = options.schema()
+    return fragments
+
+
+def schema_differences(schema: dict[str, Any]) -> list[str]:
+    """Key paths whose fragment in ``schema`` differs from the generated one."""
+    wrong = []
+    for path, expected in schema_fragments().items():
+        node: Any = schema
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node != expected:
+            wrong.append(".".join(path))
+    return wrong
+
+
+def dump_yaml(node: Any, indent: int = 0, width: int = 110) -> str:
+    """YAML in config/schema.yaml's style: a mapping or list on one line (flow style)
+    when it fits in ``width`` columns, else one key per line."""
+    import yaml
+
+    pad = " " * indent
+
+    def flow(value: Any) -> str:
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6,
+                              sort_keys=False).strip().removesuffix("\n...").strip()
+
+    lines = []
+    items = node.items() if isinstance(node, dict) else [(None, v) for v in node]
+    for key, value in items:
+        head = f"{pad}{flow(key)}:" if key is not None else f"{pad}-"
+        text = flow(value)
+        fits = len(head) + 1 + len(text) <= width
+        if key is None and isinstance(value, dict) and len(value) > 1:
+            fits = False  # list items of several keys: one key per line, like their siblings
+        if not isinstance(value, (dict, list)) or not value or fits:
+            lines.append(f"{head} {text}")
+        elif key is None and isinstance(value, dict):  # "- key: ..." then the other keys
+            block = dump_yaml(value, indent + 2, width).splitlines()
+            lines.append(f"{pad}- {block[0].lstrip()}")
+            lines.extend(block[1:])
+        else:
+            lines.append(head)
+            lines.append(dump_yaml(value, indent + 2, width).rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="python -m rankwise.options",
+                                     description="The config schema's generated fragments.")
+    parser.add_argument("--schema", action="store_true",
+                        help="print every generated fragment (YAML), keyed by its path")
+    parser.add_argument("--check", metavar="SCHEMA",
+                        help="list the fragments of SCHEMA (config/schema.yaml) that differ")
+    args = parser.parse_args(argv)
+    if args.check:
+        with open(args.check, encoding="utf-8") as file:
+            wrong = schema_differences(yaml.safe_load(file))
+        for path in wrong:
+            print(f"{args.check}: {path} differs from the option specs; paste the fragment "
+                  "printed by `python -m rankwise.options --schema`")
+        return 1 if wrong else 0
+    for path, fragment in schema_fragments().items():
+        print(f"# {'.'.join(path)}")
+        print(dump_yaml({path[-1]: fragment}), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
