@@ -310,7 +310,8 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
             continue
         option = CHECKPOINT_OPTION[entry["kind"]]
         files = sorted((f for f in glob.glob(os.path.expanduser(pattern), recursive=True)
-                        if os.path.isfile(f)), key=lambda f: natural_key(Path(f).stem))
+                        if os.path.isfile(f)),
+                       key=lambda f: (natural_key(Path(f).stem), natural_key(f)))
         if not files:
             raise ConfigError(["encoders", name, "checkpoints"],
                               f"{pattern!r} matches no file (relative paths start from "
