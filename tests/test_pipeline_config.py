@@ -34,8 +34,10 @@ CONFIG = {
 
 def test_duplicated_key_is_an_error_naming_both_lines(tmp_path):
     file = tmp_path / "my.yaml"
-    file.write_text("encoders:\n  e1:\n    kind: hog\n  e2:\n    kind: hog\n  e1:\n    kind: pixels\n")
-    with pytest.raises(RankwiseError, match=rf"^{file}:6: key 'e1' given twice \(first on line 2\)"):
+    file.write_text("encoders:\n  e1:\n    kind: hog\n  e2:\n    kind: hog\n"
+                    "  e1:\n    kind: pixels\n")
+    with pytest.raises(RankwiseError,
+                       match=rf"^{file}:6: key 'e1' given twice \(first on line 2\)"):
         pc.load_yaml(file)
 
 
@@ -186,8 +188,8 @@ def test_sweep_passes_the_file_as_the_kinds_option(tmp_path, monkeypatch, kind, 
 
 @pytest.mark.parametrize("files, pattern, message", [
     ([], "runs/*.onnx", r"encoders.run.checkpoints: 'runs/\*.onnx' matches no file"),
-    (["a/best.onnx", "b/best.onnx"], "*/best.onnx", "a/best.onnx and b/best.onnx have the same "
-                                                    "stem 'best'"),
+    (["a/best.onnx", "b/best.onnx"], "*/best.onnx",
+     "a/best.onnx and b/best.onnx have the same stem 'best'"),
     (["r/epoch 1.onnx"], "r/*.onnx", "the stem 'epoch 1' cannot be part of an encoder name"),
 ])
 def test_sweep_errors(tmp_path, monkeypatch, files, pattern, message):
@@ -328,7 +330,8 @@ def test_folder_fingerprint_is_recursive(tmp_path):
 
 
 def test_msmt17_fingerprint_follows_list_and_listed_images(tmp_path):
-    for name in ("0000/0000_000_01_0303morning_0015_0.jpg", "0001/0001_000_02_0303morning_0016_0.jpg"):
+    for name in ("0000/0000_000_01_0303morning_0015_0.jpg",
+                 "0001/0001_000_02_0303morning_0016_0.jpg"):
         _image(tmp_path / "test" / name)
     (tmp_path / "list_query.txt").write_text("0000/0000_000_01_0303morning_0015_0.jpg 0\n")
     (tmp_path / "list_gallery.txt").write_text("0001/0001_000_02_0303morning_0016_0.jpg 1\n")

@@ -19,7 +19,7 @@ from helpers import planned_jobs
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from test_pipeline import write_model  # noqa: E402  (a tiny ONNX encoder, 16 x 8 input)
+from test_pipeline import write_model  # noqa: E402  (a tiny ONNX encoder: 16 x 8 -> 12)
 from test_pipeline_trust import error_lines, run_ok, snakemake  # noqa: E402
 
 CONFIG = {

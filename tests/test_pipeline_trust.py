@@ -75,7 +75,7 @@ def snakemake(workdir: Path, config: dict | None, *args: str, profile: bool = Fa
         configfile = workdir / "my.yaml"
         configfile.write_text(yaml.safe_dump(config, sort_keys=False))
         cmd += ["--configfile", str(configfile)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
 
 
 def run_ok(workdir: Path, config: dict | None, *args: str) -> str:

@@ -1,4 +1,4 @@
-"""The pipeline's config, checked before Snakemake builds a job: pure functions for rules/common.smk.
+"""The pipeline's config, checked before any job is built (pure functions for common.smk).
 
 - :func:`load_yaml`: YAML with ``file:line`` syntax errors and duplicated keys as errors
   (a copy-pasted epoch entry that was not renamed would otherwise replace the first).
@@ -23,8 +23,9 @@ import glob
 import hashlib
 import os
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 
@@ -172,7 +173,8 @@ def _describe(error) -> tuple[list[Any], str]:
         key = unknown[0] if unknown else "?"
         return keys + [key], f"unknown key {key!r}{did_you_mean(key, known)}"
     if kind == "enum":
-        return keys, f"{_short(instance)} is not allowed{did_you_mean(instance, error.validator_value)}"
+        hint = did_you_mean(instance, error.validator_value)
+        return keys, f"{_short(instance)} is not allowed{hint}"
     if kind == "required":
         missing = [k for k in error.validator_value
                    if isinstance(instance, dict) and k not in instance]
@@ -185,7 +187,8 @@ def _describe(error) -> tuple[list[Any], str]:
         return keys, (f"name {_short(instance)} cannot be a folder name; use letters, digits "
                       "and _ . + - (not ending in .tmp, .zarr, .json or .txt)")
     if kind == "anyOf":
-        return keys, f"{_short(instance)} is not allowed ({error.schema.get('description') or 'see config/schema.yaml'})"
+        hint = error.schema.get("description") or "see config/schema.yaml"
+        return keys, f"{_short(instance)} is not allowed ({hint})"
     return keys, error.message if len(error.message) <= 160 else error.message[:157] + "..."
 
 
@@ -412,7 +415,7 @@ def _images_below(folder: Path, recursive: bool) -> list[str]:
     if not folder.is_dir():
         return [f"{folder}\tmissing"]
     lines = []
-    for top, dirs, files in os.walk(folder):
+    for top, dirs, files in os.walk(folder, followlinks=True):  # linked sub-trees count
         dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
         for name in files:
             if name.startswith(".") or Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
