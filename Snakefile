@@ -10,9 +10,22 @@
 #   metrics  -> results/metrics/{dataset}/{encoder}.{json,txt}
 #   report   -> results/report.{html,md,json}
 
+import os
+import sys
+
 from snakemake.utils import min_version
 
+from rankwise.errors import RankwiseError
+from rankwise.pipeline_config import load_yaml
+
 min_version("9.0")
+
+# Snakemake's loader names neither file nor line for a YAML syntax error: read it first.
+try:
+    if os.path.isfile("config/config.yaml"):
+        load_yaml("config/config.yaml")
+except RankwiseError as _error:
+    sys.exit(f"error: {_error}")
 
 
 configfile: "config/config.yaml"

@@ -14,30 +14,38 @@ os.environ.update(
     PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 )
 
-# validate() inserts the schema's own `default: {}` object, so entries without `options:`
-# would share one dict and mix their defaults: give each entry its own first.
-for _entry in [*(config.get("datasets") or {}).values(), *(config.get("encoders") or {}).values()]:
-    if isinstance(_entry, dict):
-        _entry.setdefault("options", {})
+from rankwise import pipeline_config
+from rankwise.errors import RankwiseError
 
 # Software: every rule runs the `rankwise` CLI, found on PATH (above) by default; with
 # `--sdm conda` in this environment (path relative to the rules/ files that name it).
 CONDA_ENV = "../envs/rankwise.yaml"
 
-# Once, here: fills every default, rejects unknown keys (additionalProperties: false).
-validate(config, schema="../config/schema.yaml")
+# The config files in Snakemake's merge order: config/config.yaml, then --configfile's.
+_overrides = [str(f) for f in workflow.overwrite_configfiles]
+CONFIG_FILES = [
+    str(f)
+    for f in workflow.configfiles
+    if str(f) not in _overrides and not workflow.config_settings.replace_workflow_config
+] + _overrides
+
+# Checked once, each problem as one line (no traceback) before any job is built: our
+# own schema check (key path, did-you-mean), then validate() fills every default, then
+# sweeps expand and every path the config names must exist.
+try:
+    pipeline_config.check(
+        config, os.path.join(workflow.basedir, "config", "schema.yaml"), CONFIG_FILES
+    )
+    validate(config, schema="../config/schema.yaml")
+    ENCODERS, SWEEPS = pipeline_config.resolve(config, CONFIG_FILES)
+except RankwiseError as _error:
+    sys.exit(f"error: {_error}")
 
 DATASETS = config["datasets"]
-ENCODERS = config["encoders"]
 ENGINE = config["engine"]
 
-for _name, _dataset in DATASETS.items():
-    _unknown = sorted(set(_dataset["encoders"] or []) - set(ENCODERS))
-    if _unknown:
-        raise ValueError(
-            f"config: datasets.{_name}.encoders names {_unknown}, which are not under "
-            f"`encoders:` (defined: {sorted(ENCODERS)}); define them or remove them"
-        )
+# Every rule's shell ends with `|| { s=$?; tail -n 1 LOG >&2; exit $s; }`: a failed job's
+# one-line error (the last line of its log) reaches the terminal, whatever the profile.
 
 
 wildcard_constraints:
@@ -67,20 +75,13 @@ def all_pairs(pattern):
 def encoder_files(wildcards):
     """The files that define an encoder: checkpoint, ONNX model, factory .py, embeddings.
 
-    Files are ancient(): their mtime is ignored and `encoder_hash` (a param) reruns the
-    job when their bytes change. A folder (a Zarr store) is tracked by its mtime.
+    All exist (checked above). Files are ancient(): their mtime is ignored and
+    `encoder_hash` (a param) reruns the job when their bytes change. A folder (a Zarr
+    store) is tracked by its mtime.
     """
-    kind, options = ENCODERS[wildcards.encoder]["kind"], ENCODERS[wildcards.encoder]["options"]
-    if kind == "python":
-        factory_file = options["factory"].rpartition(":")[0]
-        paths = [options["checkpoint"], factory_file if factory_file.endswith(".py") else None]
-    elif kind == "onnx":
-        paths = [options["model"]]
-    elif kind == "precomputed":
-        paths = [options[wildcards.split], options["path"]]
-    else:
-        paths = []
-    return [ancient(p) if os.path.isfile(p) else p for p in paths if p]
+    entry = ENCODERS[wildcards.encoder]
+    paths = pipeline_config.encoder_paths(entry["kind"], entry["options"], wildcards.split)
+    return [ancient(p) if os.path.isfile(p) else p for p in paths]
 
 
 @lru_cache(maxsize=None)
@@ -105,6 +106,19 @@ def encoder_options(wildcards):
 
 
 # ---------------------------------------------------------------- datasets
+
+
+@lru_cache(maxsize=None)
+def dataset_fingerprints(dataset):
+    """split -> digest of what the dataset's loader reads (see pipeline_config)."""
+    return pipeline_config.dataset_fingerprints(
+        DATASETS[dataset]["loader"], DATASETS[dataset]["options"]
+    )
+
+
+def dataset_fingerprint(wildcards):
+    """A param of `prepare`: new data (CSV, images) reruns it, an untouched tree nothing."""
+    return dataset_fingerprints(wildcards.dataset)
 
 
 def dataset_value(key):

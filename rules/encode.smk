@@ -5,11 +5,16 @@ rule prepare:
     output:
         query="results/manifests/{dataset}/query.csv",
         gallery="results/manifests/{dataset}/gallery.csv",
+        # The digest of what the loader read for each split (images by name, size and
+        # mtime): encode reruns when it changes even if the manifest's bytes did not.
+        query_fingerprint="results/manifests/{dataset}/query.fingerprint",
+        gallery_fingerprint="results/manifests/{dataset}/gallery.fingerprint",
     log:
         "logs/manifests/{dataset}.log",
     params:
         loader=dataset_value("loader"),
         options=dataset_options,
+        fingerprint=dataset_fingerprint,
         out_dir=lambda wildcards, output: os.path.dirname(output.query),
     threads: 1
     conda:
@@ -19,11 +24,15 @@ rule prepare:
     shell:
         "rankwise prepare --loader {params.loader} --options {params.options:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }};"
+        " echo {params.fingerprint[query]} > {output.query_fingerprint:q};"
+        " echo {params.fingerprint[gallery]} > {output.gallery_fingerprint:q}"
 
 
 rule encode:
     input:
         manifest="results/manifests/{dataset}/{split}.csv",
+        fingerprint="results/manifests/{dataset}/{split}.fingerprint",
         files=encoder_files,
     output:
         store=directory("results/embeddings/{dataset}/{encoder}/{split}.zarr"),
@@ -45,3 +54,4 @@ rule encode:
         "rankwise encode --manifest {input.manifest:q} --kind {params.kind}"
         " --options {params.options:q} --out {output.store:q}"
         " --batch-size {params.batch_size} --threads {threads} --no-progress > {log:q} 2>&1"
+        " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

@@ -22,3 +22,4 @@ rule metrics:
     shell:
         "rankwise metrics {input.ranks:q} --ks {params.ks} --ap {params.ap}"
         " --output {output.json:q} --text-output {output.text:q} > {log:q} 2>&1"
+        " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

@@ -32,3 +32,4 @@ rule rank:
         " --protocol {params.protocol} --distance {params.distance}"
         " --gap-frames {params.gap_frames} --junk-labels {params.junk_labels:q}"
         " {params.engine} --out {output.ranks:q} > {log:q} 2>&1"
+        " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

@@ -42,3 +42,4 @@ rule report:
         " --seed {params.seed} --by {params.by} --worst-queries {params.worst_queries}"
         " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"
         " --html {output.html:q} --md {output.md:q} --json {output.json:q} > {log:q} 2>&1"
+        " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

@@ -324,7 +324,7 @@ def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bo
     hist = np.zeros(len(thr), dtype=np.int64)
     shared = [runner.put(block) for block in blocks]
     groups = _chunk_groups(bounds, gallery, cosine, runner)
-    if options.progress:
+    if options.progress and sys.stderr.isatty():  # a log file would keep a stale 0% bar
         from tqdm import tqdm
         groups = tqdm(groups, desc="rank", unit="chunk-group", leave=False,
                       total=-(-(len(bounds) - 1) // runner.group_size))

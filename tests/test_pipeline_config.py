@@ -1,0 +1,348 @@
+"""rankwise.pipeline_config: the pipeline's config checks, sweeps and dataset fingerprints.
+
+Pure functions, tested directly; tests/test_pipeline_trust.py runs them through Snakemake.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rankwise import RankwiseError
+from rankwise import pipeline_config as pc
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
+
+CONFIG = {
+    "datasets": {
+        "market": {"loader": "demo-market", "options": {"seed": 0}, "protocol": "reid"},
+    },
+    "encoders": {
+        "pixels": {"kind": "pixels", "options": {"size": [16, 8]}},
+        "net": {"kind": "onnx", "options": {"model": "net.onnx"}},
+    },
+}
+
+
+# ---------------------------------------------------------------- YAML
+
+
+def test_duplicated_key_is_an_error_naming_both_lines(tmp_path):
+    file = tmp_path / "my.yaml"
+    file.write_text("encoders:\n  e1:\n    kind: hog\n  e2:\n    kind: hog\n"
+                    "  e1:\n    kind: pixels\n")
+    with pytest.raises(RankwiseError,
+                       match=rf"^{file}:6: key 'e1' given twice \(first on line 2\)"):
+        pc.load_yaml(file)
+
+
+def test_same_key_in_two_mappings_is_fine(tmp_path):
+    file = tmp_path / "my.yaml"
+    file.write_text("a: {options: {seed: 1}}\nb: {options: {seed: 1}}\n")
+    assert pc.load_yaml(file) == {"a": {"options": {"seed": 1}}, "b": {"options": {"seed": 1}}}
+
+
+@pytest.mark.parametrize("text, where", [
+    ("datasets:\n  d:\n    loader: digits\n   protocol: x\n", ":4:4:"),
+    ("a: [1, 2\nb: 3\n", ":2:"),
+    ("a: 'open\n", ":2:"),
+])
+def test_yaml_syntax_error_names_file_and_line(tmp_path, text, where):
+    file = tmp_path / "my.yaml"
+    file.write_text(text)
+    with pytest.raises(RankwiseError, match=rf"^{file}{where}.* YAML syntax error") as info:
+        pc.load_yaml(file)
+    assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------- schema messages
+
+
+def _error(mutate, files=()) -> str:
+    config = copy.deepcopy(CONFIG)
+    mutate(config)
+    with pytest.raises(RankwiseError) as info:
+        pc.check_config(config, SCHEMA, files=files)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["datasets"]["market"].update(protocl="reid"),
+     "datasets.market.protocl: unknown key 'protocl'; did you mean 'protocol'?"),
+    (lambda c: c["datasets"]["market"].update(distanse="cosine"),
+     "datasets.market.distanse: unknown key 'distanse'; did you mean 'distance'?"),
+    (lambda c: c["datasets"]["market"]["options"].update(identites=4),
+     "datasets.market.options.identites: unknown key 'identites'; did you mean 'identities'?"),
+    (lambda c: c["encoders"]["net"]["options"].update(inputsize=[2, 2]),
+     "encoders.net.options.inputsize: unknown key 'inputsize'; did you mean 'input_size'?"),
+    (lambda c: c.update(engin={}), "engin: unknown key 'engin'; did you mean 'engine'?"),
+    (lambda c: c["datasets"]["market"].update(loader="demo-markt"),
+     "datasets.market.loader: 'demo-markt' is not allowed; did you mean 'demo-market'?"),
+    (lambda c: c["encoders"]["net"].update(kind="onx"),
+     "encoders.net.kind: 'onx' is not allowed; did you mean 'onnx'?"),
+    (lambda c: c["datasets"]["market"].update(protocol="reidd"),
+     "datasets.market.protocol: 'reidd' is not allowed; did you mean 'reid'?"),
+    (lambda c: c["datasets"]["market"].update(ks=[1, "five"]),
+     "datasets.market.ks[1]: expected integer, got 'five'"),
+    (lambda c: c["encoders"]["net"]["options"].pop("model"),
+     "encoders.net.options: missing key 'model'; add it"),
+    (lambda c: c["encoders"].update({"my net": {"kind": "hog"}}),
+     "encoders: name 'my net' cannot be a folder name"),
+])
+def test_schema_errors_are_one_line_with_the_key_path(mutate, message):
+    text = _error(mutate)
+    assert text.startswith("config: " + message), text
+    assert "\n" not in text and len(text) < 300
+
+
+def test_unknown_key_without_a_close_match_lists_the_valid_keys():
+    text = _error(lambda c: c["datasets"]["market"].update(zzz=1))
+    assert "unknown key 'zzz'; valid: ap, distance, encoders, gap_frames" in text
+
+
+def test_error_names_the_file_and_line_that_set_the_key(tmp_path):
+    base, mine = tmp_path / "config.yaml", tmp_path / "mine.yaml"
+    base.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    mine.write_text("datasets:\n  market:\n    loader: demo-market\n    distanse: cosine\n")
+    config = copy.deepcopy(CONFIG)
+    config["datasets"]["market"]["distanse"] = "cosine"
+    with pytest.raises(RankwiseError, match=rf"^{mine}:4: datasets.market.distanse: "):
+        pc.check_config(config, SCHEMA, files=[base, mine])
+
+
+def test_shipped_schema_accepts_the_config_and_a_sweep():
+    config = copy.deepcopy(CONFIG)
+    config["encoders"]["run"] = {"kind": "onnx", "checkpoints": "runs/*.onnx"}
+    pc.mark_sweeps(config["encoders"])
+    pc.check_config(config, SCHEMA)
+    assert config["encoders"]["run"]["options"]["model"] == pc.SWEEP_PLACEHOLDER
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"kind": "hog", "checkpoints": "x/*.pth"},
+     "encoders.e.checkpoints: kind 'hog' reads no checkpoint file"),
+    ({"kind": "onnx", "checkpoints": "x/*.onnx", "options": {"model": "a.onnx"}},
+     "encoders.e.options.model: give either checkpoints or this option, not both"),
+])
+def test_bad_sweep_entries(entry, message):
+    with pytest.raises(RankwiseError, match="^" + message):
+        pc.mark_sweeps({"e": entry})
+
+
+def test_unknown_encoder_of_a_dataset_has_a_suggestion():
+    datasets = {"market": {"encoders": ["pixles"]}}
+    with pytest.raises(RankwiseError, match=r"datasets.market.encoders: 'pixles' is not under "
+                                            r"`encoders:`; did you mean 'pixels'\?"):
+        pc.check_dataset_encoders(datasets, {"pixels": {}}, {})
+
+
+# ---------------------------------------------------------------- sweeps
+
+
+def test_natural_order():
+    stems = ["epoch_10", "epoch_2", "epoch_1", "best", "epoch_100", "Epoch_3"]
+    assert sorted(stems, key=pc.natural_key) == ["best", "epoch_1", "epoch_2", "Epoch_3",
+                                                 "epoch_10", "epoch_100"]
+
+
+def _touch(*paths):
+    for path in paths:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(b"x")
+
+
+def test_sweep_expands_in_place_in_natural_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _touch("runs/epoch_10.onnx", "runs/epoch_2.onnx", "runs/epoch_1.onnx", "runs/notes.txt")
+    encoders = {
+        "a": {"kind": "hog", "options": {}},
+        "run": {"kind": "onnx", "checkpoints": "runs/*.onnx",
+                "options": {"model": pc.SWEEP_PLACEHOLDER, "input_size": [16, 8]}},
+        "z": {"kind": "pixels", "options": {}},
+    }
+    expanded, sweeps = pc.expand_checkpoints(encoders)
+    names = ["run@epoch_1", "run@epoch_2", "run@epoch_10"]
+    assert list(expanded) == ["a", *names, "z"]
+    assert sweeps == {"run": names}
+    assert expanded["run@epoch_10"] == {"kind": "onnx", "options": {
+        "model": "runs/epoch_10.onnx", "input_size": [16, 8]}}
+    assert "checkpoints" in encoders["run"]  # the input is not mutated
+    assert pc.expand_names(["z", "run"], sweeps) == ["z", *names]
+    assert pc.expand_names(["run@epoch_2"], sweeps) == ["run@epoch_2"]
+    assert pc.expand_names(None, sweeps) is None
+
+
+@pytest.mark.parametrize("kind, option", sorted(pc.CHECKPOINT_OPTION.items()))
+def test_sweep_passes_the_file_as_the_kinds_option(tmp_path, monkeypatch, kind, option):
+    monkeypatch.chdir(tmp_path)
+    _touch("w/e1.bin")
+    expanded, _ = pc.expand_checkpoints({"s": {"kind": kind, "checkpoints": "w/*.bin",
+                                               "options": {}}})
+    assert expanded["s@e1"]["options"] == {option: "w/e1.bin"}
+
+
+@pytest.mark.parametrize("files, pattern, message", [
+    ([], "runs/*.onnx", r"encoders.run.checkpoints: 'runs/\*.onnx' matches no file"),
+    (["a/best.onnx", "b/best.onnx"], "*/best.onnx",
+     "a/best.onnx and b/best.onnx have the same stem 'best'"),
+    (["r/epoch 1.onnx"], "r/*.onnx", "the stem 'epoch 1' cannot be part of an encoder name"),
+])
+def test_sweep_errors(tmp_path, monkeypatch, files, pattern, message):
+    monkeypatch.chdir(tmp_path)
+    _touch(*files)
+    with pytest.raises(RankwiseError, match=message):
+        pc.expand_checkpoints({"run": {"kind": "onnx", "checkpoints": pattern, "options": {}}})
+
+
+# ---------------------------------------------------------------- paths
+
+
+@pytest.mark.parametrize("kind, options, split, expected", [
+    ("onnx", {"model": "m.onnx", "input_size": None}, "query", ["m.onnx"]),
+    ("python", {"factory": "nets/f.py:build", "checkpoint": "w.pth"}, "query",
+     ["w.pth", "nets/f.py"]),
+    ("python", {"factory": "torchvision.models:resnet18", "checkpoint": None}, "query", []),
+    ("precomputed", {"query": "q.npy", "gallery": "g.npy", "path": None}, "gallery", ["g.npy"]),
+    ("precomputed", {"query": None, "gallery": None, "path": "all.npy"}, "query", ["all.npy"]),
+    ("timm", {"checkpoint": "t.pth"}, "query", ["t.pth"]),
+    ("torchscript", {"model": "s.pt"}, "query", ["s.pt"]),
+    ("hog", {"size": [8, 8]}, "query", []),
+])
+def test_encoder_paths(kind, options, split, expected):
+    assert pc.encoder_paths(kind, options, split) == expected
+
+
+def _resolved(datasets, encoders):
+    config = {"datasets": datasets, "encoders": encoders}
+    for dataset in datasets.values():
+        dataset.setdefault("encoders", None)
+    return pc.resolve(config)
+
+
+@pytest.mark.parametrize("dataset, encoder, message", [
+    ({"loader": "market1501", "options": {"root": "data/Market"}}, None,
+     "datasets.d.options.root: folder data/Market not found"),
+    ({"loader": "manifest", "options": {"query": "q.csv", "gallery": "g.csv"}}, None,
+     "datasets.d.options.query: file q.csv not found"),
+    ({"loader": "folder", "options": {"query_dir": "q", "gallery_dir": "g", "root": None}}, None,
+     "datasets.d.options.query_dir: folder q not found"),
+    (None, {"kind": "onnx", "options": {"model": "runs/epoch_3.onnx"}},
+     "encoders.e.options.model: runs/epoch_3.onnx not found"),
+    (None, {"kind": "precomputed", "options": {"query": "emb/q.npy", "gallery": "g.npy",
+                                                "path": None}},
+     "encoders.e.options.query: emb/q.npy not found"),
+    (None, {"kind": "python", "options": {"factory": "nets/model.py:build",
+                                          "checkpoint": None}},
+     "encoders.e.options.factory: nets/model.py not found"),
+    (None, {"kind": "python", "options": {"factory": "m:f", "checkpoint": "w.pth"}},
+     "encoders.e.options.checkpoint: w.pth not found"),
+])
+def test_a_missing_path_is_an_error_naming_entry_and_path(tmp_path, monkeypatch, dataset,
+                                                           encoder, message):
+    monkeypatch.chdir(tmp_path)
+    datasets = {"d": dataset or {"loader": "digits", "options": {}}}
+    encoders = {"e": encoder or {"kind": "hog", "options": {}}}
+    with pytest.raises(RankwiseError, match="^" + message) as info:
+        _resolved(datasets, encoders)
+    assert f"relative paths start from {tmp_path}" in str(info.value)
+
+
+def test_existing_paths_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _touch("q.csv", "g.csv", "m.onnx", "emb/q.npy", "emb/g.zarr/zarr.json")
+    encoders, sweeps = _resolved(
+        {"d": {"loader": "manifest", "options": {"query": "q.csv", "gallery": "g.csv"}}},
+        {"e": {"kind": "onnx", "options": {"model": "m.onnx"}},
+         "p": {"kind": "precomputed", "options": {"query": "emb/q.npy",
+                                                  "gallery": "emb/g.zarr", "path": None}}})
+    assert list(encoders) == ["e", "p"] and sweeps == {}
+
+
+# ---------------------------------------------------------------- fingerprints
+
+
+def _image(path: Path, value: int = 0, size: int = 4) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes([value]) * size)
+
+
+def _market(root: Path) -> None:
+    _image(root / "query" / "0001_c1s1_000010_00.jpg")
+    _image(root / "bounding_box_test" / "0001_c2s1_000020_00.jpg")
+    _image(root / "bounding_box_test" / "0002_c2s1_000030_00.jpg")
+
+
+def test_market_fingerprint_follows_each_splits_folder(tmp_path):
+    _market(tmp_path)
+    options = {"root": str(tmp_path), "query_folder": "query",
+               "gallery_folder": "bounding_box_test"}
+    first = pc.dataset_fingerprints("market1501", options)
+    assert pc.dataset_fingerprints("market1501", options) == first  # untouched: same
+    (tmp_path / "bounding_box_test" / "notes.txt").write_text("not an image")
+    assert pc.dataset_fingerprints("market1501", options) == first
+    _image(tmp_path / "bounding_box_test" / "0003_c1s1_000040_00.jpg")  # added
+    added = pc.dataset_fingerprints("market1501", options)
+    assert added["query"] == first["query"] and added["gallery"] != first["gallery"]
+    _image(tmp_path / "query" / "0001_c1s1_000010_00.jpg", size=5)  # rewritten, same name
+    rewritten = pc.dataset_fingerprints("market1501", options)
+    assert rewritten["query"] != added["query"] and rewritten["gallery"] == added["gallery"]
+
+
+def test_fingerprint_uses_mtime_not_bytes_for_images(tmp_path):
+    _market(tmp_path)
+    options = {"root": str(tmp_path)}
+    first = pc.dataset_fingerprints("market1501", options)
+    image = tmp_path / "query" / "0001_c1s1_000010_00.jpg"
+    stamp = image.stat().st_mtime_ns + 10**9
+    os.utime(image, ns=(stamp, stamp))
+    assert pc.dataset_fingerprints("market1501", options)["query"] != first["query"]
+
+
+def test_manifest_fingerprint_follows_the_csv_and_its_images(tmp_path):
+    _image(tmp_path / "img" / "a.png")
+    _image(tmp_path / "img" / "b.png")
+    query, gallery = tmp_path / "q.csv", tmp_path / "g.csv"
+    query.write_text("id,label,path\nq1,1,img/a.png\n")
+    gallery.write_text("id,label,path\ng1,1,img/b.png\ng2,2,\n")
+    options = {"query": str(query), "gallery": str(gallery)}
+    first = pc.dataset_fingerprints("manifest", options)
+    assert pc.dataset_fingerprints("manifest", options) == first
+    gallery.write_text("id,label,path\ng1,2,img/b.png\ng2,2,\n")  # a label edited
+    edited = pc.dataset_fingerprints("manifest", options)
+    assert edited["gallery"] != first["gallery"] and edited["query"] == first["query"]
+    _image(tmp_path / "img" / "a.png", value=9, size=6)  # new bytes, same name
+    assert pc.dataset_fingerprints("manifest", options)["query"] != edited["query"]
+
+
+def test_folder_fingerprint_is_recursive(tmp_path):
+    _image(tmp_path / "cat" / "1.png")
+    _image(tmp_path / "dog" / "sub" / "2.png")
+    options = {"root": str(tmp_path), "query_dir": None, "gallery_dir": None}
+    first = pc.dataset_fingerprints("folder", options)
+    assert first["query"] == first["gallery"]  # one tree, split by the loader
+    _image(tmp_path / "dog" / "sub" / "3.png")
+    assert pc.dataset_fingerprints("folder", options) != first
+
+
+def test_msmt17_fingerprint_follows_list_and_listed_images(tmp_path):
+    for name in ("0000/0000_000_01_0303morning_0015_0.jpg",
+                 "0001/0001_000_02_0303morning_0016_0.jpg"):
+        _image(tmp_path / "test" / name)
+    (tmp_path / "list_query.txt").write_text("0000/0000_000_01_0303morning_0015_0.jpg 0\n")
+    (tmp_path / "list_gallery.txt").write_text("0001/0001_000_02_0303morning_0016_0.jpg 1\n")
+    options = {"root": str(tmp_path), "images": "auto"}
+    first = pc.dataset_fingerprints("msmt17", options)
+    _image(tmp_path / "test" / "0001/0001_000_02_0303morning_0016_0.jpg", size=8)
+    second = pc.dataset_fingerprints("msmt17", options)
+    assert second["query"] == first["query"] and second["gallery"] != first["gallery"]
+
+
+def test_generated_demo_data_has_a_constant_fingerprint():
+    assert pc.dataset_fingerprints("demo-market", {"seed": 0}) == \
+        pc.dataset_fingerprints("demo-market", {"seed": 1}) == \
+        {"query": "generated", "gallery": "generated"}

@@ -1,0 +1,98 @@
+"""Checkpoint sweeps (issue #10 item 3): `checkpoints: <glob>` in real Snakemake runs.
+
+Two tiny ONNX checkpoints are evaluated; a third file appearing schedules exactly its own
+encode (query, gallery), rank and metrics jobs and the report; a removed file drops out
+of the report.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import planned_jobs
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from test_pipeline import write_model  # noqa: E402  (a tiny ONNX encoder: 16 x 8 -> 12)
+from test_pipeline_trust import error_lines, run_ok, snakemake  # noqa: E402
+
+CONFIG = {
+    "datasets": {
+        "market": {
+            "loader": "demo-market",
+            "options": {"seed": 1, "identities": 6, "cameras": 2, "images_per_camera": 2,
+                        "queries_per_identity": 1, "distractors": 3, "junk": 2,
+                        "height": 16, "width": 8},
+            "protocol": "reid", "ks": [1],
+        },
+    },
+    "encoders": {
+        "run": {"kind": "onnx", "checkpoints": "runs/baseline/epoch_*.onnx",
+                "options": {"input_size": [16, 8]}},
+    },
+    "engine": {"threads": 1},
+    "report": {"resamples": 0, "worst_queries": 0},
+}
+NEW_CHECKPOINT = {"encode": 2, "rank": 1, "metrics": 1, "report": 1, "all": 1}
+
+
+def planned(workdir: Path, config: dict = CONFIG) -> dict[str, int]:
+    return planned_jobs(run_ok(workdir, config, "--dry-run"))
+
+
+def reported(workdir: Path) -> list[str]:
+    doc = json.loads((workdir / "results/report.json").read_text())
+    return [entry["encoder"] for entry in doc["results"]]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sweep")
+    for seed, epoch in enumerate((10, 2)):
+        write_model(path / f"runs/baseline/epoch_{epoch}.onnx", seed=seed)
+    run_ok(path, CONFIG)
+    return path
+
+
+def test_each_file_is_one_encoder_in_natural_order(workdir):
+    assert reported(workdir) == ["run@epoch_2", "run@epoch_10"]
+    doc = json.loads((workdir / "results/report.json").read_text())
+    for entry in doc["results"]:
+        file = workdir / f"runs/baseline/{entry['encoder'].split('@')[1]}.onnx"
+        assert entry["provenance"]["checkpoint_hash"] == hashlib.sha256(
+            file.read_bytes()).hexdigest()
+    assert (workdir / "results/embeddings/market/run@epoch_10/gallery.zarr").is_dir()
+    assert planned(workdir) == {}
+
+
+def test_a_new_checkpoint_runs_only_its_jobs_then_a_removed_one_leaves_the_report(workdir):
+    new = workdir / "runs/baseline/epoch_3.onnx"
+    write_model(new, seed=3)
+    assert planned(workdir) == NEW_CHECKPOINT
+    run_ok(workdir, CONFIG)
+    assert reported(workdir) == ["run@epoch_2", "run@epoch_3", "run@epoch_10"]
+    (workdir / "runs/baseline/epoch_10.onnx").unlink()
+    assert planned(workdir) == {"report": 1, "all": 1}
+    run_ok(workdir, CONFIG)
+    assert reported(workdir) == ["run@epoch_2", "run@epoch_3"]
+
+
+def test_a_dataset_naming_the_entry_gets_the_whole_sweep(workdir):
+    config = copy.deepcopy(CONFIG)
+    config["encoders"]["pixels"] = {"kind": "pixels", "options": {"size": [8, 4]}}
+    config["datasets"]["market"]["encoders"] = ["run"]
+    assert planned(workdir, config) == {}  # every checkpoint of `run`, and not pixels
+
+
+def test_a_glob_matching_nothing_names_the_pattern(workdir):
+    config = copy.deepcopy(CONFIG)
+    config["encoders"]["run"]["checkpoints"] = "runs/baseline/epoch_*.pth"
+    lines = error_lines(snakemake(workdir, config, "--dry-run"))
+    assert len(lines) == 1, lines
+    assert "encoders.run.checkpoints: 'runs/baseline/epoch_*.pth' matches no file" in lines[0]

@@ -1,0 +1,266 @@
+"""The pipeline is never silently stale (issue #13): real Snakemake runs in temporary folders.
+
+- data drive reruns: a new image in a Market-1501 tree, an edited manifest CSV, an image
+  rewritten under the same name rerun exactly that dataset's jobs; untouched data nothing;
+- a path the config names that does not exist stops the run before any job, in one line;
+- a failed job's one-line error reaches the terminal; config errors are one line with the
+  key path and a did-you-mean; YAML syntax errors name file and line; duplicated keys fail;
+- the default profile keeps the output compact; logs hold no stale progress bars.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from helpers import planned_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEFILE = ROOT / "Snakefile"
+
+CONFIG = {
+    "datasets": {
+        # a Market-1501 tree of our own, and the user's own CSVs with their images
+        "mk": {"loader": "market1501", "options": {"root": "data/market"}, "protocol": "reid",
+               "ks": [1]},
+        "own": {"loader": "manifest", "options": {"query": "data/own/query.csv",
+                                                  "gallery": "data/own/gallery.csv"},
+                "ks": [1]},
+        "demo": {"loader": "demo-progressive",
+                 "options": {"seed": 0, "targets": 6, "sketches": 3, "steps": 2, "scale": 1},
+                 "protocol": "progressive", "ks": [1]},
+    },
+    "encoders": {"pixels": {"kind": "pixels", "options": {"size": [8, 4]}}},
+    "engine": {"threads": 1},
+    "report": {"resamples": 0, "worst_queries": 0},
+}
+ONE_DATASET = {"prepare": 1, "encode": 2, "rank": 1, "metrics": 1, "report": 1, "all": 1}
+
+
+def write_image(path: Path, value: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(value).integers(0, 256, size=(16, 8, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+
+
+def write_data(root: Path) -> None:
+    """A 4-person Market-1501 tree, and a 3-label manifest dataset with its images."""
+    for pid in range(1, 5):
+        write_image(root / f"data/market/query/{pid:04d}_c1s1_{pid:06d}_00.png", pid)
+        for cam in (2, 3):
+            write_image(root / f"data/market/bounding_box_test/{pid:04d}_c{cam}s1_{pid:06d}_00.png",
+                        10 * pid + cam)
+    own = root / "data/own"
+    for i in range(6):
+        write_image(own / f"img/{i}.png", 100 + i)
+    (own / "query.csv").write_text("id,label,path\nq0,a,img/0.png\nq1,b,img/1.png\n")
+    (own / "gallery.csv").write_text(
+        "id,label,path\ng2,a,img/2.png\ng3,b,img/3.png\ng4,c,img/4.png\ng5,c,img/5.png\n")
+
+
+def snakemake(workdir: Path, config: dict | None, *args: str, profile: bool = False):
+    """Run Snakemake in `workdir` on `config` (None: the workdir's config/config.yaml)."""
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE),
+           "--directory", str(workdir), "--cores", "2", *args]
+    if not profile:
+        cmd += ["--workflow-profile", "none"]
+    if config is not None:  # last: --configfile takes every argument after it
+        configfile = workdir / "my.yaml"
+        configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+        cmd += ["--configfile", str(configfile)]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+
+
+def run_ok(workdir: Path, config: dict | None, *args: str) -> str:
+    proc = snakemake(workdir, config, *args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def planned(workdir: Path, config: dict = CONFIG) -> dict[str, int]:
+    return planned_jobs(run_ok(workdir, config, "--dry-run"))
+
+
+def error_lines(proc) -> list[str]:
+    """The non-empty output lines of a failed run."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trust")
+    write_data(path)
+    run_ok(path, CONFIG)
+    return path
+
+
+# ---------------------------------------------------------------- data drive reruns
+
+
+def test_untouched_data_reruns_nothing(workdir):
+    assert (workdir / "results/report.json").is_file()
+    assert planned(workdir) == {}
+
+
+def test_a_new_image_in_a_market_tree_reruns_that_dataset_only(workdir):
+    image = workdir / "data/market/bounding_box_test/0002_c1s1_000099_00.png"
+    write_image(image, 7)
+    try:
+        assert planned(workdir) == ONE_DATASET
+    finally:
+        image.unlink()
+    # the tree as it was recorded: nothing again
+    assert planned(workdir) == {}
+
+
+def test_an_edited_manifest_csv_reruns_that_dataset_only(workdir):
+    gallery = workdir / "data/own/gallery.csv"
+    original = gallery.read_text()
+    gallery.write_text(original.replace("g5,c,", "g5,b,"))
+    try:
+        assert planned(workdir) == ONE_DATASET
+    finally:
+        gallery.write_text(original)  # same bytes, new mtime: the content decides
+    assert planned(workdir) == {}
+
+
+def test_a_new_config_file_mtime_with_the_same_data_reruns_nothing(workdir):
+    csv = workdir / "data/own/query.csv"
+    csv.write_text(csv.read_text())
+    assert planned(workdir) == {}
+
+
+# ---------------------------------------------------------------- missing paths fail loudly
+
+
+@pytest.mark.parametrize("name, entry, message", [
+    ("new", {"kind": "onnx", "options": {"model": "checkpoints/typo.onnx"}},
+     "encoders.new.options.model: checkpoints/typo.onnx not found"),
+    ("pre", {"kind": "precomputed", "options": {"query": "missing/q.npy", "gallery": "q.npy"}},
+     "encoders.pre.options.query: missing/q.npy not found"),
+])
+def test_a_missing_encoder_file_fails_before_any_job(workdir, name, entry, message):
+    report = workdir / "results/report.json"
+    before = (report.read_bytes(), report.stat().st_mtime_ns)
+    config = copy.deepcopy(CONFIG)
+    config["encoders"][name] = entry
+    lines = error_lines(snakemake(workdir, config))
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {workdir / 'my.yaml'}:")
+    assert message in lines[0] and "Nothing to be done" not in lines[0]
+    assert (report.read_bytes(), report.stat().st_mtime_ns) == before
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"root": "data/Market-1501"}, "datasets.mk.options.root: folder data/Market-1501 not found"),
+])
+def test_a_missing_dataset_root_fails_before_any_job(workdir, options, message):
+    config = copy.deepcopy(CONFIG)
+    config["datasets"]["mk"]["options"] = options
+    lines = error_lines(snakemake(workdir, config, "--dry-run"))
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_a_missing_manifest_csv_fails_before_any_job(workdir):
+    config = copy.deepcopy(CONFIG)
+    config["datasets"]["own"]["options"]["gallery"] = "data/own/galery.csv"
+    lines = error_lines(snakemake(workdir, config, "--dry-run"))
+    assert len(lines) == 1, lines
+    assert "datasets.own.options.gallery: file data/own/galery.csv not found" in lines[0]
+
+
+# ---------------------------------------------------------------- errors on the terminal
+
+
+def test_a_failed_jobs_one_line_error_is_on_the_terminal(tmp_path):
+    write_data(tmp_path)
+    write_image(tmp_path / "data/market/query/0001-c1.png", 3)  # not a Market-1501 name
+    config = {**CONFIG, "datasets": {"mk": CONFIG["datasets"]["mk"]}}
+    proc = snakemake(tmp_path, config)
+    assert proc.returncode != 0
+    log = (tmp_path / "logs/manifests/mk.log").read_text().strip().splitlines()[-1]
+    assert "file name does not follow the Market-1501 convention" in log
+    assert log in proc.stderr  # the log's last line, verbatim, on the terminal
+    assert not (tmp_path / "results/manifests/mk/query.csv").exists()
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda c: c["datasets"]["mk"].update(protocl="reid"),
+     "datasets.mk.protocl: unknown key 'protocl'; did you mean 'protocol'?"),
+    (lambda c: c["datasets"]["own"].update(loader="manifests"),
+     "datasets.own.loader: 'manifests' is not allowed; did you mean 'manifest'?"),
+    (lambda c: c["encoders"]["pixels"].update(kind="pixel"),
+     "encoders.pixels.kind: 'pixel' is not allowed; did you mean 'pixels'?"),
+])
+def test_config_errors_are_one_line_with_key_path_and_suggestion(tmp_path, mutate, expected):
+    config = copy.deepcopy(CONFIG)
+    mutate(config)
+    lines = error_lines(snakemake(tmp_path, config, "--dry-run", profile=True))
+    lines = [line for line in lines if not line.startswith("Using workflow specific profile")]
+    assert len(lines) <= 3, lines
+    assert lines[0].startswith(f"error: {tmp_path / 'my.yaml'}:") and expected in lines[0]
+
+
+def test_a_duplicated_yaml_key_is_an_error(tmp_path):
+    text = yaml.safe_dump(CONFIG, sort_keys=False).replace(
+        "encoders:\n", "encoders:\n  pixels:\n    kind: hog\n", 1)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config/config.yaml").write_text(text)
+    lines = error_lines(snakemake(tmp_path, None, "--dry-run"))
+    assert len(lines) == 1, lines
+    assert "config/config.yaml:" in lines[0] and "key 'pixels' given twice" in lines[0]
+
+
+def test_a_yaml_syntax_error_names_file_and_line(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config/config.yaml").write_text(
+        "datasets:\n  d:\n    loader: digits\n   protocol: recall\n")
+    lines = error_lines(snakemake(tmp_path, None, "--dry-run"))
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: config/config.yaml:4:4: YAML syntax error")
+
+
+# ---------------------------------------------------------------- quiet
+
+
+def test_default_profile_is_compact(workdir):
+    config = copy.deepcopy(CONFIG)
+    config["report"]["title"] = "retitled"  # reruns only the report
+    proc = snakemake(workdir, config, "--dry-run", profile=True)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert planned_jobs(out) == {"report": 1, "all": 1}
+    assert "input:" not in out and "reason:" not in out
+    verbose = run_ok(workdir, config, "--dry-run")
+    assert "input:" in verbose  # --workflow-profile none: Snakemake's full descriptions
+
+
+def test_logs_hold_no_progress_bars(workdir):
+    logs = list((workdir / "logs").rglob("*.log"))
+    assert len(logs) >= 10
+    for log in logs:
+        assert "0%|" not in log.read_text() and "it/s]" not in log.read_text(), log
+
+
+# ---------------------------------------------------------------- last: mutates the workdir
+
+
+def test_an_image_rewritten_under_its_name_reruns_encode(workdir):
+    """The manifest CSV stays byte-identical; the split's fingerprint file changes."""
+    manifest = workdir / "results/manifests/own/query.csv"
+    before = manifest.read_bytes()
+    write_image(workdir / "data/own/img/1.png", 55)
+    # only prepare runs now (e.g. an interrupted run); encode must still see the change
+    run_ok(workdir, CONFIG, "results/manifests/own/query.csv")
+    assert manifest.read_bytes() == before
+    assert planned(workdir) == {"encode": 1, "rank": 1, "metrics": 1, "report": 1, "all": 1}
+    run_ok(workdir, CONFIG)
+    assert planned(workdir) == {}

@@ -1,0 +1,498 @@
+"""The pipeline's config, checked before any job is built (pure functions for common.smk).
+
+- :func:`load_yaml`: YAML with ``file:line`` syntax errors and duplicated keys as errors
+  (a copy-pasted epoch entry that was not renamed would otherwise replace the first).
+- :func:`check_config`: the JSON schema (config/schema.yaml, the single source), reported
+  as one line: ``file:line: key.path: what is wrong; did you mean ...?``.
+- :func:`expand_checkpoints`: ``checkpoints: <glob>`` sweeps -> one encoder per file,
+  named ``<entry>@<file stem>``, in natural order (epoch_2 before epoch_10).
+- :func:`check_paths` / :func:`encoder_paths`: every file or folder the config names
+  exists before any job runs, so no missing path ever enters the DAG.
+- :func:`dataset_fingerprints`: what a loader reads, per split, as one digest (a param of
+  ``prepare``, written to ``{split}.fingerprint`` for ``encode``).
+
+Every error is a :class:`~rankwise.errors.RankwiseError` with a one-line message.
+Relative paths start from the working directory (Snakemake's ``--directory``).
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import glob
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import RankwiseError
+
+#: The option a sweep's files go to, per encoder kind (torch kinds: see issue #10).
+CHECKPOINT_OPTION = {"python": "checkpoint", "onnx": "model", "reid": "checkpoint",
+                     "timm": "checkpoint", "torchscript": "model"}
+#: The options naming files an encoder reads, per kind (``factory`` only as a .py file).
+ENCODER_FILE_OPTIONS = {"python": ("checkpoint", "factory"), "onnx": ("model",),
+                        "precomputed": ("query", "gallery", "path"), "reid": ("checkpoint",),
+                        "timm": ("checkpoint",), "torchscript": ("model",)}
+#: The options naming folders (``dir``) or files (``file``) a loader reads.
+DATASET_PATH_OPTIONS = {
+    "market1501": {"root": "dir"},
+    "msmt17": {"root": "dir"},
+    "folder": {"root": "dir", "query_dir": "dir", "gallery_dir": "dir"},
+    "manifest": {"query": "file", "gallery": "file"},
+}
+#: Stands for a sweep's file in the entry's options until :func:`expand_checkpoints`.
+SWEEP_PLACEHOLDER = "<one file per match of checkpoints>"
+SPLITS = ("query", "gallery")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+class ConfigError(RankwiseError):
+    """A bad value at a config key path (``keys``); the message starts with that path."""
+
+    def __init__(self, keys: Sequence[Any], what: str):
+        super().__init__(f"{key_path(keys)}: {what}")
+        self.keys = list(keys)
+
+
+def _located(error: ConfigError, files: Sequence[str | os.PathLike]) -> RankwiseError:
+    """``error`` prefixed with the ``file:line`` that sets its key (when ``files`` do)."""
+    return RankwiseError(f"{_where(files, error.keys)}: {error}") if files else error
+
+
+# ---------------------------------------------------------------- YAML
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise RankwiseError(
+                    f"{self.name}:{line}: key {key!r} given twice (first on line {seen[key]}); "
+                    "the second would silently replace the first: rename or remove one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(path: str | os.PathLike) -> Any:
+    """The YAML file at ``path``; syntax errors and duplicated keys raise, naming file and line."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RankwiseError(f"{file}: cannot read the config file ({exc}); check the path")
+    loader = _UniqueKeyLoader(text)
+    loader.name = str(file)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else str(file)
+        what = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise RankwiseError(f"{where}: YAML syntax error: {what}; check the indentation "
+                            "and quoting there") from None
+    except yaml.YAMLError as exc:
+        raise RankwiseError(f"{file}: YAML error: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _locate(path: str | os.PathLike, keys: Sequence[Any]) -> tuple[int, int | None]:
+    """(how many leading ``keys`` the YAML file sets, the line of the deepest of them)."""
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return 0, None
+    depth, line = 0, None
+    for key in keys:
+        if isinstance(node, yaml.MappingNode):
+            found = next(((k, v) for k, v in node.value if k.value == str(key)), None)
+            if found is None:
+                break
+            line, node = found[0].start_mark.line + 1, found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) \
+                and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+        depth += 1
+    return depth, line
+
+
+def _where(files: Sequence[str | os.PathLike], keys: Sequence[Any]) -> str:
+    """``file:line`` of the file that sets most of ``keys`` (the last one on a tie: it wins
+    the merge), else the last file's name."""
+    best = None
+    for file in files:
+        depth, line = _locate(file, keys)
+        if line is not None and (best is None or depth >= best[0]):
+            best = (depth, f"{file}:{line}")
+    return best[1] if best else (str(files[-1]) if files else "config")
+
+
+# ---------------------------------------------------------------- schema
+
+def key_path(keys: Iterable[Any]) -> str:
+    """``datasets.market.ks[1]`` for the keys ``("datasets", "market", "ks", 1)``."""
+    text = ""
+    for key in keys:
+        text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else str(key))
+    return text or "(top level)"
+
+
+def did_you_mean(word: str, choices: Iterable[Any]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices``, else the list of them."""
+    choices = sorted(map(str, choices))
+    close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f"; valid: {', '.join(choices)}" if choices else ""
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _describe(error) -> tuple[list[Any], str]:
+    """(key path, what is wrong) for one jsonschema error."""
+    keys = list(error.absolute_path)
+    kind, schema, instance = error.validator, error.schema, error.instance
+    if kind == "additionalProperties" and isinstance(instance, dict):
+        known = set(schema.get("properties", {}))
+        unknown = [k for k in instance if k not in known]
+        key = unknown[0] if unknown else "?"
+        return keys + [key], f"unknown key {key!r}{did_you_mean(key, known)}"
+    if kind == "enum":
+        hint = did_you_mean(instance, error.validator_value)
+        return keys, f"{_short(instance)} is not allowed{hint}"
+    if kind == "required":
+        missing = [k for k in error.validator_value
+                   if isinstance(instance, dict) and k not in instance]
+        return keys, f"missing key {missing[0] if missing else '?'!r}; add it"
+    if kind == "type":
+        wanted = error.validator_value
+        wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
+        return keys, f"expected {wanted}, got {_short(instance)}"
+    if kind in ("pattern", "not"):  # only the names' pattern uses these
+        return keys, (f"name {_short(instance)} cannot be a folder name; use letters, digits "
+                      "and _ . + - (not ending in .tmp, .zarr, .json or .txt)")
+    if kind == "anyOf":
+        hint = error.schema.get("description") or "see config/schema.yaml"
+        return keys, f"{_short(instance)} is not allowed ({hint})"
+    return keys, error.message if len(error.message) <= 160 else error.message[:157] + "..."
+
+
+def check_config(config: dict, schema: dict, *, files: Sequence[str | os.PathLike] = ()) -> None:
+    """Raise one RankwiseError line for the first schema violation of ``config``.
+
+    ``files`` are the config files in merge order; the message names the one (and its
+    line) that sets the offending key. Defaults are not filled here (Snakemake's
+    ``validate()`` does that afterwards, on a config known to be valid).
+    """
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    error = best_match(Draft202012Validator(schema).iter_errors(config))
+    if error is None:
+        return
+    keys, what = _describe(error)
+    where = _where(files, keys)
+    raise RankwiseError(f"{where}: {key_path(keys)}: {what}")
+
+
+def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, list[str]]) -> None:
+    """Every name in ``datasets.<name>.encoders`` is an encoder (or a sweep's entry)."""
+    known = set(encoders) | set(sweeps)
+    for name, dataset in datasets.items():
+        for encoder in (dataset or {}).get("encoders") or []:
+            if encoder not in known:
+                raise ConfigError(["datasets", name, "encoders"],
+                                  f"{encoder!r} is not under `encoders:`"
+                                  f"{did_you_mean(encoder, known)}")
+
+
+def check(config: dict, schema_path: str | os.PathLike,
+          files: Sequence[str | os.PathLike] = ()) -> None:
+    """Check the config files and the merged ``config`` before Snakemake's ``validate()``.
+
+    Re-reads ``files`` for duplicated keys (Snakemake's loader keeps the last), gives each
+    dataset and encoder entry its own ``options`` dict (``validate()`` would otherwise
+    share one default object between entries), marks sweep entries
+    (:func:`mark_sweeps`) and raises the first schema violation as one line.
+    """
+    for file in files:
+        if Path(file).is_file():
+            load_yaml(file)
+    for section in ("datasets", "encoders"):
+        for entry in (config.get(section) or {}).values():
+            if isinstance(entry, dict):
+                entry.setdefault("options", {})
+    encoders = config.get("encoders")
+    if isinstance(encoders, dict):
+        try:
+            mark_sweeps(encoders)
+        except ConfigError as error:
+            raise _located(error, files) from None
+    check_config(config, load_yaml(schema_path), files=files)
+
+
+def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict, dict]:
+    """After ``validate()``: expand sweeps, check encoder names and every path.
+
+    Returns ``(encoders, sweeps)`` as :func:`expand_checkpoints`; each dataset's
+    ``encoders`` list (in place) names the expanded encoders. An error's message starts
+    with the ``file:line`` (of ``files``) that sets the offending key.
+    """
+    try:
+        encoders, sweeps = expand_checkpoints(config["encoders"])
+        datasets = config["datasets"]
+        check_dataset_encoders(datasets, encoders, sweeps)
+        for dataset in datasets.values():
+            dataset["encoders"] = expand_names(dataset["encoders"], sweeps)
+        check_paths(datasets, encoders, sweeps)
+    except ConfigError as error:
+        raise _located(error, files) from None
+    return encoders, sweeps
+
+
+# ---------------------------------------------------------------- checkpoint sweeps
+
+def natural_key(text: str) -> list:
+    """Sort key putting ``epoch_2`` before ``epoch_10`` (digit runs compare as numbers)."""
+    return [(0, int(part), part) if part.isdigit() else (1, 0, part.lower())
+            for part in re.split(r"(\d+)", text) if part]
+
+
+def mark_sweeps(encoders: dict) -> None:
+    """Put :data:`SWEEP_PLACEHOLDER` in each sweep entry's checkpoint option (in place).
+
+    The schema then checks the entry like a single-file one (e.g. ``onnx`` requires
+    ``model``); :func:`expand_checkpoints` replaces the placeholder by each file.
+    """
+    for name, entry in encoders.items():
+        if not isinstance(entry, dict) or "checkpoints" not in entry:
+            continue
+        kind = entry.get("kind")
+        if kind not in CHECKPOINT_OPTION:
+            raise ConfigError(["encoders", name, "checkpoints"],
+                              f"kind {kind!r} reads no checkpoint file; use one of "
+                              f"{', '.join(CHECKPOINT_OPTION)}, or remove checkpoints")
+        options = entry.setdefault("options", {})
+        option = CHECKPOINT_OPTION[kind]
+        if isinstance(options, dict):
+            if options.get(option) not in (None, SWEEP_PLACEHOLDER):
+                raise ConfigError(["encoders", name, "options", option],
+                                  "give either checkpoints or this option, not both")
+            options[option] = SWEEP_PLACEHOLDER
+
+
+def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
+    """Expand ``checkpoints: <glob>`` entries into one encoder per matching file.
+
+    Returns ``(encoders, sweeps)``: the encoders with each sweep entry ``e`` replaced, in
+    place in the config order, by ``e@<stem>`` entries (natural order of the stems) whose
+    kind's checkpoint option (:data:`CHECKPOINT_OPTION`) is the file; and ``sweeps``, entry
+    name -> its expanded names. The glob is evaluated now: files that appear later join on
+    the next run. A pattern matching no file, or two files with one stem, is an error.
+    """
+    expanded, sweeps = {}, {}
+    for name, entry in encoders.items():
+        pattern = entry.get("checkpoints") if isinstance(entry, dict) else None
+        if pattern is None:
+            expanded[name] = entry
+            continue
+        option = CHECKPOINT_OPTION[entry["kind"]]
+        files = sorted((f for f in glob.glob(os.path.expanduser(pattern), recursive=True)
+                        if os.path.isfile(f)),
+                       key=lambda f: (natural_key(Path(f).stem), natural_key(f)))
+        if not files:
+            raise ConfigError(["encoders", name, "checkpoints"],
+                              f"{pattern!r} matches no file (relative paths start from "
+                              f"{os.getcwd()}); check the pattern")
+        stems: dict[str, str] = {}
+        for file in files:
+            stem = Path(file).stem
+            if stem in stems:
+                raise ConfigError(["encoders", name, "checkpoints"],
+                                  f"{stems[stem]} and {file} have the same stem {stem!r} "
+                                  f"(the encoder name {name}@{stem}); narrow the pattern")
+            if not _NAME.match(stem):
+                raise ConfigError(["encoders", name, "checkpoints"],
+                                  f"{file}: the stem {stem!r} cannot be part of an encoder "
+                                  "name; rename the file (letters, digits, _ . + -)")
+            stems[stem] = file
+            base = {k: v for k, v in entry.items() if k != "checkpoints"}
+            expanded[f"{name}@{stem}"] = {**base, "options": {**entry.get("options", {}),
+                                                               option: file}}
+        sweeps[name] = [f"{name}@{stem}" for stem in stems]
+    return expanded, sweeps
+
+
+def expand_names(names: Sequence[str] | None, sweeps: dict[str, list[str]]) -> list[str] | None:
+    """A dataset's ``encoders:`` list with each sweep entry replaced by its checkpoints."""
+    if names is None:
+        return None
+    return list(dict.fromkeys(n for name in names for n in sweeps.get(name, [name])))
+
+
+# ---------------------------------------------------------------- paths
+
+def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[str]:
+    """The files (or Zarr folders) an encoder reads; ``split`` picks a precomputed split."""
+    paths = []
+    for key in ENCODER_FILE_OPTIONS.get(kind, ()):
+        value = options.get(key)
+        if not value:
+            continue
+        if kind == "python" and key == "factory":
+            value = str(value).rpartition(":")[0]
+            if not value.endswith(".py"):
+                continue  # module:function, found on sys.path at encode time
+        if kind == "precomputed" and key in SPLITS and split is not None and key != split:
+            continue
+        paths.append(str(value))
+    return paths
+
+
+def _missing(path: str, want: str = "any") -> bool:
+    path = os.path.expanduser(path)
+    return not {"file": os.path.isfile, "dir": os.path.isdir, "any": os.path.exists}[want](path)
+
+
+def check_paths(datasets: dict, encoders: dict,
+                sweeps: dict[str, list[str]] | None = None) -> None:
+    """Raise for the first file or folder named by the config that does not exist."""
+    where = f"relative paths start from {os.getcwd()}"
+    for name, dataset in datasets.items():
+        for key, want in DATASET_PATH_OPTIONS.get(dataset["loader"], {}).items():
+            value = dataset["options"].get(key)
+            if value and _missing(str(value), want):
+                what = "folder" if want == "dir" else "file"
+                raise ConfigError(["datasets", name, "options", key],
+                                  f"{what} {value} not found ({where}); fix the path")
+    origin = {e: s for s, names in (sweeps or {}).items() for e in names}
+    for name, entry in encoders.items():
+        for key in ENCODER_FILE_OPTIONS.get(entry["kind"], ()):
+            for path in encoder_paths(entry["kind"], {key: entry["options"].get(key)}):
+                if _missing(path):
+                    # a sweep's entry is named in the config file without its @stem
+                    keys = ["encoders", origin.get(name, name), "options", key]
+                    raise ConfigError(keys, f"{path} not found ({where}); fix the path or "
+                                            "remove the entry")
+
+
+# ---------------------------------------------------------------- dataset fingerprints
+
+def _digest(lines: Iterable[str]) -> str:
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8", "surrogateescape") + b"\n")
+    return digest.hexdigest()
+
+
+def _stat_line(label: str, path: str | os.PathLike) -> str:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return f"{label}\tmissing"
+    return f"{label}\t{stat.st_size}\t{stat.st_mtime_ns}"
+
+
+def _images_below(folder: Path, recursive: bool) -> list[str]:
+    """Lines ``relative name, size, mtime`` of the images below ``folder`` (sorted)."""
+    from .datasets import IMAGE_EXTENSIONS
+
+    if not folder.is_dir():
+        return [f"{folder}\tmissing"]
+    lines = []
+    for top, dirs, files in os.walk(folder, followlinks=True):  # linked sub-trees count
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
+        for name in files:
+            if name.startswith(".") or Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
+                continue
+            path = Path(top) / name
+            lines.append(_stat_line(path.relative_to(folder).as_posix(), path))
+    return sorted(lines)
+
+
+def _file_lines(path: Path) -> list[str]:
+    """The file's sha256 (cached by path, size and mtime), or 'missing'."""
+    from .hashing import file_sha256
+
+    return [f"{path}\t{file_sha256(path)}" if path.is_file() else f"{path}\tmissing"]
+
+
+def _manifest_images(csv_path: Path) -> list[str]:
+    """The manifest's bytes, and path/size/mtime of each image it names."""
+    lines = _file_lines(csv_path)
+    if not csv_path.is_file():
+        return lines
+    with open(csv_path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+        reader = csv.reader(handle)
+        header = [c.strip() for c in next(reader, [])]
+        if "path" not in header:
+            return lines
+        column = header.index("path")
+        for row in reader:
+            value = row[column].strip() if column < len(row) else ""
+            if value:
+                lines.append(_stat_line(value, csv_path.parent / os.path.expanduser(value)))
+    return lines
+
+
+def _msmt17_images(root: Path, images: str, split: str) -> list[str]:
+    listing = root / f"list_{split}.txt"
+    lines = _file_lines(listing)
+    if images in (None, "", "auto"):
+        folder = next((root / d for d in ("test", "mask_test_v2") if (root / d).is_dir()), None)
+    else:
+        folder = root / images
+    if folder is None or not listing.is_file():
+        return lines
+    for text in listing.read_text(errors="replace").splitlines():
+        fields = text.split()
+        if fields:
+            lines.append(_stat_line(fields[0], folder / fields[0]))
+    return lines
+
+
+def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
+    """split -> sha256 of what the loader reads for it (empty for generated demo data).
+
+    ``manifest``: the CSV's bytes, and the relative path, size and mtime of every image
+    its ``path`` column names. ``market1501``, ``folder``: the relative name, size and
+    mtime of every image of the split's folder (``folder`` with ``root``: of the whole
+    tree, for both splits). ``msmt17``: the list file's bytes and the size and mtime of
+    each image it lists. So editing a CSV, adding, removing or rewriting an image
+    changes the digest; touching an image (same bytes, new mtime) does too, since images
+    are not hashed: hashing a whole dataset on every run would cost minutes.
+    """
+    if loader == "manifest":
+        parts = {s: _manifest_images(Path(os.path.expanduser(options[s]))) for s in SPLITS}
+    elif loader == "market1501":
+        root = Path(os.path.expanduser(options["root"]))
+        parts = {s: _images_below(root / options.get(f"{s}_folder", default), recursive=False)
+                 for s, default in zip(SPLITS, ("query", "bounding_box_test"))}
+    elif loader == "msmt17":
+        root = Path(os.path.expanduser(options["root"]))
+        parts = {s: _msmt17_images(root, options.get("images", "auto"), s) for s in SPLITS}
+    elif loader == "folder":
+        if options.get("root"):
+            tree = _images_below(Path(os.path.expanduser(options["root"])), recursive=True)
+            parts = {s: tree for s in SPLITS}
+        else:
+            parts = {s: _images_below(Path(os.path.expanduser(options[f"{s}_dir"])),
+                                      recursive=True) for s in SPLITS}
+    else:
+        return {s: "generated" for s in SPLITS}
+    return {s: _digest(parts[s]) for s in SPLITS}
