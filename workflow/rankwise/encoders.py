@@ -25,6 +25,9 @@ checkpoint=null, input_size=null}
     ``(H, W, 3)`` uint8 RGB arrays (resized to ``input_size`` [H, W] if given).  If
     ``checkpoint`` is set, the file must exist, its hash is recorded, and it is passed
     to the factory as ``checkpoint=<path>`` when the factory accepts that keyword.
+    When ``fn`` accepts a ``texts`` keyword it is called ``fn(images, texts=...)`` with
+    the batch's values of the manifest's ``text`` column (a list of str), or
+    ``texts=None`` when the manifest has no ``text`` column (multimodal queries).
 ``onnx`` {model, input_size=from the model, mean=ImageNet, std=ImageNet,
 channel_order="rgb", layout="nchw", input=null, output=null}
     Bilinear resize to ``input_size`` [H, W], ``(x / 255 - mean) / std``, run with
@@ -38,6 +41,12 @@ channel_order="rgb", layout="nchw", input=null, output=null}
 ``hog`` {size=[64, 64], cell=8, bins=9}
     Histogram of oriented gradients (unsigned, ``bins`` orientations per ``cell`` x
     ``cell`` pixels, 2 x 2-cell blocks, L2-Hys normalisation), numpy only.
+
+``reid``, ``timm``, ``torchscript`` (extra ``rankwise[torch]``)
+    Torch checkpoints, loaded strictly; options and preprocessing in
+    :mod:`rankwise.torch_encoders`.  Their store also records ``preprocessing``: the
+    input size, resize, interpolation, mean/std, channel order, flip, device and half
+    actually applied.
 
 Rows are never skipped: a missing or unreadable image is an error naming the file
 and the manifest row, because embeddings must stay aligned with the manifest.
@@ -65,6 +74,8 @@ from .datasets import check_options
 from .errors import RankwiseError
 from .hashing import file_sha256
 from .store import write_embeddings
+from .torch_encoders import DEFAULTS as TORCH_DEFAULTS
+from .torch_encoders import REQUIRED as TORCH_REQUIRED
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -77,8 +88,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "pixels": {"size": [16, 16], "grayscale": False},
     "color-histogram": {"bins": 8, "space": "hsv", "joint": False, "stripes": 1},
     "hog": {"size": [64, 64], "cell": 8, "bins": 9},
+    **TORCH_DEFAULTS,
 }
-REQUIRED: dict[str, tuple[str, ...]] = {"python": ("factory",), "onnx": ("model",)}
+REQUIRED: dict[str, tuple[str, ...]] = {"python": ("factory",), "onnx": ("model",),
+                                        **TORCH_REQUIRED}
 ENCODER_KINDS = tuple(DEFAULTS)
 
 
@@ -133,6 +146,7 @@ class _Rows:
     manifest: Path
     ids: list[str]
     paths: list[str] = field(default_factory=list)
+    texts: list[str] | None = None  # the manifest's 'text' column, if any
 
     def where(self, i: int) -> str:
         return f"{self.manifest}: row {i + 2} (id {self.ids[i]!r})"
@@ -255,6 +269,7 @@ class _Encoder:
     batches: Callable[[_Rows, int, ThreadPoolExecutor], Iterator[np.ndarray]]
     needs_images: bool = True
     threads: int = 1
+    preprocessing: dict[str, Any] | None = None  # recorded in the store when set
 
 
 def _builtin(kind: str, opts: dict[str, Any]) -> _Encoder:
@@ -368,10 +383,19 @@ def _python(opts: dict[str, Any]) -> _Encoder:
                             f"{type(encoder_fn).__name__}, not a callable "
                             "images -> (batch, dim)")
 
+    with_texts = _accepts_keyword(encoder_fn, "texts")
+
     def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         decode = lambda i: np.asarray(rows.read(i, size))  # noqa: E731
+        start = 0
         for images in _image_batches(rows, decode, batch_size, pool):
-            yield _as_matrix(encoder_fn(images), len(images), f"factory {opts['factory']!r}")
+            if with_texts:
+                texts = None if rows.texts is None else rows.texts[start:start + len(images)]
+                output = encoder_fn(images, texts=texts)
+            else:
+                output = encoder_fn(images)
+            start += len(images)
+            yield _as_matrix(output, len(images), f"factory {opts['factory']!r}")
 
     return _Encoder(opts, checkpoint, batches)
 
@@ -519,13 +543,14 @@ def checkpoint_file(kind: str, options: dict[str, Any] | None,
                     split: str | None = None) -> str | None:
     """The file whose content identifies the encoder (for Snakemake inputs), or None.
 
-    ``python`` -> ``checkpoint``, ``onnx`` -> ``model``, ``precomputed`` -> ``path`` or
-    the ``split``'s file; built-in kinds have none.  Nothing is checked or opened.
+    ``python``, ``reid``, ``timm`` -> ``checkpoint``, ``onnx``, ``torchscript`` ->
+    ``model``, ``precomputed`` -> ``path`` or the ``split``'s file; built-in kinds have
+    none.  Nothing is checked or opened.
     """
     options = options or {}
-    if kind == "python":
+    if kind in ("python", "reid", "timm"):
         return options.get("checkpoint")
-    if kind == "onnx":
+    if kind in ("onnx", "torchscript"):
         return options.get("model")
     if kind == "precomputed":
         return options.get("path") or (options.get(split) if split else None)
@@ -545,6 +570,10 @@ def build_encoder(kind: str, options: dict[str, Any] | None, *, manifest: Path, 
         return _python(opts)
     if kind == "onnx":
         return _onnx(opts, threads)
+    if kind in TORCH_DEFAULTS:
+        from .torch_encoders import build
+
+        return build(kind, opts, threads)
     return _builtin(kind, opts)
 
 
@@ -594,6 +623,8 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
                                 "encoder; add image paths (relative to the manifest's folder) "
                                 "or use kind precomputed")
         rows.paths = table["path"].str.strip().tolist()
+    if "text" in table.columns:
+        rows.texts = table["text"].tolist()
     attrs = {
         "encoder": {"kind": kind, "options": encoder.options},
         "checkpoint_hash": None if encoder.checkpoint is None else file_sha256(encoder.checkpoint),
@@ -603,6 +634,8 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
         "num_rows": len(table),
         "rankwise_version": __version__,
     }
+    if encoder.preprocessing is not None:
+        attrs["preprocessing"] = encoder.preprocessing
     shape = [len(table), 0]
 
     def checked(pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
