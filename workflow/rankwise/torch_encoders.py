@@ -240,18 +240,16 @@ def load_checkpoint(model: torch.nn.Module, path: Path, *, kind: str, what: str,
             else:
                 unexpected.append(key)
     missing = [k for k in target if k not in loaded and not k.endswith("num_batches_tracked")]
-    if missing or unexpected:
-        parts = [f"{len(keys)} {name} key(s): {_listing(keys)}"
-                 for name, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-        raise RankwiseError(f"{path}: checkpoint does not match the {what}: "
-                            f"{'; '.join(parts)}; check that the options name the architecture "
-                            "this checkpoint was trained with")
     wrong = [f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}" for k, v in loaded.items()
              if v.shape != target[k].shape]
-    if wrong:
-        raise RankwiseError(f"{path}: {len(wrong)} tensor(s) differ in shape from the {what} "
-                            f"(checkpoint vs model): {_listing(wrong, 3)}; the checkpoint is "
-                            "for another variant of the architecture, fix the options")
+    if missing or unexpected or wrong:
+        parts = [f"{len(keys)} {name}: {_listing(keys, 3 if keys is wrong else 5)}"
+                 for name, keys in (("missing key(s)", missing),
+                                    ("unexpected key(s)", unexpected),
+                                    ("shape mismatch(es) (checkpoint vs model)", wrong)) if keys]
+        raise RankwiseError(f"{path}: checkpoint does not match the {what}: "
+                            f"{'; '.join(parts)}; check that the options name the architecture "
+                            "(and variant) this checkpoint was trained with")
     model.load_state_dict(loaded, strict=False)  # completeness checked above
 
 
