@@ -388,6 +388,20 @@ def test_torchscript_equals_direct_forward(export, manifest: Path, tmp_path: Pat
     assert embeddings_attrs(out)["checkpoint_hash"] == file_sha256(tmp_path / "tiny.pt")
 
 
+def test_model_failing_on_the_input_size(manifest: Path, tmp_path: Path):
+    flat = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.trace(flat, torch.zeros(1, 3, 8, 8)).save(str(tmp_path / "flat.pt"))
+    out = tmp_path / "f.zarr"
+    with pytest.raises(RankwiseError, match=r"flat\.pt: the model failed on a batch of shape "
+                                            r"\(2, 3, 9, 9\) \(.*\); check options\.input_size"):
+        encode_manifest(manifest, "torchscript", {"model": str(tmp_path / "flat.pt"),
+                                                  "input_size": [9, 9]},
+                        out, batch_size=2, progress=False)
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------- bad input
 
 def _files(tmp_path: Path) -> dict[str, str]:
@@ -444,7 +458,7 @@ def test_cuda_requested_without_cuda(manifest: Path, tmp_path: Path):
                         tmp_path / "e.zarr", progress=False)
 
 
-@pytest.mark.parametrize("kind, module", [("timm", "timm"), ("reid", "reid.architectures"),
+@pytest.mark.parametrize("kind, module", [("timm", "timm"), ("reid", "reid"),
                                           ("torchscript", "torch")])
 def test_missing_extra(kind, module, manifest: Path, tmp_path: Path, monkeypatch):
     files = _files(tmp_path)
@@ -452,7 +466,8 @@ def test_missing_extra(kind, module, manifest: Path, tmp_path: Path, monkeypatch
                "reid": {"architecture": "osnet_x0_25", "checkpoint": files["ckpt"],
                         "device": "cpu"},
                "torchscript": {"model": files["sd"], "input_size": [8, 8]}}[kind]
-    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
+    for name in [m for m in sys.modules if m == module or m.startswith(f"{module}.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import name` now raises ImportError
     with pytest.raises(RankwiseError, match=rf"^{kind}: the {module} package is not installed; "
                                             r"install the extra: pip install "
                                             r"'rankwise\[torch\]'$"):
