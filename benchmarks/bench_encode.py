@@ -106,7 +106,6 @@ def main() -> None:
 
     import timm
     import torch
-
     from rankwise.torch_encoders import resolve_device
 
     device = resolve_device("timm", args.device, False)

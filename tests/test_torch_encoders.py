@@ -27,7 +27,6 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import ROOT, run_rankwise  # noqa: E402
-
 from rankwise.encoders import encode_manifest  # noqa: E402
 from rankwise.errors import RankwiseError  # noqa: E402
 from rankwise.hashing import file_sha256  # noqa: E402
@@ -243,7 +242,7 @@ def test_unexpected_keys_are_listed_with_a_count(timm_model, manifest: Path, tmp
     renamed = {k.replace("layer4.", "stage4."): v for k, v in state.items()}
     n = sum(k.startswith("layer4.") for k in state)
     message = _timm_error(manifest, tmp_path, renamed)
-    assert f"missing key(s): layer4." in message and f"({n} in all)" in message
+    assert "missing key(s): layer4." in message and f"({n} in all)" in message
     assert f"{n} unexpected key(s): stage4." in message
 
 
@@ -511,6 +510,15 @@ def test_cli_bad_input_exits_2_with_one_line(manifest: Path, tmp_path: Path):
         "error: timm: option half: true needs a CUDA device, but device 'cpu' runs on the CPU "
         "here; set half: false"]
     assert not out.exists()
+
+
+def test_checkpoint_file_names_the_file_snakemake_tracks():
+    from rankwise.encoders import checkpoint_file
+
+    assert checkpoint_file("reid", {"architecture": "osnet_x1_0", "checkpoint": "a.pth"}) \
+        == "a.pth"
+    assert checkpoint_file("timm", {"model": "resnet50", "checkpoint": "b.pth"}) == "b.pth"
+    assert checkpoint_file("torchscript", {"model": "c.pt", "input_size": [8, 8]}) == "c.pt"
 
 
 # ---------------------------------------------------------------- config schema

@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -324,7 +324,7 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
     """Check ``opts`` (defaults filled in) and return the configured torch encoder."""
     from PIL import Image
 
-    from .encoders import _Encoder, _checkpoint, _choice, _image_batches, _Rows, _size
+    from .encoders import _checkpoint, _choice, _Encoder, _image_batches, _size
 
     flip, half = _bool(kind, opts, "flip"), _bool(kind, opts, "half")
     file_option = "model" if kind == "torchscript" else "checkpoint"
@@ -395,10 +395,9 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         return out.float().reshape(len(x), -1)
 
     def embed(batch: list[Any]) -> np.ndarray:
-        x = to_input(batch)
-        if half:
-            x = x.half()
         with torch.inference_mode():
+            x = to_input(batch)
+            x = x.half() if half else x
             out = forward(x)
             if flip:  # fast-reid's flip test: raw features averaged, normalised later
                 out = (out + forward(x.flip(3))) / 2
