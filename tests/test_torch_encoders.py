@@ -521,6 +521,49 @@ def test_checkpoint_file_names_the_file_snakemake_tracks():
     assert checkpoint_file("torchscript", {"model": "c.pt", "input_size": [8, 8]}) == "c.pt"
 
 
+# ---------------------------------------------------------------- the workflow
+
+def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_path: Path):
+    """A real Snakemake run: schema, encode rule and CLI accept the kinds end to end."""
+    import yaml
+
+    _, state = timm_model
+    (tmp_path / "runs" / "timm").mkdir(parents=True)
+    _save_like_training(state, tmp_path / "runs" / "timm" / "epoch_005.pth", epoch=5)
+    config = {
+        "datasets": {"market": {
+            "loader": "demo-market", "protocol": "reid", "ks": [1, 5],
+            "options": {"seed": 1, "identities": 6, "cameras": 2, "images_per_camera": 2,
+                        "queries_per_identity": 1, "distractors": 3, "junk": 2,
+                        "height": 32, "width": 16}}},
+        "encoders": {
+            "resnet": {"kind": "timm", "options": {
+                "model": "resnet10t", "checkpoint": "runs/timm/epoch_005.pth",
+                "input_size": [32, 16], "flip": True, "device": "cpu"}},
+            "osnet": {"kind": "reid", "options": {
+                "architecture": "osnet_x0_25", "checkpoint": str(osnet_checkpoint),
+                "input_size": [64, 32], "device": "cpu"}},
+        },
+        "engine": {"threads": 1, "batch_size": 8},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile",
+                           str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+                           "--configfile", str(tmp_path / "config.yaml"), "--cores", "2",
+                           "--workflow-profile", "none"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = (tmp_path / "results" / "report.json").read_text()
+    assert '"resnet"' in report and '"osnet"' in report
+    for encoder, dim in (("resnet", 512), ("osnet", 512)):
+        store = tmp_path / "results" / "embeddings" / "market" / encoder / "query.zarr"
+        attrs = embeddings_attrs(store)
+        assert _read(store).shape[1] == dim
+        assert attrs["preprocessing"]["device"] == "cpu"
+    assert embeddings_attrs(tmp_path / "results" / "embeddings" / "market" / "resnet" /
+                           "query.zarr")["preprocessing"]["flip"] is True
+
+
 # ---------------------------------------------------------------- config schema
 
 def test_schema_accepts_the_kinds_and_rejects_misspelt_options():
