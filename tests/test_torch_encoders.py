@@ -362,6 +362,40 @@ def test_reid_checkpoint_of_another_width(manifest: Path, tmp_path: Path):
                         tmp_path / "x.zarr", progress=False)
 
 
+def test_fastreid_layout_loads_through_the_architecture_remap(tmp_path: Path):
+    """A fast-reid SBS checkpoint (heads.* names, identity classifier) loads; extras fail."""
+    from reid.architectures import build_architecture, checkpoint_remap_for_architecture
+
+    from rankwise.torch_encoders import _REID_HEADS, load_checkpoint
+
+    name = "fastreid_sbs_resnest50"
+    source = build_architecture(name)
+    fastreid = {}
+    for key, value in source.state_dict().items():
+        if key == "pool.p":
+            key, value = "heads.pool_layer.p", value + 1.25  # trained GeM power
+        elif key.startswith("bottleneck."):
+            key = "heads.bottleneck.0." + key[len("bottleneck."):]
+        fastreid[key] = value
+    fastreid["heads.weight"] = torch.randn(751, 2048)  # the identity classifier
+    torch.save({"model": {f"module.{k}": v for k, v in fastreid.items()}, "iteration": 9},
+               tmp_path / "model_final.pth")
+    target = build_architecture(name)
+    kwargs = {"kind": "reid", "what": f"reid architecture {name!r}",
+              "heads": _REID_HEADS["fastreid"], "remap": checkpoint_remap_for_architecture(name)}
+    load_checkpoint(target, tmp_path / "model_final.pth", **kwargs)
+    assert float(target.pool.p.detach()) == float(source.pool.p.detach()) + 1.25
+    for key, value in source.state_dict().items():
+        if key != "pool.p":
+            assert torch.equal(target.state_dict()[key], value), key
+    fastreid["heads.extra.weight"] = torch.ones(2)
+    del fastreid["backbone.conv1.0.weight"]
+    torch.save(fastreid, tmp_path / "broken.pth")
+    with pytest.raises(RankwiseError, match=r"1 missing key\(s\): backbone\.conv1\.0\.weight; "
+                                            r"1 unexpected key\(s\): heads\.extra\.weight;"):
+        load_checkpoint(target, tmp_path / "broken.pth", **kwargs)
+
+
 # ---------------------------------------------------------------- torchscript
 
 @pytest.mark.parametrize("export", ["script", "trace"])
