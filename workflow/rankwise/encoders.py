@@ -27,6 +27,9 @@ checkpoint=null, input_size=null}
     ``(H, W, 3)`` uint8 RGB arrays (resized to ``input_size`` [H, W] if given).  If
     ``checkpoint`` is set, the file must exist, its hash is recorded, and it is passed
     to the factory as ``checkpoint=<path>`` when the factory accepts that keyword.
+    When ``fn`` accepts a ``texts`` keyword it is called ``fn(images, texts=...)`` with
+    the batch's values of the manifest's ``text`` column (a list of str), or
+    ``texts=None`` when the manifest has no ``text`` column (multimodal queries).
 ``onnx`` {model, input_size=from the model, mean=ImageNet, std=ImageNet,
 channel_order="rgb", layout="nchw", input=null, output=null}
     Bilinear resize to ``input_size`` [H, W], ``(x / 255 - mean) / std``, run with
@@ -40,6 +43,12 @@ channel_order="rgb", layout="nchw", input=null, output=null}
 ``hog`` {size=[64, 64], cell=8, bins=9}
     Histogram of oriented gradients (unsigned, ``bins`` orientations per ``cell`` x
     ``cell`` pixels, 2 x 2-cell blocks, L2-Hys normalisation), numpy only.
+
+``reid``, ``timm``, ``torchscript`` (extra ``rankwise[torch]``)
+    Torch checkpoints, loaded strictly; options and preprocessing in
+    :mod:`rankwise.torch_encoders`.  Their store also records ``preprocessing``: the
+    input size, resize, interpolation, mean/std, channel order, flip, device and half
+    actually applied.
 
 Rows are never skipped: a missing or unreadable image is an error naming the file
 and the manifest row, because embeddings must stay aligned with the manifest.
@@ -80,6 +89,14 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _SIZE_HELP = "[height, width] the images are resized to"
 
 #: kind -> its options (the config schema's ``encoder_<kind>`` fragments).
+_TORCH_COMMON = (
+    Option("flip", "boolean", False,
+           help="average the embeddings of the image and its horizontal mirror"),
+    Option("device", "enum", "auto", choices=("auto", "cpu", "cuda"),
+           help="auto = cuda when available"),
+    Option("half", "boolean", False, help="float16 inference (cuda only)"),
+)
+
 OPTIONS: dict[str, OptionSet] = {
     "precomputed": OptionSet("precomputed", (
         Option("query", "string", None, nullable=True, help="query embeddings (.npy or Zarr)"),
@@ -126,6 +143,41 @@ OPTIONS: dict[str, OptionSet] = {
         Option("size", "size", (64, 64), help=_SIZE_HELP),
         Option("cell", "integer", 8, minimum=1, help="pixels per cell side"),
         Option("bins", "integer", 9, minimum=1, help="orientation bins"))),
+    # torch kinds (extra rankwise[torch]; rankwise.torch_encoders): the embedding is the
+    # pre-classifier feature; preprocessing resizes straight to input_size (no centre crop)
+    "reid": OptionSet("reid", (
+        Option("architecture", "string", required=True,
+               help="a reid package architecture, e.g. osnet_x1_0"),
+        Option("checkpoint", "string", required=True,
+               help="torchreid / fast-reid .pth (or .safetensors), loaded strictly"),
+        Option("input_size", "size", None, nullable=True,
+               help=_SIZE_HELP + "; null = the architecture's"),
+        *_TORCH_COMMON)),
+    "timm": OptionSet("timm", (
+        Option("model", "string", required=True, help="a timm model name, e.g. resnet50"),
+        Option("checkpoint", "string", required=True,
+               help="local weights, loaded strictly (nothing is ever downloaded)"),
+        Option("input_size", "size", None, nullable=True,
+               help=_SIZE_HELP + "; null = the model's data config"),
+        Option("mean", "numbers", None, length=3, nullable=True,
+               help="per-channel mean of x / 255; null = the model's data config"),
+        Option("std", "numbers", None, length=3, above=0, nullable=True,
+               help="per-channel standard deviation of x / 255; null = the model's"),
+        Option("interpolation", "enum", "bilinear", choices=("bilinear", "bicubic", "nearest"),
+               help="resize interpolation"),
+        *_TORCH_COMMON)),
+    "torchscript": OptionSet("torchscript", (
+        Option("model", "string", required=True, help="a scripted or traced module file"),
+        Option("input_size", "size", required=True, help=_SIZE_HELP),
+        Option("mean", "numbers", IMAGENET_MEAN, length=3,
+               help="per-channel mean of x / 255 (ImageNet)"),
+        Option("std", "numbers", IMAGENET_STD, length=3, above=0,
+               help="per-channel standard deviation of x / 255 (ImageNet)"),
+        Option("channel_order", "enum", "rgb", choices=("rgb", "bgr"),
+               help="channel order the model expects"),
+        Option("interpolation", "enum", "bilinear", choices=("bilinear", "bicubic", "nearest"),
+               help="resize interpolation"),
+        *_TORCH_COMMON)),
 }
 #: kind -> its option defaults.
 DEFAULTS: dict[str, dict[str, Any]] = {kind: spec.defaults for kind, spec in OPTIONS.items()}
@@ -161,6 +213,7 @@ class _Rows:
     manifest: Path
     ids: list[str]
     paths: list[str] = field(default_factory=list)
+    texts: list[str] | None = None  # the manifest's 'text' column, if any
 
     def where(self, i: int) -> str:
         return f"{self.manifest}: row {i + 2} (id {self.ids[i]!r})"
@@ -281,6 +334,7 @@ class _Encoder:
     batches: Callable[[_Rows, int, ThreadPoolExecutor], Iterator[np.ndarray]]
     needs_images: bool = True
     threads: int = 1
+    preprocessing: dict[str, Any] | None = None  # recorded in the store when set
 
 
 def _builtin(kind: str, opts: dict[str, Any]) -> _Encoder:
@@ -379,10 +433,19 @@ def _python(opts: dict[str, Any]) -> _Encoder:
                             f"{type(encoder_fn).__name__}, not a callable "
                             "images -> (batch, dim)")
 
+    with_texts = _accepts_keyword(encoder_fn, "texts")
+
     def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         decode = lambda i: np.asarray(rows.read(i, size))  # noqa: E731
+        start = 0
         for images in _image_batches(rows, decode, batch_size, pool):
-            yield _as_matrix(encoder_fn(images), len(images), f"factory {opts['factory']!r}")
+            if with_texts:
+                texts = None if rows.texts is None else rows.texts[start:start + len(images)]
+                output = encoder_fn(images, texts=texts)
+            else:
+                output = encoder_fn(images)
+            start += len(images)
+            yield _as_matrix(output, len(images), f"factory {opts['factory']!r}")
 
     return _Encoder(opts, checkpoint, batches)
 
@@ -516,6 +579,10 @@ def build_encoder(kind: str, options: dict[str, Any] | None, *, manifest: Path, 
         return _python(opts)
     if kind == "onnx":
         return _onnx(opts, threads)
+    if kind in ("reid", "timm", "torchscript"):
+        from .torch_encoders import build
+
+        return build(kind, opts, threads)
     return _builtin(kind, opts)
 
 
@@ -557,6 +624,8 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
                                 "or use kind precomputed")
         check_nonempty(table, ["path"], str(manifest))
         rows.paths = table["path"].str.strip().tolist()
+    if "text" in table.columns:
+        rows.texts = table["text"].tolist()
     manifest_sha256 = file_sha256(manifest)
     attrs = {
         "encoder": {"kind": kind, "options": encoder.options},
@@ -568,6 +637,8 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
         "num_rows": len(table),
         "rankwise_version": __version__,
     }
+    if encoder.preprocessing is not None:
+        attrs["preprocessing"] = encoder.preprocessing
     shape = [len(table), 0]
 
     def checked(pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:

@@ -1,0 +1,395 @@
+"""Torch encoder kinds: ``reid``, ``timm`` and ``torchscript`` checkpoints -> embeddings.
+
+Needs the optional extra ``rankwise[torch]`` (torch, timm, reid); torch and the model
+libraries are imported only when one of these kinds is built, so ``import rankwise``
+stays light. :func:`build` is called by :func:`rankwise.encoders.build_encoder`; the
+rows are decoded and preprocessed by its thread pool one batch ahead of the forward pass.
+
+Options (declared, with their defaults, in :data:`rankwise.encoders.OPTIONS`):
+
+``reid`` {architecture, checkpoint, input_size=null, flip, device, half}
+    An architecture of the ``reid`` package (``osnet_x1_0``, ..., ``fastreid_sbs_resnest50``)
+    built without weights, then ``checkpoint`` (a torchreid / fast-reid ``.pth`` or a
+    ``.safetensors``) loaded strictly.  The embedding is the backbone's eval-mode output,
+    the feature ``reid.ReIDModel`` embeds; preprocessing is the package's own for the
+    architecture (``ReIDPreprocessing.build_crop_transform``: PIL stretch resize to
+    ``input_size`` [H, W], default the architecture's, ``ToTensor``, ImageNet
+    ``Normalize``), so rankwise's rows equal ``ReIDModel.extract_embeddings_from_paths``.
+``timm`` {model, checkpoint, input_size=null, mean=null, std=null, interpolation="bilinear",
+flip, device, half}
+    ``timm.create_model(model, pretrained=False, num_classes=0)``: the pooled pre-logits
+    features.  ``input_size``, ``mean`` and ``std`` default to the model's data config;
+    no centre crop (re-ID evaluation habit, unlike the config's ``crop_pct``).
+``torchscript`` {model, input_size, mean=ImageNet, std=ImageNet, channel_order="rgb",
+interpolation="bilinear", flip, device, half}
+    A ``torch.jit.script`` / ``torch.jit.trace`` file; its output (a tensor) is
+    flattened to ``(B, D)``.
+
+For ``timm`` and ``torchscript`` an image becomes ``x = (resize(image, [H, W]) / 255 -
+mean) / std`` as ``(3, H, W)`` float32, mean/std per RGB channel, channels reversed
+after normalising when ``channel_order`` is ``bgr``.  Common options: ``device``
+``auto|cpu|cuda`` (auto = cuda when available), ``half`` (float16 weights and inputs;
+cuda only), ``flip``: the embedding is ``(f(x) + f(mirror(x))) / 2`` of the *raw*
+features, not L2-normalised before averaging, as fast-reid's flip test does
+(``inference_on_dataset``: ``(outputs + flip_outputs) / 2``; its evaluator normalises
+afterwards, and rankwise's cosine distance normalises too).
+
+Strict loading (:func:`load_checkpoint`): a bare state dict or one wrapped under
+``state_dict`` / ``model`` / ``module``, ``module.`` (DataParallel) prefixes stripped,
+read with ``torch.load(weights_only=True)`` with numpy scalars and arrays allowed for
+that one call.  Every key must match the model by name and shape except the
+classifier head (dropped for embedding) and BatchNorm ``num_batches_tracked``
+counters (absent from pre-0.4.1 checkpoints; unused in eval mode).
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import RankwiseError
+
+if TYPE_CHECKING:  # imported lazily at run time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from .encoders import _Encoder, _Rows
+
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+_EXTRA = "pip install 'rankwise[torch]'"
+_WRAPPERS = ("state_dict", "model", "module")
+# reid architecture family -> checkpoint keys of its identity classifier (after remapping
+# is not possible: fast-reid's remap drops them, so they are matched on the file's names)
+_REID_HEADS = {"osnet": ("classifier.",), "fastreid": ("heads.weight", "heads.classifier.")}
+
+
+def _import(kind: str, module: str) -> Any:
+    """Import ``module`` or raise the one-line 'install the extra' error."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise RankwiseError(f"{kind}: the {module.split('.')[0]} package is not installed; "
+                            f"install the extra: {_EXTRA}") from None
+
+
+# ---------------------------------------------------------------- options
+
+def _bool(kind: str, opts: dict[str, Any], name: str) -> bool:
+    if not isinstance(opts[name], bool):
+        raise RankwiseError(f"{kind}: option {name} must be true or false, got {opts[name]!r}")
+    return opts[name]
+
+
+def _triple(kind: str, value: Any, name: str, positive: bool = False) -> list[float]:
+    ok = (isinstance(value, (list, tuple)) and len(value) == 3
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+          and (not positive or all(v > 0 for v in value)))
+    if not ok:
+        rule = "3 numbers > 0" if positive else "3 numbers"
+        raise RankwiseError(f"{kind}: option {name} must be {rule} (one per RGB channel), got "
+                            f"{value!r}")
+    return [float(v) for v in value]
+
+
+def resolve_device(kind: str, device: Any, half: bool) -> str:
+    """``auto|cpu|cuda`` -> ``cpu`` or ``cuda``; cuda must be available, half needs cuda."""
+    from .encoders import _choice
+
+    _choice(kind, device, "device", ("auto", "cpu", "cuda"))
+    torch = _import(kind, "torch")
+    available = torch.cuda.is_available()
+    if device == "cuda" and not available:
+        raise RankwiseError(f"{kind}: option device is cuda but torch sees no CUDA device "
+                            f"(torch {torch.__version__}); use device: cpu or auto")
+    resolved = "cuda" if device == "cuda" or (device == "auto" and available) else "cpu"
+    if half and resolved == "cpu":
+        raise RankwiseError(f"{kind}: option half: true needs a CUDA device, but device "
+                            f"{device!r} runs on the CPU here; set half: false")
+    return resolved
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def _numpy_globals() -> list[Any]:
+    """What pickled numpy scalars and arrays need: reconstructors, dtype and its classes."""
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core
+    dtypes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
+    return [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype,
+            *dtypes]
+
+
+def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
+    """The state dict in ``path``: unwrapped, ``module.`` prefixes stripped, on the CPU.
+
+    ``.safetensors`` files are read with safetensors; anything else with
+    ``torch.load(weights_only=True)`` inside ``torch.serialization.safe_globals``
+    allowing numpy scalars/arrays (nothing else; ``weights_only`` stays on).
+    """
+    torch = _import(kind, "torch")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            data: Any = load_file(str(path), device="cpu")
+        except Exception as exc:  # safetensors raises its own error types
+            raise RankwiseError(f"{path}: not a readable safetensors file "
+                                f"({_first_line(exc)}); check options.checkpoint") from None
+    else:
+        import pickle
+
+        try:
+            with torch.serialization.safe_globals(_numpy_globals()):
+                data = torch.load(str(path), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            import re
+
+            found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+            if found is None:
+                raise RankwiseError(f"{path}: not a readable torch checkpoint "
+                                    f"({_first_line(exc)}); check options.checkpoint") from None
+            raise RankwiseError(
+                f"{path}: the checkpoint holds a Python object ({found.group(1)}) that "
+                "torch.load(weights_only=True) refuses to run; if you trust the file, save its "
+                "weights alone: torch.save(torch.load(f, weights_only=False)['state_dict'], "
+                "'weights.pth')") from None
+        except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
+            raise RankwiseError(f"{path}: not a readable torch checkpoint "
+                                f"({_first_line(exc)}); check options.checkpoint") from None
+    # training loops wrap the weights: {"state_dict": ..., "epoch": 60, "optimizer": ...}
+    while isinstance(data, Mapping) and not _is_state_dict(data, torch):
+        inner = next((data[k] for k in _WRAPPERS if isinstance(data.get(k), Mapping)), None)
+        if inner is None:
+            break
+        data = inner
+    if not isinstance(data, Mapping) or not _is_state_dict(data, torch):
+        keys = list(data)[:8] if isinstance(data, Mapping) else type(data).__name__
+        raise RankwiseError(f"{path}: no state dict found (top level: {keys}); save "
+                            "model.state_dict(), bare or under 'state_dict', 'model' or "
+                            "'module'")
+    state = {}
+    for key, value in data.items():
+        while key.startswith("module."):  # DataParallel / DistributedDataParallel
+            key = key[len("module."):]
+        state[key] = value
+    return state
+
+
+def _is_state_dict(data: Mapping, torch: Any) -> bool:
+    return len(data) > 0 and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                 for k, v in data.items())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _listing(keys: list[str], shown: int = 5) -> str:
+    more = f", ... ({len(keys)} in all)" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
+
+
+def load_checkpoint(model: torch.nn.Module, path: Path, *, kind: str, what: str,
+                    heads: tuple[str, ...] = (),
+                    remap: Callable[[dict], dict] | None = None) -> None:
+    """Load ``path`` into ``model`` strictly (see the module docstring).
+
+    ``heads``: key prefixes of the classifier head, ignored when the model has no such key.
+    ``remap``: a per-key renaming (``{key: tensor} -> {new_key: tensor}`` or ``{}``) from
+    the checkpoint's layout to the model's; a key it drops is unexpected unless a head.
+    ``what`` names the model in messages (e.g. ``timm model 'resnet10t'``).
+    """
+    state = read_checkpoint(path, kind)
+    target = model.state_dict()
+    loaded, unexpected = {}, []
+    for key, value in state.items():
+        if key.startswith(heads) and key not in target:  # the classifier, dropped for embedding
+            continue
+        mapped = remap({key: value}) if remap is not None else {key: value}
+        if not mapped:
+            unexpected.append(key)
+        for new_key, new_value in mapped.items():
+            if new_key in target:
+                loaded[new_key] = new_value
+            else:
+                unexpected.append(key)
+    missing = [k for k in target if k not in loaded and not k.endswith("num_batches_tracked")]
+    wrong = [f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}" for k, v in loaded.items()
+             if v.shape != target[k].shape]
+    if missing or unexpected or wrong:
+        parts = [f"{len(keys)} {name}: {_listing(keys, 3 if keys is wrong else 5)}"
+                 for name, keys in (("missing key(s)", missing),
+                                    ("unexpected key(s)", unexpected),
+                                    ("shape mismatch(es) (checkpoint vs model)", wrong)) if keys]
+        raise RankwiseError(f"{path}: checkpoint does not match the {what}: "
+                            f"{'; '.join(parts)}; check that the options name the architecture "
+                            "(and variant) this checkpoint was trained with")
+    model.load_state_dict(loaded, strict=False)  # completeness checked above
+
+
+# ---------------------------------------------------------------- models
+
+def _close(name: str, valid: list[str], hint: str) -> str:
+    close = difflib.get_close_matches(name, valid, n=5, cutoff=0.6)
+    return f"close names: {', '.join(close)}" if close else hint
+
+
+def _reid_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """The reid backbone with its checkpoint, its crop transform, and the record."""
+    import dataclasses
+
+    from .encoders import _size
+
+    _import("reid", "torch")
+    architectures = _import("reid", "reid.architectures")
+    name = opts["architecture"]
+    valid = architectures.list_architectures()
+    if name not in valid:
+        raise RankwiseError(f"reid: unknown architecture {name!r} in options.architecture; "
+                            f"{_close(str(name), valid, 'valid: ' + ', '.join(valid))} (timm "
+                            "models: use kind timm)")
+    preprocessing = architectures.default_preprocessing_for_architecture(name)
+    if opts["input_size"] is not None:
+        size = _size("reid", opts["input_size"], "input_size")
+        preprocessing = dataclasses.replace(preprocessing, input_size=size)
+    model = architectures.build_architecture(name, pretrained=False)
+    family = "fastreid" if name.startswith("fastreid") else "osnet"
+    load_checkpoint(model, checkpoint, kind="reid", what=f"reid architecture {name!r}",
+                    heads=_REID_HEADS[family],
+                    remap=architectures.checkpoint_remap_for_architecture(name))
+    record = {"input_size": list(preprocessing.input_size),
+              "resize": preprocessing.resize_mode,
+              "interpolation": preprocessing.interpolation.value,
+              "mean": list(preprocessing.mean), "std": list(preprocessing.std),
+              "channel_order": "rgb"}
+    return model, preprocessing.build_crop_transform(), record
+
+
+def _timm_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, dict[str, Any]]:
+    """The timm model (no classifier) with its checkpoint, and its data config."""
+    timm = _import("timm", "timm")
+    name = opts["model"]
+    if not isinstance(name, str) or not timm.is_model(name):
+        raise RankwiseError(f"timm: unknown model {name!r} in options.model; "
+                            f"{_close(str(name), timm.list_models(), 'see timm.list_models()')}")
+    model = timm.create_model(name, pretrained=False, num_classes=0)
+    head = model.pretrained_cfg.get("classifier") or ()
+    heads = tuple(f"{h}." for h in ([head] if isinstance(head, str) else head))
+    load_checkpoint(model, checkpoint, kind="timm", what=f"timm model {name!r}", heads=heads)
+    return model, timm.data.resolve_model_data_config(model)
+
+
+def _torchscript_model(path: Path) -> Any:
+    torch = _import("torchscript", "torch")
+    try:
+        with warnings.catch_warnings():  # torch >= 2.9 flags torch.jit as deprecated
+            warnings.simplefilter("ignore", FutureWarning)
+            model = torch.jit.load(str(path), map_location="cpu")
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise RankwiseError(f"{path}: not a TorchScript module ({_first_line(exc)}); save one "
+                            "with torch.jit.script(model).save(path) or torch.jit.trace, or "
+                            "use kind timm / reid for a state dict") from None
+    return model
+
+
+# ---------------------------------------------------------------- the encoder
+
+def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
+    """Check ``opts`` (defaults filled in) and return the configured torch encoder."""
+    from PIL import Image
+
+    from .encoders import _checkpoint, _choice, _Encoder, _image_batches, _size
+
+    flip, half = _bool(kind, opts, "flip"), _bool(kind, opts, "half")
+    file_option = "model" if kind == "torchscript" else "checkpoint"
+    file = _checkpoint(kind, opts[file_option], file_option)
+    if kind != "reid":
+        interpolation = _choice(kind, opts["interpolation"], "interpolation", INTERPOLATIONS)
+        resample = getattr(Image.Resampling, interpolation.upper())
+    if kind == "torchscript":
+        size = _size(kind, opts["input_size"], "input_size")
+        mean = _triple(kind, opts["mean"], "mean")
+        std = _triple(kind, opts["std"], "std", positive=True)
+        channel_order = _choice(kind, opts["channel_order"], "channel_order", ("rgb", "bgr"))
+    device = resolve_device(kind, opts["device"], half)
+    torch = _import(kind, "torch")
+
+    if kind == "reid":
+        model, transform, record = _reid_model(opts, file)
+
+        def preprocess(rows: _Rows, i: int) -> torch.Tensor:
+            return transform(rows.read(i))  # reid's own crop transform, PIL RGB in
+
+        def to_input(batch: list[torch.Tensor]) -> torch.Tensor:
+            return torch.stack(batch).to(device, non_blocking=True)
+    else:
+        if kind == "timm":
+            model, config = _timm_model(opts, file)
+            size = (tuple(config["input_size"][1:]) if opts["input_size"] is None
+                    else _size(kind, opts["input_size"], "input_size"))
+            mean = list(config["mean"]) if opts["mean"] is None \
+                else _triple(kind, opts["mean"], "mean")
+            std = list(config["std"]) if opts["std"] is None \
+                else _triple(kind, opts["std"], "std", positive=True)
+            channel_order = "rgb"
+        else:
+            model = _torchscript_model(file)
+        record = {"input_size": [int(size[0]), int(size[1])], "resize": "stretch",
+                  "interpolation": interpolation, "mean": [float(m) for m in mean],
+                  "std": [float(s) for s in std], "channel_order": channel_order}
+        mean_t = torch.tensor(mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        std_t = torch.tensor(std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+
+        def preprocess(rows: _Rows, i: int) -> np.ndarray:
+            return np.asarray(rows.read(i, size, resample=resample))  # (H, W, 3) uint8
+
+        def to_input(batch: list[np.ndarray]) -> torch.Tensor:
+            # uint8 to the device (4x less to copy), then (x / 255 - mean) / std there,
+            # the same float32 operations in the same order as the per-image formula
+            x = torch.from_numpy(np.stack(batch)).to(device, non_blocking=True)
+            x = x.permute(0, 3, 1, 2).contiguous().float().div_(255).sub_(mean_t).div_(std_t)
+            return x.flip(1) if channel_order == "bgr" else x
+
+    model.eval().to(device)
+    if half:
+        model.half()
+    if device == "cpu":
+        torch.set_num_threads(threads)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        try:
+            out = model(x)
+        except RuntimeError as exc:  # e.g. a traced model fixed to another input size
+            raise RankwiseError(f"{file}: the model failed on a batch of shape "
+                                f"{tuple(x.shape)} ({_first_line(exc)}); check "
+                                "options.input_size and the model file") from None
+        if not isinstance(out, torch.Tensor):
+            raise RankwiseError(f"{file}: the model returned {type(out).__name__}, not a "
+                                "tensor; export a module that returns the embedding")
+        return out.float().reshape(len(x), -1)
+
+    def embed(batch: list[Any]) -> np.ndarray:
+        with torch.inference_mode():
+            x = to_input(batch)
+            x = x.half() if half else x
+            out = forward(x)
+            if flip:  # fast-reid's flip test: raw features averaged, normalised later
+                out = (out + forward(x.flip(3))) / 2
+        return out.cpu().numpy()
+
+    def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
+        for batch in _image_batches(rows, lambda i: preprocess(rows, i), batch_size, pool):
+            yield embed(batch)
+
+    record.update({"flip": flip, "device": device, "half": half})
+    return _Encoder(opts, file, batches, threads=threads, preprocessing=record)
