@@ -351,3 +351,15 @@ def test_mot_through_the_pipeline(mot: Path, tmp_path: Path):
     # frame 3) including itself; the other 8 crops are skipped
     assert (metrics["num_queries"], metrics["num_skipped"], metrics["num_gallery"]) == (1, 8, 9)
     assert (tmp_path / "results/manifests/mot/crops/MOT17-04_5/MOT17-04_000003.png").is_file()
+
+
+def test_mot_crops_read_back_as_identity_folders(mot: Path, tmp_path: Path):
+    """crops/ is the reid package's identity-folder layout: identity-folders reads it."""
+    _prepare(mot, tmp_path / "mot")
+    out = tmp_path / "ids"
+    prepare_dataset("identity-folders", {"root": str(tmp_path / "mot" / "crops")}, out)
+    query, gallery = _read(out, "query"), _read(out, "gallery")
+    # 3 crops of MOT17-02_1, 3 of MOT17-02_2, 2 of MOT17-04_1; MOT17-04_5 has one crop
+    assert query["label"].tolist() == ["MOT17-02_1", "MOT17-02_2", "MOT17-04_1"]
+    assert gallery.groupby("label").size().to_dict() == {"MOT17-02_1": 2, "MOT17-02_2": 2,
+                                                         "MOT17-04_1": 1}

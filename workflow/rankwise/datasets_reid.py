@@ -12,7 +12,8 @@ and which protocol the numbers belong to.
     order.  Names ``VVVV_cCCC_FFFFFFFF_N.jpg`` (``0002_c002_00030600_0.jpg``):
     label = ``str(int(V))``, camera = ``int(C)``, frame = ``int(F)``, id = the stem.
     Protocol ``reid``: a query's own vehicle under its own camera is excluded, which
-    is what VeRi's ``jk_index.txt`` lists as junk.
+    is what VeRi's ``jk_index.txt`` lists as junk.  An image named in both lists has
+    one id, so it is never its own match.
 ``dukemtmc`` {root}
     DukeMTMC-reID: ``query/`` and ``bounding_box_test/`` holding
     ``PPPP_cC_fFFFFFFF.jpg`` (``0005_c2_f0046985.jpg``: person 5, camera 2, frame
@@ -183,7 +184,8 @@ def _veri_listed(root: Path, listing_name: str, folder_name: str) -> pd.DataFram
     if not listing.is_file():
         raise RankwiseError(f"{listing}: VeRi-776 list file not found; options.root must be "
                             f"the VeRi folder holding {listing_name} and {folder_name}/")
-    rows, seen = [], {}
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}  # name -> line
     for number, line in enumerate(listing.read_text().splitlines(), start=1):
         name = line.strip()
         if not name:

@@ -231,7 +231,9 @@ def read_boxes(sequence: Sequence, opts: dict[str, Any]) -> list[Box]:
     gt = sequence.folder / "gt" / "gt.txt"
     classes = None if opts["classes"] is None else set(opts["classes"])
     cutoff = half_cutoff(sequence.length)
-    boxes, seen, frames_found = [], {}, {}
+    boxes: list[Box] = []
+    seen: dict[tuple[int, int], int] = {}  # (frame, track) -> line
+    frames_found: dict[int, bool] = {}
     for number, line in enumerate(gt.read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -291,10 +293,13 @@ def _write_crops(sequence: Sequence, boxes: list[Box], crops_dir: Path) -> list[
     """Cut every box from its frame (each frame decoded once) and save the crops."""
     from PIL import Image
 
-    rows, image, current = [], None, None
+    rows: list[dict[str, Any]] = []
+    image: Image.Image | None = None
+    current = None
     for box in boxes:
-        if box.frame != current:
+        if image is None or box.frame != current:
             source = frame_path(sequence, box.frame)
+            assert source is not None  # read_boxes checked every frame file
             with Image.open(source) as opened:
                 if opened.size != (sequence.width, sequence.height):
                     raise RankwiseError(f"{source}: image is {opened.size[0]}x{opened.size[1]}, "
