@@ -271,7 +271,7 @@ def load_identity_folders(opts: dict[str, Any], out: Path) -> dict[str, pd.DataF
     if min_crops <= queries:
         raise RankwiseError(f"identity-folders: option min_crops ({min_crops}) must be greater "
                             f"than queries_per_id ({queries}) so that every query keeps a "
-                            "gallery match")
+                            f"gallery match; set it to {queries + 1} or more")
     root = _existing_dir(opts["root"], "identity folders root")
     identities = identity_crops(root)
     if not identities:

@@ -198,7 +198,7 @@ def select_sequences(split_dir: Path, wanted: list[str] | None) -> list[Sequence
                                     f"such as {_GT_EXAMPLE})")
         digests = [hashlib.sha256(gt.read_bytes()).hexdigest() for gt in gts]
         if len(set(digests)) > 1:
-            odd = next(g for g, d in zip(gts, digests) if d != digests[0])
+            odd = next(g for g, d in zip(gts, digests, strict=True) if d != digests[0])
             raise RankwiseError(f"{odd}: differs from {gts[0]}; detector variants of {base} "
                                 "must share one ground truth to be counted once")
         sequences.append(read_seqinfo(variants[0]))
