@@ -28,6 +28,18 @@ Loaders (options in braces, defaults after ``=``):
     The user's own CSVs, validated (``rankwise.manifest.read_manifest`` for the
     protocol's columns) and copied; relative ``path`` values are rewritten to stay
     valid from ``out_dir``.
+``veri776`` {root}, ``dukemtmc`` {root}, ``cuhk03-np`` {root, variant}
+    VeRi-776 (``name_query.txt`` / ``name_test.txt`` order), DukeMTMC-reID and
+    CUHK03-NP (``labeled`` | ``detected``) in their own naming conventions; protocol
+    ``reid`` (see :mod:`rankwise.datasets_reid`).
+``identity-folders`` {root, queries_per_id=1, min_crops=2, seed=0}
+    One folder per identity, split into query / gallery as the ``reid`` package's
+    ``RetrievalProtocol`` does; protocol ``recall`` (see :mod:`rankwise.datasets_reid`).
+``mot`` {root, split="train", sequences=null, frames="all", classes=[1],
+min_visibility=0.0, min_size=0}
+    MOTChallenge ground truth cut into crops under ``out_dir/crops/``; query = gallery =
+    the crops, with ``sequence`` and ``frame``; protocol ``reassociation`` (see
+    :mod:`rankwise.mot`).
 ``digits``, ``demo-market``, ``demo-reassociation``, ``demo-progressive``
     Offline demo data generated under ``out_dir/images/`` (see :mod:`rankwise.demo`).
 """
@@ -345,6 +357,16 @@ LOADERS: dict[str, Loader] = {
 }
 for _name, _options in DEMO_OPTIONS.items():
     LOADERS[_name] = Loader(_demo(_name), _options, generates_images=True)
+
+# Imported last: these modules import the helpers above inside their functions.
+from . import datasets_reid as _reid  # noqa: E402
+from . import mot as _mot  # noqa: E402
+
+LOADERS["veri776"] = Loader(_reid.load_veri776, _reid.VERI776_OPTIONS)
+LOADERS["dukemtmc"] = Loader(_reid.load_dukemtmc, _reid.DUKEMTMC_OPTIONS)
+LOADERS["cuhk03-np"] = Loader(_reid.load_cuhk03_np, _reid.CUHK03_NP_OPTIONS)
+LOADERS["identity-folders"] = Loader(_reid.load_identity_folders, _reid.IDENTITY_FOLDERS_OPTIONS)
+LOADERS["mot"] = Loader(_mot.load_mot, _mot.MOT_OPTIONS)
 
 
 def prepare_dataset(loader: str, options: dict[str, Any] | None,
