@@ -1,5 +1,6 @@
-# Report: every dataset x encoder in one self-contained HTML page, Markdown and JSON, with
-# bootstrap intervals, paired tests, CMC curves and the worst queries. Besides the metrics
+# Report: every dataset x encoder in one self-contained HTML page, Markdown, JSON, a tidy
+# CSV and LaTeX tables, with bootstrap intervals, paired tests, CMC curves and the worst
+# queries. Besides the metrics
 # files it reads what their provenance names: the ranks stores (intervals, tests, CMC) and,
 # for the worst queries' nearest items, the manifests (and their images) and embeddings.
 
@@ -20,6 +21,8 @@ rule report:
         html="results/report.html",
         md="results/report.md",
         json="results/report.json",
+        csv="results/report.csv",
+        tex="results/report.tex",
     log:
         "logs/report.log",
     params:
@@ -41,5 +44,6 @@ rule report:
         " --cmc-max-rank {params.cmc_max_rank} --resamples {params.resamples}"
         " --seed {params.seed} --by {params.by} --worst-queries {params.worst_queries}"
         " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"
-        " --html {output.html:q} --md {output.md:q} --json {output.json:q} > {log:q} 2>&1"
+        " --html {output.html:q} --md {output.md:q} --json {output.json:q}"
+        " --csv {output.csv:q} --tex {output.tex:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

@@ -191,7 +191,7 @@ def test_cuhk03_np_manifest(tmp_path: Path, variant: str, shade: int):
 @pytest.mark.parametrize("options, message", [
     ({"root": "x"}, r"cuhk03-np: missing option\(s\) variant"),
     ({"root": "x", "variant": "manual"}, r"cuhk03-np: option variant must be one of labeled, "
-                                         r"detected; got 'manual'"),
+                                         r"detected, got 'manual'"),
 ])
 def test_cuhk03_np_option_errors(tmp_path: Path, options, message):
     with pytest.raises(RankwiseError, match=message):
@@ -295,9 +295,9 @@ def test_identity_folders_match_the_reid_package(tmp_path: Path):
 @pytest.mark.parametrize("options, message", [
     ({"queries_per_id": 2, "min_crops": 2}, r"identity-folders: option min_crops \(2\) must be "
                                             r"greater than queries_per_id \(2\)"),
-    ({"queries_per_id": 0}, r"identity-folders: option queries_per_id must be an integer >= 1, "
+    ({"queries_per_id": 0}, r"identity-folders: option queries_per_id must be a positive integer, "
                             r"got 0"),
-    ({"seed": "x"}, r"identity-folders: option seed must be an integer, got 'x'"),
+    ({"seed": "x"}, r"identity-folders: option seed must be a non-negative integer, got 'x'"),
     ({"min_crops": 9}, r"no identity has min_crops=9 crops \(the most is 3\); lower "
                        r"options\.min_crops"),
 ])

@@ -291,10 +291,10 @@ def test_mot_failed_run_keeps_the_previous_result(mot: Path, tmp_path: Path):
 
 @pytest.mark.parametrize("options, message", [
     ({"frames": "train_half"}, r"mot: option frames must be one of all, first-half, "
-                               r"second-half; got 'train_half'"),
-    ({"min_visibility": 1.5}, r"mot: option min_visibility must be a number in \[0, 1\]"),
-    ({"min_size": -1}, r"mot: option min_size must be an integer >= 0, got -1"),
-    ({"classes": 1}, r"mot: option classes must be a non-empty list of integer class ids"),
+                               r"second-half, got 'train_half'"),
+    ({"min_visibility": 1.5}, r"mot: option min_visibility must be a number >= 0 and <= 1, got 1.5"),
+    ({"min_size": -1}, r"mot: option min_size must be a non-negative integer, got -1"),
+    ({"classes": 1}, r"mot: option classes must be positive integers"),
     ({"sequences": "MOT17-02"}, r"mot: option sequences must be a non-empty list"),
     ({"gap": 3}, r"mot: unknown option\(s\) gap; valid options: classes, frames, "
                  r"min_size, min_visibility, root, sequences, split"),

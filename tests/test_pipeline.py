@@ -132,7 +132,7 @@ def test_first_run_writes_every_stage(workdir):
         assert (workdir / f"results/benchmarks/ranks/{dataset}/{encoder}.tsv").is_file()
     # `encoders: [pixels]` restricts the sketches dataset
     assert not (workdir / "results/ranks/sketches/net.zarr").exists()
-    for name in ("report.html", "report.md", "report.json"):
+    for name in ("report.html", "report.md", "report.json", "report.csv", "report.tex"):
         assert (workdir / "results" / name).is_file()
     doc = json.loads((workdir / "results/report.json").read_text())
     assert [(r["dataset"], r["encoder"]) for r in doc["results"]] == pairs

@@ -44,7 +44,15 @@ DATASET_PATH_OPTIONS = {
     "msmt17": {"root": "dir"},
     "folder": {"root": "dir", "query_dir": "dir", "gallery_dir": "dir"},
     "manifest": {"query": "file", "gallery": "file"},
+    "veri776": {"root": "dir"},
+    "dukemtmc": {"root": "dir"},
+    "cuhk03-np": {"root": "dir"},
+    "identity-folders": {"root": "dir"},
+    "mot": {"root": "dir"},
 }
+#: Loaders whose whole ``root`` tree (every file: images, list files, gt.txt,
+#: seqinfo.ini) is what both splits are read from.
+TREE_LOADERS = ("veri776", "dukemtmc", "cuhk03-np", "identity-folders", "mot")
 #: Stands for a sweep's file in the entry's options until :func:`expand_checkpoints`.
 SWEEP_PLACEHOLDER = "<one file per match of checkpoints>"
 SPLITS = ("query", "gallery")
@@ -425,6 +433,20 @@ def _images_below(folder: Path, recursive: bool) -> list[str]:
     return sorted(lines)
 
 
+def _files_below(folder: Path) -> list[str]:
+    """Lines ``relative name, size, mtime`` of every non-hidden file below ``folder``."""
+    if not folder.is_dir():
+        return [f"{folder}\tmissing"]
+    lines = []
+    for top, dirs, files in os.walk(folder, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            if not name.startswith("."):
+                path = Path(top) / name
+                lines.append(_stat_line(path.relative_to(folder).as_posix(), path))
+    return sorted(lines)
+
+
 def _file_lines(path: Path) -> list[str]:
     """The file's sha256 (cached by path, size and mtime), or 'missing'."""
     from .hashing import file_sha256
@@ -473,7 +495,9 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
     its ``path`` column names. ``market1501``, ``folder``: the relative name, size and
     mtime of every image of the split's folder (``folder`` with ``root``: of the whole
     tree, for both splits). ``msmt17``: the list file's bytes and the size and mtime of
-    each image it lists. So editing a CSV, adding, removing or rewriting an image
+    each image it lists. ``veri776``, ``dukemtmc``, ``cuhk03-np``, ``identity-folders``,
+    ``mot``: the relative name, size and mtime of every file below ``root`` (list files,
+    ``gt.txt`` and ``seqinfo.ini`` included), for both splits. So editing a CSV, adding, removing or rewriting an image
     changes the digest; touching an image (same bytes, new mtime) does too, since images
     are not hashed: hashing a whole dataset on every run would cost minutes.
     """
@@ -493,6 +517,9 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
         else:
             parts = {s: _images_below(Path(os.path.expanduser(options[f"{s}_dir"])),
                                       recursive=True) for s in SPLITS}
-    else:
+    elif loader in TREE_LOADERS:
+        tree = _files_below(Path(os.path.expanduser(options["root"])))
+        parts = {s: tree for s in SPLITS}
+    else:  # the offline demos: generated from their options alone
         return {s: "generated" for s in SPLITS}
     return {s: _digest(parts[s]) for s in SPLITS}

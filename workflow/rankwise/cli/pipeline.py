@@ -20,7 +20,8 @@ from .shared import parse_json_options
 @click.command("prepare")
 @click.option("--loader", required=True, metavar="NAME",
               help="market1501, msmt17, folder, manifest, digits, demo-market, "
-                   "demo-reassociation or demo-progressive.")
+                   "demo-reassociation, demo-progressive, veri776, dukemtmc, cuhk03-np, "
+                   "identity-folders or mot.")
 @click.option("--options", "options_text", default="{}", show_default=True, metavar="JSON",
               help="Loader options as a JSON object, or @file.json.")
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
@@ -38,13 +39,14 @@ def prepare(loader: str, options_text: str, out_dir: Path) -> None:
 @click.option("--manifest", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Manifest CSV (rows in embedding order; 'path' relative to its folder).")
 @click.option("--kind", required=True, metavar="KIND",
-              help="precomputed, python, onnx, pixels, color-histogram or hog.")
+              help="precomputed, python, onnx, pixels, color-histogram, hog, reid, timm or "
+                   "torchscript.")
 @click.option("--options", "options_text", default="{}", show_default=True, metavar="JSON",
               help="Encoder options as a JSON object, or @file.json.")
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="Embedding store to write (Zarr; written atomically).")
 @spec.BATCH_SIZE.click(help="Images per encoder call.")
-@spec.THREADS.click(default=None, help="Decoding (and onnxruntime) threads [default: "
+@spec.THREADS.click(default=None, help="Decoding (and onnxruntime / torch CPU) threads [default: "
                                        "available CPUs, at most 8].")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress bar on stderr.")
