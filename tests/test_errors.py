@@ -737,28 +737,31 @@ def _config(dataset_extra: str = "", encoder: str = "{kind: pixels}", engine: st
 
 CONFIG_CASES = [
     ("unknown-dataset-key", _config("    protocl: recall\n"),
-     [r"'protocl' was unexpected", r"\['datasets'\]\['d'\]|datasets\.d"]),
+     [r"config\.yaml:6: datasets\.d\.protocl: unknown key 'protocl'; did you mean 'protocol'\?"]),
     ("unknown-top-key", _config() + "engnie: {threads: 1}\n",
-     [r"'engnie' was unexpected"]),
+     [r"config\.yaml:8: engnie: unknown key 'engnie'; did you mean 'engine'\?"]),
     ("wrong-type-ks", _config("    ks: [1, five]\n"),
-     [r"'five' is not of type 'integer'", r"\['datasets'\]\['d'\]\['ks'\]\[1\]|datasets\.d\.ks"]),
+     [r"config\.yaml:6: datasets\.d\.ks\[1\]: expected integer, got 'five'"]),
     ("wrong-type-engine", _config(engine="engine: {threads: two}\n"),
-     [r"'two' is not of type 'integer'", r"\['engine'\]\['threads'\]|engine\.threads"]),
+     [r"config\.yaml:8: engine\.threads: expected integer, got 'two'"]),
     ("unknown-encoder-option", _config(encoder="{kind: pixels, options: {colour: true}}"),
-     [r"'colour' was unexpected", r"\['encoders'\]\['e'\]\['options'\]|encoders\.e\.options"]),
+     [r"config\.yaml:7: encoders\.e\.options\.colour: unknown key 'colour'; valid: grayscale, "
+      r"size"]),
     ("missing-checkpoint", _config(encoder="{kind: onnx, options: {model: ckpt/net.onnx, "
                                            "input_size: [16, 8]}}"),
-     [r"Missing input files", r"ckpt/net\.onnx"]),
+     [r"config\.yaml:7: encoders\.e\.options\.model: ckpt/net\.onnx not found .*; fix the "
+      r"path or remove the entry"]),
 ]
 
 
 @needs_pipeline
 @pytest.mark.parametrize("name, config, patterns", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
 def test_pipeline_config_refused(tmp_path, name, config, patterns):
-    """Snakemake stops before any job and the message names the key path (or file)."""
+    """Snakemake stops before any job with one line naming the file, line and key path."""
     proc = snakemake_dry_run(tmp_path, config)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-3000:]
+    assert len(text.strip().splitlines()) <= 3, text[-3000:]
     for pattern in patterns:
         assert re.search(pattern, text), f"{pattern!r} not in:\n{text[-3000:]}"
     assert not (tmp_path / "results").exists()

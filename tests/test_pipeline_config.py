@@ -346,3 +346,32 @@ def test_generated_demo_data_has_a_constant_fingerprint():
     assert pc.dataset_fingerprints("demo-market", {"seed": 0}) == \
         pc.dataset_fingerprints("demo-market", {"seed": 1}) == \
         {"query": "generated", "gallery": "generated"}
+
+
+@pytest.mark.parametrize("name, stem", [
+    ("runs/r50/epoch_60.pth", "epoch_60"),
+    ("log/osnet/model/model.pth.tar-60", "model-60"),   # torchreid's per-epoch files
+    ("log/osnet/model/model.pth.tar", "model"),
+    ("output/model_0059999.pth", "model_0059999"),     # fast-reid
+    ("exports/epoch_2.onnx", "epoch_2"),
+    ("w/epoch_3.safetensors", "epoch_3"),
+    ("w/notes.v2.txt", "notes.v2"),
+])
+def test_checkpoint_stem(name, stem):
+    from rankwise.pipeline_config import checkpoint_stem
+
+    assert checkpoint_stem(name) == stem
+
+
+def test_torchreid_epochs_sweep_in_natural_order(tmp_path, monkeypatch):
+    from rankwise.pipeline_config import expand_checkpoints
+
+    for epoch in (10, 2, 60):
+        (tmp_path / f"model.pth.tar-{epoch}").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    expanded, sweeps = expand_checkpoints({"osnet": {
+        "kind": "reid", "checkpoints": "model.pth.tar-*",
+        "options": {"architecture": "osnet_x1_0"}}})
+    assert sweeps["osnet"] == ["osnet@model-2", "osnet@model-10", "osnet@model-60"]
+    assert expanded["osnet@model-60"]["options"] == {"architecture": "osnet_x1_0",
+                                                     "checkpoint": "model.pth.tar-60"}

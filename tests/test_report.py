@@ -265,11 +265,19 @@ def test_comparisons_cover_every_pair_and_metric(doc):
     assert gain["diff"] > 0
 
 
-def test_comparison_pairs_all_up_to_four_then_against_the_first():
+def test_comparison_pairs_all_up_to_four_then_previous_and_best():
     assert comparison_pairs(["a"]) == []
     assert comparison_pairs(list("abcd")) == [("a", "b"), ("a", "c"), ("a", "d"), ("b", "c"),
                                               ("b", "d"), ("c", "d")]
-    assert comparison_pairs(list("abcde")) == [("a", "b"), ("a", "c"), ("a", "d"), ("a", "e")]
+    assert comparison_pairs(list("abcd"), "c") == comparison_pairs(list("abcd"))
+    # beyond four: each against the previous one (epoch to epoch) ...
+    assert comparison_pairs(list("abcde")) == [("a", "b"), ("b", "c"), ("c", "d"), ("d", "e")]
+    # ... and the best against every encoder it is not already next to
+    assert comparison_pairs(list("abcdef"), "c") == [
+        ("a", "b"), ("b", "c"), ("c", "d"), ("d", "e"), ("e", "f"), ("a", "c"), ("e", "c"),
+        ("f", "c")]
+    pairs = comparison_pairs([f"e{i}" for i in range(16)], "e7")
+    assert len(pairs) == 15 + 13 and len(set(pairs)) == len(pairs)  # linear, no repeats
 
 
 def test_html_marks_significant_differences(doc, report):

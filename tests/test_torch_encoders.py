@@ -466,7 +466,7 @@ BAD = [
     ("timm", {"model": "resnet10t", "checkpoint": "{ckpt}", "device": "tpu"},
      r"^timm: option device must be one of auto, cpu, cuda, got 'tpu'"),
     ("torchscript", {"model": "{sd}", "input_size": [8, 8], "std": [1, 0, 1]},
-     r"^torchscript: option std must be 3 numbers > 0"),
+     r"^torchscript: option std must be a list of 3 numbers \(each > 0\)"),
     ("reid", {"architecture": "osnet_x0_25", "checkpoint": "{ckpt}", "pretrained": True},
      r"^reid: unknown option\(s\) pretrained"),
 ]

@@ -228,7 +228,7 @@ class Option:
                     "minItems": 1, "uniqueItems": True}
         else:  # labels
             node = {"type": "array", "items": {"type": ["string", "integer"]}}
-        if self.nullable and kind in ("cutoffs", "labels"):
+        if self.nullable and kind in ("cutoffs", "labels", "numbers"):
             node = {"anyOf": [{"type": "null"}, node]}
         if not self.required and self.schema_default:
             node["default"] = _json_value(self.default)

@@ -322,14 +322,14 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
         option = CHECKPOINT_OPTION[entry["kind"]]
         files = sorted((f for f in glob.glob(os.path.expanduser(pattern), recursive=True)
                         if os.path.isfile(f)),
-                       key=lambda f: (natural_key(Path(f).stem), natural_key(f)))
+                       key=lambda f: (natural_key(checkpoint_stem(f)), natural_key(f)))
         if not files:
             raise ConfigError(["encoders", name, "checkpoints"],
                               f"{pattern!r} matches no file (relative paths start from "
                               f"{os.getcwd()}); check the pattern")
         stems: dict[str, str] = {}
         for file in files:
-            stem = Path(file).stem
+            stem = checkpoint_stem(file)
             if stem in stems:
                 raise ConfigError(["encoders", name, "checkpoints"],
                                   f"{stems[stem]} and {file} have the same stem {stem!r} "
@@ -351,6 +351,28 @@ def expand_names(names: Sequence[str] | None, sweeps: dict[str, list[str]]) -> l
     if names is None:
         return None
     return list(dict.fromkeys(n for name in names for n in sweeps.get(name, [name])))
+
+
+_CHECKPOINT_SUFFIXES = (".pth.tar", ".pth", ".pt", ".tar", ".onnx", ".safetensors", ".ckpt",
+                        ".bin", ".jit", ".torchscript")
+_TORCHREID_NAME = re.compile(r"^(?P<base>.+)\.pth\.tar-(?P<epoch>\d+)$")
+
+
+def checkpoint_stem(path: str | os.PathLike) -> str:
+    """The name a sweep gives a checkpoint file: its name without the checkpoint suffix.
+
+    ``epoch_60.pth`` -> ``epoch_60``; ``model.pth.tar`` -> ``model``; torchreid's
+    ``model.pth.tar-60`` -> ``model-60`` (the epoch kept, so every epoch has its own name);
+    fast-reid's ``model_0059999.pth`` -> ``model_0059999``; any other name: ``Path.stem``.
+    """
+    name = Path(path).name
+    torchreid = _TORCHREID_NAME.match(name)
+    if torchreid:
+        return f"{torchreid['base']}-{torchreid['epoch']}"
+    for suffix in _CHECKPOINT_SUFFIXES:
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return Path(name).stem
 
 
 # ---------------------------------------------------------------- paths

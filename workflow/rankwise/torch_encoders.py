@@ -84,28 +84,11 @@ def _import(kind: str, module: str) -> Any:
 
 # ---------------------------------------------------------------- options
 
-def _bool(kind: str, opts: dict[str, Any], name: str) -> bool:
-    if not isinstance(opts[name], bool):
-        raise RankwiseError(f"{kind}: option {name} must be true or false, got {opts[name]!r}")
-    return opts[name]
-
-
-def _triple(kind: str, value: Any, name: str, positive: bool = False) -> list[float]:
-    ok = (isinstance(value, (list, tuple)) and len(value) == 3
-          and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-          and (not positive or all(v > 0 for v in value)))
-    if not ok:
-        rule = "3 numbers > 0" if positive else "3 numbers"
-        raise RankwiseError(f"{kind}: option {name} must be {rule} (one per RGB channel), got "
-                            f"{value!r}")
-    return [float(v) for v in value]
-
-
 def resolve_device(kind: str, device: Any, half: bool) -> str:
     """``auto|cpu|cuda`` -> ``cpu`` or ``cuda``; cuda must be available, half needs cuda."""
-    from .encoders import _choice
-
-    _choice(kind, device, "device", ("auto", "cpu", "cuda"))
+    if device not in ("auto", "cpu", "cuda"):
+        raise RankwiseError(f"{kind}: option device must be one of auto, cpu, cuda, got "
+                            f"{device!r}")
     torch = _import(kind, "torch")
     available = torch.cuda.is_available()
     if device == "cuda" and not available:
@@ -248,8 +231,6 @@ def _reid_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, Any, dict[
     """The reid backbone with its checkpoint, its crop transform, and the record."""
     import dataclasses
 
-    from .encoders import _size
-
     _import("reid", "torch")
     architectures = _import("reid", "reid.architectures")
     name = opts["architecture"]
@@ -260,7 +241,7 @@ def _reid_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, Any, dict[
                             "models: use kind timm)")
     preprocessing = architectures.default_preprocessing_for_architecture(name)
     if opts["input_size"] is not None:
-        size = _size("reid", opts["input_size"], "input_size")
+        size = tuple(opts["input_size"])
         preprocessing = dataclasses.replace(preprocessing, input_size=size)
     model = architectures.build_architecture(name, pretrained=False)
     family = "fastreid" if name.startswith("fastreid") else "osnet"
@@ -308,19 +289,20 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
     """Check ``opts`` (defaults filled in) and return the configured torch encoder."""
     from PIL import Image
 
-    from .encoders import _checkpoint, _choice, _Encoder, _image_batches, _size
+    from .encoders import _checkpoint, _Encoder, _image_batches
 
-    flip, half = _bool(kind, opts, "flip"), _bool(kind, opts, "half")
+    # opts were checked against rankwise.encoders.OPTIONS[kind] by build_encoder
+    flip, half = bool(opts["flip"]), bool(opts["half"])
     file_option = "model" if kind == "torchscript" else "checkpoint"
     file = _checkpoint(kind, opts[file_option], file_option)
     if kind != "reid":
-        interpolation = _choice(kind, opts["interpolation"], "interpolation", INTERPOLATIONS)
+        interpolation = opts["interpolation"]
         resample = getattr(Image.Resampling, interpolation.upper())
     if kind == "torchscript":
-        size = _size(kind, opts["input_size"], "input_size")
-        mean = _triple(kind, opts["mean"], "mean")
-        std = _triple(kind, opts["std"], "std", positive=True)
-        channel_order = _choice(kind, opts["channel_order"], "channel_order", ("rgb", "bgr"))
+        size = tuple(opts["input_size"])
+        mean = [float(v) for v in opts["mean"]]
+        std = [float(v) for v in opts["std"]]
+        channel_order = opts["channel_order"]
     device = resolve_device(kind, opts["device"], half)
     torch = _import(kind, "torch")
 
@@ -336,11 +318,11 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         if kind == "timm":
             model, config = _timm_model(opts, file)
             size = (tuple(config["input_size"][1:]) if opts["input_size"] is None
-                    else _size(kind, opts["input_size"], "input_size"))
+                    else tuple(opts["input_size"]))
             mean = list(config["mean"]) if opts["mean"] is None \
-                else _triple(kind, opts["mean"], "mean")
+                else [float(v) for v in opts["mean"]]
             std = list(config["std"]) if opts["std"] is None \
-                else _triple(kind, opts["std"], "std", positive=True)
+                else [float(v) for v in opts["std"]]
             channel_order = "rgb"
         else:
             model = _torchscript_model(file)

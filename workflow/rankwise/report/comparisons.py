@@ -10,15 +10,21 @@ from ..errors import RankwiseError
 from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE
 
 
-def comparison_pairs(encoders: list[str]) -> list[tuple[str, str]]:
+def comparison_pairs(encoders: list[str], best: str | None = None) -> list[tuple[str, str]]:
     """The ``(a, b)`` pairs compared on one dataset, ``b`` tested against ``a``.
 
-    Every pair (in the given order) for at most :data:`ALL_PAIRS_MAX` encoders, else
-    each encoder against the first one.
+    Every pair (in the given order) for at most :data:`ALL_PAIRS_MAX` encoders. Beyond,
+    ``2N`` tests at most instead of ``N^2 / 2``: each encoder against the previous one
+    in config order (epoch to epoch), and the ``best`` one (by the first headline metric)
+    against every encoder not already paired with it.
     """
     if len(encoders) <= ALL_PAIRS_MAX:
         return [(a, b) for i, a in enumerate(encoders) for b in encoders[i + 1:]]
-    return [(encoders[0], b) for b in encoders[1:]]
+    pairs = list(zip(encoders[:-1], encoders[1:], strict=True))
+    if best is not None:
+        paired = {a for a, b in pairs if b == best} | {b for a, b in pairs if a == best}
+        pairs += [(e, best) for e in encoders if e != best and e not in paired]
+    return pairs
 
 
 def ap_variant(entry: dict[str, Any]) -> str:
@@ -34,8 +40,8 @@ def flip_resamples(resamples: int, num_tests: int) -> int:
     return max(int(resamples), needed)
 
 
-def compare_encoders(groups, stores, *, resamples: int, seed: int, by: str
-                 ) -> tuple[list[dict], int]:
+def compare_encoders(groups, stores, *, resamples: int, seed: int, by: str,
+                     best: dict[str, str] | None = None) -> tuple[list[dict], int]:
     """Every paired comparison, Holm-adjusted together (see the module docstring), and
     the resamples they used (:func:`flip_resamples`)."""
     from ..stats import compare_ranks, with_holm
@@ -44,7 +50,7 @@ def compare_encoders(groups, stores, *, resamples: int, seed: int, by: str
     for dataset, entries in groups:
         by_name = {e["encoder"]: e for e in entries
                    if stores[dataset, e["encoder"]] is not None}
-        for a, b in comparison_pairs(list(by_name)):
+        for a, b in comparison_pairs(list(by_name), (best or {}).get(dataset)):
             if ap_variant(by_name[a]) != ap_variant(by_name[b]):
                 raise RankwiseError(f"{by_name[b]['source']}: AP variant "
                                     f"{ap_variant(by_name[b])!r} differs from {a}'s "

@@ -9,7 +9,8 @@ from __future__ import annotations
 CMC_TABLE_RANKS = (1, 5, 10, 20, 50)
 #: A comparison is marked significant when its Holm-adjusted p-value is below this.
 ALPHA = 0.05
-#: Up to this many encoders in a dataset, every pair is compared; beyond, each to the first.
+#: Up to this many encoders in a dataset, every pair is compared; beyond, each to the previous
+#: one and the best to the others (linear in the number of encoders, not quadratic).
 ALL_PAIRS_MAX = 4
 #: Whose worst queries are listed: the best encoder of each dataset, or every encoder.
 WORST_ENCODERS = ("best", "all")

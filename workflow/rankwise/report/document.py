@@ -192,14 +192,16 @@ def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "ra
                 entry["worst_queries"] = worst_queries_of(
                     *stores[entry["dataset"], entry["encoder"]], n=worst_queries, top_k=top_k,
                     ap=ap_variant(entry))
+    best = {dataset: best_encoder(entries) for dataset, entries in groups}
     comparisons, n_test = compare_encoders(groups, stores, resamples=resamples, seed=seed,
-                                           by=by) if resamples else ([], 0)
+                                           by=by, best=best) if resamples else ([], 0)
     statistics = {"resamples": resamples, "seed": seed, "by": by, "confidence": CONFIDENCE,
                   "interval": "percentile bootstrap", "test": "paired sign-flip",
                   "flip_resamples": n_test,
                   "correction": "holm", "alpha": ALPHA, "num_tests": len(comparisons),
                   "pairs": f"all pairs up to {ALL_PAIRS_MAX} encoders per dataset, "
-                           "else each against the first"}
+                           "else each against the previous one and the best against "
+                           "the others"}
     return {"title": title, "rankwise_version": __version__, "cmc_max_rank": cmc_max_rank,
             "statistics": statistics, "datasets": datasets, "encoders": encoders,
             "results": results, "comparisons": comparisons,
