@@ -34,29 +34,74 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
-GEN_VERSION = 1            # bump when the generator changes: the data cache key changes
-GEN_CHUNK = 65536          # rows generated (and seeded) per chunk
-ZARR_CHUNK = 16384         # rows per Zarr chunk of the gallery store (as rankwise writes)
+GEN_VERSION = 1  # bump when the generator changes: the data cache key changes
+GEN_CHUNK = 65536  # rows generated (and seeded) per chunk
+ZARR_CHUNK = 16384  # rows per Zarr chunk of the gallery store (as rankwise writes)
 
 # Q x G x D, identities, cameras, distractor (label 0) and junk (label -1) fractions of
 # the gallery, noise level (tuned so rank-1 is realistic, 60-90 %), gallery format.
 SCALES = {
-    "tiny":   dict(n_query=500, n_gallery=5_000, dim=64, n_ids=100, n_cams=6,
-                   distractor_frac=0.10, junk_frac=0.01, noise=1.1, gallery_format="npy"),
-    "market": dict(n_query=3_368, n_gallery=15_913, dim=512, n_ids=750, n_cams=6,
-                   distractor_frac=0.17, junk_frac=0.01, noise=2.1, gallery_format="npy"),
-    "msmt":   dict(n_query=11_659, n_gallery=82_161, dim=512, n_ids=3_060, n_cams=6,
-                   distractor_frac=0.05, junk_frac=0.01, noise=2.1, gallery_format="npy"),
-    "large":  dict(n_query=20_000, n_gallery=1_000_000, dim=256, n_ids=10_000, n_cams=6,
-                   distractor_frac=0.80, junk_frac=0.01, noise=1.4, gallery_format="zarr"),
-    "memory": dict(n_query=20_000, n_gallery=200_000, dim=64, n_ids=5_000, n_cams=6,
-                   distractor_frac=0.50, junk_frac=0.01, noise=0.95, gallery_format="npy"),
+    "tiny": dict(
+        n_query=500,
+        n_gallery=5_000,
+        dim=64,
+        n_ids=100,
+        n_cams=6,
+        distractor_frac=0.10,
+        junk_frac=0.01,
+        noise=1.1,
+        gallery_format="npy",
+    ),
+    "market": dict(
+        n_query=3_368,
+        n_gallery=15_913,
+        dim=512,
+        n_ids=750,
+        n_cams=6,
+        distractor_frac=0.17,
+        junk_frac=0.01,
+        noise=2.1,
+        gallery_format="npy",
+    ),
+    "msmt": dict(
+        n_query=11_659,
+        n_gallery=82_161,
+        dim=512,
+        n_ids=3_060,
+        n_cams=6,
+        distractor_frac=0.05,
+        junk_frac=0.01,
+        noise=2.1,
+        gallery_format="npy",
+    ),
+    "large": dict(
+        n_query=20_000,
+        n_gallery=1_000_000,
+        dim=256,
+        n_ids=10_000,
+        n_cams=6,
+        distractor_frac=0.80,
+        junk_frac=0.01,
+        noise=1.4,
+        gallery_format="zarr",
+    ),
+    "memory": dict(
+        n_query=20_000,
+        n_gallery=200_000,
+        dim=64,
+        n_ids=5_000,
+        n_cams=6,
+        distractor_frac=0.50,
+        junk_frac=0.01,
+        noise=0.95,
+        gallery_format="npy",
+    ),
 }
 SEED = 20240601
 ALL_METHODS = ("matmul", "argsort", "rankwise")
 KS = (1, 5, 10)
-GB = 1024 ** 3
-MB = 1024 ** 2
+GB = 1024**3
+MB = 1024**2
 
 # The wrapper: starts one method, waits, reports wall time and the peak RSS of its
 # child (RUSAGE_CHILDREN of a process that has only that child).  It imports nothing
@@ -81,6 +126,7 @@ with open(out, "w") as fh:
 
 
 # ====================================================================== data
+
 
 def scale_params(scale: str, gallery_format: str | None = None) -> dict:
     p = dict(SCALES[scale])
@@ -114,8 +160,9 @@ def _layout(p: dict):
     n_junk = int(round(p["junk_frac"] * ng))
     n_dis = int(round(p["distractor_frac"] * ng))
     n_pos = ng - n_junk - n_dis
-    g_lab = np.concatenate([(np.arange(n_pos) % n_ids) + 1,
-                            np.zeros(n_dis, np.int64), -np.ones(n_junk, np.int64)])
+    g_lab = np.concatenate(
+        [(np.arange(n_pos) % n_ids) + 1, np.zeros(n_dis, np.int64), -np.ones(n_junk, np.int64)]
+    )
     g_cam = rng.integers(1, n_cams + 1, ng)
     gperm = rng.permutation(ng)
     g_lab, g_cam = g_lab[gperm], g_cam[gperm]
@@ -140,10 +187,10 @@ def _embedding_chunks(p: dict, labels, cams, centres, cam_off, stream: int):
         x *= sigma
         pos = lab > 0
         x[pos] += centres[lab[pos]]
-        dis = lab == 0              # distractors: each its own random "person"
+        dis = lab == 0  # distractors: each its own random "person"
         if dis.any():
             x[dis] += rng.standard_normal((int(dis.sum()), d), dtype=np.float32) / math.sqrt(d)
-        junk = lab < 0              # junk: a weak, partial view of some identity
+        junk = lab < 0  # junk: a weak, partial view of some identity
         if junk.any():
             who = rng.integers(1, len(centres), int(junk.sum()))
             x[junk] += 0.5 * centres[who]
@@ -158,9 +205,17 @@ def _write_manifest(path: Path, prefix: str, labels, cams) -> None:
         fh.write("id,label,camera\n")
         step = 100_000
         for s in range(0, len(labels), step):
-            fh.write("".join(f"{prefix}{i:0{width}d},{l},{c}\n" for i, l, c in
-                             zip(range(s, s + step), labels[s:s + step].tolist(),
-                                 cams[s:s + step].tolist())))
+            fh.write(
+                "".join(
+                    f"{prefix}{i:0{width}d},{lab},{c}\n"
+                    for i, lab, c in zip(
+                        range(s, s + step),
+                        labels[s : s + step].tolist(),
+                        cams[s : s + step].tolist(),
+                        strict=True,
+                    )
+                )
+            )
     os.replace(tmp, path)
 
 
@@ -170,7 +225,8 @@ def _write_npy(path: Path, n: int, d: int, chunks) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
         np.lib.format.write_array_header_1_0(
-            fh, {"descr": "<f4", "fortran_order": False, "shape": (n, d)})
+            fh, {"descr": "<f4", "fortran_order": False, "shape": (n, d)}
+        )
         rows = 0
         for x in chunks:
             fh.write(np.ascontiguousarray(x, dtype="<f4").tobytes())
@@ -188,23 +244,28 @@ def _write_zarr(path: Path, n: int, d: int, chunks, params: dict) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     group = zarr.open_group(str(tmp), mode="w")
-    arr = group.create_array("embeddings", shape=(n, d), dtype="float32",
-                             chunks=(ZARR_CHUNK, d))
+    arr = group.create_array("embeddings", shape=(n, d), dtype="float32", chunks=(ZARR_CHUNK, d))
     row = 0
-    for x in chunks:                  # GEN_CHUNK is a multiple of ZARR_CHUNK: aligned
-        arr[row:row + len(x)] = x
+    for x in chunks:  # GEN_CHUNK is a multiple of ZARR_CHUNK: aligned
+        arr[row : row + len(x)] = x
         row += len(x)
     assert row == n
-    group.attrs.update({"kind": "embeddings", "encoder": "synthetic-bench",
-                        "checkpoint_hash": data_key(params), "manifest_hash": "",
-                        "rankwise_version": "", "complete": True})
+    group.attrs.update(
+        {
+            "kind": "embeddings",
+            "encoder": "synthetic-bench",
+            "checkpoint_hash": data_key(params),
+            "manifest_hash": "",
+            "rankwise_version": "",
+            "complete": True,
+        }
+    )
     if path.exists():
         shutil.rmtree(path)
     os.rename(tmp, path)
 
 
-def ensure_data(scale: str, root: Path, gallery_format: str | None = None
-                ) -> tuple[Path, dict]:
+def ensure_data(scale: str, root: Path, gallery_format: str | None = None) -> tuple[Path, dict]:
     """Generate (once) and return the data folder of ``scale``."""
     params = scale_params(scale, gallery_format)
     folder = root / scale / data_key(params)
@@ -217,8 +278,12 @@ def ensure_data(scale: str, root: Path, gallery_format: str | None = None
     _write_manifest(folder / "query.csv", "q", q_lab, q_cam)
     _write_manifest(folder / "gallery.csv", "g", g_lab, g_cam)
     d = params["dim"]
-    _write_npy(folder / "query.npy", len(q_lab), d,
-               _embedding_chunks(params, q_lab, q_cam, centres, cam_off, stream=1))
+    _write_npy(
+        folder / "query.npy",
+        len(q_lab),
+        d,
+        _embedding_chunks(params, q_lab, q_cam, centres, cam_off, stream=1),
+    )
     chunks = _embedding_chunks(params, g_lab, g_cam, centres, cam_off, stream=2)
     if params["gallery_format"] == "zarr":
         _write_zarr(folder / "gallery.zarr", len(g_lab), d, chunks, params)
@@ -232,20 +297,27 @@ def ensure_data(scale: str, root: Path, gallery_format: str | None = None
 
 def data_files(folder: Path) -> dict:
     g = folder / "gallery.zarr"
-    return {"query": folder / "query.csv", "gallery": folder / "gallery.csv",
-            "query_emb": folder / "query.npy",
-            "gallery_emb": g if g.exists() else folder / "gallery.npy"}
+    return {
+        "query": folder / "query.csv",
+        "gallery": folder / "gallery.csv",
+        "query_emb": folder / "query.npy",
+        "gallery_emb": g if g.exists() else folder / "gallery.npy",
+    }
 
 
 # ====================================================================== readers
+
 
 def _npy_shape_offset(path: Path):
     import numpy as np
 
     with open(path, "rb") as fh:
         version = np.lib.format.read_magic(fh)
-        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                else np.lib.format.read_array_header_2_0)
+        read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
         shape, fortran, dtype = read(fh)
         assert not fortran and dtype == np.float32, (path, dtype)
         return shape, fh.tell()
@@ -270,7 +342,7 @@ def iter_rows(path: Path, chunk: int):
         node = zarr.open(str(path), mode="r")
         arr = node["embeddings"] if isinstance(node, zarr.Group) else node
         for s in range(0, arr.shape[0], chunk):
-            yield s, np.asarray(arr[s:s + chunk], dtype=np.float32)
+            yield s, np.asarray(arr[s : s + chunk], dtype=np.float32)
 
 
 def n_rows_dim(path: Path) -> tuple[int, int]:
@@ -290,7 +362,7 @@ def load_all(path: Path):
     n, d = n_rows_dim(path)
     out = np.empty((n, d), np.float32)
     for s, x in iter_rows(path, GEN_CHUNK):
-        out[s:s + len(x)] = x
+        out[s : s + len(x)] = x
     return out
 
 
@@ -299,11 +371,14 @@ def read_manifest(path: Path):
 
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    return (np.array([int(r["label"]) for r in rows], np.int64),
-            np.array([int(r["camera"]) for r in rows], np.int64))
+    return (
+        np.array([int(r["label"]) for r in rows], np.int64),
+        np.array([int(r["camera"]) for r in rows], np.int64),
+    )
 
 
 # ====================================================================== methods (workers)
+
 
 def worker_matmul(files: dict, args) -> dict:
     """The floor: Q x G float32 products in (query block x gallery chunk) tiles, reading
@@ -321,10 +396,9 @@ def worker_matmul(files: dict, args) -> dict:
     for _, g in iter_rows(files["gallery_emb"], args.gallery_chunk):
         gt = g.T
         for s in range(0, len(q), qb):
-            tile = q[s:s + qb] @ gt
+            tile = q[s : s + qb] @ gt
             checksum += float(tile[::61, ::67].sum())
-    return {"checksum": checksum, "load_query_s": t_load,
-            "compute_s": time.perf_counter() - t1}
+    return {"checksum": checksum, "load_query_s": t_load, "compute_s": time.perf_counter() - t1}
 
 
 def worker_argsort(files: dict, args) -> dict:
@@ -341,7 +415,7 @@ def worker_argsort(files: dict, args) -> dict:
     g = load_all(files["gallery_emb"]).astype(args.argsort_dtype, copy=False)
     times["load_s"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()       # squared euclidean, as torchreid's euclidean distance
+    t0 = time.perf_counter()  # squared euclidean, as torchreid's euclidean distance
     distmat = q @ g.T
     distmat *= -2.0
     distmat += (q * q).sum(1)[:, None]
@@ -380,7 +454,7 @@ def worker_argsort(files: dict, args) -> dict:
         num_rel = raw_cmc.sum()
         if args.argsort_ap == "torchreid":  # torchreid's eval_market1501 line, verbatim
             tmp_cmc = raw_cmc.cumsum()
-            tmp_cmc = [x / (i + 1.) for i, x in enumerate(tmp_cmc)]
+            tmp_cmc = [x / (i + 1.0) for i, x in enumerate(tmp_cmc)]
             tmp_cmc = np.asarray(tmp_cmc) * raw_cmc
         else:  # fast-reid's vectorised form
             tmp_cmc = raw_cmc.cumsum() / (np.arange(raw_cmc.size) + 1.0)
@@ -389,10 +463,18 @@ def worker_argsort(files: dict, args) -> dict:
     times["loop_s"] = time.perf_counter() - t0
     cmc = np.asarray(all_cmc, np.float64).mean(0)
     metrics = {f"rank{k}": 100.0 * float(cmc[k - 1]) for k in KS}
-    metrics.update(map=100.0 * float(np.mean(all_ap)), minp=100.0 * float(np.mean(all_inp)),
-                   mrr=100.0 * float(np.mean(all_rr)))
-    return {"metrics": metrics, "num_queries": len(all_ap), "num_skipped": num_skipped,
-            "num_gallery": int((~np.isin(g_pids, junk_arr)).sum()), **times}
+    metrics.update(
+        map=100.0 * float(np.mean(all_ap)),
+        minp=100.0 * float(np.mean(all_inp)),
+        mrr=100.0 * float(np.mean(all_rr)),
+    )
+    return {
+        "metrics": metrics,
+        "num_queries": len(all_ap),
+        "num_skipped": num_skipped,
+        "num_gallery": int((~np.isin(g_pids, junk_arr)).sum()),
+        **times,
+    }
 
 
 def worker_main(args) -> None:
@@ -409,6 +491,7 @@ def worker_main(args) -> None:
 
 # ====================================================================== driver
 
+
 def rankwise_exe() -> str:
     cand = Path(sys.executable).parent / "rankwise"
     if cand.exists():
@@ -423,22 +506,52 @@ def method_command(method: str, files: dict, args, run_dir: Path) -> tuple[list,
     """The command line of one method, and the JSON file it writes."""
     out = run_dir / f"{method}.out.json"
     if method == "rankwise":
-        cmd = [rankwise_exe(), "evaluate",
-               "--query", str(files["query"]), "--gallery", str(files["gallery"]),
-               "--query-embeddings", str(files["query_emb"]),
-               "--gallery-embeddings", str(files["gallery_emb"]),
-               "--protocol", "reid", "--distance", "euclidean",
-               "--ks", ",".join(map(str, KS)), "--workers", str(args.workers),
-               "--output", str(out)]
+        cmd = [
+            rankwise_exe(),
+            "evaluate",
+            "--query",
+            str(files["query"]),
+            "--gallery",
+            str(files["gallery"]),
+            "--query-embeddings",
+            str(files["query_emb"]),
+            "--gallery-embeddings",
+            str(files["gallery_emb"]),
+            "--protocol",
+            "reid",
+            "--distance",
+            "euclidean",
+            "--ks",
+            ",".join(map(str, KS)),
+            "--workers",
+            str(args.workers),
+            "--output",
+            str(out),
+        ]
         cmd += shlex.split(args.rankwise_args)
     else:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method,
-               "--worker-files", json.dumps({k: str(v) for k, v in files.items()}),
-               "--worker-out", str(out), "--query-block", str(args.query_block),
-               "--gallery-chunk", str(args.gallery_chunk),
-               "--junk-labels", args.junk_labels, "--argsort-dtype", args.argsort_dtype,
-               "--argsort-ap", args.argsort_ap,
-               "--matmul-blas-threads", str(args.matmul_blas_threads)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            method,
+            "--worker-files",
+            json.dumps({k: str(v) for k, v in files.items()}),
+            "--worker-out",
+            str(out),
+            "--query-block",
+            str(args.query_block),
+            "--gallery-chunk",
+            str(args.gallery_chunk),
+            "--junk-labels",
+            args.junk_labels,
+            "--argsort-dtype",
+            args.argsort_dtype,
+            "--argsort-ap",
+            args.argsort_ap,
+            "--matmul-blas-threads",
+            str(args.matmul_blas_threads),
+        ]
     return cmd, out
 
 
@@ -449,11 +562,26 @@ def run_method(method: str, files: dict, args, run_dir: Path, rep: int) -> dict:
     meas = run_dir / f"{method}.{rep}.rusage.json"
     log = run_dir / f"{method}.{rep}.log"
     load_before = os.getloadavg()
-    subprocess.run([sys.executable, "-S", "-c", WRAPPER, json.dumps(cmd), str(meas), str(log),
-                    str(args.timeout)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            WRAPPER,
+            json.dumps(cmd),
+            str(meas),
+            str(log),
+            str(args.timeout),
+        ],
+        check=True,
+    )
     res = json.loads(meas.read_text())
-    res.update(command=shlex.join(cmd), log=str(log), loadavg_before=load_before,
-               loadavg_after=os.getloadavg())
+    res.update(
+        command=shlex.join(cmd),
+        log=str(log),
+        loadavg_before=load_before,
+        loadavg_after=os.getloadavg(),
+    )
     if res["rc"] != 0:
         tail = log.read_text(errors="replace")[-2000:]
         res["status"] = f"failed (rc={res['rc']})"
@@ -475,19 +603,32 @@ def machine_info() -> dict:
     import threadpoolctl
 
     info = {
-        "hostname": platform.node(), "platform": platform.platform(),
-        "processor": platform.processor(), "python": sys.version.split()[0],
-        "cpu_count": os.cpu_count(), "cpu_affinity": len(os.sched_getaffinity(0)),
-        "numpy": np.__version__, "threadpools": threadpoolctl.threadpool_info(),
-        "env": {k: os.environ.get(k) for k in (
-            "OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")},
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)),
+        "numpy": np.__version__,
+        "threadpools": threadpoolctl.threadpool_info(),
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "OPENBLAS_CORETYPE",
+                "OPENBLAS_NUM_THREADS",
+                "OMP_NUM_THREADS",
+                "MKL_NUM_THREADS",
+                "NUMBA_NUM_THREADS",
+            )
+        },
         "loadavg": os.getloadavg(),
     }
     try:
         with open("/proc/cpuinfo") as fh:
-            info["cpu_model"] = next((l.split(":", 1)[1].strip() for l in fh
-                                      if l.startswith("model name")), None)
+            info["cpu_model"] = next(
+                (line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")),
+                None,
+            )
     except OSError:
         pass
     try:
@@ -501,8 +642,17 @@ def machine_info() -> dict:
     from importlib import metadata
 
     versions = {}
-    for pkg in ("rankwise", "numpy", "dask", "zarr", "numba", "pandas", "threadpoolctl",
-                "psutil", "click"):
+    for pkg in (
+        "rankwise",
+        "numpy",
+        "dask",
+        "zarr",
+        "numba",
+        "pandas",
+        "threadpoolctl",
+        "psutil",
+        "click",
+    ):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -536,12 +686,15 @@ def summarise(results: dict) -> dict:
             summ[m] = {"status": runs[-1]["status"]}
             continue
         best = min(ok, key=lambda r: r["wall_s"])
-        summ[m] = {"status": "ok", "wall_s": best["wall_s"],
-                   "walls_s": [r["wall_s"] for r in ok],
-                   "cpu_s": best["user_s"] + best["sys_s"],
-                   "loadavg_before": best["loadavg_before"][0],
-                   "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
-                   "output": best.get("output")}
+        summ[m] = {
+            "status": "ok",
+            "wall_s": best["wall_s"],
+            "walls_s": [r["wall_s"] for r in ok],
+            "cpu_s": best["user_s"] + best["sys_s"],
+            "loadavg_before": best["loadavg_before"][0],
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
+            "output": best.get("output"),
+        }
     return summ
 
 
@@ -552,16 +705,25 @@ def compare_metrics(summ: dict) -> dict | None:
     am, rm = a["output"]["metrics"], (r["output"] or {}).get("metrics", {})
     diffs = {k: abs(am[k] - rm[k]) for k in am if k in rm}
     missing = sorted(set(am) - set(rm))
-    counts = {k: (a["output"].get(k), r["output"].get(k))
-              for k in ("num_queries", "num_skipped", "num_gallery")}
+    counts = {
+        k: (a["output"].get(k), r["output"].get(k))
+        for k in ("num_queries", "num_skipped", "num_gallery")
+    }
     main = [k for k in ("rank1", "map", "minp") if k in diffs]
-    return {"argsort": am, "rankwise": rm, "abs_diff_pct_points": diffs,
-            "max_abs_diff": max(diffs.values()) if diffs else None,
-            "max_abs_diff_rank1_map_minp": max(diffs[k] for k in main) if main else None,
-            "missing_in_rankwise": missing, "counts_argsort_vs_rankwise": counts,
-            "counts_equal": all(x == y for x, y in counts.values()),
-            "agree": bool(diffs) and not missing and max(diffs.values()) <= 1e-4
-                     and all(x == y for x, y in counts.values())}
+    return {
+        "argsort": am,
+        "rankwise": rm,
+        "abs_diff_pct_points": diffs,
+        "max_abs_diff": max(diffs.values()) if diffs else None,
+        "max_abs_diff_rank1_map_minp": max(diffs[k] for k in main) if main else None,
+        "missing_in_rankwise": missing,
+        "counts_argsort_vs_rankwise": counts,
+        "counts_equal": all(x == y for x, y in counts.values()),
+        "agree": bool(diffs)
+        and not missing
+        and max(diffs.values()) <= 1e-4
+        and all(x == y for x, y in counts.values()),
+    }
 
 
 def targets(scale: str, params: dict, summ: dict, cmp: dict | None, baseline: Path) -> list:
@@ -570,30 +732,65 @@ def targets(scale: str, params: dict, summ: dict, cmp: dict | None, baseline: Pa
     ok = lambda s: s.get("status") == "ok"
 
     def add(name, value, limit, passed, note=""):
-        out.append({"target": name, "value": value, "limit": limit,
-                    "result": ("PASS" if passed else "FAIL") if passed is not None else "n/a",
-                    "note": note})
+        out.append(
+            {
+                "target": name,
+                "value": value,
+                "limit": limit,
+                "result": ("PASS" if passed else "FAIL") if passed is not None else "n/a",
+                "note": note,
+            }
+        )
 
     if cmp is not None:
-        add("rankwise metrics == argsort metrics (max |diff|, pct points; counts equal)",
-            cmp["max_abs_diff"], 1e-4, cmp["agree"])
+        add(
+            "rankwise metrics == argsort metrics (max |diff|, pct points; counts equal)",
+            cmp["max_abs_diff"],
+            1e-4,
+            cmp["agree"],
+        )
     if scale == "msmt" and ok(rw):
         if ok(mm):
             ratio = rw["wall_s"] / mm["wall_s"]
-            add("msmt: rankwise wall <= 1.5 x matmul floor", round(ratio, 3), 1.5, ratio <= 1.5,
-                f"CPU-time ratio {rw['cpu_s'] / mm['cpu_s']:.2f}")
-        add("msmt: rankwise peak RSS <= 1.5 GB", round(rw["peak_rss_mb"], 1), 1.5 * 1024,
-            rw["peak_rss_mb"] <= 1.5 * 1024, "MB, 1 GB = 1024 MB")
+            add(
+                "msmt: rankwise wall <= 1.5 x matmul floor",
+                round(ratio, 3),
+                1.5,
+                ratio <= 1.5,
+                f"CPU-time ratio {rw['cpu_s'] / mm['cpu_s']:.2f}",
+            )
+        add(
+            "msmt: rankwise peak RSS <= 1.5 GB",
+            round(rw["peak_rss_mb"], 1),
+            1.5 * 1024,
+            rw["peak_rss_mb"] <= 1.5 * 1024,
+            "MB, 1 GB = 1024 MB",
+        )
     if scale == "market" and ok(rw) and ok(aw):
         sp = aw["wall_s"] / rw["wall_s"]
-        add("market: rankwise >= 4x faster than argsort", round(sp, 2), 4.0, sp >= 4.0,
-            f"CPU-time speed-up {aw['cpu_s'] / rw['cpu_s']:.2f}")
+        add(
+            "market: rankwise >= 4x faster than argsort",
+            round(sp, 2),
+            4.0,
+            sp >= 4.0,
+            f"CPU-time speed-up {aw['cpu_s'] / rw['cpu_s']:.2f}",
+        )
     if scale == "memory" and ok(rw):
-        add("memory: rankwise peak RSS < 1 GB", round(rw["peak_rss_mb"], 1), 1024,
-            rw["peak_rss_mb"] < 1024, "MB")
+        add(
+            "memory: rankwise peak RSS < 1 GB",
+            round(rw["peak_rss_mb"], 1),
+            1024,
+            rw["peak_rss_mb"] < 1024,
+            "MB",
+        )
     if scale == "large" and ok(rw):
-        add("large: rankwise peak RSS <= 2 GB", round(rw["peak_rss_mb"], 1), 2048,
-            rw["peak_rss_mb"] <= 2048, "MB")
+        add(
+            "large: rankwise peak RSS <= 2 GB",
+            round(rw["peak_rss_mb"], 1),
+            2048,
+            rw["peak_rss_mb"] <= 2048,
+            "MB",
+        )
         base = None
         if baseline.exists():
             b = json.loads(baseline.read_text())
@@ -601,24 +798,40 @@ def targets(scale: str, params: dict, summ: dict, cmp: dict | None, baseline: Pa
             if bs.get("rankwise", {}).get("status") == "ok":
                 base = b
         if base is None:
-            add("large: wall <= 1.2 x linear extrapolation from msmt", None, 1.2, None,
-                f"no msmt result with rankwise at {baseline}; run --scale msmt first")
+            add(
+                "large: wall <= 1.2 x linear extrapolation from msmt",
+                None,
+                1.2,
+                None,
+                f"no msmt result with rankwise at {baseline}; run --scale msmt first",
+            )
         else:
             bp, bs = base["params"], base["summary"]
             qg = (params["n_query"] * params["n_gallery"]) / (bp["n_query"] * bp["n_gallery"])
             qgd = qg * params["dim"] / bp["dim"]
             rb = bs["rankwise"]["wall_s"]
-            mb = bs.get("matmul", {}).get("wall_s") if bs.get("matmul", {}).get("status") == "ok" else None
-            if mb is not None:   # matmul part scales with QGD, the rest with QG
+            mb = (
+                bs.get("matmul", {}).get("wall_s")
+                if bs.get("matmul", {}).get("status") == "ok"
+                else None
+            )
+            if mb is not None:  # matmul part scales with QGD, the rest with QG
                 pred = min(mb, rb) * qgd + max(rb - mb, 0.0) * qg
-                how = (f"msmt matmul {mb:.1f}s x QGD ratio {qgd:.2f} + msmt (rankwise - matmul) "
-                       f"{max(rb - mb, 0):.1f}s x QG ratio {qg:.2f}")
+                how = (
+                    f"msmt matmul {mb:.1f}s x QGD ratio {qgd:.2f} + msmt (rankwise - matmul) "
+                    f"{max(rb - mb, 0):.1f}s x QG ratio {qg:.2f}"
+                )
             else:
                 pred, how = rb * qg, f"msmt rankwise {rb:.1f}s x QG ratio {qg:.2f}"
             r = rw["wall_s"] / pred
-            add("large: wall <= 1.2 x linear extrapolation from msmt", round(r, 3), 1.2,
-                r <= 1.2, f"predicted {pred:.1f}s = {how}; also: x QG only -> "
-                f"{rb * qg:.1f}s, x QGD only -> {rb * qgd:.1f}s")
+            add(
+                "large: wall <= 1.2 x linear extrapolation from msmt",
+                round(r, 3),
+                1.2,
+                r <= 1.2,
+                f"predicted {pred:.1f}s = {how}; also: x QG only -> "
+                f"{rb * qg:.1f}s, x QGD only -> {rb * qgd:.1f}s",
+            )
     return out
 
 
@@ -628,12 +841,14 @@ def table(scale: str, params: dict, summ: dict) -> str:
     mc = mm.get("cpu_s") if mm.get("status") == "ok" else None
     aw = summ.get("argsort", {})
     aws = aw.get("wall_s") if aw.get("status") == "ok" else None
-    lines = [f"scale `{scale}`: {params['n_query']:,} queries x {params['n_gallery']:,} gallery"
-             f" x {params['dim']} dims",
-             "",
-             "| method | wall s | CPU s | peak RSS MB | wall / matmul | CPU / matmul "
-             "| speed-up vs argsort (wall) | load avg before |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"scale `{scale}`: {params['n_query']:,} queries x {params['n_gallery']:,} gallery"
+        f" x {params['dim']} dims",
+        "",
+        "| method | wall s | CPU s | peak RSS MB | wall / matmul | CPU / matmul "
+        "| speed-up vs argsort (wall) | load avg before |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for m in ("matmul", "argsort", "rankwise"):
         s = summ.get(m)
         if s is None:
@@ -644,8 +859,10 @@ def table(scale: str, params: dict, summ: dict) -> str:
         ratio = f"{s['wall_s'] / mw:.2f}" if mw else ""
         cratio = f"{s['cpu_s'] / mc:.2f}" if mc else ""
         sp = f"{aws / s['wall_s']:.2f}x" if aws and m == "rankwise" else ""
-        lines.append(f"| {m} | {s['wall_s']:.2f} | {s['cpu_s']:.2f} | {s['peak_rss_mb']:.0f} "
-                     f"| {ratio} | {cratio} | {sp} | {s['loadavg_before']:.1f} |")
+        lines.append(
+            f"| {m} | {s['wall_s']:.2f} | {s['cpu_s']:.2f} | {s['peak_rss_mb']:.0f} "
+            f"| {ratio} | {cratio} | {sp} | {s['loadavg_before']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -661,59 +878,114 @@ def print_report(report: dict) -> None:
             print(f"  {k:<18} {cmp['argsort'][k]:>11.6f} {cmp['rankwise'][k]:>11.6f}  {d:.2e}")
         if cmp["missing_in_rankwise"]:
             print(f"  missing in rankwise output: {cmp['missing_in_rankwise']}")
-        print(f"  max abs diff: {cmp['max_abs_diff']:.3e} pct points "
-              f"(rank1/map/minp: {cmp['max_abs_diff_rank1_map_minp']:.3e}); counts "
-              f"argsort vs rankwise: {cmp['counts_argsort_vs_rankwise']}")
+        print(
+            f"  max abs diff: {cmp['max_abs_diff']:.3e} pct points "
+            f"(rank1/map/minp: {cmp['max_abs_diff_rank1_map_minp']:.3e}); counts "
+            f"argsort vs rankwise: {cmp['counts_argsort_vs_rankwise']}"
+        )
     elif summ.get("rankwise", {}).get("status") == "ok":
-        rm = (summ["rankwise"]["output"] or {})
-        print(f"\nrankwise metrics: {rm.get('metrics')} (num_queries={rm.get('num_queries')}, "
-              f"num_skipped={rm.get('num_skipped')})")
+        rm = summ["rankwise"]["output"] or {}
+        print(
+            f"\nrankwise metrics: {rm.get('metrics')} (num_queries={rm.get('num_queries')}, "
+            f"num_skipped={rm.get('num_skipped')})"
+        )
     if tg:
         print()
         for t in tg:
-            print(f"  [{t['result']}] {t['target']}: {t['value']} (limit {t['limit']}"
-                  f"{'; ' + t['note'] if t['note'] else ''})")
-    print(f"\nnote: {info['cpu_count']} CPUs, load avg {tuple(round(x, 2) for x in info['loadavg'])}"
-          f" at start, {tuple(round(x, 2) for x in report.get('loadavg_end', ()))} at end; "
-          "on a shared machine wall times are noisy (CPU s is steadier).")
+            print(
+                f"  [{t['result']}] {t['target']}: {t['value']} (limit {t['limit']}"
+                f"{'; ' + t['note'] if t['note'] else ''})"
+            )
+    print(
+        f"\nnote: {info['cpu_count']} CPUs, load avg {tuple(round(x, 2) for x in info['loadavg'])}"
+        f" at start, {tuple(round(x, 2) for x in report.get('loadavg_end', ()))} at end; "
+        "on a shared machine wall times are noisy (CPU s is steadier)."
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--scale", choices=sorted(SCALES), default="tiny")
-    ap.add_argument("--methods", default=",".join(ALL_METHODS),
-                    help="comma list of matmul,argsort,rankwise (default: all)")
+    ap.add_argument(
+        "--methods",
+        default=",".join(ALL_METHODS),
+        help="comma list of matmul,argsort,rankwise (default: all)",
+    )
     ap.add_argument("--workers", type=int, default=2, help="rankwise --workers (default 2)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="JSON output (default benchmarks/results/<scale>.json)")
-    ap.add_argument("--data-dir", type=Path, default=RESULTS / "data",
-                    help="synthetic data cache (default benchmarks/results/data)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per method; the table shows the fastest (default 1)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON output (default benchmarks/results/<scale>.json)",
+    )
+    ap.add_argument(
+        "--data-dir",
+        type=Path,
+        default=RESULTS / "data",
+        help="synthetic data cache (default benchmarks/results/data)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per method; the table shows the fastest (default 1)",
+    )
     ap.add_argument("--timeout", type=float, default=0, help="seconds per method run (0: none)")
     ap.add_argument("--query-block", type=int, default=1024, help="matmul floor query tile")
     ap.add_argument("--gallery-chunk", type=int, default=8192, help="matmul floor gallery tile")
-    ap.add_argument("--matmul-blas-threads", type=int, default=0,
-                    help="BLAS threads of the matmul floor (0: the library default)")
+    ap.add_argument(
+        "--matmul-blas-threads",
+        type=int,
+        default=0,
+        help="BLAS threads of the matmul floor (0: the library default)",
+    )
     ap.add_argument("--junk-labels", default="-1")
-    ap.add_argument("--rankwise-args", default="",
-                    help="extra arguments for `rankwise evaluate`, e.g. '--gallery-chunk 16384'")
-    ap.add_argument("--baseline", type=Path, default=RESULTS / "msmt.json",
-                    help="msmt result JSON used to extrapolate the large scale")
-    ap.add_argument("--gallery-format", choices=("npy", "zarr"), default=None,
-                    help="override the scale's gallery format (large: zarr, others: npy)")
-    ap.add_argument("--report-only", type=Path, default=None, metavar="JSON",
-                    help="re-render table/targets of an earlier result JSON (rewrites it)")
+    ap.add_argument(
+        "--rankwise-args",
+        default="",
+        help="extra arguments for `rankwise evaluate`, e.g. '--gallery-chunk 16384'",
+    )
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=RESULTS / "msmt.json",
+        help="msmt result JSON used to extrapolate the large scale",
+    )
+    ap.add_argument(
+        "--gallery-format",
+        choices=("npy", "zarr"),
+        default=None,
+        help="override the scale's gallery format (large: zarr, others: npy)",
+    )
+    ap.add_argument(
+        "--report-only",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="re-render table/targets of an earlier result JSON (rewrites it)",
+    )
     ap.add_argument("--generate-only", action="store_true", help="only build the data cache")
-    ap.add_argument("--argsort-dtype", choices=("float32", "float64"), default="float32",
-                    help="distance dtype of the argsort method (float64: a rounding-free "
-                         "reference, 2x the memory)")
-    ap.add_argument("--argsort-ap", choices=("vectorised", "torchreid"), default="vectorised",
-                    help="the argsort method's AP line: fast-reid's vectorised form (default) "
-                         "or torchreid's per-element Python list comprehension, verbatim")
-    ap.add_argument("--force-argsort", action="store_true",
-                    help="run argsort even when it would not fit in 70%% of available RAM")
+    ap.add_argument(
+        "--argsort-dtype",
+        choices=("float32", "float64"),
+        default="float32",
+        help="distance dtype of the argsort method (float64: a rounding-free "
+        "reference, 2x the memory)",
+    )
+    ap.add_argument(
+        "--argsort-ap",
+        choices=("vectorised", "torchreid"),
+        default="vectorised",
+        help="the argsort method's AP line: fast-reid's vectorised form (default) "
+        "or torchreid's per-element Python list comprehension, verbatim",
+    )
+    ap.add_argument(
+        "--force-argsort",
+        action="store_true",
+        help="run argsort even when it would not fit in 70%% of available RAM",
+    )
     # internal: one method's worker process
     ap.add_argument("--worker", choices=("matmul", "argsort"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-files", help=argparse.SUPPRESS)
@@ -727,10 +999,12 @@ def main(argv=None) -> int:
         report = json.loads(args.report_only.read_text())
         summ = summarise(report["runs"])
         cmp = compare_metrics(summ)
-        report.update(summary=summ, metrics_comparison=cmp,
-                      targets=targets(report["scale"], report["params"], summ, cmp,
-                                      args.baseline),
-                      table_markdown=table(report["scale"], report["params"], summ))
+        report.update(
+            summary=summ,
+            metrics_comparison=cmp,
+            targets=targets(report["scale"], report["params"], summ, cmp, args.baseline),
+            table_markdown=table(report["scale"], report["params"], summ),
+        )
         args.report_only.write_text(json.dumps(report, indent=1, default=str))
         print_report(report)
         return 0
@@ -745,24 +1019,29 @@ def main(argv=None) -> int:
         print(folder)
         return 0
 
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = RESULTS / "runs" / f"{args.scale}-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
     out_path = args.out or RESULTS / f"{args.scale}.json"
     info = machine_info()
-    print(f"[bench] scale={args.scale} Q={params['n_query']} G={params['n_gallery']} "
-          f"D={params['dim']} methods={methods} workers={args.workers}; "
-          f"cpus={info['cpu_count']} loadavg={info['loadavg']} "
-          f"OPENBLAS_CORETYPE={info['env']['OPENBLAS_CORETYPE']}", flush=True)
+    print(
+        f"[bench] scale={args.scale} Q={params['n_query']} G={params['n_gallery']} "
+        f"D={params['dim']} methods={methods} workers={args.workers}; "
+        f"cpus={info['cpu_count']} loadavg={info['loadavg']} "
+        f"OPENBLAS_CORETYPE={info['env']['OPENBLAS_CORETYPE']}",
+        flush=True,
+    )
 
     results: dict = {}
     for m in methods:
         if m == "argsort" and not args.force_argsort:
             need, avail = argsort_need_bytes(params, args.argsort_dtype), available_bytes()
             if need > 0.7 * avail:
-                results[m] = (f"skipped: needs ~{need / GB:.1f} GB (Q x G {args.argsort_dtype} "
-                              f"distances + int64 argsort), > 70% of available "
-                              f"{avail / GB:.1f} GB")
+                results[m] = (
+                    f"skipped: needs ~{need / GB:.1f} GB (Q x G {args.argsort_dtype} "
+                    f"distances + int64 argsort), > 70% of available "
+                    f"{avail / GB:.1f} GB"
+                )
                 print(f"  {m}: {results[m]}", flush=True)
                 continue
         results[m] = []
@@ -776,22 +1055,35 @@ def main(argv=None) -> int:
             r = run_method(m, files, args, run_dir, rep)
             runs.append(r)
             if r["status"] == "ok":
-                print(f"  {m}: {r['wall_s']:.2f} s wall, {r['user_s'] + r['sys_s']:.2f} s CPU, "
-                      f"peak RSS {r['peak_rss_mb']:.0f} MB, load avg before "
-                      f"{r['loadavg_before'][0]:.1f}", flush=True)
+                print(
+                    f"  {m}: {r['wall_s']:.2f} s wall, {r['user_s'] + r['sys_s']:.2f} s CPU, "
+                    f"peak RSS {r['peak_rss_mb']:.0f} MB, load avg before "
+                    f"{r['loadavg_before'][0]:.1f}",
+                    flush=True,
+                )
 
     summ = summarise(results)
     cmp = compare_metrics(summ)
     tg = targets(args.scale, params, summ, cmp, args.baseline)
     tab = table(args.scale, params, summ)
     report = {
-        "scale": args.scale, "params": params, "data_dir": str(folder),
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:]) if argv is None
+        "scale": args.scale,
+        "params": params,
+        "data_dir": str(folder),
+        "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:])
+        if argv is None
         else shlex.join(argv),
-        "workers": args.workers, "repeat": args.repeat, "methods": methods,
-        "machine": info, "runs": results, "summary": summ, "metrics_comparison": cmp,
-        "targets": tg, "table_markdown": tab, "run_dir": str(run_dir),
+        "workers": args.workers,
+        "repeat": args.repeat,
+        "methods": methods,
+        "machine": info,
+        "runs": results,
+        "summary": summ,
+        "metrics_comparison": cmp,
+        "targets": tg,
+        "table_markdown": tab,
+        "run_dir": str(run_dir),
     }
     report["loadavg_end"] = os.getloadavg()
     out_path.parent.mkdir(parents=True, exist_ok=True)

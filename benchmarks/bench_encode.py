@@ -70,8 +70,9 @@ def predecode(manifest: Path, size: tuple[int, int], mean, std):
     batch = []
     for row in rows:
         path = manifest.parent / row.split(",")[2]
-        image = Image.open(path).convert("RGB").resize((size[1], size[0]),
-                                                       Image.Resampling.BILINEAR)
+        image = (
+            Image.open(path).convert("RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        )
         x = (np.asarray(image, np.float32) / 255 - mean) / std
         batch.append(x.transpose(2, 0, 1))
     return torch.from_numpy(np.ascontiguousarray(np.stack(batch)))
@@ -85,7 +86,7 @@ def bare_forward(model, x, batch_size: int, device: str) -> tuple[float, float, 
     cpu, start = time.process_time(), time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(x), batch_size):
-            outputs.append(model(x[i:i + batch_size].to(device)).float().cpu())
+            outputs.append(model(x[i : i + batch_size].to(device)).float().cpu())
     if device == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start, time.process_time() - cpu, torch.cat(outputs).numpy()
@@ -97,8 +98,12 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--size", type=int, nargs=2, default=[256, 128], metavar=("H", "W"))
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=default_workers(),
-                        help="decoding threads and CPU torch threads")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help="decoding threads and CPU torch threads",
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
@@ -106,6 +111,7 @@ def main() -> None:
 
     import timm
     import torch
+
     from rankwise.torch_encoders import resolve_device
 
     device = resolve_device("timm", args.device, False)
@@ -116,13 +122,17 @@ def main() -> None:
     model = timm.create_model(args.model, pretrained=False, num_classes=0).eval().to(device)
     config = timm.data.resolve_model_data_config(model)
     x = predecode(manifest, tuple(args.size), config["mean"], config["std"])
-    bare_forward(model, x[:args.batch_size], args.batch_size, device)  # warm-up
+    bare_forward(model, x[: args.batch_size], args.batch_size, device)  # warm-up
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp) / "epoch_001.pth"
         torch.save({"epoch": 1, "state_dict": model.state_dict()}, checkpoint)
-        options = {"model": args.model, "checkpoint": str(checkpoint),
-                   "input_size": list(args.size), "device": device}
+        options = {
+            "model": args.model,
+            "checkpoint": str(checkpoint),
+            "input_size": list(args.size),
+            "device": device,
+        }
         bare, ours, bare_cpu, ours_cpu, diff = [], [], [], [], 0.0
         for r in range(args.repeat):
             seconds, cpu_seconds, expected = bare_forward(model, x, args.batch_size, device)
@@ -130,8 +140,15 @@ def main() -> None:
             bare_cpu.append(cpu_seconds)
             out = Path(tmp) / f"run{r}.zarr"
             cpu, start = time.process_time(), time.perf_counter()
-            encode_manifest(manifest, "timm", options, out, batch_size=args.batch_size,
-                            workers=args.workers, progress=False)
+            encode_manifest(
+                manifest,
+                "timm",
+                options,
+                out,
+                batch_size=args.batch_size,
+                workers=args.workers,
+                progress=False,
+            )
             ours.append(time.perf_counter() - start)
             ours_cpu.append(time.process_time() - cpu)
             import zarr
@@ -141,26 +158,43 @@ def main() -> None:
 
     bare_ips, ours_ips = args.images / min(bare), args.images / min(ours)
     result = {
-        "model": args.model, "images": args.images, "input_size": args.size,
-        "batch_size": args.batch_size, "workers": args.workers, "device": device,
-        "torch_threads": torch.get_num_threads(), "repeat": args.repeat,
-        "bare_seconds": bare, "rankwise_seconds": ours,
-        "bare_cpu_seconds": bare_cpu, "rankwise_cpu_seconds": ours_cpu,
+        "model": args.model,
+        "images": args.images,
+        "input_size": args.size,
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "repeat": args.repeat,
+        "bare_seconds": bare,
+        "rankwise_seconds": ours,
+        "bare_cpu_seconds": bare_cpu,
+        "rankwise_cpu_seconds": ours_cpu,
         "cpu_ratio": round(min(bare_cpu) / min(ours_cpu), 3),
-        "bare_images_per_s": round(bare_ips, 1), "rankwise_images_per_s": round(ours_ips, 1),
-        "ratio": round(ours_ips / bare_ips, 3), "max_abs_diff": diff,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "torch": torch.__version__, "timm": timm.__version__,
-                    "cuda": torch.cuda.get_device_name() if device == "cuda" else None},
+        "bare_images_per_s": round(bare_ips, 1),
+        "rankwise_images_per_s": round(ours_ips, 1),
+        "ratio": round(ours_ips / bare_ips, 3),
+        "max_abs_diff": diff,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "timm": timm.__version__,
+            "cuda": torch.cuda.get_device_name() if device == "cuda" else None,
+        },
     }
-    print(f"{args.model} at {args.size[0]} x {args.size[1]}, {args.images} images, batch "
-          f"{args.batch_size}, {args.workers} workers, {device}; best of {args.repeat}")
+    print(
+        f"{args.model} at {args.size[0]} x {args.size[1]}, {args.images} images, batch "
+        f"{args.batch_size}, {args.workers} workers, {device}; best of {args.repeat}"
+    )
     print(f"  bare forward on pre-decoded tensors  {bare_ips:8.1f} images/s")
     print(f"  rankwise encode (timm kind)          {ours_ips:8.1f} images/s")
     print(f"  ratio {ours_ips / bare_ips:.3f} (target >= 0.9); max abs difference {diff:.2e}")
-    print(f"  CPU seconds, best run: bare {min(bare_cpu):.2f}, rankwise {min(ours_cpu):.2f} "
-          f"(ratio {min(bare_cpu) / min(ours_cpu):.3f}; the wall-clock ratio is only "
-          "meaningful on an otherwise idle machine)")
+    print(
+        f"  CPU seconds, best run: bare {min(bare_cpu):.2f}, rankwise {min(ours_cpu):.2f} "
+        f"(ratio {min(bare_cpu) / min(ours_cpu):.3f}; the wall-clock ratio is only "
+        "meaningful on an otherwise idle machine)"
+    )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

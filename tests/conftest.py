@@ -21,8 +21,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import RANKWISE  # noqa: E402
-from reference import distance_matrix, protocol_masks  # noqa: E402
+from helpers import RANKWISE
+from reference import distance_matrix, protocol_masks
 
 
 @dataclass
@@ -51,19 +51,31 @@ class Case:
         self.gallery.to_csv(folder / "g.csv", index=False)
         np.save(folder / "q.npy", self.query_emb)
         np.save(folder / "g.npy", self.gallery_emb)
-        return {"--query": folder / "q.csv", "--gallery": folder / "g.csv",
-                "--query-embeddings": folder / "q.npy",
-                "--gallery-embeddings": folder / "g.npy"}
+        return {
+            "--query": folder / "q.csv",
+            "--gallery": folder / "g.csv",
+            "--query-embeddings": folder / "q.npy",
+            "--gallery-embeddings": folder / "g.npy",
+        }
 
     def permuted(self, seed: int, *, queries=True, gallery=True):
         """The same case with rows shuffled; returns (case, query_perm, gallery_perm)."""
         rng = np.random.default_rng(seed)
         qp = rng.permutation(len(self.query)) if queries else np.arange(len(self.query))
         gp = rng.permutation(len(self.gallery)) if gallery else np.arange(len(self.gallery))
-        return (Case(self.query.iloc[qp].reset_index(drop=True),
-                     self.gallery.iloc[gp].reset_index(drop=True),
-                     self.query_emb[qp], self.gallery_emb[gp],
-                     self.protocol, self.distance, dict(self.options)), qp, gp)
+        return (
+            Case(
+                self.query.iloc[qp].reset_index(drop=True),
+                self.gallery.iloc[gp].reset_index(drop=True),
+                self.query_emb[qp],
+                self.gallery_emb[gp],
+                self.protocol,
+                self.distance,
+                dict(self.options),
+            ),
+            qp,
+            gp,
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -97,9 +109,10 @@ def _check_separated(case: Case) -> None:
     """For continuous data: a relevant item's distance is either exactly equal to
     another valid item's or differs from it by far more than float32 error."""
     d = distance_matrix(case.query_emb, case.gallery_emb, case.distance)
-    valid, relevant = protocol_masks(case.protocol, case.query, case.gallery,
-                                     gap_frames=case.options.get("gap_frames", 1))
-    for row, v, r in zip(d, valid, relevant):
+    valid, relevant = protocol_masks(
+        case.protocol, case.query, case.gallery, gap_frames=case.options.get("gap_frames", 1)
+    )
+    for row, v, r in zip(d, valid, relevant, strict=True):
         for dj in row[r]:
             gaps = np.abs(row[v] - dj)
             gaps = gaps[gaps > 0]
@@ -118,8 +131,15 @@ def _finish(rng, q_rows, g_rows, q_emb, g_emb, protocol, distance, kind, options
     q, g = _frame(q_rows), _frame(g_rows)
     qe, ge = np.asarray(q_emb, np.float32), np.asarray(g_emb, np.float32)
     qp, gp = rng.permutation(len(q)), rng.permutation(len(g))  # unsorted, ungrouped rows
-    case = Case(q.iloc[qp].reset_index(drop=True), g.iloc[gp].reset_index(drop=True),
-                qe[qp], ge[gp], protocol, distance, options)
+    case = Case(
+        q.iloc[qp].reset_index(drop=True),
+        g.iloc[gp].reset_index(drop=True),
+        qe[qp],
+        ge[gp],
+        protocol,
+        distance,
+        options,
+    )
     if kind == "float":
         _check_separated(case)
     return case
@@ -162,8 +182,9 @@ def recall_case(distance="cosine", kind="sign", seed=0) -> Case:
     # a query equal to a gallery item of another label (distance-0 non-relevant tie)
     q_rows.append({"id": "qdup", "label": "3"})
     q_emb.append(g_emb[0].copy())
-    return _finish(rng, q_rows, g_rows, q_emb, g_emb, "recall", distance, kind,
-                   {"ks": (1, 2, 5, 10)})
+    return _finish(
+        rng, q_rows, g_rows, q_emb, g_emb, "recall", distance, kind, {"ks": (1, 2, 5, 10)}
+    )
 
 
 def reid_case(distance="euclidean", kind="int", seed=0) -> Case:
@@ -199,8 +220,7 @@ def reid_case(distance="euclidean", kind="int", seed=0) -> Case:
         add_g("0", rng.integers(1, 5), q_emb[qi].copy())  # distance-0 distractor
     # junk (label -1): copies of query embeddings, would be rank 1 if not removed
     for qi in rng.choice(len(q_rows), 8, replace=False):
-        add_g("-1", q_rows[qi]["camera"] if qi % 2 else rng.integers(1, 5),
-              q_emb[qi].copy())
+        add_g("-1", q_rows[qi]["camera"] if qi % 2 else rng.integers(1, 5), q_emb[qi].copy())
     for _ in range(4):
         add_g("-1", rng.integers(1, 5), _noisy(rng, _centre(rng, kind), kind))
     # exact duplicates across persons (relevant / non-relevant ties)
@@ -208,8 +228,7 @@ def reid_case(distance="euclidean", kind="int", seed=0) -> Case:
     for gi in rng.choice(person_rows, 6, replace=False):
         other = str(int(g_rows[gi]["label"]) % 12 + 1)
         add_g(other, rng.integers(1, 5), g_emb[gi].copy())
-    return _finish(rng, q_rows, g_rows, q_emb, g_emb, "reid", distance, kind,
-                   {"ks": (1, 3, 5, 10)})
+    return _finish(rng, q_rows, g_rows, q_emb, g_emb, "reid", distance, kind, {"ks": (1, 3, 5, 10)})
 
 
 def reassociation_case(distance="euclidean", kind="int", seed=0, gap_frames=1) -> Case:
@@ -225,23 +244,33 @@ def reassociation_case(distance="euclidean", kind="int", seed=0, gap_frames=1) -
         for frame in range(1, 9):
             n = 1 if frame == 4 else rng.integers(1, 6)
             for p in sorted(rng.choice(5, n, replace=False) + 1):
-                rows.append({"id": f"{seq}{frame}_{p}", "label": str(p), "sequence": seq,
-                             "frame": frame})
+                rows.append(
+                    {"id": f"{seq}{frame}_{p}", "label": str(p), "sequence": seq, "frame": frame}
+                )
                 emb.append(_noisy(rng, centres[str(p)], kind, strength=1.5))
     # exact duplicate of another person's detection in the same frame (tie)
     for i in rng.choice(len(rows), 3, replace=False):
         r = dict(rows[i])
-        taken = {x["label"] for x in rows
-                 if x["sequence"] == r["sequence"] and x["frame"] == r["frame"]}
+        taken = {
+            x["label"] for x in rows if x["sequence"] == r["sequence"] and x["frame"] == r["frame"]
+        }
         free = [str(p) for p in range(1, 6) if str(p) not in taken]
         if free:
             r["id"] = r["id"] + "_dup"
             r["label"] = free[0]
             rows.append(r)
             emb.append(emb[i].copy())
-    return _finish(rng, rows, [dict(r) for r in rows], emb, [e.copy() for e in emb],
-                   "reassociation", distance, kind,
-                   {"ks": (1, 2, 3), "gap_frames": gap_frames})
+    return _finish(
+        rng,
+        rows,
+        [dict(r) for r in rows],
+        emb,
+        [e.copy() for e in emb],
+        "reassociation",
+        distance,
+        kind,
+        {"ks": (1, 2, 3), "gap_frames": gap_frames},
+    )
 
 
 def progressive_case(distance="euclidean", kind="int", seed=0) -> Case:
@@ -262,15 +291,21 @@ def progressive_case(distance="euclidean", kind="int", seed=0) -> Case:
         for step in range(1, T + 1):
             strength = 3.0 * (T - step) / T
             e = g_emb[t - 1].copy() if strength == 0 else _noisy(rng, g_emb[t - 1], kind, strength)
-            q_rows.append({"id": f"s{s}_{step}", "label": f"t{t}", "sketch": f"sk{s}",
-                           "step": step})
+            q_rows.append(
+                {"id": f"s{s}_{step}", "label": f"t{t}", "sketch": f"sk{s}", "step": step}
+            )
             q_emb.append(e)
-    return _finish(rng, q_rows, g_rows, q_emb, g_emb, "progressive", distance, kind,
-                   {"ks": (1, 3, 5)})
+    return _finish(
+        rng, q_rows, g_rows, q_emb, g_emb, "progressive", distance, kind, {"ks": (1, 3, 5)}
+    )
 
 
-MAKERS = {"recall": recall_case, "reid": reid_case, "reassociation": reassociation_case,
-          "progressive": progressive_case}
+MAKERS = {
+    "recall": recall_case,
+    "reid": reid_case,
+    "reassociation": reassociation_case,
+    "progressive": progressive_case,
+}
 
 
 @pytest.fixture

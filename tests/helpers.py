@@ -29,15 +29,16 @@ RANKWISE = _exe()
 
 def run_rankwise(*args, cwd=None, timeout=120) -> subprocess.CompletedProcess:
     """The ``rankwise`` console script in a fresh process (never raises on failure)."""
-    return subprocess.run([RANKWISE, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [RANKWISE, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
 
 
 def planned_jobs(text: str) -> dict[str, int]:
     """rule -> number of jobs in a Snakemake dry run's "Job stats" ({} if nothing to do)."""
     if "Nothing to be done" in text:
         return {}
-    table = text[text.index("Job stats:"):]
+    table = text[text.index("Job stats:") :]
     jobs = {}
     for line in table.splitlines()[3:]:
         match = re.fullmatch(r"(\S+)\s+(\d+)", line.strip())

@@ -61,8 +61,9 @@ def distance_matrix(query_emb, gallery_emb, distance: str) -> np.ndarray:
     return d[:, inverse]
 
 
-def protocol_masks(protocol, query: pd.DataFrame, gallery: pd.DataFrame, *,
-                   junk_labels=("-1",), gap_frames=1):
+def protocol_masks(
+    protocol, query: pd.DataFrame, gallery: pd.DataFrame, *, junk_labels=("-1",), gap_frames=1
+):
     """Boolean (n_queries, n_gallery) ``valid`` and ``relevant`` masks (DESIGN.md table).
 
     ``relevant`` is already restricted to valid items.
@@ -219,16 +220,28 @@ def _rank_key(protocol):
     return "recall@{}" if protocol == "recall" else "rank{}"
 
 
-def evaluate_reference(query, gallery, query_emb, gallery_emb, *, protocol="recall",
-                       distance="cosine", ks=(1, 5, 10), gap_frames=1,
-                       junk_labels=("-1",), ap="standard") -> Reference:
+def evaluate_reference(
+    query,
+    gallery,
+    query_emb,
+    gallery_emb,
+    *,
+    protocol="recall",
+    distance="cosine",
+    ks=(1, 5, 10),
+    gap_frames=1,
+    junk_labels=("-1",),
+    ap="standard",
+) -> Reference:
     """Brute-force evaluation for every protocol (metrics as percentages)."""
     if protocol == "progressive":
-        return progressive_reference(query, gallery, query_emb, gallery_emb,
-                                     distance=distance, ks=ks)
+        return progressive_reference(
+            query, gallery, query_emb, gallery_emb, distance=distance, ks=ks
+        )
     dist = distance_matrix(query_emb, gallery_emb, distance)
-    valid, relevant = protocol_masks(protocol, query, gallery,
-                                     junk_labels=junk_labels, gap_frames=gap_frames)
+    valid, relevant = protocol_masks(
+        protocol, query, gallery, junk_labels=junk_labels, gap_frames=gap_frames
+    )
     max_rank = max(ks)
     cmcs, aps, inps, rrs, qidx, firsts, all_ranks = [], [], [], [], [], [], []
     skipped = 0
@@ -266,9 +279,18 @@ def evaluate_reference(query, gallery, query_emb, gallery_emb, *, protocol="reca
         num_gallery = int((~junk).sum())
     else:
         num_gallery = len(gallery)
-    return Reference(protocol, distance, n, skipped, num_gallery,
-                     int(np.asarray(gallery_emb).shape[1]), metrics,
-                     np.asarray(qidx, np.int64), np.asarray(firsts, np.int64), all_ranks)
+    return Reference(
+        protocol,
+        distance,
+        n,
+        skipped,
+        num_gallery,
+        int(np.asarray(gallery_emb).shape[1]),
+        metrics,
+        np.asarray(qidx, np.int64),
+        np.asarray(firsts, np.int64),
+        all_ranks,
+    )
 
 
 def slfir_weights(T: int) -> np.ndarray:
@@ -276,8 +298,9 @@ def slfir_weights(T: int) -> np.ndarray:
     return np.array([math.exp(1.0 - t / T) / math.e for t in range(1, T + 1)])
 
 
-def progressive_reference(query, gallery, query_emb, gallery_emb, *, distance="cosine",
-                          ks=(1, 5, 10)) -> Reference:
+def progressive_reference(
+    query, gallery, query_emb, gallery_emb, *, distance="cosine", ks=(1, 5, 10)
+) -> Reference:
     """SLFIR m@A, m@B, wm@A, wm@B, acc@K per DESIGN.md, averaged over sketches."""
     dist = distance_matrix(query_emb, gallery_emb, distance)
     valid, relevant = protocol_masks("progressive", query, gallery)
@@ -314,5 +337,12 @@ def progressive_reference(query, gallery, query_emb, gallery_emb, *, distance="c
     metrics = {name: 100.0 * float(np.mean(v)) for name, v in per.items()}
     for k in ks:
         metrics[f"acc@{k}"] = 100.0 * float(np.mean(accs[k]))
-    return Reference("progressive", distance, len(per["m@A"]), skipped, N,
-                     int(np.asarray(gallery_emb).shape[1]), metrics)
+    return Reference(
+        "progressive",
+        distance,
+        len(per["m@A"]),
+        skipped,
+        N,
+        int(np.asarray(gallery_emb).shape[1]),
+        metrics,
+    )

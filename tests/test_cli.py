@@ -16,8 +16,7 @@ import pytest
 from helpers import RANKWISE, ROOT, run_rankwise
 
 HEAVY = ("numpy", "pandas", "numba", "dask", "zarr", "matplotlib", "sklearn", "snakemake")
-COMMANDS = ("evaluate", "rank", "metrics", "compare", "ci", "scores", "report", "prepare",
-            "encode")
+COMMANDS = ("evaluate", "rank", "metrics", "compare", "ci", "scores", "report", "prepare", "encode")
 
 
 def _imported_after(argv: list[str]) -> list[str]:
@@ -29,33 +28,40 @@ def _imported_after(argv: list[str]) -> list[str]:
         f"    main({argv!r})\n"
         "except SystemExit:\n"
         "    pass\n"
-        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1].replace("'", '"'))
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"],
-                                  *([c, "--help"] for c in COMMANDS)],
-                         ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], *([c, "--help"] for c in COMMANDS)],
+    ids=lambda a: " ".join(a),
+)
 def test_help_and_version_import_nothing_heavy(argv):
     assert _imported_after(argv) == []
 
 
 def test_import_rankwise_is_light_and_the_api_is_lazy():
-    code = ("import sys, rankwise\n"
-            f"before = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))\n"
-            "evaluate = rankwise.evaluate\n"
-            "from rankwise.api import evaluate as direct\n"
-            "print(before, evaluate is direct, 'evaluate' in dir(rankwise),\n"
-            "      sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pandas'}))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys, rankwise\n"
+        f"before = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))\n"
+        "evaluate = rankwise.evaluate\n"
+        "from rankwise.api import evaluate as direct\n"
+        "print(before, evaluate is direct, 'evaluate' in dir(rankwise),\n"
+        "      sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pandas'}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[]", "True", "True", "['numpy',", "'pandas']"]
-    proc = subprocess.run([sys.executable, "-c", "import rankwise; rankwise.nope"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import rankwise; rankwise.nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "module 'rankwise' has no attribute 'nope'" in proc.stderr
 
 
@@ -63,7 +69,9 @@ def test_console_script_answers_every_help():
     import rankwise
 
     proc = run_rankwise("--version")
-    assert proc.returncode == 0 and proc.stdout.strip() == f"rankwise, version {rankwise.__version__}"
+    assert (
+        proc.returncode == 0 and proc.stdout.strip() == f"rankwise, version {rankwise.__version__}"
+    )
     listing = run_rankwise("--help").stdout
     for command in COMMANDS:
         assert f"  {command} " in listing
@@ -72,6 +80,7 @@ def test_console_script_answers_every_help():
 
 
 # ---------------------------------------------------------------- the protocol hint
+
 
 def _unit(*degrees: float) -> np.ndarray:
     angles = np.deg2rad(degrees)
@@ -90,16 +99,26 @@ def _toy(tmp_path, *, camera: bool, junk: bool):
     (tmp_path / "g.csv").write_text("\n".join([header, *map(strip, g_rows)]) + "\n")
     np.save(tmp_path / "q.npy", _unit(0, 90))
     np.save(tmp_path / "g.npy", _unit(1, 10, 80, 89))
-    return ["--query", tmp_path / "q.csv", "--gallery", tmp_path / "g.csv",
-            "--query-embeddings", tmp_path / "q.npy",
-            "--gallery-embeddings", tmp_path / "g.npy"]
+    return [
+        "--query",
+        tmp_path / "q.csv",
+        "--gallery",
+        tmp_path / "g.csv",
+        "--query-embeddings",
+        tmp_path / "q.npy",
+        "--gallery-embeddings",
+        tmp_path / "g.npy",
+    ]
 
 
-@pytest.mark.parametrize("camera, junk, why", [
-    (True, False, "a 'camera' column"),
-    (False, True, "gallery label -1"),
-    (True, True, "a 'camera' column"),
-])
+@pytest.mark.parametrize(
+    "camera, junk, why",
+    [
+        (True, False, "a 'camera' column"),
+        (False, True, "gallery label -1"),
+        (True, True, "a 'camera' column"),
+    ],
+)
 def test_reid_looking_manifests_get_a_note(tmp_path, camera, junk, why):
     inputs = _toy(tmp_path, camera=camera, junk=junk)
     proc = run_rankwise("evaluate", *inputs, "--output", tmp_path / "r.json")
@@ -130,10 +149,11 @@ def test_reid_protocol_changes_the_numbers_the_note_is_about(tmp_path):
     recall = run_rankwise("evaluate", *inputs, "--protocol", "recall").stdout
     reid = run_rankwise("evaluate", *inputs, "--protocol", "reid").stdout
     assert "recall@1: 50.00" in recall  # q0 -> g0 (same label), q1 -> g3 (junk)
-    assert "rank1: 100.00" in reid      # q0 -> g1, q1 -> g2: g0 and g3 are not ranked
+    assert "rank1: 100.00" in reid  # q0 -> g1, q1 -> g2: g0 and g3 are not ranked
 
 
 # ---------------------------------------------------------------- messages
+
 
 def test_metrics_on_embeddings_says_what_it_expected(tmp_path):
     np.save(tmp_path / "emb.npy", np.zeros((3, 2), np.float32))
@@ -149,25 +169,37 @@ def test_metrics_on_embeddings_says_what_it_expected(tmp_path):
 @pytest.fixture
 def without(tmp_path):
     """An environment in which importing the named top-level packages fails."""
+
     def env(*modules: str) -> dict:
         blocker = tmp_path / "blocker"
         blocker.mkdir(exist_ok=True)
         for module in modules:
             (blocker / f"{module}.py").write_text(
-                f'raise ModuleNotFoundError("No module named {module!r}", name={module!r})\n')
+                f'raise ModuleNotFoundError("No module named {module!r}", name={module!r})\n'
+            )
         paths = [str(blocker), str(ROOT / "workflow"), os.environ.get("PYTHONPATH", "")]
         return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
     return env
 
 
-@pytest.mark.parametrize("module, argv, extra", [
-    ("matplotlib", ["report", "some.json", "--out-dir", "out"], "report"),
-    ("sklearn", ["prepare", "--loader", "digits", "--out-dir", "out"], "demo"),
-])
+@pytest.mark.parametrize(
+    "module, argv, extra",
+    [
+        ("matplotlib", ["report", "some.json", "--out-dir", "out"], "report"),
+        ("sklearn", ["prepare", "--loader", "digits", "--out-dir", "out"], "demo"),
+    ],
+)
 def test_a_missing_extra_is_one_line_naming_it(tmp_path, without, module, argv, extra):
     (tmp_path / "some.json").write_text("{}")
-    proc = subprocess.run([RANKWISE, *argv], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path, env=without(module))
+    proc = subprocess.run(
+        [RANKWISE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=without(module),
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
     assert f"pip install 'rankwise[{extra}]'" in proc.stderr

@@ -38,9 +38,14 @@ def _digest(path: Path) -> str:
 # ---------------------------------------------------------------- market1501
 
 MARKET_QUERY = ["0002_c1s1_000451_00.jpg", "0007_c3s2_012345_00.jpg"]
-MARKET_GALLERY = ["0002_c2s1_000500_01.jpg", "0002_c1s1_000460_02.jpg",
-                  "0007_c6s4_002201_01.jpg", "0000_c2s1_000100_01.jpg",
-                  "-1_c1s1_000200_03.jpg", "1501_c5s3_065432_04.jpg"]
+MARKET_GALLERY = [
+    "0002_c2s1_000500_01.jpg",
+    "0002_c1s1_000460_02.jpg",
+    "0007_c6s4_002201_01.jpg",
+    "0000_c2s1_000100_01.jpg",
+    "-1_c1s1_000200_03.jpg",
+    "1501_c5s3_065432_04.jpg",
+]
 
 
 @pytest.fixture
@@ -68,8 +73,12 @@ def test_market1501_manifest(market: Path, tmp_path: Path):
     by_id = gallery.set_index("id")
     assert by_id.loc["-1_c1s1_000200_03", "label"] == "-1"  # junk
     assert by_id.loc["0000_c2s1_000100_01", "label"] == "0"  # distractor
-    assert by_id.loc["1501_c5s3_065432_04", ["label", "camera", "sequence", "frame"]].tolist() \
-        == ["1501", "5", "c5s3", "65432"]
+    assert by_id.loc["1501_c5s3_065432_04", ["label", "camera", "sequence", "frame"]].tolist() == [
+        "1501",
+        "5",
+        "c5s3",
+        "65432",
+    ]
     assert sorted(gallery["id"]) == sorted(Path(n).stem for n in MARKET_GALLERY)
     assert not any(p.startswith("/") for p in gallery["path"])  # relative to the manifest
     _assert_paths_resolve(out)
@@ -81,12 +90,18 @@ def test_market1501_bad_file_name_names_the_file(market: Path, tmp_path: Path):
         prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"root": "no/such/market"}, r"no/such/market: Market-1501 root folder not found"),
-    ({}, r"market1501: missing option\(s\) root"),
-    ({"root": ".", "seed": 1}, r"unknown option\(s\) seed; valid options: gallery_folder, "
-                               r"query_folder, root"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"root": "no/such/market"}, r"no/such/market: Market-1501 root folder not found"),
+        ({}, r"market1501: missing option\(s\) root"),
+        (
+            {"root": ".", "seed": 1},
+            r"unknown option\(s\) seed; valid options: gallery_folder, "
+            r"query_folder, root",
+        ),
+    ],
+)
 def test_market1501_option_errors(options, message, tmp_path: Path):
     with pytest.raises(RankwiseError, match=message):
         prepare_dataset("market1501", options, tmp_path / "out")
@@ -102,13 +117,15 @@ def test_market1501_missing_split_folder(market: Path, tmp_path: Path):
 
 # ---------------------------------------------------------------- msmt17
 
+
 def _msmt17(root: Path, images: str = "test") -> None:
-    query = ["0000/0000_000_01_0303morning_0015_0.jpg 0",
-             "0001/0001_004_12_0303noon_0871_1.jpg 1"]
-    gallery = ["0000/0000_001_05_0303morning_0033_0.jpg 0",
-               "0001/0001_000_12_0303noon_0850_0.jpg 1",
-               "0001/0001_002_15_0303afternoon_1020_2.jpg 1",
-               "0002/0002_000_03_0302morning_0101_0.jpg 2"]
+    query = ["0000/0000_000_01_0303morning_0015_0.jpg 0", "0001/0001_004_12_0303noon_0871_1.jpg 1"]
+    gallery = [
+        "0000/0000_001_05_0303morning_0033_0.jpg 0",
+        "0001/0001_000_12_0303noon_0850_0.jpg 1",
+        "0001/0001_002_15_0303afternoon_1020_2.jpg 1",
+        "0002/0002_000_03_0302morning_0101_0.jpg 2",
+    ]
     for split, lines in (("query", query), ("gallery", gallery)):
         (root / f"list_{split}.txt").parent.mkdir(parents=True, exist_ok=True)
         (root / f"list_{split}.txt").write_text("\n".join(lines) + "\n")
@@ -123,8 +140,7 @@ def test_msmt17_manifest(tmp_path: Path):
     summary = prepare_dataset("msmt17", {"root": str(root)}, out)
     assert (summary["query"], summary["gallery"]) == (2, 4)
     query, gallery = _read(out, "query"), _read(out, "gallery")
-    assert query["id"].tolist() == ["0000_000_01_0303morning_0015_0",
-                                    "0001_004_12_0303noon_0871_1"]
+    assert query["id"].tolist() == ["0000_000_01_0303morning_0015_0", "0001_004_12_0303noon_0871_1"]
     assert query["label"].tolist() == ["0", "1"]
     assert query["camera"].tolist() == ["1", "12"]
     assert gallery["camera"].tolist() == ["5", "12", "15", "3"]
@@ -143,8 +159,11 @@ def test_msmt17_missing_image_names_list_line(tmp_path: Path):
     root = tmp_path / "MSMT17_V1"
     _msmt17(root)
     (root / "test" / "0001" / "0001_000_12_0303noon_0850_0.jpg").unlink()
-    with pytest.raises(RankwiseError, match=r"list_gallery\.txt: line 2: image .*"
-                                            r"0001_000_12_0303noon_0850_0\.jpg not found"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"list_gallery\.txt: line 2: image .*"
+        r"0001_000_12_0303noon_0850_0\.jpg not found",
+    ):
         prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
 
 
@@ -153,12 +172,16 @@ def test_msmt17_bad_line(tmp_path: Path):
     _msmt17(root)
     with open(root / "list_query.txt", "a") as handle:
         handle.write("0003/0003_000_01_x.jpg\n")
-    with pytest.raises(RankwiseError, match=r"list_query\.txt: line 3: expected 'pid/file\.jpg "
-                                            r"label'"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"list_query\.txt: line 3: expected 'pid/file\.jpg "
+        r"label'",
+    ):
         prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
 
 
 # ---------------------------------------------------------------- folder
+
 
 def _folder(root: Path, counts: dict[str, int]) -> None:
     for label, n in counts.items():
@@ -171,8 +194,9 @@ def test_folder_split_dirs(tmp_path: Path):
     _folder(tmp_path / "g", {"cat": 3, "dog": 2, "eel": 1})
     (tmp_path / "g" / "cat" / "notes.txt").write_text("not an image")
     out = tmp_path / "out"
-    prepare_dataset("folder", {"query_dir": str(tmp_path / "q"),
-                               "gallery_dir": str(tmp_path / "g")}, out)
+    prepare_dataset(
+        "folder", {"query_dir": str(tmp_path / "q"), "gallery_dir": str(tmp_path / "g")}, out
+    )
     query, gallery = _read(out, "query"), _read(out, "gallery")
     assert query["label"].tolist() == ["cat", "dog", "dog"]
     assert gallery["label"].tolist() == ["cat"] * 3 + ["dog"] * 2 + ["eel"]
@@ -195,8 +219,9 @@ def test_folder_seeded_split(tmp_path: Path):
     tables = {}
     for seed in (0, 0, 1):
         out = tmp_path / f"out{len(tables)}"
-        prepare_dataset("folder", {"root": str(tmp_path / "all"), "query_fraction": 0.3,
-                                   "seed": seed}, out)
+        prepare_dataset(
+            "folder", {"root": str(tmp_path / "all"), "query_fraction": 0.3, "seed": seed}, out
+        )
         tables[len(tables)] = (_read(out, "query"), _read(out, "gallery"))
         _assert_paths_resolve(out)
     query, gallery = tables[0]
@@ -214,12 +239,15 @@ def test_seeded_split_is_stable_per_label():
     assert (mask == mask_with_c[:12]).all()  # adding a label leaves the others alone
 
 
-@pytest.mark.parametrize("options, message", [
-    ({}, r"folder: missing option root"),
-    ({"root": "nope"}, r"nope: image folder not found"),
-    ({"query_dir": "q"}, r"query_dir and gallery_dir go together"),
-    ({"root": "x", "query_dir": "q", "gallery_dir": "g"}, r"not both"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({}, r"folder: missing option root"),
+        ({"root": "nope"}, r"nope: image folder not found"),
+        ({"query_dir": "q"}, r"query_dir and gallery_dir go together"),
+        ({"root": "x", "query_dir": "q", "gallery_dir": "g"}, r"not both"),
+    ],
+)
 def test_folder_option_errors(options, message, tmp_path: Path):
     with pytest.raises(RankwiseError, match=message):
         prepare_dataset("folder", options, tmp_path / "out")
@@ -228,24 +256,27 @@ def test_folder_option_errors(options, message, tmp_path: Path):
 def test_folder_fraction_must_be_a_fraction(tmp_path: Path):
     _folder(tmp_path / "all", {"a": 2})
     with pytest.raises(RankwiseError, match=r"query_fraction must be between 0 and 1"):
-        prepare_dataset("folder", {"root": str(tmp_path / "all"), "query_fraction": 1.5},
-                        tmp_path / "out")
+        prepare_dataset(
+            "folder", {"root": str(tmp_path / "all"), "query_fraction": 1.5}, tmp_path / "out"
+        )
 
 
 # ---------------------------------------------------------------- manifest
+
 
 def test_manifest_loader_rewrites_paths(tmp_path: Path):
     src = tmp_path / "mine"
     _image(src / "img" / "q0.png")
     _image(src / "img" / "g0.png")
     absolute = _image(tmp_path / "elsewhere" / "g1.png")
-    pd.DataFrame({"id": ["q0"], "label": ["007"], "path": ["img/q0.png"],
-                  "extra": ["kept"]}).to_csv(src / "q.csv", index=False)
-    pd.DataFrame({"id": ["g0", "g1"], "label": ["007", "NA"],
-                  "path": ["img/g0.png", str(absolute)]}).to_csv(src / "g.csv", index=False)
+    pd.DataFrame(
+        {"id": ["q0"], "label": ["007"], "path": ["img/q0.png"], "extra": ["kept"]}
+    ).to_csv(src / "q.csv", index=False)
+    pd.DataFrame(
+        {"id": ["g0", "g1"], "label": ["007", "NA"], "path": ["img/g0.png", str(absolute)]}
+    ).to_csv(src / "g.csv", index=False)
     out = tmp_path / "results" / "manifests" / "mine"
-    prepare_dataset("manifest", {"query": str(src / "q.csv"), "gallery": str(src / "g.csv")},
-                    out)
+    prepare_dataset("manifest", {"query": str(src / "q.csv"), "gallery": str(src / "g.csv")}, out)
     query, gallery = _read(out, "query"), _read(out, "gallery")
     assert query["label"].tolist() == ["007"]  # labels are strings, as written
     assert gallery["label"].tolist() == ["007", "NA"]
@@ -269,12 +300,16 @@ def test_manifest_loader_validates(tmp_path: Path):
 
 
 def test_unknown_loader_lists_valid_ones(tmp_path: Path):
-    with pytest.raises(RankwiseError, match=r"unknown loader 'market'; valid loaders: "
-                                            r"market1501, msmt17, folder, manifest, digits"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"unknown loader 'market'; valid loaders: "
+        r"market1501, msmt17, folder, manifest, digits",
+    ):
         prepare_dataset("market", {}, tmp_path)
 
 
 # ---------------------------------------------------------------- demos
+
 
 def _demo(tmp_path: Path, loader: str, name: str, **options) -> Path:
     out = tmp_path / name
@@ -296,8 +331,13 @@ def _same_outputs(a: Path, b: Path) -> bool:
 
 
 SMALL = {
-    "demo-market": {"identities": 6, "cameras": 3, "images_per_camera": 2, "distractors": 3,
-                    "junk": 2},
+    "demo-market": {
+        "identities": 6,
+        "cameras": 3,
+        "images_per_camera": 2,
+        "distractors": 3,
+        "junk": 2,
+    },
     "demo-reassociation": {"sequences": 2, "frames": 4, "people": 3},
     "demo-progressive": {"targets": 12, "sketches": 5, "steps": 5},
 }
@@ -378,23 +418,38 @@ def test_loaders_are_all_documented():
 
 # ---------------------------------------------------------------- command line
 
+
 def test_cli_prepare(market: Path, tmp_path: Path):
     from rankwise.cli import main
 
     out = tmp_path / "cli-out"
-    result = CliRunner().invoke(main, ["prepare", "--loader", "market1501", "--options",
-                                       f'{{"root": "{market}"}}', "--out-dir", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "prepare",
+            "--loader",
+            "market1501",
+            "--options",
+            f'{{"root": "{market}"}}',
+            "--out-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == (f"prepared market1501: 2 query rows, 6 gallery rows, "
-                                     f"5 labels -> {out}")
+    assert result.output.strip() == (
+        f"prepared market1501: 2 query rows, 6 gallery rows, 5 labels -> {out}"
+    )
     assert (out / "query.csv").is_file() and (out / "gallery.csv").is_file()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--loader", "nope"], "error: unknown loader 'nope'; valid loaders:"),
-    (["--loader", "folder", "--options", "{root"], "error: --options: not valid JSON"),
-    (["--loader", "folder", "--options", "[1]"], "error: --options: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--loader", "nope"], "error: unknown loader 'nope'; valid loaders:"),
+        (["--loader", "folder", "--options", "{root"], "error: --options: not valid JSON"),
+        (["--loader", "folder", "--options", "[1]"], "error: --options: expected a JSON object"),
+    ],
+)
 def test_cli_prepare_errors(args, message, tmp_path: Path):
     from rankwise.cli import main
 

@@ -42,8 +42,12 @@ def _resolve(out: Path, table: pd.DataFrame) -> list[Path]:
 # ---------------------------------------------------------------- veri776
 
 VERI_QUERY = ["0002_c002_00030600_0.jpg", "0776_c020_00012345_1.jpg"]
-VERI_TEST = ["0002_c003_00030670_1.jpg", "0002_c002_00030610_0.jpg",
-             "0776_c007_00000001_0.jpg", "0010_c014_00099999_0.jpg"]
+VERI_TEST = [
+    "0002_c003_00030670_1.jpg",
+    "0002_c002_00030610_0.jpg",
+    "0776_c007_00000001_0.jpg",
+    "0010_c014_00099999_0.jpg",
+]
 
 
 @pytest.fixture
@@ -79,16 +83,28 @@ def test_veri776_manifest(veri: Path, tmp_path: Path):
     assert [p.parent.name for p in _resolve(out, gallery)] == ["image_test"] * 4
 
 
-@pytest.mark.parametrize("line, message", [
-    ("0002_c2_30600.jpg", r"name_test\.txt: line 5: file name '0002_c2_30600\.jpg' does not "
-                          r"follow the VeRi-776 convention VVVV_cCCC_FFFFFFFF_N\.jpg \(e\.g\. "
-                          r"0002_c002_00030600_0\.jpg\)"),
-    ("0002_c002_00030610_0.jpg", r"name_test\.txt: line 5: '0002_c002_00030610_0\.jpg' already "
-                                 r"listed on line 2"),
-    ("0003_c001_00000005_0.jpg", r"name_test\.txt: line 5: image .*image_test/"
-                                 r"0003_c001_00000005_0\.jpg not found"),
-    ("image_test/0002_c003_00030670_1.jpg", r"line 5: expected one file name per line"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "0002_c2_30600.jpg",
+            r"name_test\.txt: line 5: file name '0002_c2_30600\.jpg' does not "
+            r"follow the VeRi-776 convention VVVV_cCCC_FFFFFFFF_N\.jpg \(e\.g\. "
+            r"0002_c002_00030600_0\.jpg\)",
+        ),
+        (
+            "0002_c002_00030610_0.jpg",
+            r"name_test\.txt: line 5: '0002_c002_00030610_0\.jpg' already "
+            r"listed on line 2",
+        ),
+        (
+            "0003_c001_00000005_0.jpg",
+            r"name_test\.txt: line 5: image .*image_test/"
+            r"0003_c001_00000005_0\.jpg not found",
+        ),
+        ("image_test/0002_c003_00030670_1.jpg", r"line 5: expected one file name per line"),
+    ],
+)
 def test_veri776_bad_list_line(veri: Path, tmp_path: Path, line: str, message: str):
     (veri / "name_test.txt").write_text("\n".join(VERI_TEST) + "\n" + line + "\n")
     with pytest.raises(RankwiseError, match=message):
@@ -98,16 +114,23 @@ def test_veri776_bad_list_line(veri: Path, tmp_path: Path, line: str, message: s
 
 def test_veri776_missing_list(veri: Path, tmp_path: Path):
     (veri / "name_query.txt").unlink()
-    with pytest.raises(RankwiseError, match=r"name_query\.txt: VeRi-776 list file not found; "
-                                            r"options\.root must be the VeRi folder"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"name_query\.txt: VeRi-776 list file not found; "
+        r"options\.root must be the VeRi folder",
+    ):
         prepare_dataset("veri776", {"root": str(veri)}, tmp_path / "out")
 
 
 # ---------------------------------------------------------------- dukemtmc
 
 DUKE_QUERY = ["0005_c2_f0046985.jpg", "0023_c4_f0031504.jpg"]
-DUKE_GALLERY = ["0005_c5_f0051781.jpg", "0005_c2_f0047105.jpg", "0023_c6_f0000012.jpg",
-                "7139_c2_f0160815.jpg"]
+DUKE_GALLERY = [
+    "0005_c5_f0051781.jpg",
+    "0005_c2_f0047105.jpg",
+    "0023_c6_f0000012.jpg",
+    "7139_c2_f0160815.jpg",
+]
 
 
 @pytest.fixture
@@ -133,8 +156,12 @@ def test_dukemtmc_manifest(duke: Path, tmp_path: Path):
     assert query["camera"].tolist() == ["2", "4"]
     assert query["frame"].tolist() == ["46985", "31504"]
     # files in name order
-    assert gallery["id"].tolist() == ["0005_c2_f0047105", "0005_c5_f0051781",
-                                      "0023_c6_f0000012", "7139_c2_f0160815"]
+    assert gallery["id"].tolist() == [
+        "0005_c2_f0047105",
+        "0005_c5_f0051781",
+        "0023_c6_f0000012",
+        "7139_c2_f0160815",
+    ]
     assert gallery["label"].tolist() == ["5", "5", "23", "7139"]
     assert gallery["camera"].tolist() == ["2", "5", "6", "2"]
     assert gallery["frame"].tolist() == ["47105", "51781", "12", "160815"]
@@ -143,21 +170,28 @@ def test_dukemtmc_manifest(duke: Path, tmp_path: Path):
 
 def test_dukemtmc_rejects_market_names(duke: Path, tmp_path: Path):
     _image(duke / "query" / "0002_c1s1_000451_00.jpg")  # a Market-1501 name
-    with pytest.raises(RankwiseError, match=r"query/0002_c1s1_000451_00\.jpg: file name "
-                                            r"'0002_c1s1_000451_00\.jpg' does not follow the "
-                                            r"DukeMTMC-reID convention PPPP_cC_fFFFFFFF\.jpg"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"query/0002_c1s1_000451_00\.jpg: file name "
+        r"'0002_c1s1_000451_00\.jpg' does not follow the "
+        r"DukeMTMC-reID convention PPPP_cC_fFFFFFFF\.jpg",
+    ):
         prepare_dataset("dukemtmc", {"root": str(duke)}, tmp_path / "out")
 
 
 def test_dukemtmc_missing_folder(tmp_path: Path):
     (tmp_path / "duke" / "query").mkdir(parents=True)
     _image(tmp_path / "duke" / "query" / DUKE_QUERY[0])
-    with pytest.raises(RankwiseError, match=r"bounding_box_test: DukeMTMC-reID gallery folder "
-                                            r"not found; options\.root must be the folder"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"bounding_box_test: DukeMTMC-reID gallery folder "
+        r"not found; options\.root must be the folder",
+    ):
         prepare_dataset("dukemtmc", {"root": str(tmp_path / "duke")}, tmp_path / "out")
 
 
 # ---------------------------------------------------------------- cuhk03-np
+
 
 def _cuhk03(root: Path) -> None:
     for variant, shade in (("labeled", 10), ("detected", 200)):
@@ -188,11 +222,17 @@ def test_cuhk03_np_manifest(tmp_path: Path, variant: str, shade: int):
         assert np.asarray(Image.open(path))[0, 0, 0] == shade
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"root": "x"}, r"cuhk03-np: missing option\(s\) variant"),
-    ({"root": "x", "variant": "manual"}, r"cuhk03-np: option variant must be one of labeled, "
-                                         r"detected, got 'manual'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"root": "x"}, r"cuhk03-np: missing option\(s\) variant"),
+        (
+            {"root": "x", "variant": "manual"},
+            r"cuhk03-np: option variant must be one of labeled, "
+            r"detected, got 'manual'",
+        ),
+    ],
+)
 def test_cuhk03_np_option_errors(tmp_path: Path, options, message):
     with pytest.raises(RankwiseError, match=message):
         prepare_dataset("cuhk03-np", options, tmp_path / "out")
@@ -202,16 +242,24 @@ def test_cuhk03_np_bad_camera_and_missing_variant(tmp_path: Path):
     root = tmp_path / "CUHK03-NP"
     _cuhk03(root)
     _image(root / "detected" / "query" / "0004_c3_1.png")  # CUHK03 has cameras 1 and 2
-    with pytest.raises(RankwiseError, match=r"'0004_c3_1\.png' does not follow the CUHK03-NP "
-                                            r"convention PPPP_cC_N\.png \(camera C = 1 or 2\)"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"'0004_c3_1\.png' does not follow the CUHK03-NP "
+        r"convention PPPP_cC_N\.png \(camera C = 1 or 2\)",
+    ):
         prepare_dataset("cuhk03-np", {"root": str(root), "variant": "detected"}, tmp_path / "o")
-    with pytest.raises(RankwiseError, match=r"CUHK03-NP labeled folder not found; options\.root "
-                                            r"must be the CUHK03-NP folder holding labeled/"):
-        prepare_dataset("cuhk03-np", {"root": str(root / "detected"), "variant": "labeled"},
-                        tmp_path / "o")
+    with pytest.raises(
+        RankwiseError,
+        match=r"CUHK03-NP labeled folder not found; options\.root "
+        r"must be the CUHK03-NP folder holding labeled/",
+    ):
+        prepare_dataset(
+            "cuhk03-np", {"root": str(root / "detected"), "variant": "labeled"}, tmp_path / "o"
+        )
 
 
 # ---------------------------------------------------------------- identity-folders
+
 
 def _identities(root: Path, counts: dict[str, int]) -> None:
     for name, n in counts.items():
@@ -248,8 +296,12 @@ def test_identity_folders_split(tmp_path: Path):
     assert list(query.columns) == ["id", "label", "path"]
     # MOT17-02_12 (1 crop) and the empty folder are dropped from both sides
     assert query["label"].tolist() == ["MOT17-02_1", "MOT17-04_3", "person7", "zz"]
-    assert gallery.groupby("label").size().to_dict() == {"MOT17-02_1": 4, "MOT17-04_3": 2,
-                                                         "person7": 1, "zz": 3}
+    assert gallery.groupby("label").size().to_dict() == {
+        "MOT17-02_1": 4,
+        "MOT17-04_3": 2,
+        "person7": 1,
+        "zz": 3,
+    }
     assert (summary["query"], summary["gallery"], summary["labels"]) == (4, 10, 4)
     assert set(query["id"]).isdisjoint(gallery["id"])
     assert (query["id"].str.split("/").str[0] == query["label"]).all()
@@ -263,8 +315,12 @@ def test_identity_folders_options_change_the_split(tmp_path: Path):
     root = tmp_path / "crops"
     _identities(root, {"a": 6, "b": 3, "c": 2})
     splits = {}
-    for key, options in {"base": {}, "again": {}, "seed": {"seed": 1},
-                         "two": {"queries_per_id": 2, "min_crops": 3}}.items():
+    for key, options in {
+        "base": {},
+        "again": {},
+        "seed": {"seed": 1},
+        "two": {"queries_per_id": 2, "min_crops": 3},
+    }.items():
         out = tmp_path / key
         prepare_dataset("identity-folders", {"root": str(root), **options}, out)
         splits[key] = (_read(out, "query")["id"].tolist(), _read(out, "gallery")["id"].tolist())
@@ -284,23 +340,37 @@ def test_identity_folders_match_the_reid_package(tmp_path: Path):
     _identities(root, {"0001": 7, "0002": 1, "0003": 4, "0004": 3, "0010": 2})
     for queries, min_crops, seed in ((1, 2, 0), (2, 3, 5), (1, 4, 11)):
         split = load_identity_folders(root)
-        want_q, want_g = _retrieval_split(split, queries_per_id=queries, min_crops=min_crops,
-                                          seed=seed)
-        got_q, got_g = derived_split(identity_crops(root), queries_per_id=queries,
-                                     min_crops=min_crops, seed=seed)
+        want_q, want_g = _retrieval_split(
+            split, queries_per_id=queries, min_crops=min_crops, seed=seed
+        )
+        got_q, got_g = derived_split(
+            identity_crops(root), queries_per_id=queries, min_crops=min_crops, seed=seed
+        )
         assert [str(p) for _, p in got_q] == list(want_q.image_paths)
         assert [str(p) for _, p in got_g] == list(want_g.image_paths)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"queries_per_id": 2, "min_crops": 2}, r"identity-folders: option min_crops \(2\) must be "
-                                            r"greater than queries_per_id \(2\)"),
-    ({"queries_per_id": 0}, r"identity-folders: option queries_per_id must be a positive integer, "
-                            r"got 0"),
-    ({"seed": "x"}, r"identity-folders: option seed must be a non-negative integer, got 'x'"),
-    ({"min_crops": 9}, r"no identity has min_crops=9 crops \(the most is 3\); lower "
-                       r"options\.min_crops"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"queries_per_id": 2, "min_crops": 2},
+            r"identity-folders: option min_crops \(2\) must be "
+            r"greater than queries_per_id \(2\)",
+        ),
+        (
+            {"queries_per_id": 0},
+            r"identity-folders: option queries_per_id must be a positive integer, "
+            r"got 0",
+        ),
+        ({"seed": "x"}, r"identity-folders: option seed must be a non-negative integer, got 'x'"),
+        (
+            {"min_crops": 9},
+            r"no identity has min_crops=9 crops \(the most is 3\); lower "
+            r"options\.min_crops",
+        ),
+    ],
+)
 def test_identity_folders_option_errors(tmp_path: Path, options, message):
     root = tmp_path / "crops"
     _identities(root, {"a": 3, "b": 2})
@@ -311,20 +381,34 @@ def test_identity_folders_option_errors(tmp_path: Path, options, message):
 
 def test_identity_folders_without_identities(tmp_path: Path):
     _image(tmp_path / "flat" / "a.jpg")  # images at the top level: no identity folder
-    with pytest.raises(RankwiseError, match=r"flat: no identity folders with images; expected "
-                                            r"<root>/<identity>/<crop>\.jpg"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"flat: no identity folders with images; expected "
+        r"<root>/<identity>/<crop>\.jpg",
+    ):
         prepare_dataset("identity-folders", {"root": str(tmp_path / "flat")}, tmp_path / "out")
 
 
 # ---------------------------------------------------------------- CLI and example configs
+
 
 def test_cli_prepare_bad_tree_exits_2_and_writes_nothing(duke: Path, tmp_path: Path):
     from rankwise.cli import main
 
     _image(duke / "bounding_box_test" / "duke_person.jpg")
     out = tmp_path / "cli-out"
-    result = CliRunner().invoke(main, ["prepare", "--loader", "dukemtmc", "--options",
-                                       f'{{"root": "{duke}"}}', "--out-dir", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "prepare",
+            "--loader",
+            "dukemtmc",
+            "--options",
+            f'{{"root": "{duke}"}}',
+            "--out-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "duke_person.jpg" in lines[0] and "0005_c2_f0046985" in lines[0]
@@ -335,16 +419,33 @@ def test_cli_prepare_veri776(veri: Path, tmp_path: Path):
     from rankwise.cli import main
 
     out = tmp_path / "cli-out"
-    result = CliRunner().invoke(main, ["prepare", "--loader", "veri776", "--options",
-                                       f'{{"root": "{veri}"}}', "--out-dir", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "prepare",
+            "--loader",
+            "veri776",
+            "--options",
+            f'{{"root": "{veri}"}}',
+            "--out-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == f"prepared veri776: 2 query rows, 4 gallery rows, " \
-                                    f"3 labels -> {out}"
+    assert (
+        result.output.strip() == f"prepared veri776: 2 query rows, 4 gallery rows, "
+        f"3 labels -> {out}"
+    )
 
 
-@pytest.mark.parametrize("name, loader, protocol", [("veri776", "veri776", "reid"),
-                                                    ("cuhk03-np", "cuhk03-np", "reid"),
-                                                    ("mot17", "mot", "reassociation")])
+@pytest.mark.parametrize(
+    "name, loader, protocol",
+    [
+        ("veri776", "veri776", "reid"),
+        ("cuhk03-np", "cuhk03-np", "reid"),
+        ("mot17", "mot", "reassociation"),
+    ],
+)
 def test_example_configs_validate(name: str, loader: str, protocol: str):
     from jsonschema import Draft202012Validator
 
@@ -356,20 +457,25 @@ def test_example_configs_validate(name: str, loader: str, protocol: str):
     assert {d["protocol"] for d in datasets} == {protocol}
 
 
-@pytest.mark.parametrize("loader, options", [
-    ("cuhk03-np", {"root": "r", "variant": "both"}),
-    ("mot", {"root": "r", "frames": "train_half"}),
-    ("identity-folders", {"root": "r", "min_crops": 1}),
-    ("veri776", {"root": "r", "query_folder": "q"}),
-])
+@pytest.mark.parametrize(
+    "loader, options",
+    [
+        ("cuhk03-np", {"root": "r", "variant": "both"}),
+        ("mot", {"root": "r", "frames": "train_half"}),
+        ("identity-folders", {"root": "r", "min_crops": 1}),
+        ("veri776", {"root": "r", "query_folder": "q"}),
+    ],
+)
 def test_schema_rejects_bad_loader_options(loader: str, options: dict):
     from jsonschema import Draft202012Validator
 
     schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
     config = {"datasets": {"d": {"loader": loader, "options": options}}}
     assert not Draft202012Validator(schema).is_valid(config)
-    config["datasets"]["d"]["options"] = {"root": "r", **({"variant": "labeled"}
-                                                          if loader == "cuhk03-np" else {})}
+    config["datasets"]["d"]["options"] = {
+        "root": "r",
+        **({"variant": "labeled"} if loader == "cuhk03-np" else {}),
+    }
     assert Draft202012Validator(schema).is_valid(config)
 
 
@@ -379,7 +485,9 @@ def test_schema_defaults_match_the_new_loaders():
     defs = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["$defs"]
     for loader in ("veri776", "dukemtmc", "cuhk03-np", "mot", "identity-folders"):
         props = defs["loader_" + loader.replace("-", "_")]["properties"]
-        assert {k: v["default"] for k, v in props.items() if "default" in v} \
-            == LOADERS[loader].defaults, loader
-        assert set(defs["loader_" + loader.replace("-", "_")]["required"]) \
-            == set(LOADERS[loader].required), loader
+        assert {k: v["default"] for k, v in props.items() if "default" in v} == LOADERS[
+            loader
+        ].defaults, loader
+        assert set(defs["loader_" + loader.replace("-", "_")]["required"]) == set(
+            LOADERS[loader].required
+        ), loader

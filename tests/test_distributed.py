@@ -11,8 +11,9 @@ distributed = pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None, silence_logs=40) as lc:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40
+    ) as lc:
         with distributed.Client(lc) as client:
             yield client
 
@@ -21,10 +22,12 @@ def _reid_files(tmp_path, seed=0, n_q=80, n_g=700, dim=12):
     rng = np.random.default_rng(seed)
     glab = rng.integers(-1, 40, n_g)
     qlab = rng.integers(0, 45, n_q)
-    pd.DataFrame({"id": [f"g{i}" for i in range(n_g)], "label": glab,
-                  "camera": rng.integers(0, 4, n_g)}).to_csv(tmp_path / "g.csv", index=False)
-    pd.DataFrame({"id": [f"q{i}" for i in range(n_q)], "label": qlab,
-                  "camera": rng.integers(0, 4, n_q)}).to_csv(tmp_path / "q.csv", index=False)
+    pd.DataFrame(
+        {"id": [f"g{i}" for i in range(n_g)], "label": glab, "camera": rng.integers(0, 4, n_g)}
+    ).to_csv(tmp_path / "g.csv", index=False)
+    pd.DataFrame(
+        {"id": [f"q{i}" for i in range(n_q)], "label": qlab, "camera": rng.integers(0, 4, n_q)}
+    ).to_csv(tmp_path / "q.csv", index=False)
     ge = rng.integers(-3, 4, (n_g, dim)).astype(np.float32)
     ge[5:25] = ge[0]  # exact duplicates: ties across chunks
     np.save(tmp_path / "g.npy", ge)
@@ -40,14 +43,16 @@ def test_local_cluster_matches_threads(tmp_path, cluster, distance):
     on_cluster = rankwise.evaluate(*files, scheduler=cluster, **kwargs)
     assert on_cluster.metrics == threaded.metrics
     assert on_cluster.num_skipped == threaded.num_skipped
-    np.testing.assert_array_equal(on_cluster.per_query["first_rank"],
-                                  threaded.per_query["first_rank"])
+    np.testing.assert_array_equal(
+        on_cluster.per_query["first_rank"], threaded.per_query["first_rank"]
+    )
 
 
 def test_scheduler_address_string(tmp_path, cluster):
     files = _reid_files(tmp_path, seed=3)
-    by_address = rankwise.evaluate(*files, protocol="reid", gallery_chunk=100,
-                                   scheduler=cluster.scheduler.address)
+    by_address = rankwise.evaluate(
+        *files, protocol="reid", gallery_chunk=100, scheduler=cluster.scheduler.address
+    )
     threaded = rankwise.evaluate(*files, protocol="reid", gallery_chunk=100)
     assert by_address.metrics == threaded.metrics
 

@@ -26,11 +26,14 @@ N_ROWS = 7
 # ---------------------------------------------------------------- python factories
 # Referenced by the tests as f"{__file__}:<name>".
 
+
 def mean_colour(scale: float = 1.0):
     """Factory: images -> (B, 3) mean RGB times ``scale``."""
+
     def encode(images):
         assert all(im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3 for im in images)
         return np.stack([im.reshape(-1, 3).mean(axis=0) * scale for im in images])
+
     return encode
 
 
@@ -40,6 +43,7 @@ def with_checkpoint(checkpoint: str):
 
     def encode(images):
         return np.stack([[weight, float(im.mean()) + 1.0] for im in images])
+
     return encode
 
 
@@ -51,6 +55,7 @@ def fails_on_second_batch():
         if len(calls) == 2:
             raise RuntimeError("model crashed")
         return np.ones((len(images), 2))
+
     return encode
 
 
@@ -59,6 +64,7 @@ def gives_nan():
         out = np.ones((len(images), 2))
         out[-1, 0] = np.nan
         return out
+
     return encode
 
 
@@ -66,6 +72,7 @@ FACTORIES = __file__
 
 
 # ---------------------------------------------------------------- fixtures
+
 
 @pytest.fixture
 def manifest(tmp_path: Path) -> Path:
@@ -96,19 +103,27 @@ def _read(store: Path) -> np.ndarray:
 
 # ---------------------------------------------------------------- built-in encoders
 
+
 def test_pixels(manifest: Path, tmp_path: Path):
     out = tmp_path / "emb" / "pixels.zarr"
-    info = encode_manifest(manifest, "pixels", {"size": [4, 3]}, out, batch_size=3,
-                           workers=2, progress=False)
+    info = encode_manifest(
+        manifest, "pixels", {"size": [4, 3]}, out, batch_size=3, workers=2, progress=False
+    )
     emb = _read(out)
-    expected = np.stack([np.asarray(im.resize((3, 4), Image.Resampling.BILINEAR),
-                                    dtype=np.float32).ravel() / 255 for im in _images(manifest)])
+    expected = np.stack(
+        [
+            np.asarray(im.resize((3, 4), Image.Resampling.BILINEAR), dtype=np.float32).ravel() / 255
+            for im in _images(manifest)
+        ]
+    )
     assert emb.dtype == np.float32 and info["shape"] == [N_ROWS, 36]
     np.testing.assert_allclose(emb, expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("options, dim", [
-    ({}, 24), ({"joint": True, "bins": 4}, 64), ({"space": "rgb", "stripes": 3}, 72)])
+@pytest.mark.parametrize(
+    "options, dim",
+    [({}, 24), ({"joint": True, "bins": 4}, 64), ({"space": "rgb", "stripes": 3}, 72)],
+)
 def test_color_histogram(options, dim, manifest: Path, tmp_path: Path):
     out = tmp_path / "hist.zarr"
     encode_manifest(manifest, "color-histogram", options, out, batch_size=4, progress=False)
@@ -120,18 +135,28 @@ def test_color_histogram(options, dim, manifest: Path, tmp_path: Path):
 
 def test_color_histogram_rgb_values(tmp_path: Path):
     Image.fromarray(np.array([[[255, 0, 0], [0, 0, 255]]], np.uint8)).save(tmp_path / "a.png")
-    pd.DataFrame({"id": ["a"], "label": ["1"], "path": ["a.png"]}).to_csv(tmp_path / "m.csv",
-                                                                       index=False)
-    encode_manifest(tmp_path / "m.csv", "color-histogram", {"space": "rgb", "bins": 2},
-                    tmp_path / "h.zarr", progress=False)
+    pd.DataFrame({"id": ["a"], "label": ["1"], "path": ["a.png"]}).to_csv(
+        tmp_path / "m.csv", index=False
+    )
+    encode_manifest(
+        tmp_path / "m.csv",
+        "color-histogram",
+        {"space": "rgb", "bins": 2},
+        tmp_path / "h.zarr",
+        progress=False,
+    )
     # channel R: one pixel low, one high; G: both low; B: one low, one high
-    np.testing.assert_allclose(_read(tmp_path / "h.zarr")[0],
-                               np.array([1, 1, 2, 0, 1, 1]) / 6)
+    np.testing.assert_allclose(_read(tmp_path / "h.zarr")[0], np.array([1, 1, 2, 0, 1, 1]) / 6)
 
 
 def test_hog(manifest: Path, tmp_path: Path):
-    encode_manifest(manifest, "hog", {"size": [16, 8], "cell": 4, "bins": 6}, tmp_path / "h.zarr",
-                    progress=False)
+    encode_manifest(
+        manifest,
+        "hog",
+        {"size": [16, 8], "cell": 4, "bins": 6},
+        tmp_path / "h.zarr",
+        progress=False,
+    )
     # 4 x 2 cells -> 3 x 1 blocks of 2 x 2 cells x 6 bins
     assert _read(tmp_path / "h.zarr").shape == (N_ROWS, 3 * 1 * 4 * 6)
 
@@ -147,17 +172,25 @@ def test_hog_orientation():
 
 # ---------------------------------------------------------------- python
 
+
 def test_python_factory_from_file(manifest: Path, tmp_path: Path):
     out = tmp_path / "py.zarr"
     options = {"factory": f"{FACTORIES}:mean_colour", "params": {"scale": 2.0}}
     encode_manifest(manifest, "python", options, out, batch_size=3, progress=False)
-    expected = np.stack([np.asarray(im, np.float64).reshape(-1, 3).mean(0) * 2
-                         for im in _images(manifest)])
+    expected = np.stack(
+        [np.asarray(im, np.float64).reshape(-1, 3).mean(0) * 2 for im in _images(manifest)]
+    )
     np.testing.assert_allclose(_read(out), expected, rtol=1e-5)
     attrs = embeddings_attrs(out)
-    assert attrs["encoder"] == {"kind": "python", "options": {
-        "factory": options["factory"], "params": {"scale": 2.0}, "checkpoint": None,
-        "input_size": None}}
+    assert attrs["encoder"] == {
+        "kind": "python",
+        "options": {
+            "factory": options["factory"],
+            "params": {"scale": 2.0},
+            "checkpoint": None,
+            "input_size": None,
+        },
+    }
     assert attrs["checkpoint_hash"] is None
 
 
@@ -167,24 +200,33 @@ def test_python_factory_module(manifest: Path, tmp_path: Path, monkeypatch):
     (package / "my_encoder_mod.py").write_text(
         "import numpy as np\n"
         "def build(dim=3):\n"
-        "    return lambda images: np.stack([np.full(dim, im.shape[0]) for im in images])\n")
+        "    return lambda images: np.stack([np.full(dim, im.shape[0]) for im in images])\n"
+    )
     monkeypatch.syspath_prepend(str(package))
-    encode_manifest(manifest, "python", {"factory": "my_encoder_mod:build",
-                                         "params": {"dim": 5}, "input_size": [9, 4]},
-                    tmp_path / "m.zarr", progress=False)
+    encode_manifest(
+        manifest,
+        "python",
+        {"factory": "my_encoder_mod:build", "params": {"dim": 5}, "input_size": [9, 4]},
+        tmp_path / "m.zarr",
+        progress=False,
+    )
     np.testing.assert_array_equal(_read(tmp_path / "m.zarr"), np.full((N_ROWS, 5), 9.0))
 
 
-@pytest.mark.parametrize("factory, message", [
-    ("no_such_module_xyz:f", r"module 'no_such_module_xyz' of options.factory not found"),
-    (f"{FACTORIES}:nothing_here", r"has no attribute 'nothing_here'"),
-    ("missing/file.py:f", r"missing/file\.py: factory file not found"),
-    ("no-colon", r"factory must be 'module:function'"),
-])
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("no_such_module_xyz:f", r"module 'no_such_module_xyz' of options.factory not found"),
+        (f"{FACTORIES}:nothing_here", r"has no attribute 'nothing_here'"),
+        ("missing/file.py:f", r"missing/file\.py: factory file not found"),
+        ("no-colon", r"factory must be 'module:function'"),
+    ],
+)
 def test_python_factory_errors(factory, message, manifest: Path, tmp_path: Path):
     with pytest.raises(RankwiseError, match=message):
-        encode_manifest(manifest, "python", {"factory": factory}, tmp_path / "e.zarr",
-                        progress=False)
+        encode_manifest(
+            manifest, "python", {"factory": factory}, tmp_path / "e.zarr", progress=False
+        )
     assert not (tmp_path / "e.zarr").exists()
 
 
@@ -212,36 +254,61 @@ def test_checkpoint_hash_follows_content_not_mtime(manifest: Path, tmp_path: Pat
 
 def test_missing_checkpoint_names_it(manifest: Path, tmp_path: Path):
     options = {"factory": f"{FACTORIES}:with_checkpoint", "checkpoint": "gone/weights.pt"}
-    with pytest.raises(RankwiseError, match=r"gone/weights\.pt: python checkpoint file not "
-                                            r"found"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"gone/weights\.pt: python checkpoint file not "
+        r"found",
+    ):
         encode_manifest(manifest, "python", options, tmp_path / "x.zarr", progress=False)
 
 
 def test_failing_encoder_leaves_no_store(manifest: Path, tmp_path: Path):
     out = tmp_path / "emb" / "query.zarr"
     with pytest.raises(RuntimeError, match="model crashed"):
-        encode_manifest(manifest, "python", {"factory": f"{FACTORIES}:fails_on_second_batch"},
-                        out, batch_size=3, progress=False)
+        encode_manifest(
+            manifest,
+            "python",
+            {"factory": f"{FACTORIES}:fails_on_second_batch"},
+            out,
+            batch_size=3,
+            progress=False,
+        )
     assert not out.exists() and not Path(f"{out}.tmp").exists()
     # over an existing complete store: the old store survives untouched
     encode_manifest(manifest, "pixels", {"size": [2, 2]}, out, progress=False)
     before = _read(out)
     with pytest.raises(RuntimeError, match="model crashed"):
-        encode_manifest(manifest, "python", {"factory": f"{FACTORIES}:fails_on_second_batch"},
-                        out, batch_size=3, progress=False)
+        encode_manifest(
+            manifest,
+            "python",
+            {"factory": f"{FACTORIES}:fails_on_second_batch"},
+            out,
+            batch_size=3,
+            progress=False,
+        )
     np.testing.assert_array_equal(_read(out), before)
     assert embeddings_attrs(out)["encoder"]["kind"] == "pixels"
 
 
 def test_non_finite_output_is_an_error(manifest: Path, tmp_path: Path):
-    with pytest.raises(RankwiseError, match=r"query\.csv: row 4 \(id 'x2'\): the python encoder "
-                                            r"produced NaN"):
-        encode_manifest(manifest, "python", {"factory": f"{FACTORIES}:gives_nan"},
-                        tmp_path / "nan.zarr", batch_size=3, progress=False)
+    with pytest.raises(
+        RankwiseError,
+        match=r"query\.csv: row 4 \(id 'x2'\): the python encoder "
+        r"produced NaN",
+    ):
+        encode_manifest(
+            manifest,
+            "python",
+            {"factory": f"{FACTORIES}:gives_nan"},
+            tmp_path / "nan.zarr",
+            batch_size=3,
+            progress=False,
+        )
     assert not (tmp_path / "nan.zarr").exists()
 
 
 # ---------------------------------------------------------------- onnx
+
 
 def _onnx_model(path: Path, size: int = 6, dim: int = 4, batch: int | str = "N") -> np.ndarray:
     import onnx
@@ -249,12 +316,15 @@ def _onnx_model(path: Path, size: int = 6, dim: int = 4, batch: int | str = "N")
 
     weights = np.random.default_rng(1).normal(size=(3 * size * size, dim)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Flatten", ["images"], ["flat"], axis=1),
-         helper.make_node("MatMul", ["flat", "W"], ["embedding"])],
+        [
+            helper.make_node("Flatten", ["images"], ["flat"], axis=1),
+            helper.make_node("MatMul", ["flat", "W"], ["embedding"]),
+        ],
         "tiny",
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, [batch, 3, size, size])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [batch, dim])],
-        [numpy_helper.from_array(weights, "W")])
+        [numpy_helper.from_array(weights, "W")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -269,11 +339,21 @@ def test_onnx(batch, manifest: Path, tmp_path: Path):
     weights = _onnx_model(model, batch=batch)
     out = tmp_path / "onnx.zarr"
     mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
-    encode_manifest(manifest, "onnx", {"model": str(model), "mean": mean, "std": std,
-                                       "channel_order": "bgr"},
-                    out, batch_size=3, workers=2, progress=False)
-    x = np.stack([np.asarray(im.resize((6, 6), Image.Resampling.BILINEAR), np.float32) / 255
-                  for im in _images(manifest)])
+    encode_manifest(
+        manifest,
+        "onnx",
+        {"model": str(model), "mean": mean, "std": std, "channel_order": "bgr"},
+        out,
+        batch_size=3,
+        workers=2,
+        progress=False,
+    )
+    x = np.stack(
+        [
+            np.asarray(im.resize((6, 6), Image.Resampling.BILINEAR), np.float32) / 255
+            for im in _images(manifest)
+        ]
+    )
     x = ((x - np.float32(mean)) / np.float32(std))[..., ::-1].transpose(0, 3, 1, 2)
     np.testing.assert_allclose(_read(out), x.reshape(N_ROWS, -1) @ weights, rtol=1e-4, atol=1e-4)
     attrs = embeddings_attrs(out)
@@ -283,18 +363,25 @@ def test_onnx(batch, manifest: Path, tmp_path: Path):
 
 def test_onnx_missing_model(manifest: Path, tmp_path: Path):
     with pytest.raises(RankwiseError, match=r"nope\.onnx: onnx model file not found"):
-        encode_manifest(manifest, "onnx", {"model": "nope.onnx"}, tmp_path / "o.zarr",
-                        progress=False)
+        encode_manifest(
+            manifest, "onnx", {"model": "nope.onnx"}, tmp_path / "o.zarr", progress=False
+        )
 
 
 # ---------------------------------------------------------------- precomputed
+
 
 def test_precomputed_npy_and_zarr(manifest: Path, tmp_path: Path):
     vectors = np.random.default_rng(2).normal(size=(N_ROWS, 5))
     np.save(tmp_path / "q.npy", vectors)
     out = tmp_path / "emb" / "query.zarr"
-    encode_manifest(manifest, "precomputed", {"query": str(tmp_path / "q.npy"),
-                                              "gallery": "unused.npy"}, out, progress=False)
+    encode_manifest(
+        manifest,
+        "precomputed",
+        {"query": str(tmp_path / "q.npy"), "gallery": "unused.npy"},
+        out,
+        progress=False,
+    )
     np.testing.assert_allclose(_read(out), vectors.astype(np.float32))
     assert embeddings_attrs(out)["checkpoint_hash"] == file_sha256(tmp_path / "q.npy")
     # a Zarr group holding 'embeddings' (e.g. another rankwise store) as {path}
@@ -307,8 +394,13 @@ def test_precomputed_npy_and_zarr(manifest: Path, tmp_path: Path):
 def test_precomputed_length_mismatch(manifest: Path, tmp_path: Path):
     np.save(tmp_path / "short.npy", np.zeros((N_ROWS - 2, 4)))
     with pytest.raises(RankwiseError) as info:
-        encode_manifest(manifest, "precomputed", {"path": str(tmp_path / "short.npy")},
-                        tmp_path / "p.zarr", progress=False)
+        encode_manifest(
+            manifest,
+            "precomputed",
+            {"path": str(tmp_path / "short.npy")},
+            tmp_path / "p.zarr",
+            progress=False,
+        )
     message = str(info.value)
     assert "short.npy" in message and "query.csv" in message
     assert f"{N_ROWS - 2} rows" in message and f"has {N_ROWS} rows" in message
@@ -319,18 +411,26 @@ def test_precomputed_needs_a_split(manifest: Path, tmp_path: Path):
     other = manifest.with_name("items.csv")
     other.write_bytes(manifest.read_bytes())
     with pytest.raises(RankwiseError, match=r"cannot tell whether .*items\.csv is the query"):
-        encode_manifest(other, "precomputed", {"query": "q.npy", "gallery": "g.npy"},
-                        tmp_path / "store.zarr", progress=False)
+        encode_manifest(
+            other,
+            "precomputed",
+            {"query": "q.npy", "gallery": "g.npy"},
+            tmp_path / "store.zarr",
+            progress=False,
+        )
 
 
 # ---------------------------------------------------------------- images and options
 
+
 def test_missing_image_names_file_and_row(manifest: Path, tmp_path: Path):
     (tmp_path / "data" / "img4.png").unlink()
-    with pytest.raises(RankwiseError, match=r"query\.csv: row 6 \(id 'x4'\): image "
-                                            r"'\.\./data/img4\.png' not found"):
-        encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", batch_size=2,
-                        progress=False)
+    with pytest.raises(
+        RankwiseError,
+        match=r"query\.csv: row 6 \(id 'x4'\): image "
+        r"'\.\./data/img4\.png' not found",
+    ):
+        encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", batch_size=2, progress=False)
     assert not (tmp_path / "e.zarr").exists() and not (tmp_path / "e.zarr.tmp").exists()
 
 
@@ -340,15 +440,26 @@ def test_unreadable_image(manifest: Path, tmp_path: Path):
         encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
 
 
-@pytest.mark.parametrize("kind, options, message", [
-    ("resnet", {}, r"unknown encoder kind 'resnet'; valid kinds: precomputed, python, onnx, "
-                   r"pixels, color-histogram, hog"),
-    ("pixels", {"sise": [2, 2]}, r"pixels: unknown option\(s\) sise; valid options: "
-                                 r"grayscale, size"),
-    ("pixels", {"size": 4}, r"option size must be \[height, width\]"),
-    ("color-histogram", {"space": "lab"}, r"option space must be one of hsv, rgb"),
-    ("python", {}, r"python: missing option\(s\) factory"),
-])
+@pytest.mark.parametrize(
+    "kind, options, message",
+    [
+        (
+            "resnet",
+            {},
+            r"unknown encoder kind 'resnet'; valid kinds: precomputed, python, onnx, "
+            r"pixels, color-histogram, hog",
+        ),
+        (
+            "pixels",
+            {"sise": [2, 2]},
+            r"pixels: unknown option\(s\) sise; valid options: "
+            r"grayscale, size",
+        ),
+        ("pixels", {"size": 4}, r"option size must be \[height, width\]"),
+        ("color-histogram", {"space": "lab"}, r"option space must be one of hsv, rgb"),
+        ("python", {}, r"python: missing option\(s\) factory"),
+    ],
+)
 def test_option_errors(kind, options, message, manifest: Path, tmp_path: Path):
     with pytest.raises(RankwiseError, match=message):
         encode_manifest(manifest, kind, options, tmp_path / "e.zarr", progress=False)
@@ -359,8 +470,10 @@ def test_store_attrs(manifest: Path, tmp_path: Path):
     encode_manifest(manifest, "color-histogram", {"bins": 4}, out, progress=False)
     attrs = embeddings_attrs(out)
     assert attrs["kind"] == "embeddings" and attrs["complete"] is True
-    assert attrs["encoder"] == {"kind": "color-histogram", "options": {
-        "bins": 4, "space": "hsv", "joint": False, "stripes": 1}}
+    assert attrs["encoder"] == {
+        "kind": "color-histogram",
+        "options": {"bins": 4, "space": "hsv", "joint": False, "stripes": 1},
+    }
     assert attrs["manifest_hash"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
     assert attrs["manifest_csv_sha256"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
     assert attrs["checkpoint_hash"] is None
@@ -377,6 +490,7 @@ def test_every_kind_is_documented():
 
 
 # ---------------------------------------------------------------- hashing
+
 
 def test_hash_cache(tmp_path: Path):
     cache = tmp_path / "cache" / "hashes.json"
@@ -407,13 +521,30 @@ def test_hash_missing_file(tmp_path: Path):
 
 # ---------------------------------------------------------------- command line
 
+
 def test_cli_encode(manifest: Path, tmp_path: Path):
     from rankwise.cli import main
 
     out = tmp_path / "cli.zarr"
-    result = CliRunner().invoke(main, ["encode", "--manifest", str(manifest), "--kind", "pixels",
-                                       "--options", '{"size": [2, 3]}', "--out", str(out),
-                                       "--batch-size", "4", "--threads", "2", "--no-progress"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "encode",
+            "--manifest",
+            str(manifest),
+            "--kind",
+            "pixels",
+            "--options",
+            '{"size": [2, 3]}',
+            "--out",
+            str(out),
+            "--batch-size",
+            "4",
+            "--threads",
+            "2",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"encoded {N_ROWS} rows x 18 dims with pixels -> {out}"
     assert _read(out).shape == (N_ROWS, 18)
@@ -422,8 +553,19 @@ def test_cli_encode(manifest: Path, tmp_path: Path):
 def test_cli_encode_error(manifest: Path, tmp_path: Path):
     from rankwise.cli import main
 
-    result = CliRunner().invoke(main, ["encode", "--manifest", str(manifest), "--kind", "python",
-                                       "--options", '{"factory": "nope_mod:f"}', "--out",
-                                       str(tmp_path / "x.zarr")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "encode",
+            "--manifest",
+            str(manifest),
+            "--kind",
+            "python",
+            "--options",
+            '{"factory": "nope_mod:f"}',
+            "--out",
+            str(tmp_path / "x.zarr"),
+        ],
+    )
     assert result.exit_code == 2
     assert "error: python: module 'nope_mod' of options.factory not found" in result.output

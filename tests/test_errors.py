@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from helpers import RANKWISE, run_rankwise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,22 +89,31 @@ class _Forker:
     def __init__(self, folder: Path):
         self.folder = folder
         self.count = 0
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def __call__(self, *args, cwd=None, timeout=120) -> subprocess.CompletedProcess:
         self.count += 1
         out, err = self.folder / f"{self.count}.out", self.folder / f"{self.count}.err"
-        request = {"args": list(map(str, args)), "cwd": str(cwd) if cwd else None,
-                   "stdout": str(out), "stderr": str(err), "timeout": int(timeout)}
+        request = {
+            "args": list(map(str, args)),
+            "cwd": str(cwd) if cwd else None,
+            "stdout": str(out),
+            "stderr": str(err),
+            "timeout": int(timeout),
+        }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         reply = self.proc.stdout.readline()
         if not reply:
             raise RuntimeError("the rankwise fork server died")
-        return subprocess.CompletedProcess([RANKWISE, *request["args"]],
-                                           json.loads(reply)["rc"], out.read_text(),
-                                           err.read_text())
+        return subprocess.CompletedProcess(
+            [RANKWISE, *request["args"]], json.loads(reply)["rc"], out.read_text(), err.read_text()
+        )
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -157,8 +165,11 @@ def tree_digest(path: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under ``path`` (or of ``path`` itself)."""
     if path.is_file():
         return {".": hashlib.sha256(path.read_bytes()).hexdigest()}
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -173,8 +184,9 @@ def _write_zarr_variants(d: Path, gallery: np.ndarray) -> None:
 
     from rankwise.store import write_embeddings
 
-    write_embeddings(d / "g_store.zarr", iter([gallery]), G, attrs={"encoder": "test"},
-                     chunk_rows=4)
+    write_embeddings(
+        d / "g_store.zarr", iter([gallery]), G, attrs={"encoder": "test"}, chunk_rows=4
+    )
     # a store whose complete mark is missing (written by hand, or an old crash)
     shutil.copytree(d / "g_store.zarr", d / "g_incomplete.zarr")
     zarr.open_group(str(d / "g_incomplete.zarr"), mode="r+").attrs["complete"] = False
@@ -196,13 +208,26 @@ def _write_zarr_variants(d: Path, gallery: np.ndarray) -> None:
 def d(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("bad_inputs")
     rng = np.random.default_rng(0)
-    q = pd.DataFrame({"id": [f"q{i}" for i in range(Q)],
-                      "label": [str(i // 2) for i in range(Q)],
-                      "camera": [1] * Q, "sequence": ["A"] * Q, "frame": list(range(Q)),
-                      "sketch": [f"s{i // 2}" for i in range(Q)],
-                      "step": [1 + i % 2 for i in range(Q)]})
-    g = pd.DataFrame({"id": [f"g{i}" for i in range(G)], "label": [str(i % 3) for i in range(G)],
-                      "camera": [2] * G, "sequence": ["A"] * G, "frame": list(range(G))})
+    q = pd.DataFrame(
+        {
+            "id": [f"q{i}" for i in range(Q)],
+            "label": [str(i // 2) for i in range(Q)],
+            "camera": [1] * Q,
+            "sequence": ["A"] * Q,
+            "frame": list(range(Q)),
+            "sketch": [f"s{i // 2}" for i in range(Q)],
+            "step": [1 + i % 2 for i in range(Q)],
+        }
+    )
+    g = pd.DataFrame(
+        {
+            "id": [f"g{i}" for i in range(G)],
+            "label": [str(i % 3) for i in range(G)],
+            "camera": [2] * G,
+            "sequence": ["A"] * G,
+            "frame": list(range(G)),
+        }
+    )
     qe = rng.normal(size=(Q, D)).astype(np.float32)
     ge = rng.normal(size=(G, D)).astype(np.float32)
     q.to_csv(d / "q.csv", index=False)
@@ -268,8 +293,13 @@ def d(tmp_path_factory) -> Path:
     from rankwise.encoders import encode_manifest
 
     for side in ("q", "g"):
-        encode_manifest(d / f"{side}.csv", "precomputed", {"path": str(d / f"{side}.npy")},
-                        d / f"{side}_enc.zarr", progress=False)
+        encode_manifest(
+            d / f"{side}.csv",
+            "precomputed",
+            {"path": str(d / f"{side}.npy")},
+            d / f"{side}_enc.zarr",
+            progress=False,
+        )
     q.iloc[::-1].to_csv(d / "q_sorted.csv", index=False)  # same rows, another order
     pd.concat([g, g.iloc[:1].assign(id="g_new")]).to_csv(d / "g_added.csv", index=False)
     bad = q.copy()
@@ -279,127 +309,290 @@ def d(tmp_path_factory) -> Path:
 
 
 def inputs(d: Path, q="q.csv", g="g.csv", qe="q.npy", ge="g.npy") -> list[str]:
-    return ["--query", d / q, "--gallery", d / g, "--query-embeddings", d / qe,
-            "--gallery-embeddings", d / ge]
+    return [
+        "--query",
+        d / q,
+        "--gallery",
+        d / g,
+        "--query-embeddings",
+        d / qe,
+        "--gallery-embeddings",
+        d / ge,
+    ]
 
 
 # (id, input files, extra options, regex of the one stderr line)
 CASES = [
     # shapes
-    ("rows-mismatch", dict(qe="q5.npy"), [],
-     r"q5\.npy: query embeddings have 5 rows but \S*q\.csv has 6 rows; rows must align"),
-    ("rows-mismatch-zarr", dict(ge="g_short.zarr"), [],
-     r"g_short\.zarr: gallery embeddings have 11 rows but \S*g\.csv has 12 rows"),
+    (
+        "rows-mismatch",
+        dict(qe="q5.npy"),
+        [],
+        r"q5\.npy: query embeddings have 5 rows but \S*q\.csv has 6 rows; rows must align",
+    ),
+    (
+        "rows-mismatch-zarr",
+        dict(ge="g_short.zarr"),
+        [],
+        r"g_short\.zarr: gallery embeddings have 11 rows but \S*g\.csv has 12 rows",
+    ),
     ("zero-row-npy", dict(qe="q0.npy"), [], r"q0\.npy: query embeddings have 0 rows"),
     ("one-d-npy", dict(qe="q1d.npy"), [], r"q1d\.npy: query embeddings must be 2-D"),
     ("text-npy", dict(qe="q_text.npy"), [], r"q_text\.npy: query embeddings have dtype <U1"),
-    pytest.param("dim-mismatch", dict(qe="q4d.npy"), [],
-                 r"q4d\.npy.*dimension 4.*g\.npy.*8"),
-    ("dim-mismatch-message", dict(qe="q4d.npy"), [],
-     r"dimension 4 but .*\b8\b.*; encode both with the same model"),
+    pytest.param("dim-mismatch", dict(qe="q4d.npy"), [], r"q4d\.npy.*dimension 4.*g\.npy.*8"),
+    (
+        "dim-mismatch-message",
+        dict(qe="q4d.npy"),
+        [],
+        r"dimension 4 but .*\b8\b.*; encode both with the same model",
+    ),
     # values
-    ("nan-gallery-row", dict(ge="g_nan.npy"), [],
-     r"g_nan\.npy: gallery embeddings row 7 \(0-based\) contains NaN or inf; fix or drop"),
-    ("inf-query-row", dict(qe="q_inf.npy"), ["--distance", "euclidean"],
-     r"q_inf\.npy: query embeddings row 1 \(0-based\) contains NaN or inf"),
-    ("zero-vector-cosine-gallery", dict(ge="g_zero.npy"), [],
-     r"g_zero\.npy: gallery embeddings row 4 \(0-based\) is a zero vector.*--distance euclidean"),
-    ("zero-vector-cosine-query", dict(qe="q_zero.npy"), ["--distance", "cosine"],
-     r"q_zero\.npy: query embeddings row 2 \(0-based\) is a zero vector"),
+    (
+        "nan-gallery-row",
+        dict(ge="g_nan.npy"),
+        [],
+        r"g_nan\.npy: gallery embeddings row 7 \(0-based\) contains NaN or inf; fix or drop",
+    ),
+    (
+        "inf-query-row",
+        dict(qe="q_inf.npy"),
+        ["--distance", "euclidean"],
+        r"q_inf\.npy: query embeddings row 1 \(0-based\) contains NaN or inf",
+    ),
+    (
+        "zero-vector-cosine-gallery",
+        dict(ge="g_zero.npy"),
+        [],
+        r"g_zero\.npy: gallery embeddings row 4 \(0-based\) is a zero vector.*--distance euclidean",
+    ),
+    (
+        "zero-vector-cosine-query",
+        dict(qe="q_zero.npy"),
+        ["--distance", "cosine"],
+        r"q_zero\.npy: query embeddings row 2 \(0-based\) is a zero vector",
+    ),
     # columns and rows of the manifests
-    ("missing-camera-reid", dict(q="q_nocam.csv"), ["--protocol", "reid"],
-     r"q_nocam\.csv: missing column\(s\) camera required by protocol 'reid' for the query; add"),
-    ("missing-frame-reassociation", dict(g="g_noframe.csv"), ["--protocol", "reassociation"],
-     r"g_noframe\.csv: missing column\(s\) frame required by protocol 'reassociation' for the "
-     r"gallery"),
-    ("missing-sketch-progressive", dict(q="q_nosketch.csv"), ["--protocol", "progressive"],
-     r"q_nosketch\.csv: missing column\(s\) sketch required by protocol 'progressive'"),
+    (
+        "missing-camera-reid",
+        dict(q="q_nocam.csv"),
+        ["--protocol", "reid"],
+        r"q_nocam\.csv: missing column\(s\) camera required by protocol 'reid' for the query; add",
+    ),
+    (
+        "missing-frame-reassociation",
+        dict(g="g_noframe.csv"),
+        ["--protocol", "reassociation"],
+        r"g_noframe\.csv: missing column\(s\) frame required by protocol 'reassociation' for the "
+        r"gallery",
+    ),
+    (
+        "missing-sketch-progressive",
+        dict(q="q_nosketch.csv"),
+        ["--protocol", "progressive"],
+        r"q_nosketch\.csv: missing column\(s\) sketch required by protocol 'progressive'",
+    ),
     ("missing-label", dict(q="q_nolabel.csv"), [], r"q_nolabel\.csv: missing column\(s\) label"),
-    ("duplicate-id-query", dict(q="q_dup.csv"), [],
-     r"q_dup\.csv: duplicate id 'q1' at rows 3 and 5; ids must be unique"),
-    ("duplicate-id-gallery", dict(g="g_dup.csv"), [],
-     r"g_dup\.csv: duplicate id 'g0' at rows 2 and 12"),
-    ("empty-query", dict(q="q_empty.csv", qe="q0.npy"), [],
-     r"q_empty\.csv: the query manifest has no rows; it needs at least one item"),
-    ("empty-gallery", dict(g="g_empty.csv"), [],
-     r"g_empty\.csv: the gallery manifest has no rows"),
-    ("non-integer-frame", dict(q="q_badint.csv"), ["--protocol", "reassociation"],
-     r"q_badint\.csv: row 4: column 'frame' must be an integer, found '2\.5'"),
-    ("empty-frame", dict(g="g_emptyframe.csv"), ["--protocol", "reassociation"],
-     r"g_emptyframe\.csv: row 5: column 'frame' must be an integer, found ''"),
-    ("non-integer-step", dict(q="q_badint.csv"), ["--protocol", "progressive"],
-     r"q_badint\.csv: row 6: column 'step' must be an integer, found 'x'"),
-    ("no-valid-match", dict(g="g_nomatch.csv"), [],
-     r"no query has a valid match in the gallery under protocol 'recall'.*same ids"),
-    pytest.param("no-valid-match-names-files", dict(g="g_nomatch.csv"), [],
-                 r"q\.csv.*g_nomatch\.csv"),
-    ("no-valid-match-same-camera", dict(g="g_samecam.csv"), ["--protocol", "reid"],
-     r"no query has a valid match.*'reid'.*other-camera matches"),
+    (
+        "duplicate-id-query",
+        dict(q="q_dup.csv"),
+        [],
+        r"q_dup\.csv: duplicate id 'q1' at rows 3 and 5; ids must be unique",
+    ),
+    (
+        "duplicate-id-gallery",
+        dict(g="g_dup.csv"),
+        [],
+        r"g_dup\.csv: duplicate id 'g0' at rows 2 and 12",
+    ),
+    (
+        "empty-query",
+        dict(q="q_empty.csv", qe="q0.npy"),
+        [],
+        r"q_empty\.csv: the query manifest has no rows; it needs at least one item",
+    ),
+    ("empty-gallery", dict(g="g_empty.csv"), [], r"g_empty\.csv: the gallery manifest has no rows"),
+    (
+        "non-integer-frame",
+        dict(q="q_badint.csv"),
+        ["--protocol", "reassociation"],
+        r"q_badint\.csv: row 4: column 'frame' must be an integer, found '2\.5'",
+    ),
+    (
+        "empty-frame",
+        dict(g="g_emptyframe.csv"),
+        ["--protocol", "reassociation"],
+        r"g_emptyframe\.csv: row 5: column 'frame' must be an integer, found ''",
+    ),
+    (
+        "non-integer-step",
+        dict(q="q_badint.csv"),
+        ["--protocol", "progressive"],
+        r"q_badint\.csv: row 6: column 'step' must be an integer, found 'x'",
+    ),
+    (
+        "no-valid-match",
+        dict(g="g_nomatch.csv"),
+        [],
+        r"no query has a valid match in the gallery under protocol 'recall'.*same ids",
+    ),
+    pytest.param(
+        "no-valid-match-names-files", dict(g="g_nomatch.csv"), [], r"q\.csv.*g_nomatch\.csv"
+    ),
+    (
+        "no-valid-match-same-camera",
+        dict(g="g_samecam.csv"),
+        ["--protocol", "reid"],
+        r"no query has a valid match.*'reid'.*other-camera matches",
+    ),
     # names and numbers on the command line
-    ("unknown-protocol", {}, ["--protocol", "rei-d"],
-     r"unknown protocol 'rei-d'; valid protocols: recall, reid, reassociation, progressive"),
-    ("unknown-distance", {}, ["--distance", "cosin"],
-     r"unknown distance 'cosin'; valid distances: cosine, euclidean"),
+    (
+        "unknown-protocol",
+        {},
+        ["--protocol", "rei-d"],
+        r"unknown protocol 'rei-d'; valid protocols: recall, reid, reassociation, progressive",
+    ),
+    (
+        "unknown-distance",
+        {},
+        ["--distance", "cosin"],
+        r"unknown distance 'cosin'; valid distances: cosine, euclidean",
+    ),
     pytest.param("unknown-ap", {}, ["--ap", "trapz"], r"error: .*'trapz'.*standard.*trapezoid"),
-    pytest.param("non-integer-option", {}, ["--query-block", "x"],
-                 r"error: Invalid value for '--query-block': 'x' is not a valid integer"),
+    pytest.param(
+        "non-integer-option",
+        {},
+        ["--query-block", "x"],
+        r"error: Invalid value for '--query-block': 'x' is not a valid integer",
+    ),
     ("ks-zero", {}, ["--ks", "0"], r"--ks must be positive integers .*got '0'"),
     ("ks-negative", {}, ["--ks", "1,-5"], r"--ks must be positive integers .*got '-5'"),
     ("ks-float", {}, ["--ks", "1.5"], r"--ks must be positive integers .*got '1\.5'"),
     ("ks-word", {}, ["--ks", "1,five"], r"--ks must be positive integers .*got 'five'"),
     ("ks-empty", {}, ["--ks", ""], r"--ks must be positive integers"),
-    ("gap-frames-zero", {}, ["--protocol", "reassociation", "--gap-frames", "0"],
-     r"--gap-frames must be a positive integer, got 0"),
+    (
+        "gap-frames-zero",
+        {},
+        ["--protocol", "reassociation", "--gap-frames", "0"],
+        r"--gap-frames must be a positive integer, got 0",
+    ),
     ("query-block-zero", {}, ["--query-block", "0"], r"--query-block must be a positive integer"),
-    ("gallery-chunk-negative", {}, ["--gallery-chunk", "-3"],
-     r"--gallery-chunk must be a positive integer"),
+    (
+        "gallery-chunk-negative",
+        {},
+        ["--gallery-chunk", "-3"],
+        r"--gallery-chunk must be a positive integer",
+    ),
     ("workers-zero", {}, ["--workers", "0"], r"--workers must be a positive integer"),
     # --memory-limit: refused before the gallery is read (its NaN row is never reached)
-    ("memory-limit-too-small", dict(ge="g_nan.npy"), ["--memory-limit", "1"],
-     r"memory limit 1 MB cannot be met: this run needs about \d+ MB \(6 queries x 12 gallery "
-     r"x 8 dims, .*\); lower --query-block, --gallery-chunk or --workers, or raise the limit"),
-    ("memory-limit-zero", {}, ["--memory-limit", "0"],
-     r"--memory-limit must be a positive number of MB, got 0"),
-    pytest.param("memory-limit-nan", {}, ["--memory-limit", "nan"],
-                 r"--memory-limit must be a positive number of MB, got nan"),
+    (
+        "memory-limit-too-small",
+        dict(ge="g_nan.npy"),
+        ["--memory-limit", "1"],
+        r"memory limit 1 MB cannot be met: this run needs about \d+ MB \(6 queries x 12 gallery "
+        r"x 8 dims, .*\); lower --query-block, --gallery-chunk or --workers, or raise the limit",
+    ),
+    (
+        "memory-limit-zero",
+        {},
+        ["--memory-limit", "0"],
+        r"--memory-limit must be a positive number of MB, got 0",
+    ),
+    pytest.param(
+        "memory-limit-nan",
+        {},
+        ["--memory-limit", "nan"],
+        r"--memory-limit must be a positive number of MB, got nan",
+    ),
     # files
-    ("manifest-not-found", dict(q="nope.csv"), [],
-     r"nope\.csv: query manifest not found; pass an existing CSV file"),
-    ("manifest-ragged", dict(q="q_ragged.csv"), [],
-     r"q_ragged\.csv: not a readable CSV manifest \(.*line 4.*\); write one header line"),
+    (
+        "manifest-not-found",
+        dict(q="nope.csv"),
+        [],
+        r"nope\.csv: query manifest not found; pass an existing CSV file",
+    ),
+    (
+        "manifest-ragged",
+        dict(q="q_ragged.csv"),
+        [],
+        r"q_ragged\.csv: not a readable CSV manifest \(.*line 4.*\); write one header line",
+    ),
     ("manifest-binary", dict(q="q_binary.csv"), [], r"q_binary\.csv: not a readable CSV manifest"),
-    ("npy-not-found", dict(qe="nope.npy"), [],
-     r"nope\.npy: query embeddings not found; pass a \.npy file or a Zarr store"),
-    ("npy-truncated", dict(ge="g_trunc.npy"), [],
-     r"g_trunc\.npy: not a readable \.npy file .*truncated or corrupt: write it again"),
-    ("npy-garbage", dict(ge="g_garbage.npy"), [],
-     r"g_garbage\.npy: not a readable \.npy file \(no \.npy header.*write it again"),
-    ("npz-archive", dict(ge="g_archive.npy"), [],
-     r"g_archive\.npy: expected a single \.npy array \(numpy\.save\), found an \.npz archive"),
+    (
+        "npy-not-found",
+        dict(qe="nope.npy"),
+        [],
+        r"nope\.npy: query embeddings not found; pass a \.npy file or a Zarr store",
+    ),
+    (
+        "npy-truncated",
+        dict(ge="g_trunc.npy"),
+        [],
+        r"g_trunc\.npy: not a readable \.npy file .*truncated or corrupt: write it again",
+    ),
+    (
+        "npy-garbage",
+        dict(ge="g_garbage.npy"),
+        [],
+        r"g_garbage\.npy: not a readable \.npy file \(no \.npy header.*write it again",
+    ),
+    (
+        "npz-archive",
+        dict(ge="g_archive.npy"),
+        [],
+        r"g_archive\.npy: expected a single \.npy array \(numpy\.save\), found an \.npz archive",
+    ),
     # Zarr stores
     ("zarr-not-found", dict(ge="nope.zarr"), [], r"nope\.zarr: gallery embeddings not found"),
-    ("zarr-leftover-tmp", dict(ge="g_left.zarr"), [],
-     r"g_left\.zarr: gallery embeddings not found, only an incomplete 'g_left\.zarr\.tmp' left "
-     r"by an interrupted run; run the command"),
-    ("zarr-incomplete", dict(ge="g_incomplete.zarr"), [],
-     r"g_incomplete\.zarr: incomplete embedding store; delete it and encode again"),
-    ("zarr-no-array", dict(ge="g_nogroup.zarr"), [],
-     r"g_nogroup\.zarr: Zarr group has no array 'embeddings'"),
+    (
+        "zarr-leftover-tmp",
+        dict(ge="g_left.zarr"),
+        [],
+        r"g_left\.zarr: gallery embeddings not found, only an incomplete 'g_left\.zarr\.tmp' left "
+        r"by an interrupted run; run the command",
+    ),
+    (
+        "zarr-incomplete",
+        dict(ge="g_incomplete.zarr"),
+        [],
+        r"g_incomplete\.zarr: incomplete embedding store; delete it and encode again",
+    ),
+    (
+        "zarr-no-array",
+        dict(ge="g_nogroup.zarr"),
+        [],
+        r"g_nogroup\.zarr: Zarr group has no array 'embeddings'",
+    ),
     ("zarr-not-a-store", dict(ge="not_a_store"), [], r"not_a_store: not a readable Zarr store"),
-    ("zarr-corrupt-chunk", dict(ge="g_badchunk.zarr"), [],
-     r"g_badchunk\.zarr: cannot read rows 4-7 \(0-based\) of the gallery embeddings .*write it "
-     r"again"),
-    ("zarr-missing-chunk", dict(ge="g_nochunk.zarr"), ["--distance", "euclidean"],
-     r"g_nochunk\.zarr: rows 8-11 \(0-based\) of the gallery embeddings are missing from the "
-     r"Zarr store"),
+    (
+        "zarr-corrupt-chunk",
+        dict(ge="g_badchunk.zarr"),
+        [],
+        r"g_badchunk\.zarr: cannot read rows 4-7 \(0-based\) of the gallery embeddings .*write it "
+        r"again",
+    ),
+    (
+        "zarr-missing-chunk",
+        dict(ge="g_nochunk.zarr"),
+        ["--distance", "euclidean"],
+        r"g_nochunk\.zarr: rows 8-11 \(0-based\) of the gallery embeddings are missing from the "
+        r"Zarr store",
+    ),
     # a store opened with a manifest other than the one it was encoded from
-    ("store-manifest-resorted", dict(q="q_sorted.csv", qe="q_enc.zarr"), [],
-     r"q_enc\.zarr: query embeddings were encoded from \S*/q\.csv \(sha256 [0-9a-f]{12}\), "
-     r"but \S*/q_sorted\.csv has other content \(sha256 [0-9a-f]{12}\), so rows would not "
-     r"align: pass the manifest the store was encoded from, or encode \S*/q_sorted\.csv again"),
-    ("store-manifest-rows-added", dict(g="g_added.csv", ge="g_enc.zarr"), [],
-     r"g_enc\.zarr: gallery embeddings were encoded from \S*/g\.csv .*but \S*/g_added\.csv "
-     r"has other content"),
+    (
+        "store-manifest-resorted",
+        dict(q="q_sorted.csv", qe="q_enc.zarr"),
+        [],
+        r"q_enc\.zarr: query embeddings were encoded from \S*/q\.csv \(sha256 [0-9a-f]{12}\), "
+        r"but \S*/q_sorted\.csv has other content \(sha256 [0-9a-f]{12}\), so rows would not "
+        r"align: pass the manifest the store was encoded from, or encode \S*/q_sorted\.csv again",
+    ),
+    (
+        "store-manifest-rows-added",
+        dict(g="g_added.csv", ge="g_enc.zarr"),
+        [],
+        r"g_enc\.zarr: gallery embeddings were encoded from \S*/g\.csv .*but \S*/g_added\.csv "
+        r"has other content",
+    ),
 ]
 
 
@@ -417,9 +610,18 @@ def test_evaluate_refuses(d, tmp_path, name, files, extra, pattern):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
-RANK_CASES = ["rows-mismatch", "nan-gallery-row", "zero-vector-cosine-gallery", "no-valid-match",
-              "unknown-protocol", "zarr-corrupt-chunk", "zarr-missing-chunk",
-              "memory-limit-too-small", "store-manifest-resorted", "store-manifest-rows-added"]
+RANK_CASES = [
+    "rows-mismatch",
+    "nan-gallery-row",
+    "zero-vector-cosine-gallery",
+    "no-valid-match",
+    "unknown-protocol",
+    "zarr-corrupt-chunk",
+    "zarr-missing-chunk",
+    "memory-limit-too-small",
+    "store-manifest-resorted",
+    "store-manifest-rows-added",
+]
 
 
 @pytest.fixture(scope="module")
@@ -431,9 +633,11 @@ def ranks_store(d) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name, existing", [(n, i % 2 == 1) for i, n in enumerate(RANK_CASES)],
-                         ids=[f"{n}-{'old-store' if i % 2 else 'no-store'}"
-                              for i, n in enumerate(RANK_CASES)])
+@pytest.mark.parametrize(
+    "name, existing",
+    [(n, i % 2 == 1) for i, n in enumerate(RANK_CASES)],
+    ids=[f"{n}-{'old-store' if i % 2 else 'no-store'}" for i, n in enumerate(RANK_CASES)],
+)
 def test_rank_leaves_no_store(d, tmp_path, ranks_store, name, existing):
     """A failed `rank` writes nothing under --out (nor a .tmp), and an older store keeps
     every byte.  Half the cases start with an old store, half without."""
@@ -470,9 +674,19 @@ def test_valid_inputs_work(d, tmp_path):
     assert json.loads((tmp_path / "m.json").read_text()) == report
     # stores that record their manifest open with it, or with a byte-identical copy
     shutil.copy(d / "q.csv", tmp_path / "q_copy.csv")
-    proc = run("evaluate", "--query", tmp_path / "q_copy.csv", "--gallery", d / "g.csv",
-               "--query-embeddings", d / "q_enc.zarr", "--gallery-embeddings", d / "g_enc.zarr",
-               "--output", tmp_path / "e.json")
+    proc = run(
+        "evaluate",
+        "--query",
+        tmp_path / "q_copy.csv",
+        "--gallery",
+        d / "g.csv",
+        "--query-embeddings",
+        d / "q_enc.zarr",
+        "--gallery-embeddings",
+        d / "g_enc.zarr",
+        "--output",
+        tmp_path / "e.json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "e.json").read_text()) == report
 
@@ -481,13 +695,18 @@ def test_forked_cli_matches_console_script(d, tmp_path):
     """The fork server runs exactly what the console script runs: same status, same
     stdout, same stderr, for an error raised early (manifest), one raised inside the
     Dask engine (a NaN gallery row), and a success."""
-    argvs = [["evaluate", *inputs(d, q="q_dup.csv")],
-             ["rank", *inputs(d, ge="g_nan.npy"), "--out", tmp_path / "r.zarr"],
-             ["evaluate", *inputs(d), "--ks", "1,2"]]
+    argvs = [
+        ["evaluate", *inputs(d, q="q_dup.csv")],
+        ["rank", *inputs(d, ge="g_nan.npy"), "--out", tmp_path / "r.zarr"],
+        ["evaluate", *inputs(d), "--ks", "1,2"],
+    ]
     for argv in argvs:
         script, forked = run_script(*argv), run(*argv)
-        assert (script.returncode, script.stdout, visible_lines(script.stderr)) == \
-            (forked.returncode, forked.stdout, visible_lines(forked.stderr))
+        assert (script.returncode, script.stdout, visible_lines(script.stderr)) == (
+            forked.returncode,
+            forked.stdout,
+            visible_lines(forked.stderr),
+        )
     assert not (tmp_path / "r.zarr").exists()
 
 
@@ -511,25 +730,45 @@ def bad_stores(d, ranks_store) -> Path:
 
 STORE_CASES = [
     ("missing", ["metrics", "{d}/r_none.zarr"], r"r_none\.zarr: store not found"),
-    ("leftover-tmp", ["metrics", "{d}/r_left.zarr"],
-     r"r_left\.zarr: store not found \(found an incomplete 'r_left\.zarr\.tmp' from an "
-     r"interrupted run: run the command again\)"),
-    ("no-complete-mark", ["metrics", "{d}/r_incomplete.zarr"],
-     r"r_incomplete\.zarr: incomplete store \(no 'complete' mark\); delete it and run the "
-     r"command that writes it again"),
-    ("missing-array", ["metrics", "{d}/r_noarray.zarr"],
-     r"r_noarray\.zarr: ranks store lacks array 'ranks'; delete it and run `rankwise rank`"),
-    ("wrong-kind", ["metrics", "{d}/g_store.zarr"],
-     r"g_store\.zarr: expected a rankwise ranks store, found kind='embeddings'"),
+    (
+        "leftover-tmp",
+        ["metrics", "{d}/r_left.zarr"],
+        r"r_left\.zarr: store not found \(found an incomplete 'r_left\.zarr\.tmp' from an "
+        r"interrupted run: run the command again\)",
+    ),
+    (
+        "no-complete-mark",
+        ["metrics", "{d}/r_incomplete.zarr"],
+        r"r_incomplete\.zarr: incomplete store \(no 'complete' mark\); delete it and run the "
+        r"command that writes it again",
+    ),
+    (
+        "missing-array",
+        ["metrics", "{d}/r_noarray.zarr"],
+        r"r_noarray\.zarr: ranks store lacks array 'ranks'; delete it and run `rankwise rank`",
+    ),
+    (
+        "wrong-kind",
+        ["metrics", "{d}/g_store.zarr"],
+        r"g_store\.zarr: expected a rankwise ranks store, found kind='embeddings'",
+    ),
     ("not-a-store", ["metrics", "{d}/g.npy"], r"g\.npy: not a readable Zarr store"),
-    ("metrics-ks", ["metrics", "{d}/good_ranks.zarr", "--ks", "5,0"],
-     r"--ks must be positive integers .*got '0'"),
-    ("compare-unknown-metric", ["compare", "{d}/good_ranks.zarr", "{d}/good_ranks.zarr",
-                                "--metrics", "map,precision"],
-     r"unknown metric 'precision' for protocol 'recall'; valid metrics: recall@K, map, mrr, "
-     r"minp"),
-    ("ci-metric-of-other-protocol", ["ci", "{d}/good_ranks.zarr", "--metrics", "rank1"],
-     r"unknown metric 'rank1' for protocol 'recall'; valid metrics: recall@K"),
+    (
+        "metrics-ks",
+        ["metrics", "{d}/good_ranks.zarr", "--ks", "5,0"],
+        r"--ks must be positive integers .*got '0'",
+    ),
+    (
+        "compare-unknown-metric",
+        ["compare", "{d}/good_ranks.zarr", "{d}/good_ranks.zarr", "--metrics", "map,precision"],
+        r"unknown metric 'precision' for protocol 'recall'; valid metrics: recall@K, map, mrr, "
+        r"minp",
+    ),
+    (
+        "ci-metric-of-other-protocol",
+        ["ci", "{d}/good_ranks.zarr", "--metrics", "rank1"],
+        r"unknown metric 'rank1' for protocol 'recall'; valid metrics: recall@K",
+    ),
     ("scores-ks", ["scores", "{d}/good_ranks.zarr", "--ks", "x"], r"--ks must be positive"),
 ]
 
@@ -563,12 +802,18 @@ def _resort_query_manifest(work: Path) -> None:
 
 # (id, what changes after ranking, regex of the one stderr line)
 REPORT_CASES = [
-    ("report-nan-gallery-row", _break_gallery_row,
-     r"g\.npy: gallery embeddings row 7 \(0-based\) contains NaN or inf; fix or drop"),
-    ("report-query-manifest-changed", _resort_query_manifest,
-     r"q\.zarr: query embeddings were encoded from \S*/q\.csv \(sha256 [0-9a-f]{12}\), which "
-     r"has changed since \(sha256 [0-9a-f]{12}\), so rows would not align: restore it, or "
-     r"encode \S*/q\.csv again"),
+    (
+        "report-nan-gallery-row",
+        _break_gallery_row,
+        r"g\.npy: gallery embeddings row 7 \(0-based\) contains NaN or inf; fix or drop",
+    ),
+    (
+        "report-query-manifest-changed",
+        _resort_query_manifest,
+        r"q\.zarr: query embeddings were encoded from \S*/q\.csv \(sha256 [0-9a-f]{12}\), which "
+        r"has changed since \(sha256 [0-9a-f]{12}\), so rows would not align: restore it, or "
+        r"encode \S*/q\.csv again",
+    ),
 ]
 
 
@@ -583,13 +828,26 @@ def test_report_refuses_changed_inputs(d, tmp_path, name, change, pattern):
     work.mkdir()
     for name_ in ("q.csv", "g.csv", "g.npy"):
         shutil.copy(d / name_, work / name_)
-    encode_manifest(work / "q.csv", "precomputed", {"path": str(d / "q.npy")}, work / "q.zarr",
-                    progress=False)
+    encode_manifest(
+        work / "q.csv", "precomputed", {"path": str(d / "q.npy")}, work / "q.zarr", progress=False
+    )
     metrics = work / "metrics" / "toy" / "enc.json"
-    for argv in (["rank", "--query", work / "q.csv", "--gallery", work / "g.csv",
-                  "--query-embeddings", work / "q.zarr", "--gallery-embeddings", work / "g.npy",
-                  "--out", work / "ranks.zarr"],
-                 ["metrics", work / "ranks.zarr", "--output", metrics]):
+    for argv in (
+        [
+            "rank",
+            "--query",
+            work / "q.csv",
+            "--gallery",
+            work / "g.csv",
+            "--query-embeddings",
+            work / "q.zarr",
+            "--gallery-embeddings",
+            work / "g.npy",
+            "--out",
+            work / "ranks.zarr",
+        ],
+        ["metrics", work / "ranks.zarr", "--output", metrics],
+    ):
         proc = run(*argv)
         assert proc.returncode == 0, proc.stderr
     out = tmp_path / "out"
@@ -613,8 +871,9 @@ def _has_encode() -> bool:
 
 
 needs_encode = pytest.mark.skipif(not _has_encode(), reason="`rankwise encode` not there yet")
-needs_pipeline = pytest.mark.skipif(not (ROOT / "Snakefile").exists(),
-                                    reason="the Snakefile is not there yet")
+needs_pipeline = pytest.mark.skipif(
+    not (ROOT / "Snakefile").exists(), reason="the Snakefile is not there yet"
+)
 
 
 @pytest.fixture(scope="module")
@@ -637,31 +896,72 @@ def images(tmp_path_factory) -> Path:
 
 
 ENCODE_CASES = [
-    ("missing-image", "missing.csv", "pixels", "{}",
-     r"missing\.csv: row 3 \(id 'b'\): image 'img/gone\.png' not found \(looked for "
-     r".*img/gone\.png\); fix the 'path' column or restore the file"),
-    ("unreadable-image", "broken.csv", "pixels", "{}",
-     r"broken\.csv: row 4 \(id 'c'\): cannot decode image .*broken\.png .*replace the file"),
-    ("missing-path-column", "nopath.csv", "pixels", "{}",
-     r"nopath\.csv: missing column 'path' needed by the pixels encoder"),
-    ("empty-path", "emptypath.csv", "pixels", "{}",
-     r"emptypath\.csv: row 3: empty 'path'; every item needs a path"),
-    ("missing-onnx-checkpoint", "ok.csv", "onnx", '{"model": "ckpt/missing.onnx"}',
-     r"ckpt/missing\.onnx: onnx model file not found; check options\.model"),
-    ("missing-python-checkpoint", "ok.csv", "python",
-     '{"factory": "numpy:ones", "checkpoint": "ckpt/epoch9.pt"}',
-     r"ckpt/epoch9\.pt: .*not found"),
+    (
+        "missing-image",
+        "missing.csv",
+        "pixels",
+        "{}",
+        r"missing\.csv: row 3 \(id 'b'\): image 'img/gone\.png' not found \(looked for "
+        r".*img/gone\.png\); fix the 'path' column or restore the file",
+    ),
+    (
+        "unreadable-image",
+        "broken.csv",
+        "pixels",
+        "{}",
+        r"broken\.csv: row 4 \(id 'c'\): cannot decode image .*broken\.png .*replace the file",
+    ),
+    (
+        "missing-path-column",
+        "nopath.csv",
+        "pixels",
+        "{}",
+        r"nopath\.csv: missing column 'path' needed by the pixels encoder",
+    ),
+    (
+        "empty-path",
+        "emptypath.csv",
+        "pixels",
+        "{}",
+        r"emptypath\.csv: row 3: empty 'path'; every item needs a path",
+    ),
+    (
+        "missing-onnx-checkpoint",
+        "ok.csv",
+        "onnx",
+        '{"model": "ckpt/missing.onnx"}',
+        r"ckpt/missing\.onnx: onnx model file not found; check options\.model",
+    ),
+    (
+        "missing-python-checkpoint",
+        "ok.csv",
+        "python",
+        '{"factory": "numpy:ones", "checkpoint": "ckpt/epoch9.pt"}',
+        r"ckpt/epoch9\.pt: .*not found",
+    ),
     ("unknown-kind", "ok.csv", "resnet", "{}", r"unknown encoder kind 'resnet'; valid kinds: "),
 ]
 
 
 @needs_encode
-@pytest.mark.parametrize("name, manifest, kind, options, pattern", ENCODE_CASES,
-                         ids=[c[0] for c in ENCODE_CASES])
+@pytest.mark.parametrize(
+    "name, manifest, kind, options, pattern", ENCODE_CASES, ids=[c[0] for c in ENCODE_CASES]
+)
 def test_encode_refuses(images, tmp_path, name, manifest, kind, options, pattern):
     out = tmp_path / "emb.zarr"
-    proc = run("encode", "--manifest", images / manifest, "--kind", kind, "--options", options,
-               "--out", out, "--no-progress", cwd=tmp_path)
+    proc = run(
+        "encode",
+        "--manifest",
+        images / manifest,
+        "--kind",
+        kind,
+        "--options",
+        options,
+        "--out",
+        out,
+        "--no-progress",
+        cwd=tmp_path,
+    )
     assert_one_line_error(proc, pattern)
     assert not out.exists() and not (tmp_path / "emb.zarr.tmp").exists()
 
@@ -669,40 +969,95 @@ def test_encode_refuses(images, tmp_path, name, manifest, kind, options, pattern
 # `rankwise encode` reads its manifest and its precomputed vectors with the readers
 # ranking uses: (id, manifest, precomputed source, regex of the one stderr line)
 READER_ENCODE_CASES = [
-    ("precomputed-missing-chunk", "g.csv", "g_nochunk.zarr",
-     r"g_nochunk\.zarr: rows 8-11 \(0-based\) of the precomputed embeddings are missing from "
-     r"the Zarr store \(no chunk file 'c/2/0'\); the store is incomplete"),
-    ("precomputed-corrupt-chunk", "g.csv", "g_badchunk.zarr",
-     r"g_badchunk\.zarr: cannot read rows 4-7 \(0-based\) of the precomputed embeddings"),
-    ("precomputed-incomplete-store", "g.csv", "g_incomplete.zarr",
-     r"g_incomplete\.zarr: incomplete embedding store; delete it and encode again"),
-    ("precomputed-rows", "g.csv", "g_short.zarr",
-     r"g_short\.zarr: precomputed embeddings have 11 rows but \S*g\.csv has 12 rows"),
-    ("precomputed-text-dtype", "q.csv", "q_text.npy",
-     r"q_text\.npy: precomputed embeddings have dtype <U1; expected numbers"),
-    ("precomputed-store-of-other-manifest", "q_sorted.csv", "q_enc.zarr",
-     r"q_enc\.zarr: precomputed embeddings were encoded from \S*/q\.csv .*but "
-     r"\S*/q_sorted\.csv has other content"),
-    ("encode-duplicate-id", "q_dup.csv", "q.npy",
-     r"q_dup\.csv: duplicate id 'q1' at rows 3 and 5; ids must be unique"),
-    ("encode-missing-label", "q_nolabel.csv", "q.npy",
-     r"q_nolabel\.csv: missing column\(s\) label required by every protocol for the query "
-     r"and the gallery; add them"),
-    ("encode-blank-label", "q_blanklabel.csv", "q.npy",
-     r"q_blanklabel\.csv: row 4: empty 'label'; every item needs a label"),
-    ("encode-no-rows", "q_empty.csv", "q0.npy",
-     r"q_empty\.csv: the manifest has no rows; it needs at least one item"),
-    ("encode-manifest-not-found", "nope.csv", "q.npy",
-     r"nope\.csv: manifest not found; pass an existing CSV file"),
+    (
+        "precomputed-missing-chunk",
+        "g.csv",
+        "g_nochunk.zarr",
+        r"g_nochunk\.zarr: rows 8-11 \(0-based\) of the precomputed embeddings are missing from "
+        r"the Zarr store \(no chunk file 'c/2/0'\); the store is incomplete",
+    ),
+    (
+        "precomputed-corrupt-chunk",
+        "g.csv",
+        "g_badchunk.zarr",
+        r"g_badchunk\.zarr: cannot read rows 4-7 \(0-based\) of the precomputed embeddings",
+    ),
+    (
+        "precomputed-incomplete-store",
+        "g.csv",
+        "g_incomplete.zarr",
+        r"g_incomplete\.zarr: incomplete embedding store; delete it and encode again",
+    ),
+    (
+        "precomputed-rows",
+        "g.csv",
+        "g_short.zarr",
+        r"g_short\.zarr: precomputed embeddings have 11 rows but \S*g\.csv has 12 rows",
+    ),
+    (
+        "precomputed-text-dtype",
+        "q.csv",
+        "q_text.npy",
+        r"q_text\.npy: precomputed embeddings have dtype <U1; expected numbers",
+    ),
+    (
+        "precomputed-store-of-other-manifest",
+        "q_sorted.csv",
+        "q_enc.zarr",
+        r"q_enc\.zarr: precomputed embeddings were encoded from \S*/q\.csv .*but "
+        r"\S*/q_sorted\.csv has other content",
+    ),
+    (
+        "encode-duplicate-id",
+        "q_dup.csv",
+        "q.npy",
+        r"q_dup\.csv: duplicate id 'q1' at rows 3 and 5; ids must be unique",
+    ),
+    (
+        "encode-missing-label",
+        "q_nolabel.csv",
+        "q.npy",
+        r"q_nolabel\.csv: missing column\(s\) label required by every protocol for the query "
+        r"and the gallery; add them",
+    ),
+    (
+        "encode-blank-label",
+        "q_blanklabel.csv",
+        "q.npy",
+        r"q_blanklabel\.csv: row 4: empty 'label'; every item needs a label",
+    ),
+    (
+        "encode-no-rows",
+        "q_empty.csv",
+        "q0.npy",
+        r"q_empty\.csv: the manifest has no rows; it needs at least one item",
+    ),
+    (
+        "encode-manifest-not-found",
+        "nope.csv",
+        "q.npy",
+        r"nope\.csv: manifest not found; pass an existing CSV file",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, manifest, source, pattern", READER_ENCODE_CASES,
-                         ids=[c[0] for c in READER_ENCODE_CASES])
+@pytest.mark.parametrize(
+    "name, manifest, source, pattern", READER_ENCODE_CASES, ids=[c[0] for c in READER_ENCODE_CASES]
+)
 def test_encode_reader_refuses(d, tmp_path, name, manifest, source, pattern):
     out = tmp_path / "emb.zarr"
-    proc = run("encode", "--manifest", d / manifest, "--kind", "precomputed", "--options",
-               json.dumps({"path": str(d / source)}), "--out", out, "--no-progress")
+    proc = run(
+        "encode",
+        "--manifest",
+        d / manifest,
+        "--kind",
+        "precomputed",
+        "--options",
+        json.dumps({"path": str(d / source)}),
+        "--out",
+        out,
+        "--no-progress",
+    )
     assert_one_line_error(proc, pattern)
     assert sorted(tmp_path.iterdir()) == []
 
@@ -713,44 +1068,91 @@ def test_encode_precomputed_copies_the_rows(d, tmp_path):
 
     for source in ("g.npy", "g_store.zarr", "g_enc.zarr"):
         out = tmp_path / f"{source}.zarr"
-        proc = run("encode", "--manifest", d / "g.csv", "--kind", "precomputed", "--options",
-                   json.dumps({"path": str(d / source)}), "--out", out, "--no-progress")
+        proc = run(
+            "encode",
+            "--manifest",
+            d / "g.csv",
+            "--kind",
+            "precomputed",
+            "--options",
+            json.dumps({"path": str(d / source)}),
+            "--out",
+            out,
+            "--no-progress",
+        )
         assert proc.returncode == 0, proc.stderr
-        np.testing.assert_array_equal(open_embeddings(out, name="x").read(0, G),
-                                      np.load(d / "g.npy"))
+        np.testing.assert_array_equal(
+            open_embeddings(out, name="x").read(0, G), np.load(d / "g.npy")
+        )
 
 
 def snakemake_dry_run(workdir: Path, config: str) -> subprocess.CompletedProcess:
     (workdir / "config.yaml").write_text(config)
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-           "--directory", str(workdir), "--configfile", str(workdir / "config.yaml"),
-           "--replace-workflow-config", "--cores", "1", "--workflow-profile", "none",
-           "--dry-run"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(workdir / "config.yaml"),
+        "--replace-workflow-config",
+        "--cores",
+        "1",
+        "--workflow-profile",
+        "none",
+        "--dry-run",
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def _config(dataset_extra: str = "", encoder: str = "{kind: pixels}", engine: str = "") -> str:
-    return ("datasets:\n  d:\n    loader: demo-market\n    options: {seed: 1}\n"
-            "    protocol: reid\n" + dataset_extra +
-            f"encoders:\n  e: {encoder}\n" + engine)
+    return (
+        "datasets:\n  d:\n    loader: demo-market\n    options: {seed: 1}\n"
+        "    protocol: reid\n" + dataset_extra + f"encoders:\n  e: {encoder}\n" + engine
+    )
 
 
 CONFIG_CASES = [
-    ("unknown-dataset-key", _config("    protocl: recall\n"),
-     [r"config\.yaml:6: datasets\.d\.protocl: unknown key 'protocl'; did you mean 'protocol'\?"]),
-    ("unknown-top-key", _config() + "engnie: {threads: 1}\n",
-     [r"config\.yaml:8: engnie: unknown key 'engnie'; did you mean 'engine'\?"]),
-    ("wrong-type-ks", _config("    ks: [1, five]\n"),
-     [r"config\.yaml:6: datasets\.d\.ks\[1\]: expected integer, got 'five'"]),
-    ("wrong-type-engine", _config(engine="engine: {threads: two}\n"),
-     [r"config\.yaml:8: engine\.threads: expected integer, got 'two'"]),
-    ("unknown-encoder-option", _config(encoder="{kind: pixels, options: {colour: true}}"),
-     [r"config\.yaml:7: encoders\.e\.options\.colour: unknown key 'colour'; valid: grayscale, "
-      r"size"]),
-    ("missing-checkpoint", _config(encoder="{kind: onnx, options: {model: ckpt/net.onnx, "
-                                           "input_size: [16, 8]}}"),
-     [r"config\.yaml:7: encoders\.e\.options\.model: ckpt/net\.onnx not found .*; fix the "
-      r"path or remove the entry"]),
+    (
+        "unknown-dataset-key",
+        _config("    protocl: recall\n"),
+        [r"config\.yaml:6: datasets\.d\.protocl: unknown key 'protocl'; did you mean 'protocol'\?"],
+    ),
+    (
+        "unknown-top-key",
+        _config() + "engnie: {threads: 1}\n",
+        [r"config\.yaml:8: engnie: unknown key 'engnie'; did you mean 'engine'\?"],
+    ),
+    (
+        "wrong-type-ks",
+        _config("    ks: [1, five]\n"),
+        [r"config\.yaml:6: datasets\.d\.ks\[1\]: expected integer, got 'five'"],
+    ),
+    (
+        "wrong-type-engine",
+        _config(engine="engine: {threads: two}\n"),
+        [r"config\.yaml:8: engine\.threads: expected integer, got 'two'"],
+    ),
+    (
+        "unknown-encoder-option",
+        _config(encoder="{kind: pixels, options: {colour: true}}"),
+        [
+            r"config\.yaml:7: encoders\.e\.options\.colour: unknown key 'colour'; "
+            r"valid: grayscale, "
+            r"size"
+        ],
+    ),
+    (
+        "missing-checkpoint",
+        _config(encoder="{kind: onnx, options: {model: ckpt/net.onnx, input_size: [16, 8]}}"),
+        [
+            r"config\.yaml:7: encoders\.e\.options\.model: ckpt/net\.onnx not found .*; fix the "
+            r"path or remove the entry"
+        ],
+    ),
 ]
 
 
@@ -772,13 +1174,15 @@ def test_pipeline_config_refused(tmp_path, name, config, patterns):
 # ---------------------------------------------------------------------------
 
 LARGE_G, LARGE_D, LARGE_Q, LARGE_CHUNK = 2_000_000, 128, 200, 65_536
-_skip_unless_slow = pytest.mark.skipif(os.environ.get("RANKWISE_SLOW") != "1",
-                                      reason="2M x 128 gallery (~1 min); set RANKWISE_SLOW=1")
+_skip_unless_slow = pytest.mark.skipif(
+    os.environ.get("RANKWISE_SLOW") != "1", reason="2M x 128 gallery (~1 min); set RANKWISE_SLOW=1"
+)
 
 
 def slow(test):
     """``@pytest.mark.slow``, skipped unless ``RANKWISE_SLOW=1``."""
     return pytest.mark.slow(_skip_unless_slow(test))
+
 
 # Runs one command and reports the peak RSS of its process tree's largest process:
 # RUSAGE_CHILDREN of a fresh interpreter whose only child is that command.
@@ -793,8 +1197,12 @@ print(json.dumps({"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.s
 
 
 def measured(*args) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _MEASURE, RANKWISE, *map(str, args)],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, RANKWISE, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -808,14 +1216,17 @@ def large(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("large")
     rng = np.random.default_rng(5)
     glab = rng.integers(0, 20_000, LARGE_G)
-    pd.DataFrame({"id": np.char.add("g", np.arange(LARGE_G).astype(str)),
-                  "label": glab}).to_csv(d / "g.csv", index=False)
+    pd.DataFrame({"id": np.char.add("g", np.arange(LARGE_G).astype(str)), "label": glab}).to_csv(
+        d / "g.csv", index=False
+    )
     source_rows = np.sort(rng.choice(LARGE_G, LARGE_Q, replace=False))
-    pd.DataFrame({"id": [f"q{i}" for i in range(LARGE_Q)],
-                  "label": glab[source_rows]}).to_csv(d / "q.csv", index=False)
+    pd.DataFrame({"id": [f"q{i}" for i in range(LARGE_Q)], "label": glab[source_rows]}).to_csv(
+        d / "q.csv", index=False
+    )
     group = zarr.open_group(str(d / "g.zarr"), mode="w")
-    array = group.create_array("embeddings", shape=(LARGE_G, LARGE_D), dtype="float32",
-                               chunks=(LARGE_CHUNK, LARGE_D))
+    array = group.create_array(
+        "embeddings", shape=(LARGE_G, LARGE_D), dtype="float32", chunks=(LARGE_CHUNK, LARGE_D)
+    )
     queries = np.empty((LARGE_Q, LARGE_D), np.float32)
     for start in range(0, LARGE_G, LARGE_CHUNK):
         stop = min(start + LARGE_CHUNK, LARGE_G)
@@ -826,9 +1237,22 @@ def large(tmp_path_factory) -> dict:
         queries[inside] = rows[source_rows[inside] - start]
     queries += rng.integers(-1, 2, queries.shape).astype(np.float32)
     np.save(d / "q.npy", queries)
-    argv = ["--query", d / "q.csv", "--gallery", d / "g.csv", "--query-embeddings",
-            d / "q.npy", "--gallery-embeddings", d / "g.zarr", "--protocol", "recall",
-            "--distance", "euclidean", "--workers", "2"]
+    argv = [
+        "--query",
+        d / "q.csv",
+        "--gallery",
+        d / "g.csv",
+        "--query-embeddings",
+        d / "q.npy",
+        "--gallery-embeddings",
+        d / "g.zarr",
+        "--protocol",
+        "recall",
+        "--distance",
+        "euclidean",
+        "--workers",
+        "2",
+    ]
     # the estimate, from the refusal of an impossible limit
     refused = measured("rank", *argv, "--memory-limit", "1", "--out", d / "refused.zarr")
     match = re.search(r"needs about (\d+) MB", refused["stderr"])
@@ -845,9 +1269,11 @@ def test_large_gallery_runs_in_bounded_memory(large):
     run_ = large["run"]
     assert run_["rc"] == 0, run_["stderr"][-3000:]
     gallery_mb = LARGE_G * LARGE_D * 4 / 2**20  # 977 MB of float32
-    print(f"estimate {large['estimate']} MB, peak RSS {run_['peak_mb']:.0f} MB, "
-          f"{run_['seconds']:.0f} s; refusal: peak {large['refused']['peak_mb']:.0f} MB, "
-          f"{large['refused']['seconds']:.1f} s")
+    print(
+        f"estimate {large['estimate']} MB, peak RSS {run_['peak_mb']:.0f} MB, "
+        f"{run_['seconds']:.0f} s; refusal: peak {large['refused']['peak_mb']:.0f} MB, "
+        f"{large['refused']['seconds']:.1f} s"
+    )
     assert run_["peak_mb"] < 0.8 * gallery_mb, "the gallery was held in memory"
 
 
@@ -855,8 +1281,9 @@ def test_large_gallery_runs_in_bounded_memory(large):
 def test_large_gallery_memory_limit_is_honoured(large):
     """A run accepted under --memory-limit X stays under X MB."""
     assert large["run"]["rc"] == 0
-    assert large["run"]["peak_mb"] <= large["estimate"], \
+    assert large["run"]["peak_mb"] <= large["estimate"], (
         f"peak {large['run']['peak_mb']:.0f} MB > accepted limit {large['estimate']} MB"
+    )
 
 
 @slow
@@ -876,9 +1303,10 @@ def test_large_gallery_ranks_match_brute_force(large):
     gallery = zarr.open_array(str(d / "g.zarr"), path="embeddings", mode="r")
     dist = np.empty((len(pick), LARGE_G))
     for start in range(0, LARGE_G, LARGE_CHUNK):
-        g = gallery[start:start + LARGE_CHUNK].astype(np.float64)
-        dist[:, start:start + len(g)] = ((g * g).sum(1)[None, :] - 2 * q @ g.T
-                                         + (q * q).sum(1)[:, None])
+        g = gallery[start : start + LARGE_CHUNK].astype(np.float64)
+        dist[:, start : start + len(g)] = (
+            (g * g).sum(1)[None, :] - 2 * q @ g.T + (q * q).sum(1)[:, None]
+        )
     position = {int(i): n for n, i in enumerate(arrays["query_index"])}
     for k, i in enumerate(pick):
         relevant = large["labels"] == qlab[k]
@@ -886,5 +1314,5 @@ def test_large_gallery_ranks_match_brute_force(large):
         other = np.sort(dist[k, ~relevant])
         expected = 1 + np.searchsorted(other, rel, side="right") + np.arange(len(rel))
         n = position[int(i)]
-        got = arrays["ranks"][arrays["offsets"][n]:arrays["offsets"][n + 1]]
+        got = arrays["ranks"][arrays["offsets"][n] : arrays["offsets"][n + 1]]
         np.testing.assert_array_equal(got, expected)

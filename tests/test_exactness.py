@@ -14,8 +14,9 @@ import rankwise
 
 def _tables(n_gallery):
     query = pd.DataFrame({"id": ["q"], "label": ["a"]})
-    gallery = pd.DataFrame({"id": [f"g{i}" for i in range(n_gallery)],
-                            "label": ["a"] + ["b"] * (n_gallery - 1)})
+    gallery = pd.DataFrame(
+        {"id": [f"g{i}" for i in range(n_gallery)], "label": ["a"] + ["b"] * (n_gallery - 1)}
+    )
     return query, gallery
 
 
@@ -30,8 +31,9 @@ def test_euclidean_one_float32_step_apart(steps, expected_rank, chunk):
     query, gallery = _tables(2)
     qe = np.zeros((1, 1), np.float32)
     ge = np.array([[one], [other]], np.float32)
-    result = rankwise.evaluate(query, gallery, qe, ge, distance="euclidean", ks=(1,),
-                               gallery_chunk=chunk)
+    result = rankwise.evaluate(
+        query, gallery, qe, ge, distance="euclidean", ks=(1,), gallery_chunk=chunk
+    )
     # Farther (steps > 0): the relevant item keeps rank 1; equal or closer: it is behind.
     assert result.per_query["first_rank"].tolist() == [expected_rank]
 
@@ -52,13 +54,17 @@ def test_cosine_near_ties_follow_the_exact_angle(chunk):
         others.append(v)
     ge = np.vstack([rel, *others]).astype(np.float32)
     query, gallery = _tables(len(ge))
-    result = rankwise.evaluate(query, gallery, q[None, :], ge, distance="cosine", ks=(1,),
-                               gallery_chunk=chunk)
+    result = rankwise.evaluate(
+        query, gallery, q[None, :], ge, distance="cosine", ks=(1,), gallery_chunk=chunk
+    )
 
     from rankwise.kernels import prepare_rows  # the rows as the engine normalises them
+
     qn = prepare_rows(q[None, :], True)[0].astype(np.float64)[0]
     gn = prepare_rows(ge, True)[0].astype(np.float64)
-    exact = np.array([-sum(float(a) * float(b) for a, b in zip(qn, row)) for row in gn])
+    exact = np.array(
+        [-sum(float(a) * float(b) for a, b in zip(qn, row, strict=True)) for row in gn]
+    )
     expected = 1 + int((exact[1:] <= exact[0]).sum())
     assert 1 < expected < len(ge)  # the case really mixes items ahead and behind
     assert result.per_query["first_rank"].tolist() == [expected]

@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from helpers import RANKWISE, planned_jobs, run_rankwise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +50,9 @@ def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 def error_line(proc: subprocess.CompletedProcess) -> str:
     lines = [ln.rsplit("\r", 1)[-1].strip() for ln in proc.stderr.split("\n")]
     lines = [ln for ln in lines if ln]
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), \
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (
         f"rc={proc.returncode}\n{proc.stderr[-3000:]}"
+    )
     assert "Traceback" not in proc.stderr
     return lines[0]
 
@@ -60,12 +60,18 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
 def start(argv: list, log: Path, cwd=None) -> subprocess.Popen:
     """Start ``argv`` in its own session (process group), stdout+stderr to ``log``."""
     with open(log, "w") as fh:
-        return subprocess.Popen([str(a) for a in argv], stdout=fh, stderr=subprocess.STDOUT,
-                                cwd=cwd, start_new_session=True)
+        return subprocess.Popen(
+            [str(a) for a in argv],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
 
 
-def kill_when(proc: subprocess.Popen, condition, *, delay: float = 0.0,
-              timeout: float = 180) -> bool:
+def kill_when(
+    proc: subprocess.Popen, condition, *, delay: float = 0.0, timeout: float = 180
+) -> bool:
     """SIGKILL ``proc``'s process group ``delay`` s after ``condition()`` holds.
 
     Returns True if it was killed while running, False if it ended first.
@@ -99,8 +105,18 @@ def metrics_json(path: Path) -> dict:
 # ---------------------------------------------------------------------------
 
 Q, G, D = 300, 40_000, 32
-RANK_OPTIONS = ["--protocol", "reid", "--distance", "euclidean", "--gallery-chunk", "256",
-                "--query-block", "64", "--workers", "1"]
+RANK_OPTIONS = [
+    "--protocol",
+    "reid",
+    "--distance",
+    "euclidean",
+    "--gallery-chunk",
+    "256",
+    "--query-block",
+    "64",
+    "--workers",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -108,21 +124,38 @@ def big(tmp_path_factory) -> Path:
     """A reid problem large enough for `rank` to run for a couple of seconds."""
     d = tmp_path_factory.mktemp("big")
     rng = np.random.default_rng(7)
-    pd.DataFrame({"id": [f"q{i}" for i in range(Q)],
-                  "label": rng.integers(0, 200, Q).astype(str),
-                  "camera": rng.integers(1, 4, Q)}).to_csv(d / "q.csv", index=False)
+    pd.DataFrame(
+        {
+            "id": [f"q{i}" for i in range(Q)],
+            "label": rng.integers(0, 200, Q).astype(str),
+            "camera": rng.integers(1, 4, Q),
+        }
+    ).to_csv(d / "q.csv", index=False)
     labels = rng.integers(-1, 200, G).astype(str)  # -1: junk, 0: distractors
-    pd.DataFrame({"id": [f"g{i}" for i in range(G)], "label": labels,
-                  "camera": rng.integers(1, 4, G)}).to_csv(d / "g.csv", index=False)
+    pd.DataFrame(
+        {"id": [f"g{i}" for i in range(G)], "label": labels, "camera": rng.integers(1, 4, G)}
+    ).to_csv(d / "g.csv", index=False)
     np.save(d / "q.npy", rng.normal(size=(Q, D)).astype(np.float32))
     np.save(d / "g.npy", rng.normal(size=(G, D)).astype(np.float32))
     return d
 
 
 def rank_argv(big: Path, out: Path) -> list:
-    return [RANKWISE, "rank", "--query", big / "q.csv", "--gallery", big / "g.csv",
-            "--query-embeddings", big / "q.npy", "--gallery-embeddings", big / "g.npy",
-            *RANK_OPTIONS, "--out", out]
+    return [
+        RANKWISE,
+        "rank",
+        "--query",
+        big / "q.csv",
+        "--gallery",
+        big / "g.csv",
+        "--query-embeddings",
+        big / "q.npy",
+        "--gallery-embeddings",
+        big / "g.npy",
+        *RANK_OPTIONS,
+        "--out",
+        out,
+    ]
 
 
 def numbers(store: Path) -> dict:
@@ -145,9 +178,10 @@ def test_rank_killed_then_rerun(big, tmp_path):
     tmp = tmp_path / "ranks.zarr.tmp"
     log = tmp_path / "killed.log"
     proc = start(rank_argv(big, out), log)
-    progressed = lambda: tmp.exists() or re.search(r"\|\s*[1-9]\d*/\d+", log.read_text())  # noqa
-    assert kill_when(proc, progressed), \
+    progressed = lambda: tmp.exists() or re.search(r"\|\s*[1-9]\d*/\d+", log.read_text())
+    assert kill_when(proc, progressed), (
         f"rank finished before it could be killed; make the problem bigger\n{log.read_text()}"
+    )
     assert proc.returncode == -signal.SIGKILL
     assert not out.exists(), "a killed run left a store under the final name"
 
@@ -163,8 +197,10 @@ def test_rank_killed_then_rerun(big, tmp_path):
         del group.attrs["complete"]
         shutil.rmtree(tmp / "ranks")
     line = error_line(run("metrics", out, "--output", tmp_path / "m.json"))
-    assert "found an incomplete 'ranks.zarr.tmp' from an interrupted run: run the command " \
-           "again" in line, line
+    assert (
+        "found an incomplete 'ranks.zarr.tmp' from an interrupted run: run the command "
+        "again" in line
+    ), line
     assert not (tmp_path / "m.json").exists()
 
     # rerun: completes, cleans the .tmp, and equals the uninterrupted run exactly
@@ -243,9 +279,23 @@ def images(tmp_path_factory) -> Path:
 
 def encode_argv(images: Path, out: Path) -> list:
     options = json.dumps({"factory": str(images / "held_encoder.py") + ":make"})
-    return [RANKWISE, "encode", "--manifest", images / "gallery.csv", "--kind", "python",
-            "--options", options, "--out", out, "--batch-size", "4", "--threads", "1",
-            "--no-progress"]
+    return [
+        RANKWISE,
+        "encode",
+        "--manifest",
+        images / "gallery.csv",
+        "--kind",
+        "python",
+        "--options",
+        options,
+        "--out",
+        out,
+        "--batch-size",
+        "4",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
 
 
 @needs_encode
@@ -253,29 +303,50 @@ def test_encode_killed_then_rerun(images, tmp_path):
     import zarr
 
     ref = tmp_path / "ref.zarr"
-    ok(subprocess.run(encode_argv(images, ref), capture_output=True, text=True, timeout=300,
-                      cwd=tmp_path))
+    ok(
+        subprocess.run(
+            encode_argv(images, ref), capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+    )
 
     # held after its first batch (some rows written to the .tmp store), then killed
     out, tmp = tmp_path / "gallery.zarr", tmp_path / "gallery.zarr.tmp"
     (tmp_path / "hold-gallery").touch()
     proc = start(encode_argv(images, out), tmp_path / "killed.log", cwd=tmp_path)
-    assert kill_when(proc, (tmp_path / "held-gallery").exists), \
+    assert kill_when(proc, (tmp_path / "held-gallery").exists), (
         "encode finished before it could be killed"
+    )
     (tmp_path / "hold-gallery").unlink()
     assert not out.exists(), "a killed encode left a store under the final name"
     assert tmp.exists()
 
     # using the missing store fails cleanly and names the leftover
-    line = error_line(run("rank", "--query", images / "gallery.csv",
-                          "--gallery", images / "gallery.csv", "--query-embeddings", ref,
-                          "--gallery-embeddings", out, "--out", tmp_path / "r.zarr"))
-    assert "gallery.zarr: gallery embeddings not found, only an incomplete " \
-           "'gallery.zarr.tmp' left by an interrupted run" in line, line
+    line = error_line(
+        run(
+            "rank",
+            "--query",
+            images / "gallery.csv",
+            "--gallery",
+            images / "gallery.csv",
+            "--query-embeddings",
+            ref,
+            "--gallery-embeddings",
+            out,
+            "--out",
+            tmp_path / "r.zarr",
+        )
+    )
+    assert (
+        "gallery.zarr: gallery embeddings not found, only an incomplete "
+        "'gallery.zarr.tmp' left by an interrupted run" in line
+    ), line
     assert not (tmp_path / "r.zarr").exists()
 
-    ok(subprocess.run(encode_argv(images, out), capture_output=True, text=True, timeout=300,
-                      cwd=tmp_path))
+    ok(
+        subprocess.run(
+            encode_argv(images, out), capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+    )
     assert out.is_dir() and not tmp.exists()
     a, b = zarr.open_group(str(ref), mode="r"), zarr.open_group(str(out), mode="r")
     np.testing.assert_array_equal(a["embeddings"][...], b["embeddings"][...])
@@ -304,19 +375,35 @@ engine: {threads: 1, query_block: 5, gallery_chunk: 7, batch_size: 4}
 report: {cmc_max_rank: 20}
 """
 
-needs_pipeline = pytest.mark.skipif(not (ROOT / "Snakefile").exists() or not _has_encode(),
-                                     reason="the pipeline is not there yet")
+needs_pipeline = pytest.mark.skipif(
+    not (ROOT / "Snakefile").exists() or not _has_encode(), reason="the pipeline is not there yet"
+)
 
 
 def snakemake_argv(workdir: Path, *args: str) -> list:
-    return [sys.executable, "-m", "snakemake", "--snakefile", ROOT / "Snakefile",
-            "--directory", workdir, "--configfile", workdir / "config.yaml",
-            "--replace-workflow-config", "--cores", "2", "--workflow-profile", "none", *args]
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        ROOT / "Snakefile",
+        "--directory",
+        workdir,
+        "--configfile",
+        workdir / "config.yaml",
+        "--replace-workflow-config",
+        "--cores",
+        "2",
+        "--workflow-profile",
+        "none",
+        *args,
+    ]
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(snakemake_argv(workdir, *args), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        snakemake_argv(workdir, *args), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, f"snakemake {args}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -329,8 +416,11 @@ def _workdir(path: Path) -> Path:
 
 
 def _digest(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @needs_pipeline
@@ -344,19 +434,26 @@ def test_snakemake_killed_then_rerun_incomplete(tmp_path):
     emb = work / "results/embeddings/market/held"
     (work / "hold-query").touch()
     proc = start(snakemake_argv(work), tmp_path / "killed.log")
-    assert kill_when(proc, lambda: (work / "held-query").exists() and
-                     (emb / "gallery.zarr/.snakemake_timestamp").exists(), delay=0.5), \
-        "snakemake finished before it could be killed"
+    assert kill_when(
+        proc,
+        lambda: (
+            (work / "held-query").exists() and (emb / "gallery.zarr/.snakemake_timestamp").exists()
+        ),
+        delay=0.5,
+    ), "snakemake finished before it could be killed"
     (work / "hold-query").unlink()
     finished, unfinished = "gallery", "query"
     assert (emb / "query.zarr.tmp").exists() and not (emb / "query.zarr").exists()
     assert not (work / "results/ranks").exists()
-    before = {"manifests": _digest(work / "results/manifests"),
-              "store": _digest(emb / f"{finished}.zarr")}
+    before = {
+        "manifests": _digest(work / "results/manifests"),
+        "store": _digest(emb / f"{finished}.zarr"),
+    }
 
     # the kill left Snakemake's lock: a plain rerun refuses and says what to do
-    refused = subprocess.run(snakemake_argv(work, "--rerun-incomplete"), capture_output=True,
-                             text=True, timeout=300)
+    refused = subprocess.run(
+        snakemake_argv(work, "--rerun-incomplete"), capture_output=True, text=True, timeout=300
+    )
     assert refused.returncode != 0 and "--unlock" in refused.stdout + refused.stderr
     snakemake(work, "--unlock")
 
@@ -364,8 +461,9 @@ def test_snakemake_killed_then_rerun_incomplete(tmp_path):
     dry = snakemake(work, "--rerun-incomplete", "--dry-run")
     jobs = planned_jobs(dry.stdout + dry.stderr)
     assert jobs == {"encode": 1, "rank": 1, "metrics": 1, "report": 1, "all": 1}, jobs
-    assert f"results/embeddings/market/held/{finished}.zarr" not in \
-        re.findall(r"output: (\S+)", dry.stdout + dry.stderr)
+    assert f"results/embeddings/market/held/{finished}.zarr" not in re.findall(
+        r"output: (\S+)", dry.stdout + dry.stderr
+    )
 
     snakemake(work, "--rerun-incomplete")
     assert not (emb / f"{unfinished}.zarr.tmp").exists()
@@ -376,7 +474,10 @@ def test_snakemake_killed_then_rerun_incomplete(tmp_path):
     # the same numbers as the clean run
     metrics = "results/metrics/market/held.json"
     assert metrics_json(work / metrics) == metrics_json(clean / metrics)
-    strip = lambda r: {**r, "results": [{k: v for k, v in x.items() if k != "provenance"}  # noqa
-                                        for x in r["results"]]}
-    assert strip(json.loads((work / "results/report.json").read_text())) == \
-        strip(json.loads((clean / "results/report.json").read_text()))
+    strip = lambda r: {
+        **r,
+        "results": [{k: v for k, v in x.items() if k != "provenance"} for x in r["results"]],
+    }
+    assert strip(json.loads((work / "results/report.json").read_text())) == strip(
+        json.loads((clean / "results/report.json").read_text())
+    )

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import read_json
 
 import rankwise
-from conftest import read_json
 
 PROTOCOL_CASES = {
     "recall": ("recall", "cosine", "sign", 3),
@@ -47,9 +47,9 @@ def test_tile_sizes_change_nothing(make_case, protocol, query_block, gallery_chu
     case = _case(make_case, protocol)
     base = rankwise.evaluate(*case.args(), **case.kwargs(workers=1))
     assert base.num_queries > 0
-    res = rankwise.evaluate(*case.args(), **case.kwargs(query_block=query_block,
-                                                          gallery_chunk=gallery_chunk,
-                                                          workers=1))
+    res = rankwise.evaluate(
+        *case.args(), **case.kwargs(query_block=query_block, gallery_chunk=gallery_chunk, workers=1)
+    )
     _assert_identical(res, base)
 
 
@@ -57,12 +57,12 @@ def test_tile_sizes_change_nothing(make_case, protocol, query_block, gallery_chu
 @pytest.mark.parametrize("query_block,gallery_chunk", [(5, 7), (1024, 8192)])
 def test_worker_count_changes_nothing(make_case, protocol, query_block, gallery_chunk):
     case = _case(make_case, protocol)
-    one = rankwise.evaluate(*case.args(), **case.kwargs(query_block=query_block,
-                                                          gallery_chunk=gallery_chunk,
-                                                          workers=1))
-    two = rankwise.evaluate(*case.args(), **case.kwargs(query_block=query_block,
-                                                          gallery_chunk=gallery_chunk,
-                                                          workers=2))
+    one = rankwise.evaluate(
+        *case.args(), **case.kwargs(query_block=query_block, gallery_chunk=gallery_chunk, workers=1)
+    )
+    two = rankwise.evaluate(
+        *case.args(), **case.kwargs(query_block=query_block, gallery_chunk=gallery_chunk, workers=2)
+    )
     _assert_identical(one, two)
 
 
@@ -92,23 +92,33 @@ def test_row_permutations_change_nothing(make_case, protocol, seed, which):
         np.testing.assert_array_equal(r_idx[order], np.sort(b_idx))
         np.testing.assert_array_equal(
             np.asarray(res.per_query["first_rank"])[order],
-            np.asarray(base.per_query["first_rank"])[np.argsort(b_idx)])
+            np.asarray(base.per_query["first_rank"])[np.argsort(b_idx)],
+        )
 
 
 def test_paths_and_dataframes_give_the_same_result(make_case, tmp_path):
     case = _case(make_case, "reid")
     opts = case.write(tmp_path)
-    from_files = rankwise.evaluate(opts["--query"], opts["--gallery"],
-                                   opts["--query-embeddings"], opts["--gallery-embeddings"],
-                                   **case.kwargs())
+    from_files = rankwise.evaluate(
+        opts["--query"],
+        opts["--gallery"],
+        opts["--query-embeddings"],
+        opts["--gallery-embeddings"],
+        **case.kwargs(),
+    )
     _assert_identical(from_files, rankwise.evaluate(*case.args(), **case.kwargs()))
 
 
 def _rank_store(cli, case, tmp_path):
     """Write the case, run `rankwise rank`; return the shared CLI options and ks."""
     inputs = case.write(tmp_path)
-    common = {**inputs, "--protocol": case.protocol, "--distance": case.distance,
-              "--query-block": 6, "--gallery-chunk": 17}
+    common = {
+        **inputs,
+        "--protocol": case.protocol,
+        "--distance": case.distance,
+        "--query-block": 6,
+        "--gallery-chunk": 17,
+    }
     proc = cli("rank", "--out", tmp_path / "ranks.zarr", options=common)
     assert proc.returncode == 0, proc.stderr
     return common, ",".join(map(str, case.options["ks"]))
@@ -132,8 +142,16 @@ def test_metrics_with_other_ks_and_ap_from_the_same_ranks(make_case, cli, tmp_pa
     """Changing ks / ap needs only `metrics`: same numbers as a fresh evaluate."""
     case = _case(make_case, "reid")
     _rank_store(cli, case, tmp_path)
-    proc = cli("metrics", tmp_path / "ranks.zarr", "--ks", "2,4", "--ap", "trapezoid",
-               "--output", tmp_path / "m2.json")
+    proc = cli(
+        "metrics",
+        tmp_path / "ranks.zarr",
+        "--ks",
+        "2,4",
+        "--ap",
+        "trapezoid",
+        "--output",
+        tmp_path / "m2.json",
+    )
     assert proc.returncode == 0, proc.stderr
     got = read_json(tmp_path / "m2.json")
     got.pop("provenance")

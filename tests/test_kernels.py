@@ -44,10 +44,23 @@ def _count(qrows, grows, qlab, qid, glab, gid, gjunk, thr, toff, exclude_self, c
     qrows, qsq, _, _ = kernels.prepare_rows(qrows, cosine)
     grows, gsq, _, _ = kernels.prepare_rows(grows, cosine)
     sim = qrows @ grows.T
-    return kernels.count_tile(sim, qrows, qsq, qlab.astype(np.int64), qid.astype(np.int64),
-                              grows, gsq, glab.astype(np.int64), gid.astype(np.int64),
-                              gjunk, thr, toff.astype(np.int64), exclude_self, cosine,
-                              kernels.error_bound_factor(qrows.shape[1]))
+    return kernels.count_tile(
+        sim,
+        qrows,
+        qsq,
+        qlab.astype(np.int64),
+        qid.astype(np.int64),
+        grows,
+        gsq,
+        glab.astype(np.int64),
+        gid.astype(np.int64),
+        gjunk,
+        thr,
+        toff.astype(np.int64),
+        exclude_self,
+        cosine,
+        kernels.error_bound_factor(qrows.shape[1]),
+    )
 
 
 def test_count_tile_hand_computed():
@@ -63,8 +76,12 @@ def test_count_tile_without_self_exclusion_counts_the_query_item():
 def test_count_tile_split_gallery_sums_to_the_whole():
     """Counting per gallery chunk and combining with sum_counts gives the whole tile's
     counts (the engine's per tile + combine steps)."""
-    parts = [_count(QROWS, GROWS[a:b], QLAB, QID, GLAB[a:b], GID[a:b], GJUNK[a:b], THR, TOFF,
-                    True, False) for a, b in ((0, 3), (3, 4), (4, 7))]
+    parts = [
+        _count(
+            QROWS, GROWS[a:b], QLAB, QID, GLAB[a:b], GID[a:b], GJUNK[a:b], THR, TOFF, True, False
+        )
+        for a, b in ((0, 3), (3, 4), (4, 7))
+    ]
     before = [p.copy() for p in parts]
     np.testing.assert_array_equal(kernels.sum_counts(parts), [1, 1, 0, 1, 1, 0])
     for part, copy in zip(parts, before, strict=True):  # inputs are not modified
@@ -81,11 +98,33 @@ def test_count_tile_cosine_hand_computed():
     q = np.array([[1, 0]], np.float32)
     g = np.array([[2, 0], [1, 1], [0, 5], [-1, 0], [3, 0]], np.float32)
     ids, junk = np.arange(1, 6), np.zeros(5, bool)
-    hist = _count(q, g, np.array([0]), np.array([0]), np.array([0, 1, 1, 1, 1]), ids, junk,
-                  np.array([-1.0]), np.array([0, 1]), True, True)
+    hist = _count(
+        q,
+        g,
+        np.array([0]),
+        np.array([0]),
+        np.array([0, 1, 1, 1, 1]),
+        ids,
+        junk,
+        np.array([-1.0]),
+        np.array([0, 1]),
+        True,
+        True,
+    )
     np.testing.assert_array_equal(hist, [1])
-    hist = _count(q, g, np.array([0]), np.array([0]), np.array([0, 1, 0, 1, 1]), ids, junk,
-                  np.array([-1.0, 0.0]), np.array([0, 2]), True, True)
+    hist = _count(
+        q,
+        g,
+        np.array([0]),
+        np.array([0]),
+        np.array([0, 1, 0, 1, 1]),
+        ids,
+        junk,
+        np.array([-1.0, 0.0]),
+        np.array([0, 2]),
+        True,
+        True,
+    )
     np.testing.assert_array_equal(hist, [1, 1])
     assert kernels.ranks_from_hist(hist, np.array([0, 2])).tolist() == [2, 4]
 
@@ -95,8 +134,8 @@ def test_ranks_from_hist_hand_computed():
     np.testing.assert_array_equal(kernels.ranks_from_hist(hist, TOFF), [2, 4, 1, 3, 5, 6])
     # a query with no threshold contributes nothing; zeros give 1, 2, 3
     np.testing.assert_array_equal(
-        kernels.ranks_from_hist(np.array([0, 0, 0, 4]), np.array([0, 0, 3, 3, 4])),
-        [1, 2, 3, 5])
+        kernels.ranks_from_hist(np.array([0, 0, 0, 4]), np.array([0, 0, 3, 3, 4])), [1, 2, 3, 5]
+    )
 
 
 def test_rank_candidates_hand_computed():
@@ -114,6 +153,7 @@ def test_rank_candidates_hand_computed():
 
 # ---------------------------------------------------------------- the validity rule
 
+
 @pytest.mark.parametrize("cosine", [False, True])
 @pytest.mark.parametrize("exclude_self, cameras", [(True, True), (True, False), (False, False)])
 def test_count_tile_applies_dense_masks(cosine, exclude_self, cameras):
@@ -123,29 +163,48 @@ def test_count_tile_applies_dense_masks(cosine, exclude_self, cameras):
     rng = np.random.default_rng(11 + cosine + 2 * exclude_self + 4 * cameras)
     n_q, n_g, dim = 9, 60, 3
     codes = SimpleNamespace(
-        qlab=rng.integers(0, 4, n_q), glab=rng.integers(0, 4, n_g),
-        qid=rng.integers(0, 20, n_q), gid=rng.permutation(80)[:n_g],
-        gjunk=rng.random(n_g) < 0.15, exclude_self=exclude_self,
+        qlab=rng.integers(0, 4, n_q),
+        glab=rng.integers(0, 4, n_g),
+        qid=rng.integers(0, 20, n_q),
+        gid=rng.permutation(80)[:n_g],
+        gjunk=rng.random(n_g) < 0.15,
+        exclude_self=exclude_self,
         qcam=rng.integers(0, 2, n_q) if cameras else None,
-        gcam=rng.integers(0, 2, n_g) if cameras else None)
+        gcam=rng.integers(0, 2, n_g) if cameras else None,
+    )
     qe = rng.integers(-2, 3, (n_q, dim)).astype(np.float32)
     ge = rng.integers(-2, 3, (n_g, dim)).astype(np.float32)
     qe[~qe.any(1)] = 1  # no zero rows: they have no cosine distance
     ge[~ge.any(1)] = 1
     qp, _, _, _ = kernels.prepare_rows(qe, cosine)
     gp, _, _, _ = kernels.prepare_rows(ge, cosine)
-    key = np.array([[kernels.pair_keys(qp, gp, np.array([i]), np.array([j]), cosine)[0]
-                     for j in range(n_g)] for i in range(n_q)])
+    key = np.array(
+        [
+            [kernels.pair_keys(qp, gp, np.array([i]), np.array([j]), cosine)[0] for j in range(n_g)]
+            for i in range(n_q)
+        ]
+    )
     valid, relevant = dense_masks(codes, np.arange(n_q)[:, None], np.arange(n_g)[None, :])
     thr = [np.sort(key[i, relevant[i]]) for i in range(n_q)]
     toff = np.concatenate([[0], np.cumsum([len(t) for t in thr])])
     flat = np.concatenate(thr)
-    hist = _count(qe, ge, codes.qlab, codes.qid, codes.glab, codes.gid, codes.gjunk, flat,
-                  toff, exclude_self, cosine)
+    hist = _count(
+        qe,
+        ge,
+        codes.qlab,
+        codes.qid,
+        codes.glab,
+        codes.gid,
+        codes.gjunk,
+        flat,
+        toff,
+        exclude_self,
+        cosine,
+    )
     other = valid & ~relevant
     for i in range(n_q):
         ahead = np.array([(key[i, other[i]] <= t).sum() for t in thr[i]], np.int64)
-        np.testing.assert_array_equal(np.cumsum(hist[toff[i]:toff[i + 1]]), ahead)
+        np.testing.assert_array_equal(np.cumsum(hist[toff[i] : toff[i + 1]]), ahead)
 
 
 @pytest.mark.parametrize("protocol", ["recall", "reid", "progressive"])
@@ -158,13 +217,22 @@ def test_problem_masks_follow_design_table(protocol):
 
     rng = np.random.default_rng(3)
     n_q, n_g = 8, 30
-    query = pd.DataFrame({"id": [f"i{k}" for k in rng.permutation(40)[:n_q]],
-                          "label": rng.choice(["1", "2", "-1", "0"], n_q),
-                          "camera": rng.choice(["a", "b"], n_q),
-                          "sketch": [f"s{k}" for k in range(n_q)], "step": [1] * n_q})
-    gallery = pd.DataFrame({"id": [f"i{k}" for k in rng.permutation(40)[:n_g]],
-                            "label": rng.choice(["1", "2", "-1", "0"], n_g),
-                            "camera": rng.choice(["a", "b"], n_g)})
+    query = pd.DataFrame(
+        {
+            "id": [f"i{k}" for k in rng.permutation(40)[:n_q]],
+            "label": rng.choice(["1", "2", "-1", "0"], n_q),
+            "camera": rng.choice(["a", "b"], n_q),
+            "sketch": [f"s{k}" for k in range(n_q)],
+            "step": [1] * n_q,
+        }
+    )
+    gallery = pd.DataFrame(
+        {
+            "id": [f"i{k}" for k in rng.permutation(40)[:n_g]],
+            "label": rng.choice(["1", "2", "-1", "0"], n_g),
+            "camera": rng.choice(["a", "b"], n_g),
+        }
+    )
     problem = build_problem(query, gallery, protocol, junk_labels=("-1",))
 
     def valid(q, g):
@@ -173,8 +241,10 @@ def test_problem_masks_follow_design_table(protocol):
         if gallery.id[g] == query.id[q]:
             return False
         if protocol == "reid":
-            return not (gallery.label[g] == "-1" or (gallery.label[g] == query.label[q]
-                                                     and gallery.camera[g] == query.camera[q]))
+            return not (
+                gallery.label[g] == "-1"
+                or (gallery.label[g] == query.label[q] and gallery.camera[g] == query.camera[q])
+            )
         return True
 
     pairs = set(zip(problem.pair_q.tolist(), problem.pair_g.tolist(), strict=True))

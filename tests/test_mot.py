@@ -21,41 +21,58 @@ from rankwise.errors import RankwiseError
 
 # MOT17-02: 40 x 30 frames, seqLength 6 -> first half = frames 1..4 (6 // 2 + 1).
 GT_02 = [
-    "1,1,2,3,10,12,1,1,1",            # x 2..12, y 3..15            -> 10 x 12
-    "1,2,-5,20,10,15,1,1,0.5",        # clipped: x 0..5, y 20..30   -> 5 x 10
-    "2,1,3,3,10,12,0,1,1",            # conf 0: ignored
-    "2,3,30,0,20,8,1,7,1",            # class 7 (static person): only with classes null
-    "3,1,35.6,10.4,10,10,1,1,0.2",    # round: x 36..40 (clipped), y 10..20 -> 4 x 10
-    "5,1,0,0,8,8,1,1,1",              # second half                 -> 8 x 8
-    "6,2,20.5,0.5,3,3,1,1,1",         # round half to even: x 20..24, y 0..4 -> 4 x 4
-    "4,2,10,10,6,2,1,1,0.9",          #                               -> 6 x 2
+    "1,1,2,3,10,12,1,1,1",  # x 2..12, y 3..15            -> 10 x 12
+    "1,2,-5,20,10,15,1,1,0.5",  # clipped: x 0..5, y 20..30   -> 5 x 10
+    "2,1,3,3,10,12,0,1,1",  # conf 0: ignored
+    "2,3,30,0,20,8,1,7,1",  # class 7 (static person): only with classes null
+    "3,1,35.6,10.4,10,10,1,1,0.2",  # round: x 36..40 (clipped), y 10..20 -> 4 x 10
+    "5,1,0,0,8,8,1,1,1",  # second half                 -> 8 x 8
+    "6,2,20.5,0.5,3,3,1,1,1",  # round half to even: x 20..24, y 0..4 -> 4 x 4
+    "4,2,10,10,6,2,1,1,0.9",  #                               -> 6 x 2
 ]
 # MOT17-04: 20 x 20 PNG frames (lossless: crop pixels are checked), seqLength 3 -> 1..2.
 GT_04 = [
-    "1,1,0,0,20,20,1,1,1",            # the whole frame             -> 20 x 20
-    "3,1,5,5,5,5,1,1,1",              #                               -> 5 x 5
-    "3,5,1,1,4,6,1,1,1",              #                               -> 4 x 6
+    "1,1,0,0,20,20,1,1,1",  # the whole frame             -> 20 x 20
+    "3,1,5,5,5,5,1,1,1",  #                               -> 5 x 5
+    "3,5,1,1,4,6,1,1,1",  #                               -> 4 x 6
 ]
 # (label, frame, width, height) of every kept crop with the default options, in row order
-EXPECTED = [("MOT17-02_1", 1, 10, 12), ("MOT17-02_2", 1, 5, 10), ("MOT17-02_1", 3, 4, 10),
-            ("MOT17-02_2", 4, 6, 2), ("MOT17-02_1", 5, 8, 8), ("MOT17-02_2", 6, 4, 4),
-            ("MOT17-04_1", 1, 20, 20), ("MOT17-04_1", 3, 5, 5), ("MOT17-04_5", 3, 4, 6)]
+EXPECTED = [
+    ("MOT17-02_1", 1, 10, 12),
+    ("MOT17-02_2", 1, 5, 10),
+    ("MOT17-02_1", 3, 4, 10),
+    ("MOT17-02_2", 4, 6, 2),
+    ("MOT17-02_1", 5, 8, 8),
+    ("MOT17-02_2", 6, 4, 4),
+    ("MOT17-04_1", 1, 20, 20),
+    ("MOT17-04_1", 3, 5, 5),
+    ("MOT17-04_5", 3, 4, 6),
+]
 
 
 def _frame(width: int, height: int, frame: int) -> np.ndarray:
     y, x = np.mgrid[0:height, 0:width]
-    return np.stack([(x * 7 + y * 3 + frame * 11 + c * 50) % 256 for c in range(3)],
-                    axis=-1).astype(np.uint8)
+    return np.stack(
+        [(x * 7 + y * 3 + frame * 11 + c * 50) % 256 for c in range(3)], axis=-1
+    ).astype(np.uint8)
 
 
-def _sequence(split_dir: Path, name: str, gt: list[str], width: int, height: int,
-              length: int, ext: str = ".jpg") -> Path:
+def _sequence(
+    split_dir: Path,
+    name: str,
+    gt: list[str],
+    width: int,
+    height: int,
+    length: int,
+    ext: str = ".jpg",
+) -> Path:
     folder = split_dir / name
     (folder / "img1").mkdir(parents=True)
     (folder / "gt").mkdir()
     (folder / "seqinfo.ini").write_text(
         f"[Sequence]\nname={name}\nimDir=img1\nframeRate=30\nseqLength={length}\n"
-        f"imWidth={width}\nimHeight={height}\nimExt={ext}\n")
+        f"imWidth={width}\nimHeight={height}\nimExt={ext}\n"
+    )
     for frame in range(1, length + 1):
         Image.fromarray(_frame(width, height, frame)).save(folder / "img1" / f"{frame:06d}{ext}")
     (folder / "gt" / "gt.txt").write_text("\n".join(gt) + "\n")
@@ -108,8 +125,9 @@ def test_mot_manifest_and_crops(mot: Path, tmp_path: Path):
     # the reid package's identity-folder layout: crops/<seq>_<track>/<seq>_<frame>.<ext>
     assert query["path"].tolist()[0] == "crops/MOT17-02_1/MOT17-02_000001.jpg"
     assert query["path"].tolist()[-1] == "crops/MOT17-04_5/MOT17-04_000003.png"
-    assert sorted(p.relative_to(out).as_posix() for p in (out / "crops").rglob("*.*")) \
-        == sorted(query["path"])
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "crops").rglob("*.*")) == sorted(
+        query["path"]
+    )
     assert not (out / "crops.tmp").exists()
 
 
@@ -117,8 +135,11 @@ def test_mot_crops_are_the_clipped_box_pixels(mot: Path, tmp_path: Path):
     out = tmp_path / "out"
     _prepare(mot, out, sequences=["MOT17-04"])
     query = _read(out, "query")
-    boxes = {"MOT17-04_1_000001": (0, 0, 20, 20), "MOT17-04_1_000003": (5, 5, 10, 10),
-             "MOT17-04_5_000003": (1, 1, 5, 7)}  # x1, y1, x2, y2
+    boxes = {
+        "MOT17-04_1_000001": (0, 0, 20, 20),
+        "MOT17-04_1_000003": (5, 5, 10, 10),
+        "MOT17-04_5_000003": (1, 1, 5, 7),
+    }  # x1, y1, x2, y2
     assert sorted(query["id"]) == sorted(boxes)
     for row in query.itertuples():
         x1, y1, x2, y2 = boxes[row.id]
@@ -126,14 +147,17 @@ def test_mot_crops_are_the_clipped_box_pixels(mot: Path, tmp_path: Path):
         assert np.array_equal(np.asarray(Image.open(out / row.path)), expected)
 
 
-@pytest.mark.parametrize("options, kept", [
-    ({"frames": "first-half"}, [0, 1, 2, 3, 6]),         # MOT17-02 1..4, MOT17-04 1..2
-    ({"frames": "second-half"}, [4, 5, 7, 8]),
-    ({"min_visibility": 0.5}, [0, 1, 3, 4, 5, 6, 7, 8]),  # 0.2 dropped, 0.5 kept (>=)
-    ({"min_size": 5}, [0, 1, 4, 6, 7]),                   # shorter side after clipping
-    ({"sequences": ["MOT17-02-SDP", "MOT17-02-DPM"]}, [0, 1, 2, 3, 4, 5]),
-    ({"sequences": ["MOT17-04"]}, [6, 7, 8]),             # base names work too
-])
+@pytest.mark.parametrize(
+    "options, kept",
+    [
+        ({"frames": "first-half"}, [0, 1, 2, 3, 6]),  # MOT17-02 1..4, MOT17-04 1..2
+        ({"frames": "second-half"}, [4, 5, 7, 8]),
+        ({"min_visibility": 0.5}, [0, 1, 3, 4, 5, 6, 7, 8]),  # 0.2 dropped, 0.5 kept (>=)
+        ({"min_size": 5}, [0, 1, 4, 6, 7]),  # shorter side after clipping
+        ({"sequences": ["MOT17-02-SDP", "MOT17-02-DPM"]}, [0, 1, 2, 3, 4, 5]),
+        ({"sequences": ["MOT17-04"]}, [6, 7, 8]),  # base names work too
+    ],
+)
 def test_mot_filters(mot: Path, tmp_path: Path, options: dict, kept: list[int]):
     out = tmp_path / "out"
     _prepare(mot, out, **options)
@@ -167,23 +191,35 @@ def test_mot_matches_the_reid_package_crops(tmp_path: Path):
     for detector in ("DPM", "FRCNN"):
         _sequence(root / "train", f"MOT17-02-{detector}", GT_02, 40, 30, 6)
     _sequence(root / "train", "MOT17-05-SDP", GT_04, 20, 20, 3)
-    for ours, theirs in (("all", "full"), ("first-half", "train_half"),
-                         ("second-half", "val_half")):
+    for ours, theirs in (
+        ("all", "full"),
+        ("first-half", "train_half"),
+        ("second-half", "val_half"),
+    ):
         for extra in ({}, {"min_visibility": 0.5, "min_size": 5}):
             out = tmp_path / f"ours-{ours}-{len(extra)}"
             _prepare(root, out, frames=ours, **extra)
             crops = tmp_path / f"reid-{theirs}-{len(extra)}"
-            generate_mot_patches(root / "train", crops, split=theirs, class_ids=[1],
-                                 min_visibility=extra.get("min_visibility", 0.0),
-                                 min_side=extra.get("min_size", 0))
-            want = {p.relative_to(crops).as_posix(): Image.open(p).size
-                    for p in crops.rglob("*.jpg")}
-            got = {p.relative_to(out / "crops").as_posix(): Image.open(p).size
-                   for p in (out / "crops").rglob("*.jpg")}
+            generate_mot_patches(
+                root / "train",
+                crops,
+                split=theirs,
+                class_ids=[1],
+                min_visibility=extra.get("min_visibility", 0.0),
+                min_side=extra.get("min_size", 0),
+            )
+            want = {
+                p.relative_to(crops).as_posix(): Image.open(p).size for p in crops.rglob("*.jpg")
+            }
+            got = {
+                p.relative_to(out / "crops").as_posix(): Image.open(p).size
+                for p in (out / "crops").rglob("*.jpg")
+            }
             assert got == want, (ours, extra)
 
 
 # ---------------------------------------------------------------- bad input
+
 
 def _append_gt(mot: Path, line: str, sequences=("DPM", "FRCNN", "SDP")) -> None:
     for detector in sequences:
@@ -194,20 +230,29 @@ def _append_gt(mot: Path, line: str, sequences=("DPM", "FRCNN", "SDP")) -> None:
 GT = r"MOT17-02-DPM/gt/gt\.txt: line 9: "
 
 
-@pytest.mark.parametrize("line, message", [
-    ("1.5,1,2,3,10,12,1,1,1", GT + r"frame must be an integer, found '1\.5'; expected lines "
-                                   r"such as '1,1,912,484,97,109,1,1,1'"),
-    ("x,1,2,3,10,12,1,1,1", GT + r"frame must be an integer, found 'x'"),
-    ("2,4.2,2,3,10,12,1,1,1", GT + r"id must be an integer, found '4\.2'"),
-    ("2,4,2,3,ten,12,1,1,1", GT + r"box must be a number, found 'ten'"),
-    ("2,4,50,5,5,5,1,1,1", GT + r"box \(left 50, top 5, width 5, height 5\) has no pixel "
-                                r"inside the 40x30 image"),
-    ("2,4,-9,5,5,5,1,1,1", GT + r"box \(left -9, .*\) has no pixel inside the 40x30 image"),
-    ("2,4,5,5,5,0,1,1,1", GT + r"box \(left 5, .*height 0\) has no pixel inside"),
-    ("7,1,2,3,10,12,1,1,1", GT + r"frame 7 is outside 1\.\.6 \(seqLength in .*seqinfo\.ini\)"),
-    ("2,1,2,3,10,12,1", GT + r"7 fields, 8 needed"),
-    ("1,1,5,5,5,5,1,1,1", GT + r"track 1 already has a box in frame 1 \(line 1\)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "1.5,1,2,3,10,12,1,1,1",
+            GT + r"frame must be an integer, found '1\.5'; expected lines "
+            r"such as '1,1,912,484,97,109,1,1,1'",
+        ),
+        ("x,1,2,3,10,12,1,1,1", GT + r"frame must be an integer, found 'x'"),
+        ("2,4.2,2,3,10,12,1,1,1", GT + r"id must be an integer, found '4\.2'"),
+        ("2,4,2,3,ten,12,1,1,1", GT + r"box must be a number, found 'ten'"),
+        (
+            "2,4,50,5,5,5,1,1,1",
+            GT + r"box \(left 50, top 5, width 5, height 5\) has no pixel "
+            r"inside the 40x30 image",
+        ),
+        ("2,4,-9,5,5,5,1,1,1", GT + r"box \(left -9, .*\) has no pixel inside the 40x30 image"),
+        ("2,4,5,5,5,0,1,1,1", GT + r"box \(left 5, .*height 0\) has no pixel inside"),
+        ("7,1,2,3,10,12,1,1,1", GT + r"frame 7 is outside 1\.\.6 \(seqLength in .*seqinfo\.ini\)"),
+        ("2,1,2,3,10,12,1", GT + r"7 fields, 8 needed"),
+        ("1,1,5,5,5,5,1,1,1", GT + r"track 1 already has a box in frame 1 \(line 1\)"),
+    ],
+)
 def test_mot_bad_gt_line(mot: Path, tmp_path: Path, line: str, message: str):
     out = tmp_path / "out"
     _append_gt(mot, line)
@@ -228,9 +273,12 @@ def test_mot_conf0_and_filtered_rows_are_not_checked_for_boxes(mot: Path, tmp_pa
 def test_mot_visibility_needs_its_column(mot: Path, tmp_path: Path):
     _append_gt(mot, "2,4,5,5,5,5,1,1")
     _prepare(mot, tmp_path / "ok")  # 8 fields are enough without min_visibility
-    with pytest.raises(RankwiseError, match=GT + r"8 fields, 9 needed \(class for "
-                                               r"options\.classes, visibility for "
-                                               r"options\.min_visibility\)"):
+    with pytest.raises(
+        RankwiseError,
+        match=GT + r"8 fields, 9 needed \(class for "
+        r"options\.classes, visibility for "
+        r"options\.min_visibility\)",
+    ):
         _prepare(mot, tmp_path / "out", min_visibility=0.3)
 
 
@@ -239,41 +287,64 @@ def test_mot_tree_errors(mot: Path, tmp_path: Path):
     (seq / "img1" / "000002.png").unlink()
     gt = seq / "gt" / "gt.txt"
     gt.write_text(gt.read_text() + "2,1,0,0,5,5,1,1,1\n")
-    with pytest.raises(RankwiseError, match=r"MOT17-04-FRCNN/gt/gt\.txt: line 4: frame image "
-                                            r".*MOT17-04-FRCNN/img1/000002\.png not found"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"MOT17-04-FRCNN/gt/gt\.txt: line 4: frame image "
+        r".*MOT17-04-FRCNN/img1/000002\.png not found",
+    ):
         _prepare(mot, tmp_path / "o")
-    (seq / "seqinfo.ini").write_text("[Sequence]\nname=MOT17-04\nseqLength=3\nimWidth=20\n"
-                                     "imExt=.png\n")
-    with pytest.raises(RankwiseError, match=r"MOT17-04-FRCNN/seqinfo\.ini: imHeight must be a "
-                                            r"positive integer, found ''; expected \[Sequence\]"):
+    (seq / "seqinfo.ini").write_text(
+        "[Sequence]\nname=MOT17-04\nseqLength=3\nimWidth=20\nimExt=.png\n"
+    )
+    with pytest.raises(
+        RankwiseError,
+        match=r"MOT17-04-FRCNN/seqinfo\.ini: imHeight must be a "
+        r"positive integer, found ''; expected \[Sequence\]",
+    ):
         _prepare(mot, tmp_path / "o")
     (seq / "seqinfo.ini").unlink()
-    with pytest.raises(RankwiseError, match=r"seqinfo\.ini: not found; .*MOT17-04-FRCNN is not "
-                                            r"a MOTChallenge sequence \(expected seqinfo\.ini, "
-                                            r"img1/000001\.jpg and gt/gt\.txt in it\)"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"seqinfo\.ini: not found; .*MOT17-04-FRCNN is not "
+        r"a MOTChallenge sequence \(expected seqinfo\.ini, "
+        r"img1/000001\.jpg and gt/gt\.txt in it\)",
+    ):
         _prepare(mot, tmp_path / "o")
-    with pytest.raises(RankwiseError, match=r"MOT17/test: split folder not found; options\.root "
-                                            r"must hold test/<sequence>/"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"MOT17/test: split folder not found; options\.root "
+        r"must hold test/<sequence>/",
+    ):
         _prepare(mot, tmp_path / "o", split="test")
-    with pytest.raises(RankwiseError, match=r"option sequences names 'MOT17-09', not found in "
-                                            r".*train; found MOT17-02, MOT17-04"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"option sequences names 'MOT17-09', not found in "
+        r".*train; found MOT17-02, MOT17-04",
+    ):
         _prepare(mot, tmp_path / "o", sequences=["MOT17-09"])
     assert _empty(tmp_path / "o")
 
 
 def test_mot_detector_variants_must_share_ground_truth(mot: Path, tmp_path: Path):
     _append_gt(mot, "2,4,5,5,5,5,1,1,1", sequences=("SDP",))
-    with pytest.raises(RankwiseError, match=r"MOT17-02-SDP/gt/gt\.txt: differs from "
-                                            r".*MOT17-02-DPM/gt/gt\.txt; detector variants of "
-                                            r"MOT17-02 must share one ground truth"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"MOT17-02-SDP/gt/gt\.txt: differs from "
+        r".*MOT17-02-DPM/gt/gt\.txt; detector variants of "
+        r"MOT17-02 must share one ground truth",
+    ):
         _prepare(mot, tmp_path / "out")
 
 
 def test_mot_frame_size_must_match_seqinfo(mot: Path, tmp_path: Path):
-    Image.fromarray(_frame(21, 20, 3)).save(mot / "train" / "MOT17-04-FRCNN" / "img1" /
-                                            "000003.png")
-    with pytest.raises(RankwiseError, match=r"000003\.png: image is 21x20, seqinfo\.ini says "
-                                            r"20x20"):
+    Image.fromarray(_frame(21, 20, 3)).save(
+        mot / "train" / "MOT17-04-FRCNN" / "img1" / "000003.png"
+    )
+    with pytest.raises(
+        RankwiseError,
+        match=r"000003\.png: image is 21x20, seqinfo\.ini says "
+        r"20x20",
+    ):
         _prepare(mot, tmp_path / "out")
     assert not (tmp_path / "out" / "crops").exists()
     assert not (tmp_path / "out" / "crops.tmp").exists()
@@ -289,18 +360,33 @@ def test_mot_failed_run_keeps_the_previous_result(mot: Path, tmp_path: Path):
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"frames": "train_half"}, r"mot: option frames must be one of all, first-half, "
-                               r"second-half, got 'train_half'"),
-    ({"min_visibility": 1.5}, r"mot: option min_visibility must be a number >= 0 and <= 1, got 1.5"),
-    ({"min_size": -1}, r"mot: option min_size must be a non-negative integer, got -1"),
-    ({"classes": 1}, r"mot: option classes must be positive integers"),
-    ({"sequences": "MOT17-02"}, r"mot: option sequences must be a non-empty list"),
-    ({"gap": 3}, r"mot: unknown option\(s\) gap; valid options: classes, frames, "
-                 r"min_size, min_visibility, root, sequences, split"),
-    ({"min_visibility": 0.9, "min_size": 30}, r"MOT17/train: no ground-truth box is left after "
-                                              r"the filters"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"frames": "train_half"},
+            r"mot: option frames must be one of all, first-half, "
+            r"second-half, got 'train_half'",
+        ),
+        (
+            {"min_visibility": 1.5},
+            r"mot: option min_visibility must be a number >= 0 and <= 1, got 1.5",
+        ),
+        ({"min_size": -1}, r"mot: option min_size must be a non-negative integer, got -1"),
+        ({"classes": 1}, r"mot: option classes must be positive integers"),
+        ({"sequences": "MOT17-02"}, r"mot: option sequences must be a non-empty list"),
+        (
+            {"gap": 3},
+            r"mot: unknown option\(s\) gap; valid options: classes, frames, "
+            r"min_size, min_visibility, root, sequences, split",
+        ),
+        (
+            {"min_visibility": 0.9, "min_size": 30},
+            r"MOT17/train: no ground-truth box is left after "
+            r"the filters",
+        ),
+    ],
+)
 def test_mot_option_errors(mot: Path, tmp_path: Path, options: dict, message: str):
     with pytest.raises(RankwiseError, match=message):
         _prepare(mot, tmp_path / "out", **options)
@@ -311,12 +397,18 @@ def test_cli_prepare_mot(mot: Path, tmp_path: Path):
     from rankwise.cli import main
 
     out = tmp_path / "cli-out"
-    args = ["prepare", "--loader", "mot", "--options", f'{{"root": "{mot}"}}', "--out-dir",
-            str(out)]
+    args = [
+        "prepare",
+        "--loader",
+        "mot",
+        "--options",
+        f'{{"root": "{mot}"}}',
+        "--out-dir",
+        str(out),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == f"prepared mot: 9 query rows, 9 gallery rows, 4 labels -> " \
-                                    f"{out}"
+    assert result.output.strip() == f"prepared mot: 9 query rows, 9 gallery rows, 4 labels -> {out}"
     bad = tmp_path / "bad-out"
     _append_gt(mot, "2.5,4,5,5,5,5,1,1,1")
     result = CliRunner().invoke(main, args[:-1] + [str(bad)])
@@ -335,16 +427,41 @@ def test_mot_through_the_pipeline(mot: Path, tmp_path: Path):
     import yaml
 
     root = Path(__file__).resolve().parents[1]
-    config = {"datasets": {"mot": {"loader": "mot", "options": {"root": str(mot)},
-                                   "protocol": "reassociation", "gap_frames": 2, "ks": [1]}},
-              "encoders": {"pixels": {"kind": "pixels", "options": {"size": [8, 4]}}},
-              "engine": {"threads": 1}}
+    config = {
+        "datasets": {
+            "mot": {
+                "loader": "mot",
+                "options": {"root": str(mot)},
+                "protocol": "reassociation",
+                "gap_frames": 2,
+                "ks": [1],
+            }
+        },
+        "encoders": {"pixels": {"kind": "pixels", "options": {"size": [8, 4]}}},
+        "engine": {"threads": 1},
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile",
-                           str(root / "Snakefile"), "--directory", str(tmp_path),
-                           "--configfile", str(tmp_path / "config.yaml"), "--cores", "1",
-                           "--workflow-profile", "none", "results/metrics/mot/pixels.json"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(root / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(tmp_path / "config.yaml"),
+            "--cores",
+            "1",
+            "--workflow-profile",
+            "none",
+            "results/metrics/mot/pixels.json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "results/metrics/mot/pixels.json").read_text())
     # gap 2: only MOT17-04 track 1 at frame 1 has >= 2 candidates (tracks 1 and 5 at
@@ -361,5 +478,8 @@ def test_mot_crops_read_back_as_identity_folders(mot: Path, tmp_path: Path):
     query, gallery = _read(out, "query"), _read(out, "gallery")
     # 3 crops of MOT17-02_1, 3 of MOT17-02_2, 2 of MOT17-04_1; MOT17-04_5 has one crop
     assert query["label"].tolist() == ["MOT17-02_1", "MOT17-02_2", "MOT17-04_1"]
-    assert gallery.groupby("label").size().to_dict() == {"MOT17-02_1": 2, "MOT17-02_2": 2,
-                                                         "MOT17-04_1": 1}
+    assert gallery.groupby("label").size().to_dict() == {
+        "MOT17-02_1": 2,
+        "MOT17-02_2": 2,
+        "MOT17-04_1": 1,
+    }

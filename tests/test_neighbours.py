@@ -20,8 +20,9 @@ def test_top_items_match_brute_force_and_ranks():
     ge = rng.integers(-2, 3, (n_g, 4)).astype(np.float32)
     result = rankwise.evaluate(query, gallery, qe, ge, protocol="reid", distance="euclidean")
     evaluated = result.per_query["query_index"]
-    tops = top_items(query, gallery, qe, ge, evaluated, protocol="reid", distance="euclidean",
-                     k=5, chunk=7)
+    tops = top_items(
+        query, gallery, qe, ge, evaluated, protocol="reid", distance="euclidean", k=5, chunk=7
+    )
     for top, first in zip(tops, result.per_query["first_rank"], strict=True):
         q = top["query_index"]
         d = ((qe[q].astype(float) - ge.astype(float)) ** 2).sum(1)
@@ -40,28 +41,50 @@ def test_top_items_match_brute_force_and_ranks():
 
 def _toy(n_q=4, n_g=20, dim=3, seed=2):
     rng = np.random.default_rng(seed)
-    query = pd.DataFrame({"id": [f"q{i}" for i in range(n_q)], "label": [str(i % 2)
-                                                                        for i in range(n_q)]})
-    gallery = pd.DataFrame({"id": [f"g{i}" for i in range(n_g)],
-                            "label": [str(i % 3) for i in range(n_g)]})
-    return (query, gallery, rng.normal(size=(n_q, dim)).astype(np.float32),
-            rng.normal(size=(n_g, dim)).astype(np.float32))
+    query = pd.DataFrame(
+        {"id": [f"q{i}" for i in range(n_q)], "label": [str(i % 2) for i in range(n_q)]}
+    )
+    gallery = pd.DataFrame(
+        {"id": [f"g{i}" for i in range(n_g)], "label": [str(i % 3) for i in range(n_g)]}
+    )
+    return (
+        query,
+        gallery,
+        rng.normal(size=(n_q, dim)).astype(np.float32),
+        rng.normal(size=(n_g, dim)).astype(np.float32),
+    )
 
 
-@pytest.mark.parametrize("side, row, value, distance, message", [
-    ("gallery", 13, np.nan, "cosine", r"gallery embeddings row 13 \(0-based\) contains NaN or inf"),
-    ("gallery", 5, 0.0, "cosine", r"gallery embeddings row 5 \(0-based\) is a zero vector"),
-    ("query", 2, np.inf, "euclidean", r"query embeddings row 2 \(0-based\) contains NaN or inf"),
-    ("query", 1, 0.0, "cosine", r"query embeddings row 1 \(0-based\) is a zero vector"),
-])
+@pytest.mark.parametrize(
+    "side, row, value, distance, message",
+    [
+        (
+            "gallery",
+            13,
+            np.nan,
+            "cosine",
+            r"gallery embeddings row 13 \(0-based\) contains NaN or inf",
+        ),
+        ("gallery", 5, 0.0, "cosine", r"gallery embeddings row 5 \(0-based\) is a zero vector"),
+        (
+            "query",
+            2,
+            np.inf,
+            "euclidean",
+            r"query embeddings row 2 \(0-based\) contains NaN or inf",
+        ),
+        ("query", 1, 0.0, "cosine", r"query embeddings row 1 \(0-based\) is a zero vector"),
+    ],
+)
 def test_bad_row_is_an_error(side, row, value, distance, message):
     """A NaN/inf row, or a zero row under cosine, stops top_items with the engine's
     message (before, the bad-row flag was ignored and garbage neighbours came back)."""
     query, gallery, qe, ge = _toy()
     (qe if side == "query" else ge)[row] = value
     with pytest.raises(RankwiseError, match=message):
-        top_items(query, gallery, qe, ge, [0, 1, 2, 3], protocol="recall", distance=distance,
-                  chunk=8)
+        top_items(
+            query, gallery, qe, ge, [0, 1, 2, 3], protocol="recall", distance=distance, chunk=8
+        )
 
 
 def test_zero_row_is_fine_under_euclidean():
@@ -86,15 +109,36 @@ def test_store_of_another_manifest_is_refused(tmp_path):
     query.to_csv(tmp_path / "query.csv", index=False)
     gallery.to_csv(tmp_path / "gallery.csv", index=False)
     np.save(tmp_path / "g.npy", ge)
-    encode_manifest(tmp_path / "gallery.csv", "precomputed", {"path": str(tmp_path / "g.npy")},
-                    tmp_path / "g.zarr", progress=False)
+    encode_manifest(
+        tmp_path / "gallery.csv",
+        "precomputed",
+        {"path": str(tmp_path / "g.npy")},
+        tmp_path / "g.zarr",
+        progress=False,
+    )
     gallery.iloc[::-1].to_csv(tmp_path / "sorted.csv", index=False)
-    ok = top_items(tmp_path / "query.csv", tmp_path / "gallery.csv", qe, tmp_path / "g.zarr",
-                   [0], protocol="recall", k=3)
+    ok = top_items(
+        tmp_path / "query.csv",
+        tmp_path / "gallery.csv",
+        qe,
+        tmp_path / "g.zarr",
+        [0],
+        protocol="recall",
+        k=3,
+    )
     same = top_items(query, gallery, qe, ge, [0], protocol="recall", k=3)
     np.testing.assert_array_equal(ok[0]["gallery_index"], same[0]["gallery_index"])
-    with pytest.raises(RankwiseError, match=r"g\.zarr: gallery embeddings were encoded from "
-                                            r"\S*gallery\.csv .*but \S*sorted\.csv has other "
-                                            r"content"):
-        top_items(tmp_path / "query.csv", tmp_path / "sorted.csv", qe, tmp_path / "g.zarr",
-                  [0], protocol="recall")
+    with pytest.raises(
+        RankwiseError,
+        match=r"g\.zarr: gallery embeddings were encoded from "
+        r"\S*gallery\.csv .*but \S*sorted\.csv has other "
+        r"content",
+    ):
+        top_items(
+            tmp_path / "query.csv",
+            tmp_path / "sorted.csv",
+            qe,
+            tmp_path / "g.zarr",
+            [0],
+            protocol="recall",
+        )

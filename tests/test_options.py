@@ -18,6 +18,7 @@ import yaml
 from click.testing import CliRunner
 from helpers import ROOT, run_rankwise
 from jsonschema import Draft202012Validator
+
 from rankwise import datasets, demo, encoders, options
 from rankwise.errors import RankwiseError
 from rankwise.options import Option, OptionSet
@@ -34,19 +35,23 @@ def _at(node, path):
 
 # ---------------------------------------------------------------- the schema file
 
+
 @pytest.mark.parametrize("path", list(FRAGMENTS), ids=[".".join(p) for p in FRAGMENTS])
 def test_schema_holds_the_generated_fragment(path):
     assert _at(SCHEMA, path) == FRAGMENTS[path], (
         f"config/schema.yaml: {'.'.join(path)} differs from the option specs; paste the "
-        "fragment printed by `python -m rankwise.options --schema`")
+        "fragment printed by `python -m rankwise.options --schema`"
+    )
 
 
 def test_every_loader_and_kind_has_its_fragment():
     defs = SCHEMA["$defs"]
-    assert sorted(k for k in defs if k.startswith("loader_")) == \
-        sorted("loader_" + n.replace("-", "_") for n in datasets.LOADERS)
-    assert sorted(k for k in defs if k.startswith("encoder_")) == \
-        sorted("encoder_" + n.replace("-", "_") for n in encoders.OPTIONS)
+    assert sorted(k for k in defs if k.startswith("loader_")) == sorted(
+        "loader_" + n.replace("-", "_") for n in datasets.LOADERS
+    )
+    assert sorted(k for k in defs if k.startswith("encoder_")) == sorted(
+        "encoder_" + n.replace("-", "_") for n in encoders.OPTIONS
+    )
 
 
 def test_generator_prints_what_the_schema_holds(capsys):
@@ -64,29 +69,76 @@ def test_check_names_a_drifted_fragment(tmp_path):
     drifted = json.loads(json.dumps(SCHEMA))
     drifted["$defs"]["loader_demo_market"]["properties"]["height"]["minimum"] = 8
     drifted["properties"]["engine"]["properties"]["query_block"]["default"] = 512
-    assert options.schema_differences(drifted) == ["properties.engine.properties",
-                                                   "$defs.loader_demo_market"]
+    assert options.schema_differences(drifted) == [
+        "properties.engine.properties",
+        "$defs.loader_demo_market",
+    ]
 
 
 # ---------------------------------------------------------------- check == schema
 
+
 def _all_options() -> list[tuple[str, Option]]:
-    found = [(f"options.{name}", o) for name, o in vars(options).items()
-             if isinstance(o, Option)]
-    for owner, sets in (("loader", {n: loader.options for n, loader in
-                                    datasets.LOADERS.items()}),
-                        ("encoder", encoders.OPTIONS)):
+    found = [(f"options.{name}", o) for name, o in vars(options).items() if isinstance(o, Option)]
+    for owner, sets in (
+        ("loader", {n: loader.options for n, loader in datasets.LOADERS.items()}),
+        ("encoder", encoders.OPTIONS),
+    ):
         for name, option_set in sets.items():
             found += [(f"{owner} {name}.{o.name}", o) for o in option_set.options]
     return found
 
 
 ALL = _all_options()
-PROBES = [None, True, False, -2, -1, 0, 1, 2, 7, 8, 15, 16, 20, 21, 256, 257, 1501, 1502,
-          0.5, 0.95, 1.5, -0.5, 1e-9, "x", "", "auto", "rgb", "nchw", "query", "recall",
-          "standard", "best", "cosine", [], [1, 2], [0, 2], [2, 0], [16, 16], [1, 5, 10],
-          [1, 2, 3], ["-1"], ["-1", 0], [0.1, 0.2, 0.3], [0.0, 0.2, 0.3], [1, 2, 3, 4],
-          {}, {"a": 1}]
+PROBES = [
+    None,
+    True,
+    False,
+    -2,
+    -1,
+    0,
+    1,
+    2,
+    7,
+    8,
+    15,
+    16,
+    20,
+    21,
+    256,
+    257,
+    1501,
+    1502,
+    0.5,
+    0.95,
+    1.5,
+    -0.5,
+    1e-9,
+    "x",
+    "",
+    "auto",
+    "rgb",
+    "nchw",
+    "query",
+    "recall",
+    "standard",
+    "best",
+    "cosine",
+    [],
+    [1, 2],
+    [0, 2],
+    [2, 0],
+    [16, 16],
+    [1, 5, 10],
+    [1, 2, 3],
+    ["-1"],
+    ["-1", 0],
+    [0.1, 0.2, 0.3],
+    [0.0, 0.2, 0.3],
+    [1, 2, 3, 4],
+    {},
+    {"a": 1},
+]
 
 
 def _schema_accepts(option: Option, value) -> bool:
@@ -108,21 +160,24 @@ def test_library_check_and_schema_agree(where, option):
     if option.kind in ("cutoffs", "labels"):  # the command line's "1,5,10" form
         probes = [p for p in probes if not isinstance(p, str)]
     if option.kind == "cutoffs":  # the library collapses repeated cutoffs; the config
-        probes = [p for p in probes  # refuses them (uniqueItems): the one difference
-                  if not (isinstance(p, list) and len(set(map(repr, p))) < len(p))]
+        probes = [
+            p
+            for p in probes  # refuses them (uniqueItems): the one difference
+            if not (isinstance(p, list) and len(set(map(repr, p))) < len(p))
+        ]
     for value in probes:
         if value is None and option.required:
             continue  # a required key is never null; OptionSet reports it missing
-        assert _check_accepts(option, value) == _schema_accepts(option, value), \
+        assert _check_accepts(option, value) == _schema_accepts(option, value), (
             f"{where}: check and schema disagree on {value!r}"
+        )
 
 
 @pytest.mark.parametrize("where, option", ALL, ids=[w for w, _ in ALL])
 def test_default_passes_its_own_check(where, option):
     if not option.required:
         option.check(option.default)
-        assert _schema_accepts(option, json.loads(json.dumps(options._json_value(
-            option.default))))
+        assert _schema_accepts(option, json.loads(json.dumps(options._json_value(option.default))))
 
 
 def test_defaults_dicts_derive_from_the_specs():
@@ -147,8 +202,11 @@ BAD = [  # (option, bad value, expected wording after "<label> ")
     (options.TOP_K, 0, "must be at least 1, got 0"),
     (options.BY, "person", "must be one of query, identity, got 'person'"),
     (options.MEMORY_LIMIT, float("nan"), "must be a positive number of MB, got nan"),
-    (options.KS, "1,0", "must be positive integers separated by commas (e.g. 1,5,10); got "
-                        "'0' in '1,0'"),
+    (
+        options.KS,
+        "1,0",
+        "must be positive integers separated by commas (e.g. 1,5,10); got '0' in '1,0'",
+    ),
 ]
 
 
@@ -173,6 +231,7 @@ def test_library_names_the_parameter_cli_names_the_flag(option, value, wording):
 
 def test_evaluate_names_the_parameter(tmp_path):
     import numpy as np
+
     import rankwise
 
     (tmp_path / "q.csv").write_text("id,label\nq0,a\n")
@@ -180,11 +239,13 @@ def test_evaluate_names_the_parameter(tmp_path):
     np.save(tmp_path / "q.npy", np.eye(2, dtype=np.float32)[:1])
     np.save(tmp_path / "g.npy", np.eye(2, dtype=np.float32))
     args = [tmp_path / f for f in ("q.csv", "g.csv", "q.npy", "g.npy")]
-    for kw, message in [({"query_block": 0}, "query_block must be a positive integer, got 0"),
-                        ({"gallery_chunk": 0}, "gallery_chunk must be a positive integer"),
-                        ({"workers": 0}, "workers must be a positive integer"),
-                        ({"distance": "cosin"}, "unknown distance 'cosin'; valid distances"),
-                        ({"memory_limit_mb": -1.0}, "memory_limit_mb must be a positive")]:
+    for kw, message in [
+        ({"query_block": 0}, "query_block must be a positive integer, got 0"),
+        ({"gallery_chunk": 0}, "gallery_chunk must be a positive integer"),
+        ({"workers": 0}, "workers must be a positive integer"),
+        ({"distance": "cosin"}, "unknown distance 'cosin'; valid distances"),
+        ({"memory_limit_mb": -1.0}, "memory_limit_mb must be a positive"),
+    ]:
         # (rank: api.evaluate does not pass memory_limit_mb on; reported to the lead)
         with pytest.raises(RankwiseError, match=re.escape(message)) as error:
             rankwise.rank(*args, **kw)
@@ -194,37 +255,60 @@ def test_evaluate_names_the_parameter(tmp_path):
 
 def test_option_set_messages():
     spec = demo.OPTIONS["demo-market"]
-    with pytest.raises(RankwiseError, match=r"^demo-market: option height must be an integer "
-                                            r">= 16, got 8$"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"^demo-market: option height must be an integer "
+        r">= 16, got 8$",
+    ):
         spec.check({"height": 8})
-    with pytest.raises(RankwiseError, match=r"option identities must be an integer in "
-                                            r"1\.\.1501, got 1502"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"option identities must be an integer in "
+        r"1\.\.1501, got 1502",
+    ):
         spec.check({"identities": 1502})
     assert spec.check({"height": 16})["height"] == 16
-    with pytest.raises(RankwiseError, match=r"^pixels: option grayscale must be true or "
-                                            r"false, got 'yes'$"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"^pixels: option grayscale must be true or "
+        r"false, got 'yes'$",
+    ):
         encoders.OPTIONS["pixels"].check({"grayscale": "yes"})
-    with pytest.raises(RankwiseError, match=r"onnx: option std must be a list of 3 numbers "
-                                            r"\(each > 0\)"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"onnx: option std must be a list of 3 numbers "
+        r"\(each > 0\)",
+    ):
         encoders.OPTIONS["onnx"].check({"model": "m.onnx", "std": [1, 0, 1]})
-    with pytest.raises(RankwiseError, match=r"manifest: option protocol: unknown protocol "
-                                            r"'rei-d'; valid protocols: recall, reid"):
-        datasets.LOADERS["manifest"].options.check({"query": "q", "gallery": "g",
-                                                    "protocol": "rei-d"})
-    toy = OptionSet("toy", (Option("a", "integer", 1, minimum=1),
-                            Option("b", "string", required=True)))
+    with pytest.raises(
+        RankwiseError,
+        match=r"manifest: option protocol: unknown protocol "
+        r"'rei-d'; valid protocols: recall, reid",
+    ):
+        datasets.LOADERS["manifest"].options.check(
+            {"query": "q", "gallery": "g", "protocol": "rei-d"}
+        )
+    toy = OptionSet(
+        "toy", (Option("a", "integer", 1, minimum=1), Option("b", "string", required=True))
+    )
     with pytest.raises(RankwiseError, match=r"^toy: unknown option\(s\) c; valid options: a, b$"):
         toy.check({"b": "x", "c": 1})
     with pytest.raises(RankwiseError, match=r"^toy: missing option\(s\) b; add them"):
         toy.check({})
     assert toy.check({"b": "x"}) == {"a": 1, "b": "x"}
-    assert toy.schema() == {"type": "object", "additionalProperties": False,
-                            "required": ["b"],
-                            "properties": {"a": {"type": "integer", "minimum": 1, "default": 1},
-                                           "b": {"type": "string"}}}
+    assert toy.schema() == {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["b"],
+        "properties": {
+            "a": {"type": "integer", "minimum": 1, "default": 1},
+            "b": {"type": "string"},
+        },
+    }
 
 
 # ---------------------------------------------------------------- the command line
+
 
 def _help(*command) -> str:
     proc = run_rankwise(*command, "--help")
@@ -235,13 +319,13 @@ def _help(*command) -> str:
 def test_cli_defaults_are_the_specs():
     evaluate = _help("evaluate")
     for option in (options.QUERY_BLOCK, options.GALLERY_CHUNK, options.GAP_FRAMES):
-        assert re.search(rf"{option.flag} INTEGER .*?\[default: {option.default}\]",
-                         evaluate, re.S)
+        assert re.search(rf"{option.flag} INTEGER .*?\[default: {option.default}\]", evaluate, re.S)
     assert "[default: 1,5,10]" in " ".join(evaluate.split())
     for command in ("ci", "compare", "report"):  # one default number of resamples
         text = " ".join(_help(command).split())
-        assert re.search(rf"--resamples INTEGER .*?\[default: {options.DEFAULT_RESAMPLES}\]",
-                         text), command
+        assert re.search(
+            rf"--resamples INTEGER .*?\[default: {options.DEFAULT_RESAMPLES}\]", text
+        ), command
 
 
 def test_cli_lists_every_loader_and_kind():
@@ -266,8 +350,17 @@ def _names(requirements) -> set[str]:
 def test_base_dependencies_are_what_the_evaluator_imports():
     """Modules the package imports at top level or in its base commands, by distribution."""
     base = _names(PYPROJECT["dependencies"])
-    assert base == {"numpy", "dask", "zarr", "click", "numba", "pandas", "threadpoolctl",
-                    "pillow", "tqdm"}
+    assert base == {
+        "numpy",
+        "dask",
+        "zarr",
+        "click",
+        "numba",
+        "pandas",
+        "threadpoolctl",
+        "pillow",
+        "tqdm",
+    }
     extras = PYPROJECT["optional-dependencies"]
     assert _names(extras["pipeline"]) == {"snakemake", "pyyaml", "jsonschema"}
     assert _names(extras["report"]) == {"matplotlib"}
@@ -289,7 +382,8 @@ def test_conda_environment_installs_this_repository():
     conda = {"matplotlib" if n == "matplotlib-base" else n for n in conda}
     extras = PYPROJECT["optional-dependencies"]
     needed = _names(PYPROJECT["dependencies"]) | _names(
-        extras["report"] + extras["demo"] + extras["onnx"] + extras["distributed"])
+        extras["report"] + extras["demo"] + extras["onnx"] + extras["distributed"]
+    )
     assert needed <= conda, needed - conda
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert pip[0].startswith("-e ")
@@ -298,8 +392,7 @@ def test_conda_environment_installs_this_repository():
     copied_to = ROOT / ".snakemake" / "conda"
     target = (copied_to / pip[0].split(maxsplit=1)[1]).resolve()
     assert target == ROOT.resolve()
-    assert tomllib.loads((target / "pyproject.toml").read_text())["project"]["name"] == \
-        "rankwise"
+    assert tomllib.loads((target / "pyproject.toml").read_text())["project"]["name"] == "rankwise"
     rules = "\n".join(p.read_text() for p in (ROOT / "rules").glob("*.smk"))
     assert '"../envs/rankwise.yaml"' in rules  # the file the rules name
 
@@ -308,7 +401,7 @@ def test_library_constants_are_the_specs_choices():
     """Names the library still keeps beside the specs must say the same thing."""
     from rankwise import metrics, ranking, stats
 
-    assert ranking.DISTANCES == options.DISTANCE.choices
+    assert options.DISTANCE.choices == ranking.DISTANCES
     assert tuple(metrics.AP_VARIANTS) == options.AP.choices
     assert tuple(stats.BY) == options.BY.choices
     assert ranking.EngineOptions().query_block == options.QUERY_BLOCK.default

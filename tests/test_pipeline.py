@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from helpers import planned_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,22 +38,35 @@ CONFIG = {
     "datasets": {
         "market": {
             "loader": "demo-market",
-            "options": {"seed": 1, "identities": 8, "cameras": 3, "images_per_camera": 2,
-                        "queries_per_identity": 1, "distractors": 6, "junk": 4,
-                        "height": 16, "width": 8},
-            "protocol": "reid", "distance": "euclidean", "ks": [1, 5],
+            "options": {
+                "seed": 1,
+                "identities": 8,
+                "cameras": 3,
+                "images_per_camera": 2,
+                "queries_per_identity": 1,
+                "distractors": 6,
+                "junk": 4,
+                "height": 16,
+                "width": 8,
+            },
+            "protocol": "reid",
+            "distance": "euclidean",
+            "ks": [1, 5],
         },
         "sketches": {
             "loader": "demo-progressive",
             "options": {"seed": 0, "targets": 12, "sketches": 6, "steps": 3, "scale": 1},
-            "protocol": "progressive", "ks": [1, 3],
+            "protocol": "progressive",
+            "ks": [1, 3],
             "encoders": ["pixels"],
         },
     },
     "encoders": {
         "pixels": {"kind": "pixels", "options": {"size": [16, 8]}},
-        "net": {"kind": "onnx", "options": {"model": "checkpoints/net.onnx",
-                                            "input_size": [16, 8]}},
+        "net": {
+            "kind": "onnx",
+            "options": {"model": "checkpoints/net.onnx", "input_size": [16, 8]},
+        },
     },
     # uneven tiles: the numbers must not depend on them
     "engine": {"threads": 1, "query_block": 5, "gallery_chunk": 7, "batch_size": 4},
@@ -68,12 +80,15 @@ def write_model(path: Path, seed: int) -> None:
 
     weights = np.random.default_rng(seed).normal(size=(3 * 16 * 8, 12)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Flatten", ["images"], ["flat"], axis=1),
-         helper.make_node("MatMul", ["flat", "w"], ["embeddings"])],
+        [
+            helper.make_node("Flatten", ["images"], ["flat"], axis=1),
+            helper.make_node("MatMul", ["flat", "w"], ["embeddings"]),
+        ],
         "net",
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 16, 8])],
         [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["N", 12])],
-        initializer=[numpy_helper.from_array(weights, "w")])
+        initializer=[numpy_helper.from_array(weights, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,13 +99,28 @@ def snakemake(workdir: Path, config: dict, *args: str, check: bool = True):
     """Run Snakemake on `config` in `workdir`; returns the CompletedProcess."""
     configfile = workdir / "config.yaml"
     configfile.write_text(yaml.safe_dump(config, sort_keys=False))
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE),
-           "--directory", str(workdir), "--configfile", str(configfile), "--cores", "2",
-           "--workflow-profile", "none", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(SNAKEFILE),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(configfile),
+        "--cores",
+        "2",
+        "--workflow-profile",
+        "none",
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
-        pytest.fail(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
-                    f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -153,18 +183,15 @@ def test_second_run_has_nothing_to_do(workdir):
 
 def test_engine_settings_rerun_nothing(workdir):
     config = copy.deepcopy(CONFIG)
-    config["engine"] = {"threads": 2, "query_block": 64, "gallery_chunk": 1000,
-                        "batch_size": 16}
+    config["engine"] = {"threads": 2, "query_block": 64, "gallery_chunk": 1000, "batch_size": 16}
     assert planned(workdir, config) == {}
 
 
 def test_new_encoder_runs_only_its_jobs(workdir):
     config = copy.deepcopy(CONFIG)
-    config["encoders"]["gray"] = {"kind": "pixels",
-                                  "options": {"size": [8, 4], "grayscale": True}}
+    config["encoders"]["gray"] = {"kind": "pixels", "options": {"size": [8, 4], "grayscale": True}}
     # only on `market`: `sketches` is restricted to [pixels]
-    assert planned(workdir, config) == {"encode": 2, "rank": 1, "metrics": 1, "report": 1,
-                                        "all": 1}
+    assert planned(workdir, config) == {"encode": 2, "rank": 1, "metrics": 1, "report": 1, "all": 1}
 
 
 def test_new_ks_rerun_only_metrics(workdir):
@@ -175,17 +202,17 @@ def test_new_ap_variant_reruns_only_metrics(workdir):
     assert planned(workdir, changed(ap="trapezoid")) == {"metrics": 2, "report": 1, "all": 1}
 
 
-@pytest.mark.parametrize("option", [{"distance": "cosine"}, {"junk_labels": []},
-                                    {"protocol": "recall"}])
+@pytest.mark.parametrize(
+    "option", [{"distance": "cosine"}, {"junk_labels": []}, {"protocol": "recall"}]
+)
 def test_new_protocol_options_rerun_rank(workdir, option):
-    assert planned(workdir, changed(**option)) == {"rank": 2, "metrics": 2, "report": 1,
-                                                   "all": 1}
+    assert planned(workdir, changed(**option)) == {"rank": 2, "metrics": 2, "report": 1, "all": 1}
 
 
 def test_new_loader_options_rerun_everything_of_the_dataset(workdir):
-    assert planned(workdir, changed(options={**CONFIG["datasets"]["market"]["options"],
-                                             "seed": 2})) == {
-        "prepare": 1, "encode": 4, "rank": 2, "metrics": 2, "report": 1, "all": 1}
+    assert planned(
+        workdir, changed(options={**CONFIG["datasets"]["market"]["options"], "seed": 2})
+    ) == {"prepare": 1, "encode": 4, "rank": 2, "metrics": 2, "report": 1, "all": 1}
 
 
 def test_checkpoint_bytes_not_mtime_decide(workdir):
@@ -199,8 +226,13 @@ def test_checkpoint_bytes_not_mtime_decide(workdir):
         # new bytes (another "epoch") -> its encode jobs and what follows
         write_model(model, seed=1)
         assert model.read_bytes() != original
-        assert planned(workdir, CONFIG) == {"encode": 2, "rank": 1, "metrics": 1,
-                                            "report": 1, "all": 1}
+        assert planned(workdir, CONFIG) == {
+            "encode": 2,
+            "rank": 1,
+            "metrics": 1,
+            "report": 1,
+            "all": 1,
+        }
     finally:
         model.write_bytes(original)
     # the original bytes back, with yet another mtime -> nothing again
@@ -223,19 +255,42 @@ def test_report_numbers_equal_evaluate(workdir, tmp_path):
             store = workdir / f"results/embeddings/{dataset}/{encoder}/{split}.zarr"
             npy = tmp_path / f"{dataset}-{encoder}-{split}.npy"
             np.save(npy, zarr.open_group(str(store), mode="r")["embeddings"][...])
-            args += [f"--{split}", str(workdir / f"results/manifests/{dataset}/{split}.csv"),
-                     f"--{split}-embeddings", str(npy)]
+            args += [
+                f"--{split}",
+                str(workdir / f"results/manifests/{dataset}/{split}.csv"),
+                f"--{split}-embeddings",
+                str(npy),
+            ]
         out = tmp_path / f"{dataset}-{encoder}.json"
         proc = subprocess.run(
-            [str(Path(sys.executable).parent / "rankwise"), "evaluate", *args,
-             "--protocol", spec["protocol"], "--distance", spec.get("distance", "cosine"),
-             "--ks", ",".join(map(str, spec["ks"])), "--output", str(out)],
-            capture_output=True, text=True, timeout=300)
+            [
+                str(Path(sys.executable).parent / "rankwise"),
+                "evaluate",
+                *args,
+                "--protocol",
+                spec["protocol"],
+                "--distance",
+                spec.get("distance", "cosine"),
+                "--ks",
+                ",".join(map(str, spec["ks"])),
+                "--output",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         expected = json.loads(out.read_text())
         assert entry["metrics"] == pytest.approx(expected["metrics"], abs=1e-9)
-        for key in ("protocol", "distance", "num_queries", "num_skipped", "num_gallery",
-                    "embedding_dim"):
+        for key in (
+            "protocol",
+            "distance",
+            "num_queries",
+            "num_skipped",
+            "num_gallery",
+            "embedding_dim",
+        ):
             assert entry[key] == expected[key], key
         prov = entry["provenance"]
         if encoder == "net":
@@ -267,9 +322,13 @@ def _schema():
     return yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
 
 
-@pytest.mark.parametrize("path", ["config/config.yaml",
-                                  *sorted(str(p.relative_to(ROOT))
-                                          for p in (ROOT / "config/examples").glob("*.yaml"))])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "config/config.yaml",
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config/examples").glob("*.yaml")),
+    ],
+)
 def test_shipped_configs_are_valid(path):
     from jsonschema import Draft202012Validator
 
@@ -291,8 +350,11 @@ def test_schema_defaults_match_the_package():
     for loader, values in demo.DEFAULTS.items():
         assert defaults("loader_" + loader.replace("-", "_")) == values, loader
     for loader in ("market1501", "msmt17", "folder", "manifest"):
-        expected = {k: v for k, v in datasets.LOADERS[loader].defaults.items()
-                    if not (loader == "manifest" and k == "protocol")}
+        expected = {
+            k: v
+            for k, v in datasets.LOADERS[loader].defaults.items()
+            if not (loader == "manifest" and k == "protocol")
+        }
         assert defaults("loader_" + loader) == expected, loader
     for kind, values in encoders.DEFAULTS.items():
         assert defaults("encoder_" + kind.replace("-", "_")) == values, kind

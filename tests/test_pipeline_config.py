@@ -34,10 +34,12 @@ CONFIG = {
 
 def test_duplicated_key_is_an_error_naming_both_lines(tmp_path):
     file = tmp_path / "my.yaml"
-    file.write_text("encoders:\n  e1:\n    kind: hog\n  e2:\n    kind: hog\n"
-                    "  e1:\n    kind: pixels\n")
-    with pytest.raises(RankwiseError,
-                       match=rf"^{file}:6: key 'e1' given twice \(first on line 2\)"):
+    file.write_text(
+        "encoders:\n  e1:\n    kind: hog\n  e2:\n    kind: hog\n  e1:\n    kind: pixels\n"
+    )
+    with pytest.raises(
+        RankwiseError, match=rf"^{file}:6: key 'e1' given twice \(first on line 2\)"
+    ):
         pc.load_yaml(file)
 
 
@@ -47,11 +49,14 @@ def test_same_key_in_two_mappings_is_fine(tmp_path):
     assert pc.load_yaml(file) == {"a": {"options": {"seed": 1}}, "b": {"options": {"seed": 1}}}
 
 
-@pytest.mark.parametrize("text, where", [
-    ("datasets:\n  d:\n    loader: digits\n   protocol: x\n", ":4:4:"),
-    ("a: [1, 2\nb: 3\n", ":2:"),
-    ("a: 'open\n", ":2:"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("datasets:\n  d:\n    loader: digits\n   protocol: x\n", ":4:4:"),
+        ("a: [1, 2\nb: 3\n", ":2:"),
+        ("a: 'open\n", ":2:"),
+    ],
+)
 def test_yaml_syntax_error_names_file_and_line(tmp_path, text, where):
     file = tmp_path / "my.yaml"
     file.write_text(text)
@@ -71,29 +76,53 @@ def _error(mutate, files=()) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda c: c["datasets"]["market"].update(protocl="reid"),
-     "datasets.market.protocl: unknown key 'protocl'; did you mean 'protocol'?"),
-    (lambda c: c["datasets"]["market"].update(distanse="cosine"),
-     "datasets.market.distanse: unknown key 'distanse'; did you mean 'distance'?"),
-    (lambda c: c["datasets"]["market"]["options"].update(identites=4),
-     "datasets.market.options.identites: unknown key 'identites'; did you mean 'identities'?"),
-    (lambda c: c["encoders"]["net"]["options"].update(inputsize=[2, 2]),
-     "encoders.net.options.inputsize: unknown key 'inputsize'; did you mean 'input_size'?"),
-    (lambda c: c.update(engin={}), "engin: unknown key 'engin'; did you mean 'engine'?"),
-    (lambda c: c["datasets"]["market"].update(loader="demo-markt"),
-     "datasets.market.loader: 'demo-markt' is not allowed; did you mean 'demo-market'?"),
-    (lambda c: c["encoders"]["net"].update(kind="onx"),
-     "encoders.net.kind: 'onx' is not allowed; did you mean 'onnx'?"),
-    (lambda c: c["datasets"]["market"].update(protocol="reidd"),
-     "datasets.market.protocol: 'reidd' is not allowed; did you mean 'reid'?"),
-    (lambda c: c["datasets"]["market"].update(ks=[1, "five"]),
-     "datasets.market.ks[1]: expected integer, got 'five'"),
-    (lambda c: c["encoders"]["net"]["options"].pop("model"),
-     "encoders.net.options: missing key 'model'; add it"),
-    (lambda c: c["encoders"].update({"my net": {"kind": "hog"}}),
-     "encoders: name 'my net' cannot be a folder name"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (
+            lambda c: c["datasets"]["market"].update(protocl="reid"),
+            "datasets.market.protocl: unknown key 'protocl'; did you mean 'protocol'?",
+        ),
+        (
+            lambda c: c["datasets"]["market"].update(distanse="cosine"),
+            "datasets.market.distanse: unknown key 'distanse'; did you mean 'distance'?",
+        ),
+        (
+            lambda c: c["datasets"]["market"]["options"].update(identites=4),
+            "datasets.market.options.identites: unknown key 'identites'; "
+            "did you mean 'identities'?",
+        ),
+        (
+            lambda c: c["encoders"]["net"]["options"].update(inputsize=[2, 2]),
+            "encoders.net.options.inputsize: unknown key 'inputsize'; did you mean 'input_size'?",
+        ),
+        (lambda c: c.update(engin={}), "engin: unknown key 'engin'; did you mean 'engine'?"),
+        (
+            lambda c: c["datasets"]["market"].update(loader="demo-markt"),
+            "datasets.market.loader: 'demo-markt' is not allowed; did you mean 'demo-market'?",
+        ),
+        (
+            lambda c: c["encoders"]["net"].update(kind="onx"),
+            "encoders.net.kind: 'onx' is not allowed; did you mean 'onnx'?",
+        ),
+        (
+            lambda c: c["datasets"]["market"].update(protocol="reidd"),
+            "datasets.market.protocol: 'reidd' is not allowed; did you mean 'reid'?",
+        ),
+        (
+            lambda c: c["datasets"]["market"].update(ks=[1, "five"]),
+            "datasets.market.ks[1]: expected integer, got 'five'",
+        ),
+        (
+            lambda c: c["encoders"]["net"]["options"].pop("model"),
+            "encoders.net.options: missing key 'model'; add it",
+        ),
+        (
+            lambda c: c["encoders"].update({"my net": {"kind": "hog"}}),
+            "encoders: name 'my net' cannot be a folder name",
+        ),
+    ],
+)
 def test_schema_errors_are_one_line_with_the_key_path(mutate, message):
     text = _error(mutate)
     assert text.startswith("config: " + message), text
@@ -123,12 +152,19 @@ def test_shipped_schema_accepts_the_config_and_a_sweep():
     assert config["encoders"]["run"]["options"]["model"] == pc.SWEEP_PLACEHOLDER
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"kind": "hog", "checkpoints": "x/*.pth"},
-     "encoders.e.checkpoints: kind 'hog' reads no checkpoint file"),
-    ({"kind": "onnx", "checkpoints": "x/*.onnx", "options": {"model": "a.onnx"}},
-     "encoders.e.options.model: give either checkpoints or this option, not both"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            {"kind": "hog", "checkpoints": "x/*.pth"},
+            "encoders.e.checkpoints: kind 'hog' reads no checkpoint file",
+        ),
+        (
+            {"kind": "onnx", "checkpoints": "x/*.onnx", "options": {"model": "a.onnx"}},
+            "encoders.e.options.model: give either checkpoints or this option, not both",
+        ),
+    ],
+)
 def test_bad_sweep_entries(entry, message):
     with pytest.raises(RankwiseError, match="^" + message):
         pc.mark_sweeps({"e": entry})
@@ -136,8 +172,11 @@ def test_bad_sweep_entries(entry, message):
 
 def test_unknown_encoder_of_a_dataset_has_a_suggestion():
     datasets = {"market": {"encoders": ["pixles"]}}
-    with pytest.raises(RankwiseError, match=r"datasets.market.encoders: 'pixles' is not under "
-                                            r"`encoders:`; did you mean 'pixels'\?"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"datasets.market.encoders: 'pixles' is not under "
+        r"`encoders:`; did you mean 'pixels'\?",
+    ):
         pc.check_dataset_encoders(datasets, {"pixels": {}}, {})
 
 
@@ -146,8 +185,14 @@ def test_unknown_encoder_of_a_dataset_has_a_suggestion():
 
 def test_natural_order():
     stems = ["epoch_10", "epoch_2", "epoch_1", "best", "epoch_100", "Epoch_3"]
-    assert sorted(stems, key=pc.natural_key) == ["best", "epoch_1", "epoch_2", "Epoch_3",
-                                                 "epoch_10", "epoch_100"]
+    assert sorted(stems, key=pc.natural_key) == [
+        "best",
+        "epoch_1",
+        "epoch_2",
+        "Epoch_3",
+        "epoch_10",
+        "epoch_100",
+    ]
 
 
 def _touch(*paths):
@@ -161,16 +206,21 @@ def test_sweep_expands_in_place_in_natural_order(tmp_path, monkeypatch):
     _touch("runs/epoch_10.onnx", "runs/epoch_2.onnx", "runs/epoch_1.onnx", "runs/notes.txt")
     encoders = {
         "a": {"kind": "hog", "options": {}},
-        "run": {"kind": "onnx", "checkpoints": "runs/*.onnx",
-                "options": {"model": pc.SWEEP_PLACEHOLDER, "input_size": [16, 8]}},
+        "run": {
+            "kind": "onnx",
+            "checkpoints": "runs/*.onnx",
+            "options": {"model": pc.SWEEP_PLACEHOLDER, "input_size": [16, 8]},
+        },
         "z": {"kind": "pixels", "options": {}},
     }
     expanded, sweeps = pc.expand_checkpoints(encoders)
     names = ["run@epoch_1", "run@epoch_2", "run@epoch_10"]
     assert list(expanded) == ["a", *names, "z"]
     assert sweeps == {"run": names}
-    assert expanded["run@epoch_10"] == {"kind": "onnx", "options": {
-        "model": "runs/epoch_10.onnx", "input_size": [16, 8]}}
+    assert expanded["run@epoch_10"] == {
+        "kind": "onnx",
+        "options": {"model": "runs/epoch_10.onnx", "input_size": [16, 8]},
+    }
     assert "checkpoints" in encoders["run"]  # the input is not mutated
     assert pc.expand_names(["z", "run"], sweeps) == ["z", *names]
     assert pc.expand_names(["run@epoch_2"], sweeps) == ["run@epoch_2"]
@@ -181,17 +231,24 @@ def test_sweep_expands_in_place_in_natural_order(tmp_path, monkeypatch):
 def test_sweep_passes_the_file_as_the_kinds_option(tmp_path, monkeypatch, kind, option):
     monkeypatch.chdir(tmp_path)
     _touch("w/e1.bin")
-    expanded, _ = pc.expand_checkpoints({"s": {"kind": kind, "checkpoints": "w/*.bin",
-                                               "options": {}}})
+    expanded, _ = pc.expand_checkpoints(
+        {"s": {"kind": kind, "checkpoints": "w/*.bin", "options": {}}}
+    )
     assert expanded["s@e1"]["options"] == {option: "w/e1.bin"}
 
 
-@pytest.mark.parametrize("files, pattern, message", [
-    ([], "runs/*.onnx", r"encoders.run.checkpoints: 'runs/\*.onnx' matches no file"),
-    (["a/best.onnx", "b/best.onnx"], "*/best.onnx",
-     "a/best.onnx and b/best.onnx have the same stem 'best'"),
-    (["r/epoch 1.onnx"], "r/*.onnx", "the stem 'epoch 1' cannot be part of an encoder name"),
-])
+@pytest.mark.parametrize(
+    "files, pattern, message",
+    [
+        ([], "runs/*.onnx", r"encoders.run.checkpoints: 'runs/\*.onnx' matches no file"),
+        (
+            ["a/best.onnx", "b/best.onnx"],
+            "*/best.onnx",
+            "a/best.onnx and b/best.onnx have the same stem 'best'",
+        ),
+        (["r/epoch 1.onnx"], "r/*.onnx", "the stem 'epoch 1' cannot be part of an encoder name"),
+    ],
+)
 def test_sweep_errors(tmp_path, monkeypatch, files, pattern, message):
     monkeypatch.chdir(tmp_path)
     _touch(*files)
@@ -202,17 +259,24 @@ def test_sweep_errors(tmp_path, monkeypatch, files, pattern, message):
 # ---------------------------------------------------------------- paths
 
 
-@pytest.mark.parametrize("kind, options, split, expected", [
-    ("onnx", {"model": "m.onnx", "input_size": None}, "query", ["m.onnx"]),
-    ("python", {"factory": "nets/f.py:build", "checkpoint": "w.pth"}, "query",
-     ["w.pth", "nets/f.py"]),
-    ("python", {"factory": "torchvision.models:resnet18", "checkpoint": None}, "query", []),
-    ("precomputed", {"query": "q.npy", "gallery": "g.npy", "path": None}, "gallery", ["g.npy"]),
-    ("precomputed", {"query": None, "gallery": None, "path": "all.npy"}, "query", ["all.npy"]),
-    ("timm", {"checkpoint": "t.pth"}, "query", ["t.pth"]),
-    ("torchscript", {"model": "s.pt"}, "query", ["s.pt"]),
-    ("hog", {"size": [8, 8]}, "query", []),
-])
+@pytest.mark.parametrize(
+    "kind, options, split, expected",
+    [
+        ("onnx", {"model": "m.onnx", "input_size": None}, "query", ["m.onnx"]),
+        (
+            "python",
+            {"factory": "nets/f.py:build", "checkpoint": "w.pth"},
+            "query",
+            ["w.pth", "nets/f.py"],
+        ),
+        ("python", {"factory": "torchvision.models:resnet18", "checkpoint": None}, "query", []),
+        ("precomputed", {"query": "q.npy", "gallery": "g.npy", "path": None}, "gallery", ["g.npy"]),
+        ("precomputed", {"query": None, "gallery": None, "path": "all.npy"}, "query", ["all.npy"]),
+        ("timm", {"checkpoint": "t.pth"}, "query", ["t.pth"]),
+        ("torchscript", {"model": "s.pt"}, "query", ["s.pt"]),
+        ("hog", {"size": [8, 8]}, "query", []),
+    ],
+)
 def test_encoder_paths(kind, options, split, expected):
     assert pc.encoder_paths(kind, options, split) == expected
 
@@ -224,26 +288,52 @@ def _resolved(datasets, encoders):
     return pc.resolve(config)
 
 
-@pytest.mark.parametrize("dataset, encoder, message", [
-    ({"loader": "market1501", "options": {"root": "data/Market"}}, None,
-     "datasets.d.options.root: folder data/Market not found"),
-    ({"loader": "manifest", "options": {"query": "q.csv", "gallery": "g.csv"}}, None,
-     "datasets.d.options.query: file q.csv not found"),
-    ({"loader": "folder", "options": {"query_dir": "q", "gallery_dir": "g", "root": None}}, None,
-     "datasets.d.options.query_dir: folder q not found"),
-    (None, {"kind": "onnx", "options": {"model": "runs/epoch_3.onnx"}},
-     "encoders.e.options.model: runs/epoch_3.onnx not found"),
-    (None, {"kind": "precomputed", "options": {"query": "emb/q.npy", "gallery": "g.npy",
-                                                "path": None}},
-     "encoders.e.options.query: emb/q.npy not found"),
-    (None, {"kind": "python", "options": {"factory": "nets/model.py:build",
-                                          "checkpoint": None}},
-     "encoders.e.options.factory: nets/model.py not found"),
-    (None, {"kind": "python", "options": {"factory": "m:f", "checkpoint": "w.pth"}},
-     "encoders.e.options.checkpoint: w.pth not found"),
-])
-def test_a_missing_path_is_an_error_naming_entry_and_path(tmp_path, monkeypatch, dataset,
-                                                           encoder, message):
+@pytest.mark.parametrize(
+    "dataset, encoder, message",
+    [
+        (
+            {"loader": "market1501", "options": {"root": "data/Market"}},
+            None,
+            "datasets.d.options.root: folder data/Market not found",
+        ),
+        (
+            {"loader": "manifest", "options": {"query": "q.csv", "gallery": "g.csv"}},
+            None,
+            "datasets.d.options.query: file q.csv not found",
+        ),
+        (
+            {"loader": "folder", "options": {"query_dir": "q", "gallery_dir": "g", "root": None}},
+            None,
+            "datasets.d.options.query_dir: folder q not found",
+        ),
+        (
+            None,
+            {"kind": "onnx", "options": {"model": "runs/epoch_3.onnx"}},
+            "encoders.e.options.model: runs/epoch_3.onnx not found",
+        ),
+        (
+            None,
+            {
+                "kind": "precomputed",
+                "options": {"query": "emb/q.npy", "gallery": "g.npy", "path": None},
+            },
+            "encoders.e.options.query: emb/q.npy not found",
+        ),
+        (
+            None,
+            {"kind": "python", "options": {"factory": "nets/model.py:build", "checkpoint": None}},
+            "encoders.e.options.factory: nets/model.py not found",
+        ),
+        (
+            None,
+            {"kind": "python", "options": {"factory": "m:f", "checkpoint": "w.pth"}},
+            "encoders.e.options.checkpoint: w.pth not found",
+        ),
+    ],
+)
+def test_a_missing_path_is_an_error_naming_entry_and_path(
+    tmp_path, monkeypatch, dataset, encoder, message
+):
     monkeypatch.chdir(tmp_path)
     datasets = {"d": dataset or {"loader": "digits", "options": {}}}
     encoders = {"e": encoder or {"kind": "hog", "options": {}}}
@@ -257,9 +347,14 @@ def test_existing_paths_pass(tmp_path, monkeypatch):
     _touch("q.csv", "g.csv", "m.onnx", "emb/q.npy", "emb/g.zarr/zarr.json")
     encoders, sweeps = _resolved(
         {"d": {"loader": "manifest", "options": {"query": "q.csv", "gallery": "g.csv"}}},
-        {"e": {"kind": "onnx", "options": {"model": "m.onnx"}},
-         "p": {"kind": "precomputed", "options": {"query": "emb/q.npy",
-                                                  "gallery": "emb/g.zarr", "path": None}}})
+        {
+            "e": {"kind": "onnx", "options": {"model": "m.onnx"}},
+            "p": {
+                "kind": "precomputed",
+                "options": {"query": "emb/q.npy", "gallery": "emb/g.zarr", "path": None},
+            },
+        },
+    )
     assert list(encoders) == ["e", "p"] and sweeps == {}
 
 
@@ -279,8 +374,11 @@ def _market(root: Path) -> None:
 
 def test_market_fingerprint_follows_each_splits_folder(tmp_path):
     _market(tmp_path)
-    options = {"root": str(tmp_path), "query_folder": "query",
-               "gallery_folder": "bounding_box_test"}
+    options = {
+        "root": str(tmp_path),
+        "query_folder": "query",
+        "gallery_folder": "bounding_box_test",
+    }
     first = pc.dataset_fingerprints("market1501", options)
     assert pc.dataset_fingerprints("market1501", options) == first  # untouched: same
     (tmp_path / "bounding_box_test" / "notes.txt").write_text("not an image")
@@ -330,8 +428,10 @@ def test_folder_fingerprint_is_recursive(tmp_path):
 
 
 def test_msmt17_fingerprint_follows_list_and_listed_images(tmp_path):
-    for name in ("0000/0000_000_01_0303morning_0015_0.jpg",
-                 "0001/0001_000_02_0303morning_0016_0.jpg"):
+    for name in (
+        "0000/0000_000_01_0303morning_0015_0.jpg",
+        "0001/0001_000_02_0303morning_0016_0.jpg",
+    ):
         _image(tmp_path / "test" / name)
     (tmp_path / "list_query.txt").write_text("0000/0000_000_01_0303morning_0015_0.jpg 0\n")
     (tmp_path / "list_gallery.txt").write_text("0001/0001_000_02_0303morning_0016_0.jpg 1\n")
@@ -343,20 +443,25 @@ def test_msmt17_fingerprint_follows_list_and_listed_images(tmp_path):
 
 
 def test_generated_demo_data_has_a_constant_fingerprint():
-    assert pc.dataset_fingerprints("demo-market", {"seed": 0}) == \
-        pc.dataset_fingerprints("demo-market", {"seed": 1}) == \
-        {"query": "generated", "gallery": "generated"}
+    assert (
+        pc.dataset_fingerprints("demo-market", {"seed": 0})
+        == pc.dataset_fingerprints("demo-market", {"seed": 1})
+        == {"query": "generated", "gallery": "generated"}
+    )
 
 
-@pytest.mark.parametrize("name, stem", [
-    ("runs/r50/epoch_60.pth", "epoch_60"),
-    ("log/osnet/model/model.pth.tar-60", "model-60"),   # torchreid's per-epoch files
-    ("log/osnet/model/model.pth.tar", "model"),
-    ("output/model_0059999.pth", "model_0059999"),     # fast-reid
-    ("exports/epoch_2.onnx", "epoch_2"),
-    ("w/epoch_3.safetensors", "epoch_3"),
-    ("w/notes.v2.txt", "notes.v2"),
-])
+@pytest.mark.parametrize(
+    "name, stem",
+    [
+        ("runs/r50/epoch_60.pth", "epoch_60"),
+        ("log/osnet/model/model.pth.tar-60", "model-60"),  # torchreid's per-epoch files
+        ("log/osnet/model/model.pth.tar", "model"),
+        ("output/model_0059999.pth", "model_0059999"),  # fast-reid
+        ("exports/epoch_2.onnx", "epoch_2"),
+        ("w/epoch_3.safetensors", "epoch_3"),
+        ("w/notes.v2.txt", "notes.v2"),
+    ],
+)
 def test_checkpoint_stem(name, stem):
     from rankwise.pipeline_config import checkpoint_stem
 
@@ -369,9 +474,17 @@ def test_torchreid_epochs_sweep_in_natural_order(tmp_path, monkeypatch):
     for epoch in (10, 2, 60):
         (tmp_path / f"model.pth.tar-{epoch}").write_bytes(b"x")
     monkeypatch.chdir(tmp_path)
-    expanded, sweeps = expand_checkpoints({"osnet": {
-        "kind": "reid", "checkpoints": "model.pth.tar-*",
-        "options": {"architecture": "osnet_x1_0"}}})
+    expanded, sweeps = expand_checkpoints(
+        {
+            "osnet": {
+                "kind": "reid",
+                "checkpoints": "model.pth.tar-*",
+                "options": {"architecture": "osnet_x1_0"},
+            }
+        }
+    )
     assert sweeps["osnet"] == ["osnet@model-2", "osnet@model-10", "osnet@model-60"]
-    assert expanded["osnet@model-60"]["options"] == {"architecture": "osnet_x1_0",
-                                                     "checkpoint": "model.pth.tar-60"}
+    assert expanded["osnet@model-60"]["options"] == {
+        "architecture": "osnet_x1_0",
+        "checkpoint": "model.pth.tar-60",
+    }

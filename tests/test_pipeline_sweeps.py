@@ -13,28 +13,39 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import planned_jobs
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from test_pipeline import write_model  # noqa: E402  (a tiny ONNX encoder: 16 x 8 -> 12)
-from test_pipeline_trust import error_lines, run_ok, snakemake  # noqa: E402
+from test_pipeline import write_model
+from test_pipeline_trust import error_lines, run_ok, snakemake
 
 CONFIG = {
     "datasets": {
         "market": {
             "loader": "demo-market",
-            "options": {"seed": 1, "identities": 6, "cameras": 2, "images_per_camera": 2,
-                        "queries_per_identity": 1, "distractors": 3, "junk": 2,
-                        "height": 16, "width": 8},
-            "protocol": "reid", "ks": [1],
+            "options": {
+                "seed": 1,
+                "identities": 6,
+                "cameras": 2,
+                "images_per_camera": 2,
+                "queries_per_identity": 1,
+                "distractors": 3,
+                "junk": 2,
+                "height": 16,
+                "width": 8,
+            },
+            "protocol": "reid",
+            "ks": [1],
         },
     },
     "encoders": {
-        "run": {"kind": "onnx", "checkpoints": "runs/baseline/epoch_*.onnx",
-                "options": {"input_size": [16, 8]}},
+        "run": {
+            "kind": "onnx",
+            "checkpoints": "runs/baseline/epoch_*.onnx",
+            "options": {"input_size": [16, 8]},
+        },
     },
     "engine": {"threads": 1},
     "report": {"resamples": 0, "worst_queries": 0},
@@ -65,8 +76,9 @@ def test_each_file_is_one_encoder_in_natural_order(workdir):
     doc = json.loads((workdir / "results/report.json").read_text())
     for entry in doc["results"]:
         file = workdir / f"runs/baseline/{entry['encoder'].split('@')[1]}.onnx"
-        assert entry["provenance"]["checkpoint_hash"] == hashlib.sha256(
-            file.read_bytes()).hexdigest()
+        assert (
+            entry["provenance"]["checkpoint_hash"] == hashlib.sha256(file.read_bytes()).hexdigest()
+        )
     assert (workdir / "results/embeddings/market/run@epoch_10/gallery.zarr").is_dir()
     assert planned(workdir) == {}
 

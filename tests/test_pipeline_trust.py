@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from PIL import Image
-
 from helpers import planned_jobs
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEFILE = ROOT / "Snakefile"
@@ -28,14 +27,23 @@ SNAKEFILE = ROOT / "Snakefile"
 CONFIG = {
     "datasets": {
         # a Market-1501 tree of our own, and the user's own CSVs with their images
-        "mk": {"loader": "market1501", "options": {"root": "data/market"}, "protocol": "reid",
-               "ks": [1]},
-        "own": {"loader": "manifest", "options": {"query": "data/own/query.csv",
-                                                  "gallery": "data/own/gallery.csv"},
-                "ks": [1]},
-        "demo": {"loader": "demo-progressive",
-                 "options": {"seed": 0, "targets": 6, "sketches": 3, "steps": 2, "scale": 1},
-                 "protocol": "progressive", "ks": [1]},
+        "mk": {
+            "loader": "market1501",
+            "options": {"root": "data/market"},
+            "protocol": "reid",
+            "ks": [1],
+        },
+        "own": {
+            "loader": "manifest",
+            "options": {"query": "data/own/query.csv", "gallery": "data/own/gallery.csv"},
+            "ks": [1],
+        },
+        "demo": {
+            "loader": "demo-progressive",
+            "options": {"seed": 0, "targets": 6, "sketches": 3, "steps": 2, "scale": 1},
+            "protocol": "progressive",
+            "ks": [1],
+        },
     },
     "encoders": {"pixels": {"kind": "pixels", "options": {"size": [8, 4]}}},
     "engine": {"threads": 1},
@@ -55,20 +63,33 @@ def write_data(root: Path) -> None:
     for pid in range(1, 5):
         write_image(root / f"data/market/query/{pid:04d}_c1s1_{pid:06d}_00.png", pid)
         for cam in (2, 3):
-            write_image(root / f"data/market/bounding_box_test/{pid:04d}_c{cam}s1_{pid:06d}_00.png",
-                        10 * pid + cam)
+            write_image(
+                root / f"data/market/bounding_box_test/{pid:04d}_c{cam}s1_{pid:06d}_00.png",
+                10 * pid + cam,
+            )
     own = root / "data/own"
     for i in range(6):
         write_image(own / f"img/{i}.png", 100 + i)
     (own / "query.csv").write_text("id,label,path\nq0,a,img/0.png\nq1,b,img/1.png\n")
     (own / "gallery.csv").write_text(
-        "id,label,path\ng2,a,img/2.png\ng3,b,img/3.png\ng4,c,img/4.png\ng5,c,img/5.png\n")
+        "id,label,path\ng2,a,img/2.png\ng3,b,img/3.png\ng4,c,img/4.png\ng5,c,img/5.png\n"
+    )
 
 
 def snakemake(workdir: Path, config: dict | None, *args: str, profile: bool = False):
     """Run Snakemake in `workdir` on `config` (None: the workdir's config/config.yaml)."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE),
-           "--directory", str(workdir), "--cores", "2", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(SNAKEFILE),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "2",
+        *args,
+    ]
     if not profile:
         cmd += ["--workflow-profile", "none"]
     if config is not None:  # last: --configfile takes every argument after it
@@ -141,12 +162,21 @@ def test_a_new_config_file_mtime_with_the_same_data_reruns_nothing(workdir):
 # ---------------------------------------------------------------- missing paths fail loudly
 
 
-@pytest.mark.parametrize("name, entry, message", [
-    ("new", {"kind": "onnx", "options": {"model": "checkpoints/typo.onnx"}},
-     "encoders.new.options.model: checkpoints/typo.onnx not found"),
-    ("pre", {"kind": "precomputed", "options": {"query": "missing/q.npy", "gallery": "q.npy"}},
-     "encoders.pre.options.query: missing/q.npy not found"),
-])
+@pytest.mark.parametrize(
+    "name, entry, message",
+    [
+        (
+            "new",
+            {"kind": "onnx", "options": {"model": "checkpoints/typo.onnx"}},
+            "encoders.new.options.model: checkpoints/typo.onnx not found",
+        ),
+        (
+            "pre",
+            {"kind": "precomputed", "options": {"query": "missing/q.npy", "gallery": "q.npy"}},
+            "encoders.pre.options.query: missing/q.npy not found",
+        ),
+    ],
+)
 def test_a_missing_encoder_file_fails_before_any_job(workdir, name, entry, message):
     report = workdir / "results/report.json"
     before = (report.read_bytes(), report.stat().st_mtime_ns)
@@ -159,9 +189,15 @@ def test_a_missing_encoder_file_fails_before_any_job(workdir, name, entry, messa
     assert (report.read_bytes(), report.stat().st_mtime_ns) == before
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"root": "data/Market-1501"}, "datasets.mk.options.root: folder data/Market-1501 not found"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"root": "data/Market-1501"},
+            "datasets.mk.options.root: folder data/Market-1501 not found",
+        ),
+    ],
+)
 def test_a_missing_dataset_root_fails_before_any_job(workdir, options, message):
     config = copy.deepcopy(CONFIG)
     config["datasets"]["mk"]["options"] = options
@@ -192,14 +228,23 @@ def test_a_failed_jobs_one_line_error_is_on_the_terminal(tmp_path):
     assert not (tmp_path / "results/manifests/mk/query.csv").exists()
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda c: c["datasets"]["mk"].update(protocl="reid"),
-     "datasets.mk.protocl: unknown key 'protocl'; did you mean 'protocol'?"),
-    (lambda c: c["datasets"]["own"].update(loader="manifests"),
-     "datasets.own.loader: 'manifests' is not allowed; did you mean 'manifest'?"),
-    (lambda c: c["encoders"]["pixels"].update(kind="pixel"),
-     "encoders.pixels.kind: 'pixel' is not allowed; did you mean 'pixels'?"),
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (
+            lambda c: c["datasets"]["mk"].update(protocl="reid"),
+            "datasets.mk.protocl: unknown key 'protocl'; did you mean 'protocol'?",
+        ),
+        (
+            lambda c: c["datasets"]["own"].update(loader="manifests"),
+            "datasets.own.loader: 'manifests' is not allowed; did you mean 'manifest'?",
+        ),
+        (
+            lambda c: c["encoders"]["pixels"].update(kind="pixel"),
+            "encoders.pixels.kind: 'pixel' is not allowed; did you mean 'pixels'?",
+        ),
+    ],
+)
 def test_config_errors_are_one_line_with_key_path_and_suggestion(tmp_path, mutate, expected):
     config = copy.deepcopy(CONFIG)
     mutate(config)
@@ -211,7 +256,8 @@ def test_config_errors_are_one_line_with_key_path_and_suggestion(tmp_path, mutat
 
 def test_a_duplicated_yaml_key_is_an_error(tmp_path):
     text = yaml.safe_dump(CONFIG, sort_keys=False).replace(
-        "encoders:\n", "encoders:\n  pixels:\n    kind: hog\n", 1)
+        "encoders:\n", "encoders:\n  pixels:\n    kind: hog\n", 1
+    )
     (tmp_path / "config").mkdir()
     (tmp_path / "config/config.yaml").write_text(text)
     lines = error_lines(snakemake(tmp_path, None, "--dry-run"))
@@ -222,7 +268,8 @@ def test_a_duplicated_yaml_key_is_an_error(tmp_path):
 def test_a_yaml_syntax_error_names_file_and_line(tmp_path):
     (tmp_path / "config").mkdir()
     (tmp_path / "config/config.yaml").write_text(
-        "datasets:\n  d:\n    loader: digits\n   protocol: recall\n")
+        "datasets:\n  d:\n    loader: digits\n   protocol: recall\n"
+    )
     lines = error_lines(snakemake(tmp_path, None, "--dry-run"))
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: config/config.yaml:4:4: YAML syntax error")

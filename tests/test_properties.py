@@ -37,8 +37,13 @@ from rankwise.errors import RankwiseError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SETTINGS = settings(max_examples=100, derandomize=True, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=100,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 KS = (1, 2, 3, 5)
 
@@ -65,8 +70,7 @@ def masks(protocol: str, q: pd.DataFrame, g: pd.DataFrame, junk=("-1",), gap_fra
     valid = q["id"].to_numpy(str)[:, None] != g["id"].to_numpy(str)[None, :]
     if protocol == "reassociation":
         valid &= q["sequence"].to_numpy(str)[:, None] == g["sequence"].to_numpy(str)[None, :]
-        valid &= (q["frame"].to_numpy(int)[:, None] + gap_frames ==
-                  g["frame"].to_numpy(int)[None, :])
+        valid &= q["frame"].to_numpy(int)[:, None] + gap_frames == g["frame"].to_numpy(int)[None, :]
     if protocol == "reid":
         same_cam = q["camera"].to_numpy(str)[:, None] == g["camera"].to_numpy(str)[None, :]
         valid &= ~(same_label & same_cam)
@@ -94,17 +98,31 @@ def reference(q, g, qe, ge, protocol, distance, ks=KS, gap_frames=1):
     inp = np.array([len(r) / r[-1] for r in map(per_query.get, idx)])
     at = "recall@" if protocol == "recall" else "rank"
     metrics = {f"{at}{k}": 100.0 * np.mean(first <= k) for k in ks}
-    tail = {"map": 100.0 * ap.mean(), "mrr": 100.0 * np.mean(1.0 / first),
-            "minp": 100.0 * inp.mean()}
+    tail = {
+        "map": 100.0 * ap.mean(),
+        "mrr": 100.0 * np.mean(1.0 / first),
+        "minp": 100.0 * inp.mean(),
+    }
     # DESIGN.md key order: recall -> recall@K, map, mrr, minp; reid -> rankK, map, minp, mrr;
     # reassociation -> rankK, mrr
-    for name in {"recall": ("map", "mrr", "minp"), "reid": ("map", "minp", "mrr"),
-                 "reassociation": ("mrr",)}[protocol]:
+    for name in {
+        "recall": ("map", "mrr", "minp"),
+        "reid": ("map", "minp", "mrr"),
+        "reassociation": ("mrr",),
+    }[protocol]:
         metrics[name] = tail[name]
     junk = np.isin(g["label"].to_numpy(str), ["-1"]).sum() if protocol == "reid" else 0
-    return {"query_index": idx, "first_rank": first, "ap": ap, "inp": inp, "rr": 1.0 / first,
-            "ranks": per_query, "metrics": metrics, "num_skipped": len(q) - len(idx),
-            "num_gallery": len(g) - int(junk)}
+    return {
+        "query_index": idx,
+        "first_rank": first,
+        "ap": ap,
+        "inp": inp,
+        "rr": 1.0 / first,
+        "ranks": per_query,
+        "metrics": metrics,
+        "num_skipped": len(q) - len(idx),
+        "num_gallery": len(g) - int(junk),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -119,33 +137,46 @@ def problems(draw, distance: str):
     n_q = draw(st.integers(1, 7))
     if distance == "cosine":
         dim = 16
-        pool = draw(st.lists(st.lists(st.sampled_from([-1.0, 1.0]), min_size=dim, max_size=dim),
-                             min_size=1, max_size=5))
+        pool = draw(
+            st.lists(
+                st.lists(st.sampled_from([-1.0, 1.0]), min_size=dim, max_size=dim),
+                min_size=1,
+                max_size=5,
+            )
+        )
     else:
         dim = draw(st.integers(1, 3))
-        pool = draw(st.lists(st.lists(st.integers(-2, 2), min_size=dim, max_size=dim),
-                             min_size=1, max_size=6))
+        pool = draw(
+            st.lists(
+                st.lists(st.integers(-2, 2), min_size=dim, max_size=dim), min_size=1, max_size=6
+            )
+        )
     pool = np.array(pool, dtype=np.float32)  # few distinct rows: many exact ties
-    pick = lambda n: pool[draw(st.lists(st.integers(0, len(pool) - 1), min_size=n,  # noqa
-                                         max_size=n))]
+    pick = lambda n: pool[draw(st.lists(st.integers(0, len(pool) - 1), min_size=n, max_size=n))]
     ge = pick(n_g)
-    g = pd.DataFrame({
-        "id": [f"g{i}" for i in range(n_g)],
-        "label": draw(st.lists(st.sampled_from(["1", "2", "3", "0", "-1"]), min_size=n_g,
-                               max_size=n_g)),
-        "camera": draw(st.lists(st.sampled_from(["1", "2", "3"]), min_size=n_g, max_size=n_g)),
-        "sequence": draw(st.lists(st.sampled_from("AB"), min_size=n_g, max_size=n_g)),
-        "frame": draw(st.lists(st.integers(0, 3), min_size=n_g, max_size=n_g)),
-    })
+    g = pd.DataFrame(
+        {
+            "id": [f"g{i}" for i in range(n_g)],
+            "label": draw(
+                st.lists(st.sampled_from(["1", "2", "3", "0", "-1"]), min_size=n_g, max_size=n_g)
+            ),
+            "camera": draw(st.lists(st.sampled_from(["1", "2", "3"]), min_size=n_g, max_size=n_g)),
+            "sequence": draw(st.lists(st.sampled_from("AB"), min_size=n_g, max_size=n_g)),
+            "frame": draw(st.lists(st.integers(0, 3), min_size=n_g, max_size=n_g)),
+        }
+    )
     qe = pick(n_q)
-    q = pd.DataFrame({
-        "id": [f"q{i}" for i in range(n_q)],
-        "label": draw(st.lists(st.sampled_from(["1", "2", "3", "4"]), min_size=n_q,
-                               max_size=n_q)),  # "4": never in the gallery -> skipped
-        "camera": draw(st.lists(st.sampled_from(["1", "2", "3"]), min_size=n_q, max_size=n_q)),
-        "sequence": draw(st.lists(st.sampled_from("AB"), min_size=n_q, max_size=n_q)),
-        "frame": draw(st.lists(st.integers(0, 3), min_size=n_q, max_size=n_q)),
-    })
+    q = pd.DataFrame(
+        {
+            "id": [f"q{i}" for i in range(n_q)],
+            "label": draw(
+                st.lists(st.sampled_from(["1", "2", "3", "4"]), min_size=n_q, max_size=n_q)
+            ),  # "4": never in the gallery -> skipped
+            "camera": draw(st.lists(st.sampled_from(["1", "2", "3"]), min_size=n_q, max_size=n_q)),
+            "sequence": draw(st.lists(st.sampled_from("AB"), min_size=n_q, max_size=n_q)),
+            "frame": draw(st.lists(st.integers(0, 3), min_size=n_q, max_size=n_q)),
+        }
+    )
     # some queries are gallery items (same id, label, camera, embedding): never own match
     for i in range(n_q):
         j = draw(st.one_of(st.none(), st.integers(0, n_g - 1)))
@@ -157,8 +188,9 @@ def problems(draw, distance: str):
 
 
 def evaluate(q, g, qe, ge, protocol, distance, gap_frames=1, **engine):
-    return rankwise.evaluate(q, g, qe, ge, protocol=protocol, distance=distance, ks=KS,
-                             gap_frames=gap_frames, **engine)
+    return rankwise.evaluate(
+        q, g, qe, ge, protocol=protocol, distance=distance, ks=KS, gap_frames=gap_frames, **engine
+    )
 
 
 def check_against_reference(problem, protocol, distance, gap_frames=1):
@@ -168,8 +200,9 @@ def check_against_reference(problem, protocol, distance, gap_frames=1):
         with pytest.raises(RankwiseError, match="no query has a valid match"):
             evaluate(q, g, qe, ge, protocol, distance, gap_frames)
         return None
-    result = evaluate(q, g, qe, ge, protocol, distance, gap_frames, query_block=2,
-                      gallery_chunk=3, workers=2)
+    result = evaluate(
+        q, g, qe, ge, protocol, distance, gap_frames, query_block=2, gallery_chunk=3, workers=2
+    )
     pq = result.per_query
     np.testing.assert_array_equal(pq["query_index"], ref["query_index"])
     np.testing.assert_array_equal(pq["first_rank"], ref["first_rank"])
@@ -182,11 +215,22 @@ def check_against_reference(problem, protocol, distance, gap_frames=1):
     assert result.num_skipped == ref["num_skipped"]
     assert result.num_gallery == ref["num_gallery"]
     # the full rank lists, through the ranks store arrays
-    ranks = rankwise.api.rank(q, g, qe, ge, protocol=protocol, distance=distance,
-                              gap_frames=gap_frames, query_block=3, gallery_chunk=2, workers=1)
+    ranks = rankwise.api.rank(
+        q,
+        g,
+        qe,
+        ge,
+        protocol=protocol,
+        distance=distance,
+        gap_frames=gap_frames,
+        query_block=3,
+        gallery_chunk=2,
+        workers=1,
+    )
     for n, i in enumerate(ranks.query_index):
-        np.testing.assert_array_equal(ranks.ranks[ranks.offsets[n]:ranks.offsets[n + 1]],
-                                      ref["ranks"][i])
+        np.testing.assert_array_equal(
+            ranks.ranks[ranks.offsets[n] : ranks.offsets[n + 1]], ref["ranks"][i]
+        )
     return result
 
 
@@ -209,6 +253,7 @@ def test_matches_brute_force(protocol, distance):
 @pytest.mark.parametrize("distance", ["euclidean", "cosine"])
 def test_reassociation_matches_brute_force(distance):
     """Candidates: the query's sequence at frame + gap_frames; < 2 candidates: skipped."""
+
     @SETTINGS
     @given(problem=problems(distance), gap_frames=st.integers(1, 2))
     def check(problem, gap_frames):
@@ -235,25 +280,52 @@ def test_constant_encoder_scores_the_minimum():
 
 @pytest.mark.parametrize("protocol, distance", [("reid", "euclidean"), ("recall", "cosine")])
 def test_same_numbers_for_every_tiling_and_row_order(protocol, distance):
-    @settings(max_examples=50, derandomize=True, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(problem=problems(distance), query_block=st.integers(1, 5),
-           gallery_chunk=st.integers(1, 6), workers=st.integers(1, 3), seed=st.integers(0, 99))
+    @settings(
+        max_examples=50,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(
+        problem=problems(distance),
+        query_block=st.integers(1, 5),
+        gallery_chunk=st.integers(1, 6),
+        workers=st.integers(1, 3),
+        seed=st.integers(0, 99),
+    )
     def check(problem, query_block, gallery_chunk, workers, seed):
         q, g, qe, ge = problem
         if reference(q, g, qe, ge, protocol, distance) is None:
             return
         base = evaluate(q, g, qe, ge, protocol, distance)
-        tiled = evaluate(q, g, qe, ge, protocol, distance, query_block=query_block,
-                         gallery_chunk=gallery_chunk, workers=workers)
+        tiled = evaluate(
+            q,
+            g,
+            qe,
+            ge,
+            protocol,
+            distance,
+            query_block=query_block,
+            gallery_chunk=gallery_chunk,
+            workers=workers,
+        )
         assert tiled.to_json() == base.to_json()  # exactly equal, not approximately
         for key in ("query_index", "first_rank", "ap", "inp", "rr"):
             np.testing.assert_array_equal(tiled.per_query[key], base.per_query[key])
         # shuffled gallery rows: per-query values identical
         rng = np.random.default_rng(seed)
         gp = rng.permutation(len(g))
-        shuffled = evaluate(q, g.iloc[gp].reset_index(drop=True), qe, ge[gp], protocol,
-                            distance, query_block=query_block, gallery_chunk=gallery_chunk)
+        shuffled = evaluate(
+            q,
+            g.iloc[gp].reset_index(drop=True),
+            qe,
+            ge[gp],
+            protocol,
+            distance,
+            query_block=query_block,
+            gallery_chunk=gallery_chunk,
+        )
         for key in ("query_index", "first_rank", "ap", "inp", "rr"):
             np.testing.assert_array_equal(shuffled.per_query[key], base.per_query[key])
         assert shuffled.metrics == base.metrics
@@ -280,10 +352,20 @@ def test_two_clean_runs_write_identical_reports(tmp_path):
     byte-identical across runs."""
     rng = np.random.default_rng(11)
     n_q, n_g, dim = 60, 700, 24
-    pd.DataFrame({"id": [f"q{i}" for i in range(n_q)], "label": rng.integers(0, 30, n_q),
-                  "camera": rng.integers(1, 4, n_q)}).to_csv(tmp_path / "q.csv", index=False)
-    pd.DataFrame({"id": [f"g{i}" for i in range(n_g)], "label": rng.integers(-1, 30, n_g),
-                  "camera": rng.integers(1, 4, n_g)}).to_csv(tmp_path / "g.csv", index=False)
+    pd.DataFrame(
+        {
+            "id": [f"q{i}" for i in range(n_q)],
+            "label": rng.integers(0, 30, n_q),
+            "camera": rng.integers(1, 4, n_q),
+        }
+    ).to_csv(tmp_path / "q.csv", index=False)
+    pd.DataFrame(
+        {
+            "id": [f"g{i}" for i in range(n_g)],
+            "label": rng.integers(-1, 30, n_g),
+            "camera": rng.integers(1, 4, n_g),
+        }
+    ).to_csv(tmp_path / "g.csv", index=False)
     np.save(tmp_path / "q.npy", rng.normal(size=(n_q, dim)).astype(np.float32))
     np.save(tmp_path / "g.npy", rng.normal(size=(n_g, dim)).astype(np.float32))
     exe = Path(sys.executable).parent / "rankwise"
@@ -291,11 +373,36 @@ def test_two_clean_runs_write_identical_reports(tmp_path):
     for run in (1, 2):
         out = tmp_path / f"report{run}.json"
         proc = subprocess.run(
-            [str(exe), "evaluate", "--query", tmp_path / "q.csv", "--gallery",
-             tmp_path / "g.csv", "--query-embeddings", tmp_path / "q.npy",
-             "--gallery-embeddings", tmp_path / "g.npy", "--protocol", "reid", "--distance",
-             "cosine", "--ks", "1,5,10", "--query-block", "7", "--gallery-chunk", "33",
-             "--workers", "2", "--output", out], capture_output=True, text=True, timeout=120)
+            [
+                str(exe),
+                "evaluate",
+                "--query",
+                tmp_path / "q.csv",
+                "--gallery",
+                tmp_path / "g.csv",
+                "--query-embeddings",
+                tmp_path / "q.npy",
+                "--gallery-embeddings",
+                tmp_path / "g.npy",
+                "--protocol",
+                "reid",
+                "--distance",
+                "cosine",
+                "--ks",
+                "1,5,10",
+                "--query-block",
+                "7",
+                "--gallery-chunk",
+                "33",
+                "--workers",
+                "2",
+                "--output",
+                out,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         outputs.append((proc.stdout, out.read_bytes()))
     assert outputs[0] == outputs[1]

@@ -23,8 +23,9 @@ def test_columns_when_protocol_or_role_is_unknown():
     assert required_columns("progressive", None) == ("id", "label")
     assert required_columns("reid", None) == ("id", "label", "camera")
     assert required_columns("reassociation", "gallery") == ("id", "label", "sequence", "frame")
-    every = set.intersection(*(set(s.required_columns(r)) for s in REGISTRY.values()
-                               for r in ("query", "gallery")))
+    every = set.intersection(
+        *(set(s.required_columns(r)) for s in REGISTRY.values() for r in ("query", "gallery"))
+    )
     assert set(required_columns(None, None)) == every
     with pytest.raises(RankwiseError, match=r"role must be one of query, gallery; got 'probe'"):
         required_columns(None, "probe")
@@ -46,19 +47,29 @@ def test_read_manifest_without_protocol(tmp_path):
 @pytest.fixture
 def files(tmp_path: Path) -> dict:
     rng = np.random.default_rng(4)
-    query = pd.DataFrame({"id": [f"q{i}" for i in range(5)], "label": list("01201"),
-                          "camera": list("aabba")})
-    gallery = pd.DataFrame({"id": [f"g{i}" for i in range(9)], "label": list("012012012"),
-                            "camera": list("bbbaaabbb")})
-    out = {"q_csv": tmp_path / "query.csv", "g_csv": tmp_path / "gallery.csv",
-           "qe": rng.normal(size=(5, 4)).astype(np.float32),
-           "ge": rng.normal(size=(9, 4)).astype(np.float32)}
+    query = pd.DataFrame(
+        {"id": [f"q{i}" for i in range(5)], "label": list("01201"), "camera": list("aabba")}
+    )
+    gallery = pd.DataFrame(
+        {"id": [f"g{i}" for i in range(9)], "label": list("012012012"), "camera": list("bbbaaabbb")}
+    )
+    out = {
+        "q_csv": tmp_path / "query.csv",
+        "g_csv": tmp_path / "gallery.csv",
+        "qe": rng.normal(size=(5, 4)).astype(np.float32),
+        "ge": rng.normal(size=(9, 4)).astype(np.float32),
+    }
     query.to_csv(out["q_csv"], index=False)
     gallery.to_csv(out["g_csv"], index=False)
     for side in ("q", "g"):
         np.save(tmp_path / f"{side}.npy", out[f"{side}e"])
-        encode_manifest(out[f"{side}_csv"], "precomputed", {"path": str(tmp_path / f"{side}.npy")},
-                        tmp_path / f"{side}.zarr", progress=False)
+        encode_manifest(
+            out[f"{side}_csv"],
+            "precomputed",
+            {"path": str(tmp_path / f"{side}.npy")},
+            tmp_path / f"{side}.zarr",
+            progress=False,
+        )
     out["q_store"], out["g_store"] = tmp_path / "q.zarr", tmp_path / "g.zarr"
     return out
 
@@ -67,18 +78,29 @@ def test_encode_checks_the_protocol_when_given(files, tmp_path):
     """encode knows no protocol by default; given one (and a role), it checks that
     protocol's columns as ranking will."""
     args = ("precomputed", {"path": str(tmp_path / "q.npy")})
-    encode_manifest(files["q_csv"], *args, tmp_path / "a.zarr", progress=False,
-                    protocol="reid", role="query")
-    with pytest.raises(RankwiseError, match=r"query\.csv: missing column\(s\) sketch, step "
-                                            r"required by protocol 'progressive' for the query"):
-        encode_manifest(files["q_csv"], *args, tmp_path / "b.zarr", progress=False,
-                        protocol="progressive", role="query")
+    encode_manifest(
+        files["q_csv"], *args, tmp_path / "a.zarr", progress=False, protocol="reid", role="query"
+    )
+    with pytest.raises(
+        RankwiseError,
+        match=r"query\.csv: missing column\(s\) sketch, step "
+        r"required by protocol 'progressive' for the query",
+    ):
+        encode_manifest(
+            files["q_csv"],
+            *args,
+            tmp_path / "b.zarr",
+            progress=False,
+            protocol="progressive",
+            role="query",
+        )
     assert not (tmp_path / "b.zarr").exists()
 
 
 def test_open_inputs(files):
-    inputs = open_inputs(files["q_csv"], files["g_csv"], files["q_store"], files["g_store"],
-                         protocol="reid")
+    inputs = open_inputs(
+        files["q_csv"], files["g_csv"], files["q_store"], files["g_store"], protocol="reid"
+    )
     assert inputs.names == (str(files["q_csv"]), str(files["g_csv"]))
     assert inputs.query["camera"].tolist() == list("aabba")
     assert inputs.query_embeddings.shape == (5, 4) and inputs.gallery_embeddings.shape == (9, 4)
@@ -88,18 +110,22 @@ def test_open_inputs(files):
     problem = inputs.problem(junk_labels=("2",))
     assert problem.num_gallery == 6 and problem.options == {"junk_labels": ["2"]}
     # the stores and the .npy files give the same numbers
-    a = rankwise.evaluate(files["q_csv"], files["g_csv"], files["q_store"], files["g_store"],
-                          protocol="reid")
-    b = rankwise.evaluate(files["q_csv"], files["g_csv"], files["qe"], files["ge"],
-                          protocol="reid")
+    a = rankwise.evaluate(
+        files["q_csv"], files["g_csv"], files["q_store"], files["g_store"], protocol="reid"
+    )
+    b = rankwise.evaluate(files["q_csv"], files["g_csv"], files["qe"], files["ge"], protocol="reid")
     assert a.to_json() == b.to_json()
 
 
 def test_open_inputs_checks_dimensions(files):
-    with pytest.raises(RankwiseError, match=r"query embeddings has dimension 3 but .*g\.zarr "
-                                            r"has 4 .*encode both with the same model"):
-        open_inputs(files["q_csv"], files["g_csv"], files["qe"][:, :3], files["g_store"],
-                    protocol="recall")
+    with pytest.raises(
+        RankwiseError,
+        match=r"query embeddings has dimension 3 but .*g\.zarr "
+        r"has 4 .*encode both with the same model",
+    ):
+        open_inputs(
+            files["q_csv"], files["g_csv"], files["qe"][:, :3], files["g_store"], protocol="recall"
+        )
 
 
 def test_manifest_check_compares_content_not_path(files, tmp_path):
@@ -111,24 +137,33 @@ def test_manifest_check_compares_content_not_path(files, tmp_path):
     open_embeddings(files["g_store"], name="gallery embeddings", n_rows=9, manifest=copy)
     open_embeddings(files["g_store"], name="gallery embeddings", n_rows=9, manifest=None)
     copy.write_bytes(files["g_csv"].read_bytes().replace(b"g0,0,b", b"g0,7,b"))
-    with pytest.raises(RankwiseError, match=r"gallery embeddings were encoded from "
-                                            r"\S*/gallery\.csv \(sha256 \w{12}\), but "
-                                            r"\S*elsewhere/gallery\.csv has other content"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"gallery embeddings were encoded from "
+        r"\S*/gallery\.csv \(sha256 \w{12}\), but "
+        r"\S*elsewhere/gallery\.csv has other content",
+    ):
         open_embeddings(files["g_store"], name="gallery embeddings", n_rows=9, manifest=copy)
     from rankwise.store import write_embeddings
 
     write_embeddings(tmp_path / "plain.zarr", iter([files["ge"]]), 9, attrs={"encoder": "x"})
-    open_embeddings(tmp_path / "plain.zarr", name="gallery embeddings", n_rows=9,
-                    manifest=copy)
+    open_embeddings(tmp_path / "plain.zarr", name="gallery embeddings", n_rows=9, manifest=copy)
 
 
 def test_manifest_check_comes_before_the_row_count(files, tmp_path):
     """Rows added to the manifest: the message says which manifest the store belongs to,
     not only that the counts differ."""
     table = pd.read_csv(files["g_csv"], dtype=str)
-    pd.concat([table, table.iloc[:1].assign(id="new")]).to_csv(tmp_path / "more.csv",
-                                                               index=False)
-    with pytest.raises(RankwiseError, match=r"encoded from \S*gallery\.csv .*more\.csv has "
-                                            r"other content"):
-        open_inputs(files["q_csv"], tmp_path / "more.csv", files["q_store"], files["g_store"],
-                    protocol="recall")
+    pd.concat([table, table.iloc[:1].assign(id="new")]).to_csv(tmp_path / "more.csv", index=False)
+    with pytest.raises(
+        RankwiseError,
+        match=r"encoded from \S*gallery\.csv .*more\.csv has "
+        r"other content",
+    ):
+        open_inputs(
+            files["q_csv"],
+            tmp_path / "more.csv",
+            files["q_store"],
+            files["g_store"],
+            protocol="recall",
+        )

@@ -28,7 +28,7 @@ def test_quick_start_installs_what_the_demo_needs():
 
 
 def test_evaluate_example_prints_what_the_readme_shows(tmp_path):
-    section = README[README.index("## Evaluate your own embeddings"):]
+    section = README[README.index("## Evaluate your own embeddings") :]
     command, shown = re.findall(r"```(?:bash)?\n(.*?)```", section, re.S)[:2]
     argv = shlex.split(command.replace("\\\n", " "))
     assert argv[:2] == ["rankwise", "evaluate"]

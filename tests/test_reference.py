@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import read_json
 from reference import (
     distance_matrix,
@@ -25,8 +24,15 @@ from reference import (
 )
 
 TOL = 1e-6  # percentage points
-JSON_KEYS = {"protocol", "distance", "num_queries", "num_skipped", "num_gallery",
-             "embedding_dim", "metrics"}
+JSON_KEYS = {
+    "protocol",
+    "distance",
+    "num_queries",
+    "num_skipped",
+    "num_gallery",
+    "embedding_dim",
+    "metrics",
+}
 
 # (protocol, distance, kind, seed, extra options)
 CASES = [
@@ -59,8 +65,9 @@ def test_reference_sort_agrees_with_rank_formula(make_case, protocol, distance, 
     """lexsort route (torchreid style) == DESIGN.md's counting formula, per query."""
     case = _case(make_case, protocol, distance, kind, seed, opts)
     d = distance_matrix(case.query_emb, case.gallery_emb, distance)
-    valid, rel = protocol_masks(protocol, case.query, case.gallery,
-                                gap_frames=opts.get("gap_frames", 1))
+    valid, rel = protocol_masks(
+        protocol, case.query, case.gallery, gap_frames=opts.get("gap_frames", 1)
+    )
     n_checked = 0
     for i in range(len(case.query)):
         a = relevant_ranks(sorted_matches(d[i], valid[i], rel[i]))
@@ -132,9 +139,12 @@ def _seed_recall_at_k(query_emb, gallery_emb, q_labels, g_labels, ks, query_ids,
     top_k_max = min(max(ks), g.shape[0])
     top = np.argpartition(-sims, top_k_max - 1, axis=1)[:, :top_k_max]
     sorted_top = np.take_along_axis(
-        top, np.argsort(-sims[np.arange(len(q))[:, None], top], axis=1), axis=1)
-    return {f"recall@{k}": float(np.any(g_labels[sorted_top[:, :k]] == q_lab_f[:, None],
-                                        axis=1).mean()) for k in ks}
+        top, np.argsort(-sims[np.arange(len(q))[:, None], top], axis=1), axis=1
+    )
+    return {
+        f"recall@{k}": float(np.any(g_labels[sorted_top[:, :k]] == q_lab_f[:, None], axis=1).mean())
+        for k in ks
+    }
 
 
 def test_reference_equals_seed_recall_code_without_ties(make_case):
@@ -148,8 +158,15 @@ def test_reference_equals_seed_recall_code_without_ties(make_case):
     qe, ge = case.query_emb[qk].astype(np.float64), case.gallery_emb[gk].astype(np.float64)
     ks = (1, 2, 5, 10)
     ref = evaluate_reference(q, g, qe, ge, protocol="recall", distance="cosine", ks=ks)
-    seed = _seed_recall_at_k(qe, ge, q["label"].to_numpy(), g["label"].to_numpy(), ks,
-                             q["id"].to_numpy(), g["id"].to_numpy())
+    seed = _seed_recall_at_k(
+        qe,
+        ge,
+        q["label"].to_numpy(),
+        g["label"].to_numpy(),
+        ks,
+        q["id"].to_numpy(),
+        g["id"].to_numpy(),
+    )
     for k in ks:
         assert ref.metrics[f"recall@{k}"] == pytest.approx(100 * seed[f"recall@{k}"], abs=1e-9)
     assert ref.num_skipped == 1  # the absent label
@@ -173,8 +190,7 @@ def test_generated_reid_data_exercise_every_rule(make_case):
     # ties between a relevant and a valid non-relevant item exist
     d = distance_matrix(case.query_emb, case.gallery_emb, "euclidean")
     valid, rel = protocol_masks("reid", case.query, case.gallery)
-    n_ties = sum(np.isin(d[i][rel[i]], d[i][valid[i] & ~rel[i]]).sum()
-                 for i in range(len(d)))
+    n_ties = sum(np.isin(d[i][rel[i]], d[i][valid[i] & ~rel[i]]).sum() for i in range(len(d)))
     assert n_ties > 0
 
 
@@ -227,11 +243,14 @@ def test_api_matches_reference(make_case, protocol, distance, kind, seed, opts):
         np.testing.assert_array_equal(np.asarray(res.per_query["first_rank"]), ref.first_rank)
 
 
-@pytest.mark.parametrize("protocol,distance,kind,seed", [
-    ("reid", "euclidean", "int", 0),
-    ("reid", "cosine", "float", 0),
-    ("recall", "cosine", "sign", 0),
-])
+@pytest.mark.parametrize(
+    "protocol,distance,kind,seed",
+    [
+        ("reid", "euclidean", "int", 0),
+        ("reid", "cosine", "float", 0),
+        ("recall", "cosine", "sign", 0),
+    ],
+)
 def test_api_trapezoid_ap_matches_matlab(make_case, protocol, distance, kind, seed):
     import rankwise
 
@@ -260,10 +279,16 @@ def test_recall_at_k_function_matches_reference(make_case):
     case = make_case("recall", "euclidean", "int", 1)
     ks = (1, 2, 5, 10)
     ref = evaluate_reference(*case.args(), protocol="recall", distance="euclidean", ks=ks)
-    got = rankwise.recall_at_k(case.query_emb, case.gallery_emb,
-                               case.query["label"].to_numpy(), case.gallery["label"].to_numpy(),
-                               ks=ks, query_ids=case.query["id"].to_numpy(),
-                               gallery_ids=case.gallery["id"].to_numpy(), distance="euclidean")
+    got = rankwise.recall_at_k(
+        case.query_emb,
+        case.gallery_emb,
+        case.query["label"].to_numpy(),
+        case.gallery["label"].to_numpy(),
+        ks=ks,
+        query_ids=case.query["id"].to_numpy(),
+        gallery_ids=case.gallery["id"].to_numpy(),
+        distance="euclidean",
+    )
     assert set(got) == {f"recall@{k}" for k in ks}
     for k in ks:
         assert got[f"recall@{k}"] == pytest.approx(ref.metrics[f"recall@{k}"], abs=TOL)
@@ -277,15 +302,25 @@ CLI_CASES = [
 ]
 
 
-@pytest.mark.parametrize("protocol,distance,kind,seed,opts,ap", CLI_CASES,
-                         ids=[f"{c[0]}-{c[1]}-{c[5]}" for c in CLI_CASES])
-def test_cli_evaluate_matches_reference(make_case, cli, tmp_path, protocol, distance, kind,
-                                        seed, opts, ap):
+@pytest.mark.parametrize(
+    "protocol,distance,kind,seed,opts,ap",
+    CLI_CASES,
+    ids=[f"{c[0]}-{c[1]}-{c[5]}" for c in CLI_CASES],
+)
+def test_cli_evaluate_matches_reference(
+    make_case, cli, tmp_path, protocol, distance, kind, seed, opts, ap
+):
     case = make_case(protocol, distance, kind, seed, **opts)
     options = case.write(tmp_path)
     ks = case.options["ks"]
-    options.update({"--protocol": protocol, "--distance": distance,
-                    "--ks": ",".join(map(str, ks)), "--output": tmp_path / "r.json"})
+    options.update(
+        {
+            "--protocol": protocol,
+            "--distance": distance,
+            "--ks": ",".join(map(str, ks)),
+            "--output": tmp_path / "r.json",
+        }
+    )
     if "gap_frames" in opts:
         options["--gap-frames"] = opts["gap_frames"]
     if protocol in ("recall", "reid"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from helpers import ROOT, run_rankwise
+
 from rankwise import metrics, registry
 from rankwise.errors import RankwiseError
 from rankwise.manifest import required_columns
@@ -63,16 +63,21 @@ def test_a_new_spec_is_one_declaration(monkeypatch):
     import pandas as pd
 
     variant = registry.ProtocolSpec(
-        name="reid-keep-camera", summary="test variant",
+        name="reid-keep-camera",
+        summary="test variant",
         columns=registry.REGISTRY["reid"].columns,
-        metric_families=("rankK", "map"), headline=("rank1", "map"),
-        junk_labels=True, options=("junk_labels",))
+        metric_families=("rankK", "map"),
+        headline=("rank1", "map"),
+        junk_labels=True,
+        options=("junk_labels",),
+    )
     monkeypatch.setitem(registry.REGISTRY, variant.name, variant)
     q = pd.DataFrame({"id": ["q0"], "label": ["1"], "camera": ["1"]})
-    g = pd.DataFrame({"id": ["g0", "g1", "g2"], "label": ["1", "1", "-1"],
-                      "camera": ["1", "2", "1"]})
+    g = pd.DataFrame(
+        {"id": ["g0", "g1", "g2"], "label": ["1", "1", "-1"], "camera": ["1", "2", "1"]}
+    )
     plain = build_problem(q, g, "reid")
     keep = build_problem(q, g, "reid-keep-camera")
-    assert plain.pair_g.tolist() == [1]            # same camera excluded
-    assert keep.pair_g.tolist() == [0, 1]          # kept by the variant
+    assert plain.pair_g.tolist() == [1]  # same camera excluded
+    assert keep.pair_g.tolist() == [0, 1]  # kept by the variant
     assert plain.num_gallery == keep.num_gallery == 2  # junk removed by both

@@ -55,15 +55,18 @@ def _manifests(folder: Path, protocol: str, rng) -> tuple[Path, Path, np.ndarray
         g_lines = ["id,label"] + [f"g{i},{lab}" for i, lab in enumerate(g_labels)]
         q_labels = np.repeat(np.arange(8), 3)
         q_lines = ["id,label,sketch,step"] + [
-            f"q{i},{lab},s{lab},{i % 3 + 1}" for i, lab in enumerate(q_labels)]
+            f"q{i},{lab},s{lab},{i % 3 + 1}" for i, lab in enumerate(q_labels)
+        ]
     else:
         g_lines = ["id,label,path"] + [
             f"g{i},{lab},{_image(folder / 'images' / f'g{i}.png', 30 * lab)}"
-            for i, lab in enumerate(g_labels)]
+            for i, lab in enumerate(g_labels)
+        ]
         q_labels = np.arange(8)
         q_lines = ["id,label,path"] + [
             f"q{i},{lab},{_image(folder / 'images' / f'q{i}.png', 30 * lab)}"
-            for i, lab in enumerate(q_labels)]
+            for i, lab in enumerate(q_labels)
+        ]
     (folder / "query.csv").write_text("\n".join(q_lines) + "\n")
     (folder / "gallery.csv").write_text("\n".join(g_lines) + "\n")
     return folder / "query.csv", folder / "gallery.csv", centres[q_labels], centres[g_labels]
@@ -82,15 +85,36 @@ def results(tmp_path_factory):
             for split, csv, true in (("query", q_csv, q_true), ("gallery", g_csv, g_true)):
                 emb = (true + noise * rng.normal(size=true.shape)).astype(np.float32)
                 stores[split] = root / "embeddings" / dataset / encoder / f"{split}.zarr"
-                write_embeddings(stores[split], iter([emb]), len(emb), attrs={
-                    "encoder": {"kind": "onnx", "options": {"model": f"{encoder}.onnx"}},
-                    "checkpoint": f"{encoder}.onnx", "checkpoint_hash": CHECKPOINT[encoder],
-                    "manifest_hash": f"{split}-hash", "manifest": str(csv),
-                    "num_rows": len(emb), "rankwise_version": __version__})
+                write_embeddings(
+                    stores[split],
+                    iter([emb]),
+                    len(emb),
+                    attrs={
+                        "encoder": {"kind": "onnx", "options": {"model": f"{encoder}.onnx"}},
+                        "checkpoint": f"{encoder}.onnx",
+                        "checkpoint_hash": CHECKPOINT[encoder],
+                        "manifest_hash": f"{split}-hash",
+                        "manifest": str(csv),
+                        "num_rows": len(emb),
+                        "rankwise_version": __version__,
+                    },
+                )
             ranks = root / "ranks" / dataset / f"{encoder}.zarr"
-            invoke("rank", "--query", q_csv, "--gallery", g_csv, "--query-embeddings",
-                   stores["query"], "--gallery-embeddings", stores["gallery"], "--protocol",
-                   protocol, "--out", ranks)
+            invoke(
+                "rank",
+                "--query",
+                q_csv,
+                "--gallery",
+                g_csv,
+                "--query-embeddings",
+                stores["query"],
+                "--gallery-embeddings",
+                stores["gallery"],
+                "--protocol",
+                protocol,
+                "--out",
+                ranks,
+            )
             out = root / "metrics" / dataset / f"{encoder}.json"
             invoke("metrics", ranks, "--ks", "1,2,5", "--output", out)
             metrics.append(out)
@@ -100,9 +124,22 @@ def results(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(results):
     root, metrics = results
-    invoke("report", *metrics, "--out-dir", root, "--title", "Toy <report>",
-           "--cmc-max-rank", "20", "--resamples", "300", "--worst-queries", str(WORST),
-           "--top-k", "5")
+    invoke(
+        "report",
+        *metrics,
+        "--out-dir",
+        root,
+        "--title",
+        "Toy <report>",
+        "--cmc-max-rank",
+        "20",
+        "--resamples",
+        "300",
+        "--worst-queries",
+        str(WORST),
+        "--top-k",
+        "5",
+    )
     return root
 
 
@@ -124,9 +161,13 @@ def test_html_is_self_contained(report):
     assert all(link.startswith(("data:", "#")) for link in links), links
     assert not re.search(r"<(script|link|iframe)\b|url\(|@import", text, flags=re.I)
     # plots and thumbnails are inline PNG
-    for alt in ("metrics across encoders on toy", "CMC curves on toy",
-                "metrics across encoders on sketchy", "CMC curves on sketchy",
-                "rank against completion on sketchy"):
+    for alt in (
+        "metrics across encoders on toy",
+        "CMC curves on toy",
+        "metrics across encoders on sketchy",
+        "CMC curves on sketchy",
+        "rank against completion on sketchy",
+    ):
         assert re.search(f'<img alt="{alt}" src="data:image/png;base64,[A-Za-z0-9+/=]+"', text)
     assert "Toy &lt;report&gt;" in text and "Toy <report>" not in text
     # long sections are collapsed
@@ -139,12 +180,18 @@ def test_json_has_every_metric_and_provenance(results, report):
     assert doc["datasets"] == ["toy", "sketchy"]
     assert doc["encoders"] == list(ENCODERS)
     assert len(doc["results"]) == 6
-    for path, entry in zip(metrics, doc["results"]):
+    for path, entry in zip(metrics, doc["results"], strict=True):
         source = json.loads(path.read_text())
         assert (entry["dataset"], entry["encoder"]) == (path.parent.name, path.stem)
         assert entry["metrics"] == source["metrics"]
-        for key in ("protocol", "distance", "num_queries", "num_skipped", "num_gallery",
-                    "embedding_dim"):
+        for key in (
+            "protocol",
+            "distance",
+            "num_queries",
+            "num_skipped",
+            "num_gallery",
+            "embedding_dim",
+        ):
             assert entry[key] == source[key]
         prov = entry["provenance"]
         assert prov["encoder"] == entry["encoder"]
@@ -163,7 +210,7 @@ def test_cmc_agrees_with_rank_k(report):
     for entry in doc["results"]:
         cmc = entry["cmc"]
         assert len(cmc) == 20
-        assert all(a <= b for a, b in zip(cmc, cmc[1:]))
+        assert all(a <= b for a, b in zip(cmc, cmc[1:], strict=True))
         prefix = {"recall": "recall@", "progressive": "acc@"}[entry["protocol"]]
         for k in (1, 2, 5):
             assert cmc[k - 1] == pytest.approx(entry["metrics"][f"{prefix}{k}"])
@@ -182,8 +229,16 @@ def test_markdown_tables(report):
 def test_same_inputs_same_bytes(results, tmp_path):
     _, metrics = results
     for out in ("one", "two"):
-        invoke("report", *metrics, "--out-dir", tmp_path / out, "--resamples", "200",
-               "--worst-queries", "2")
+        invoke(
+            "report",
+            *metrics,
+            "--out-dir",
+            tmp_path / out,
+            "--resamples",
+            "200",
+            "--worst-queries",
+            "2",
+        )
     for name in ("report.html", "report.md", "report.json"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
@@ -197,17 +252,34 @@ def test_explicit_paths(results, tmp_path):
 def test_cmc_curve_by_hand(tmp_path):
     # first ranks 1, 3, 2 (and 7 for a second relevant item, which CMC ignores)
     store = tmp_path / "ranks.zarr"
-    write_ranks(store, {"offsets": np.array([0, 2, 3, 5]), "ranks": np.array([1, 4, 3, 2, 7]),
-                        "query_index": np.arange(3), "group": -np.ones(3), "step": np.zeros(3)},
-                {"protocol": "recall", "distance": "cosine", "num_queries": 3,
-                 "num_skipped": 0, "num_gallery": 10, "embedding_dim": 2})
+    write_ranks(
+        store,
+        {
+            "offsets": np.array([0, 2, 3, 5]),
+            "ranks": np.array([1, 4, 3, 2, 7]),
+            "query_index": np.arange(3),
+            "group": -np.ones(3),
+            "step": np.zeros(3),
+        },
+        {
+            "protocol": "recall",
+            "distance": "cosine",
+            "num_queries": 3,
+            "num_skipped": 0,
+            "num_gallery": 10,
+            "embedding_dim": 2,
+        },
+    )
     assert cmc_curve(store, 4) == pytest.approx([100 / 3, 200 / 3, 100.0, 100.0])
 
 
-@pytest.mark.parametrize("content, message", [
-    ("not json", "not a JSON file"),
-    ('{"protocol": "recall"}', "no 'metrics' object"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json", "not a JSON file"),
+        ('{"protocol": "recall"}', "no 'metrics' object"),
+    ],
+)
 def test_bad_metrics_file(tmp_path, content, message):
     bad = tmp_path / "d" / "e.json"
     bad.parent.mkdir()
@@ -243,7 +315,7 @@ def test_comparisons_cover_every_pair_and_metric(doc):
     for row in rows:
         by_pair.setdefault((row["dataset"], row["a"], row["b"]), []).append(row["metric"])
     encoders = list(ENCODERS)
-    expected_pairs = [(a, b) for i, a in enumerate(encoders) for b in encoders[i + 1:]]
+    expected_pairs = [(a, b) for i, a in enumerate(encoders) for b in encoders[i + 1 :]]
     assert list(by_pair) == [(d, a, b) for d in ("toy", "sketchy") for a, b in expected_pairs]
     values = {(r["dataset"], r["encoder"]): r["metrics"] for r in doc["results"]}
     for (dataset, a, b), names in by_pair.items():
@@ -260,22 +332,38 @@ def test_comparisons_cover_every_pair_and_metric(doc):
     assert [r["p_holm"] for r in rows] == pytest.approx(holm([r["p_value"] for r in rows]))
     assert doc["statistics"]["num_tests"] == len(rows)
     # the weakest against the best checkpoint on recall@1: a large, significant gain
-    gain = next(r for r in rows if (r["dataset"], r["a"], r["b"], r["metric"])
-                == ("toy", "enc-a", "enc-c", "map"))
+    gain = next(
+        r
+        for r in rows
+        if (r["dataset"], r["a"], r["b"], r["metric"]) == ("toy", "enc-a", "enc-c", "map")
+    )
     assert gain["diff"] > 0
 
 
 def test_comparison_pairs_all_up_to_four_then_previous_and_best():
     assert comparison_pairs(["a"]) == []
-    assert comparison_pairs(list("abcd")) == [("a", "b"), ("a", "c"), ("a", "d"), ("b", "c"),
-                                              ("b", "d"), ("c", "d")]
+    assert comparison_pairs(list("abcd")) == [
+        ("a", "b"),
+        ("a", "c"),
+        ("a", "d"),
+        ("b", "c"),
+        ("b", "d"),
+        ("c", "d"),
+    ]
     assert comparison_pairs(list("abcd"), "c") == comparison_pairs(list("abcd"))
     # beyond four: each against the previous one (epoch to epoch) ...
     assert comparison_pairs(list("abcde")) == [("a", "b"), ("b", "c"), ("c", "d"), ("d", "e")]
     # ... and the best against every encoder it is not already next to
     assert comparison_pairs(list("abcdef"), "c") == [
-        ("a", "b"), ("b", "c"), ("c", "d"), ("d", "e"), ("e", "f"), ("a", "c"), ("e", "c"),
-        ("f", "c")]
+        ("a", "b"),
+        ("b", "c"),
+        ("c", "d"),
+        ("d", "e"),
+        ("e", "f"),
+        ("a", "c"),
+        ("e", "c"),
+        ("f", "c"),
+    ]
     pairs = comparison_pairs([f"e{i}" for i in range(16)], "e7")
     assert len(pairs) == 15 + 13 and len(set(pairs)) == len(pairs)  # linear, no repeats
 
@@ -299,7 +387,7 @@ def test_progressive_curve(doc):
         assert curve["num_renderings"] == [8, 8, 8]
         # every sketch has the same number of steps: m@B is the curve's mean
         assert np.mean(curve["mean_reciprocal_rank"]) == pytest.approx(entry["metrics"]["m@B"])
-        for value, (low, high) in zip(curve["mean_reciprocal_rank"], curve["ci95"]):
+        for value, (low, high) in zip(curve["mean_reciprocal_rank"], curve["ci95"], strict=True):
             assert low <= value <= high
 
 
@@ -323,15 +411,17 @@ def _independent_scores(ranks_path: str) -> dict[int, float]:
     if attrs["protocol"] != "progressive":
         out = {}
         for q in range(len(rows)):
-            r = ranks[offsets[q]:offsets[q + 1]].astype(float)
+            r = ranks[offsets[q] : offsets[q + 1]].astype(float)
             out[int(rows[q])] = 100 * float(np.mean(np.arange(1, len(r) + 1) / r))
         return out
     sketches: dict[int, list[tuple[int, int, float]]] = {}
     for q in range(len(rows)):
         sketches.setdefault(int(arrays["group"][q]), []).append(
-            (int(arrays["step"][q]), int(rows[q]), 1.0 / ranks[offsets[q]]))
-    return {max(items)[1]: 100 * float(np.mean([x[2] for x in items]))
-            for items in sketches.values()}
+            (int(arrays["step"][q]), int(rows[q]), 1.0 / ranks[offsets[q]])
+        )
+    return {
+        max(items)[1]: 100 * float(np.mean([x[2] for x in items])) for items in sketches.values()
+    }
 
 
 def test_worst_queries_are_the_lowest(doc, report):
@@ -362,8 +452,7 @@ def test_worst_queries_are_the_lowest(doc, report):
                 assert relevant[0] == q["rank"]
             else:
                 assert relevant == []
-        assert sorted(q["score"] for q in listed) == pytest.approx(
-            sorted(scores.values())[:WORST])
+        assert sorted(q["score"] for q in listed) == pytest.approx(sorted(scores.values())[:WORST])
         assert [q["score"] for q in listed] == sorted(q["score"] for q in listed)
 
 
@@ -371,11 +460,13 @@ def test_worst_queries_thumbnails_or_ids(doc, report):
     text = (report / "report.html").read_text()
     toy, sketchy = text.split('<h2 id="sketchy">')
     # toy has images: green/red bordered thumbnails; sketchy has none: id boxes
-    assert re.search(r'<span class="item (rel|non)"[^>]*><img alt="g\d+" width="48" '
-                     r'height="64" src="data:image/png;base64,', toy)
+    assert re.search(
+        r'<span class="item (rel|non)"[^>]*><img alt="g\d+" width="48" '
+        r'height="64" src="data:image/png;base64,',
+        toy,
+    )
     assert 'class="idbox"' not in toy
-    assert re.search(r'<span class="item (rel|non)"[^>]*><span class="idbox">g\d+</span>',
-                     sketchy)
+    assert re.search(r'<span class="item (rel|non)"[^>]*><span class="idbox">g\d+</span>', sketchy)
 
 
 def test_worst_encoders_all_and_none(results):
@@ -396,15 +487,19 @@ def test_by_identity(results):
     assert {r["by"] for r in doc["comparisons"]} == {"identity"}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--resamples", "-1"], "--resamples must be a non-negative integer"),
-    (["--top-k", "0"], "--top-k must be at least 1"),
-    (["--worst-queries", "-2"], "--worst-queries must be a non-negative integer"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--resamples", "-1"], "--resamples must be a non-negative integer"),
+        (["--top-k", "0"], "--top-k must be at least 1"),
+        (["--worst-queries", "-2"], "--worst-queries must be a non-negative integer"),
+    ],
+)
 def test_bad_options(results, tmp_path, args, message):
     _, metrics = results
-    result = CliRunner().invoke(main, ["report", *map(str, metrics[:2]), "--out-dir",
-                                       str(tmp_path), *args])
+    result = CliRunner().invoke(
+        main, ["report", *map(str, metrics[:2]), "--out-dir", str(tmp_path), *args]
+    )
     assert result.exit_code == 2
     assert message in result.output
     assert not (tmp_path / "report.html").exists()
@@ -412,12 +507,13 @@ def test_bad_options(results, tmp_path, args, message):
 
 # ---------------------------------------------------------------- one view-model
 
+
 def _markdown_rows(text: str, heading: str) -> list[list[str]]:
     """The body cells of the first table after ``heading``."""
     lines = text.split(heading, 1)[1].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| "))
     table = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("| "):
             break
         table.append([c.strip() for c in line.strip("|").split(" | ")][1:])
@@ -427,8 +523,7 @@ def _markdown_rows(text: str, heading: str) -> list[list[str]]:
 def _html_rows(text: str, heading: str) -> list[list[str]]:
     """The body cells of the first table after ``heading``: '<td class=...>text'."""
     body = text.split(heading, 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
-    return [re.findall(r"<td([^>]*)>(.*?)</td>", row)[1:]
-            for row in body.split("</tr>") if row]
+    return [re.findall(r"<td([^>]*)>(.*?)</td>", row)[1:] for row in body.split("</tr>") if row]
 
 
 def test_markdown_and_html_share_the_cells(doc):
@@ -439,14 +534,16 @@ def test_markdown_and_html_share_the_cells(doc):
     md, page = render_markdown(doc), render_html(doc)
     header, body = view.overview(doc)
     tables = [("## Overview", "<h2>Overview</h2>", body)]
-    tables += [(f"## {d}\n", f'<h2 id="{d}">', view.metrics_table(rows)[1])
-               for d, rows in view.by_dataset(doc)]
+    tables += [
+        (f"## {d}\n", f'<h2 id="{d}">', view.metrics_table(rows)[1])
+        for d, rows in view.by_dataset(doc)
+    ]
     flagged = 0
     for md_heading, html_heading, rows in tables:
         md_rows, html_rows = _markdown_rows(md, md_heading), _html_rows(page, html_heading)
         assert len(md_rows) == len(html_rows) == len(rows)
-        for (_, cells), md_row, html_row in zip(rows, md_rows, html_rows):
-            for cell, md_cell, (attrs, html_cell) in zip(cells, md_row, html_row):
+        for (_, cells), md_row, html_row in zip(rows, md_rows, html_rows, strict=True):
+            for cell, md_cell, (attrs, html_cell) in zip(cells, md_row, html_row, strict=True):
                 flagged += cell.best
                 assert md_cell.startswith(f"**{cell.text}**") == cell.best
                 assert ('class="best"' in attrs) == cell.best
@@ -458,7 +555,7 @@ def test_markdown_and_html_share_the_cells(doc):
 
 
 def test_renderers_read_the_settings_from_the_document(doc):
-    """"95%" and "p(Holm) < 0.05" are not retyped: another confidence and alpha in the
+    """ "95%" and "p(Holm) < 0.05" are not retyped: another confidence and alpha in the
     document change every sentence of both renderers."""
     from rankwise.report import render_markdown
     from rankwise.stats import EXACT_MAX
@@ -489,14 +586,19 @@ def test_css_is_package_data(report):
 
 # ---------------------------------------------------------------- overview, CSV, LaTeX
 
+
 def test_overview_shows_every_headline_metric_and_the_best_checkpoint(doc, report):
     from rankwise.registry import get_protocol
     from rankwise.report import view
 
     header, _ = view.overview(doc)
-    expected = [(d, name) for d in doc["datasets"]
-                for name in get_protocol(next(r["protocol"] for r in doc["results"]
-                                              if r["dataset"] == d)).headline]
+    expected = [
+        (d, name)
+        for d in doc["datasets"]
+        for name in get_protocol(
+            next(r["protocol"] for r in doc["results"] if r["dataset"] == d)
+        ).headline
+    ]
     assert header == expected  # recall: recall@1, map; progressive: m@A, m@B
     assert [b["dataset"] for b in doc["best"]] == doc["datasets"]
     for best in doc["best"]:
@@ -521,18 +623,25 @@ def test_csv_round_trips_through_pandas(doc):
     from rankwise.report import render_csv
 
     table = pd.read_csv(io.StringIO(render_csv(doc)), keep_default_na=False)
-    assert list(table.columns) == ["dataset", "encoder", "checkpoint", "metric", "value",
-                                   "ci_low", "ci_high", "num_queries", "num_skipped"]
+    assert list(table.columns) == [
+        "dataset",
+        "encoder",
+        "checkpoint",
+        "metric",
+        "value",
+        "ci_low",
+        "ci_high",
+        "num_queries",
+        "num_skipped",
+    ]
     expected = [(e, name) for e in doc["results"] for name in e["metrics"]]
     assert len(table) == len(expected)
-    for row, (entry, name) in zip(table.itertuples(index=False), expected):
-        assert (row.dataset, row.encoder, row.metric) == (entry["dataset"], entry["encoder"],
-                                                          name)
+    for row, (entry, name) in zip(table.itertuples(index=False), expected, strict=True):
+        assert (row.dataset, row.encoder, row.metric) == (entry["dataset"], entry["encoder"], name)
         assert row.checkpoint == entry["provenance"]["checkpoint"]
         assert row.value == entry["metrics"][name]  # exactly: the numbers of report.json
         assert [row.ci_low, row.ci_high] == entry["ci95"][name]
-        assert (row.num_queries, row.num_skipped) == (entry["num_queries"],
-                                                      entry["num_skipped"])
+        assert (row.num_queries, row.num_skipped) == (entry["num_queries"], entry["num_skipped"])
 
 
 def test_latex_tables(doc, tmp_path):
@@ -544,25 +653,36 @@ def test_latex_tables(doc, tmp_path):
     # every LaTeX special character in a name is escaped (the document still compiles)
     doc = dict(doc, title="Toy_1 & 50% #2 {x} ~^ $y$ \\ <z>")
     text = render_latex(doc)
-    assert (r"\section*{Toy\_1 \& 50\% \#2 \{x\} \textasciitilde{}\textasciicircum{} "
-            r"\$y\$ \textbackslash{} $<$z$>$}") in text
+    assert (
+        r"\section*{Toy\_1 \& 50\% \#2 \{x\} \textasciitilde{}\textasciicircum{} "
+        r"\$y\$ \textbackslash{} $<$z$>$}"
+    ) in text
     # best values in bold: as many as the view-model flags (overview + dataset tables)
     flags = sum(c.best for _, cells in view.overview(doc)[1] for c in cells)
-    flags += sum(c.best for _, rows in view.by_dataset(doc)
-                 for _, cells in view.metrics_table(rows)[1] for c in cells)
+    flags += sum(
+        c.best
+        for _, rows in view.by_dataset(doc)
+        for _, cells in view.metrics_table(rows)[1]
+        for c in cells
+    )
     assert text.count(r"\textbf{") == flags
     assert text.count("$^{*}$") == sum(c["significant"] for c in doc["comparisons"])
     assert text.count(r"\toprule") == 1 + len(doc["datasets"]) + len(
-        {c["dataset"] for c in doc["comparisons"]})
+        {c["dataset"] for c in doc["comparisons"]}
+    )
     for dataset in doc["datasets"]:
         assert f"{dataset}: protocol" in text
     assert "(0 skipped)" in text and "p(Holm) $<$ 0.05" in text
     if shutil.which("pdflatex") is None:
         pytest.skip("pdflatex is not installed (Debian: texlive-latex-recommended)")
     (tmp_path / "report.tex").write_text(text)
-    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
-                           "report.tex"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "report.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     assert (tmp_path / "report.pdf").stat().st_size > 0
 
@@ -571,9 +691,20 @@ def test_cli_writes_csv_and_tex(results, tmp_path):
     from rankwise.report import render_csv, render_latex
 
     _, metrics = results
-    invoke("report", *metrics[:2], "--resamples", "40", "--worst-queries", "0",
-           "--json", tmp_path / "r.json", "--csv", tmp_path / "r.csv",
-           "--tex", tmp_path / "r.tex")
+    invoke(
+        "report",
+        *metrics[:2],
+        "--resamples",
+        "40",
+        "--worst-queries",
+        "0",
+        "--json",
+        tmp_path / "r.json",
+        "--csv",
+        tmp_path / "r.csv",
+        "--tex",
+        tmp_path / "r.tex",
+    )
     doc = json.loads((tmp_path / "r.json").read_text())
     assert (tmp_path / "r.csv").read_text() == render_csv(doc)
     assert (tmp_path / "r.tex").read_text() == render_latex(doc)

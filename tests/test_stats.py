@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from conftest import progressive_case, read_json, reid_case
 
 import rankwise
-from conftest import progressive_case, read_json, reid_case
 from rankwise import stats
 from rankwise.cli import main
 from rankwise.errors import RankwiseError
@@ -37,16 +37,27 @@ def synthetic_ranks(difficulty, n_rel, delta, rng, n_gallery=80):
     """A reid ranks store: query q's relevant items score ``difficulty[q] + delta + noise``,
     the others ``noise``; ranks follow from the scores (higher = closer)."""
     offsets, ranks = [0], []
-    for d, g in zip(difficulty, n_rel):
+    for d, g in zip(difficulty, n_rel, strict=True):
         rel = np.sort(d + delta + rng.normal(0, 1, g))[::-1]
         non = rng.normal(0, 1, n_gallery - g)
         ranks.append(1 + (non[None, :] >= rel[:, None]).sum(axis=1) + np.arange(g))
         offsets.append(offsets[-1] + g)
     n = len(n_rel)
-    arrays = {"offsets": np.array(offsets), "ranks": np.concatenate(ranks),
-              "query_index": np.arange(n), "group": np.full(n, -1), "step": np.zeros(n, int)}
-    attrs = {"protocol": "reid", "distance": "cosine", "num_queries": n, "num_skipped": 0,
-             "num_gallery": n_gallery, "embedding_dim": 8}
+    arrays = {
+        "offsets": np.array(offsets),
+        "ranks": np.concatenate(ranks),
+        "query_index": np.arange(n),
+        "group": np.full(n, -1),
+        "step": np.zeros(n, int),
+    }
+    attrs = {
+        "protocol": "reid",
+        "distance": "cosine",
+        "num_queries": n,
+        "num_skipped": 0,
+        "num_gallery": n_gallery,
+        "embedding_dim": 8,
+    }
     return arrays, attrs
 
 
@@ -64,6 +75,7 @@ def synthetic_pair(seed, delta_b, n_persons=20, per_person=3):
 
 # ---------------------------------------------------------------- bootstrap
 
+
 def test_bootstrap_ci_matches_per_resample_loop():
     values = np.random.default_rng(11).random(37)
     boot_rng, _ = _streams(3)
@@ -73,9 +85,12 @@ def test_bootstrap_ci_matches_per_resample_loop():
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     assert got[0] < values.mean() < got[1]
     # another coverage: 2.5% .. 97.5% -> 5% .. 95%
-    np.testing.assert_allclose(stats.bootstrap_ci(values, resamples=500, seed=3,
-                                                  confidence=0.9),
-                               np.percentile(means, [5, 95]), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        stats.bootstrap_ci(values, resamples=500, seed=3, confidence=0.9),
+        np.percentile(means, [5, 95]),
+        rtol=0,
+        atol=1e-12,
+    )
 
 
 def test_cluster_bootstrap_matches_per_resample_loop():
@@ -106,8 +121,13 @@ def test_metric_cis_are_bootstrap_ci_of_per_query_scores():
     a, _, _ = synthetic_pair(1, 0.0)
     cis = stats.metric_cis(*a, ks=(1, 5), resamples=300, seed=2)
     pq = unit_scores(*a, ks=(1, 5))
-    columns = {"rank1": pq["hit@1"], "rank5": pq["hit@5"], "map": pq["ap"],
-               "minp": pq["inp"], "mrr": pq["rr"]}
+    columns = {
+        "rank1": pq["hit@1"],
+        "rank5": pq["hit@5"],
+        "map": pq["ap"],
+        "minp": pq["inp"],
+        "mrr": pq["rr"],
+    }
     assert list(cis) == metric_names("reid", (1, 5))
     metrics, _ = compute_metrics(*a, ks=(1, 5))
     for name, column in columns.items():
@@ -132,22 +152,28 @@ def test_progressive_units_are_sketches():
     for name, value in metrics.items():
         assert cis[name][0] <= value <= cis[name][1]
     labels = case.query["label"].to_numpy()
-    by_target = stats.metric_cis(arrays, attrs, ks=(1, 3), resamples=200, by="identity",
-                                 labels=labels)
+    by_target = stats.metric_cis(
+        arrays, attrs, ks=(1, 3), resamples=200, by="identity", labels=labels
+    )
     assert set(by_target) == set(metrics)
 
 
 # ---------------------------------------------------------------- sign-flip test
 
+
 def _exact_p(d, clusters=None):
     """Fraction of all sign flips (of whole clusters) with |sum| >= the observed |sum|."""
-    groups = [d[clusters == c] for c in np.unique(clusters)] if clusters is not None \
-        else [d[i:i + 1] for i in range(len(d))]
+    groups = (
+        [d[clusters == c] for c in np.unique(clusters)]
+        if clusters is not None
+        else [d[i : i + 1] for i in range(len(d))]
+    )
     sums = [g.sum() for g in groups]
     observed = abs(sum(sums))
     flips = list(itertools.product((1.0, -1.0), repeat=len(sums)))
-    return sum(abs(sum(s * x for s, x in zip(signs, sums))) >= observed
-               for signs in flips) / len(flips)
+    return sum(
+        abs(sum(s * x for s, x in zip(signs, sums, strict=True))) >= observed for signs in flips
+    ) / len(flips)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -178,8 +204,9 @@ def test_monte_carlo_sign_flip_matches_per_resample_loop():
     for _ in range(700):
         flip = flip_rng.random(30) < 0.5
         hits += abs(np.where(flip, -d, d).sum()) >= observed * (1 - 1e-12)
-    assert stats.sign_flip_test(d, resamples=700, seed=6) == pytest.approx((hits + 1) / 701,
-                                                                          abs=1e-15)
+    assert stats.sign_flip_test(d, resamples=700, seed=6) == pytest.approx(
+        (hits + 1) / 701, abs=1e-15
+    )
 
 
 def test_monte_carlo_agrees_with_exact():
@@ -192,6 +219,7 @@ def test_monte_carlo_agrees_with_exact():
 
 # ---------------------------------------------------------------- Holm
 
+
 def test_holm_hand_example():
     # sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 = 0.04 -> max(0.06, 0.04)
     assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
@@ -199,17 +227,18 @@ def test_holm_hand_example():
     assert stats.holm([0.2]) == [0.2]
     assert stats.holm([]) == []
     rows = [{"metric": "m", "p_value": p, "p_holm": p} for p in (0.01, 0.04, 0.03, 0.005)]
-    assert [r["p_holm"] for r in stats.with_holm(rows)] == pytest.approx([0.03, 0.06, 0.06,
-                                                                          0.02])
+    assert [r["p_holm"] for r in stats.with_holm(rows)] == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert rows[0]["p_holm"] == 0.01  # not mutated
 
 
 # ---------------------------------------------------------------- paired comparison
 
+
 def test_compare_ranks_paired_bootstrap_and_rows():
     a, b, person = synthetic_pair(2, 0.5)
-    rows = stats.compare_ranks(*a, *b, metrics="map,rank1", resamples=400, seed=5,
-                               dataset="toy", names=("base", "new"))
+    rows = stats.compare_ranks(
+        *a, *b, metrics="map,rank1", resamples=400, seed=5, dataset="toy", names=("base", "new")
+    )
     ma, _ = compute_metrics(*a)
     mb, _ = compute_metrics(*b)
     assert [r["metric"] for r in rows] == ["map", "rank1"]
@@ -222,14 +251,13 @@ def test_compare_ranks_paired_bootstrap_and_rows():
         assert row["b"] == pytest.approx(mb[row["metric"]])
         assert row["diff"] == pytest.approx(row["b"] - row["a"])
         # paired: the bootstrap of the per-query differences, same resamples
-        expected = 100 * np.array(stats.bootstrap_ci(vb[:, j] - va[:, j], resamples=400,
-                                                     seed=5))
+        expected = 100 * np.array(stats.bootstrap_ci(vb[:, j] - va[:, j], resamples=400, seed=5))
         np.testing.assert_allclose(row["ci95"], expected, rtol=0, atol=1e-9)
-        assert row["p_value"] == stats.sign_flip_test(vb[:, j] - va[:, j], resamples=400,
-                                                      seed=5)
+        assert row["p_value"] == stats.sign_flip_test(vb[:, j] - va[:, j], resamples=400, seed=5)
     assert [r["p_holm"] for r in rows] == stats.holm([r["p_value"] for r in rows])
-    by_id = stats.compare_ranks(*a, *b, metrics="map", resamples=400, seed=5, by="identity",
-                                labels=person)
+    by_id = stats.compare_ranks(
+        *a, *b, metrics="map", resamples=400, seed=5, by="identity", labels=person
+    )
     assert by_id[0]["num_clusters"] == 20 and by_id[0]["num_units"] == 60
     assert by_id[0]["ci95"] != rows[0]["ci95"]
 
@@ -243,8 +271,12 @@ def test_calibration_noise_vs_real_difference():
         null_p.append([r["p_value"] for r in rows])
         null_cover.append([r["ci95"][0] <= 0 <= r["ci95"][1] for r in rows])
         a, b, _ = synthetic_pair(seed, 1.5)
-        better_p.append([r["p_value"] for r in stats.compare_ranks(
-            *a, *b, metrics=metrics, resamples=1000, seed=seed)])
+        better_p.append(
+            [
+                r["p_value"]
+                for r in stats.compare_ranks(*a, *b, metrics=metrics, resamples=1000, seed=seed)
+            ]
+        )
     null_p, better_p = np.array(null_p), np.array(better_p)
     assert ((null_p > 0.05).mean(axis=0) >= 0.85).all()
     assert (np.mean(null_cover, axis=0) >= 0.85).all()
@@ -270,10 +302,20 @@ def test_same_numbers_with_one_and_two_threads():
     script = _SCRIPT.format(tests=str(Path(__file__).parent))
     outputs = []
     for threads in ("1", "2"):
-        env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
-                   MKL_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads)
-        done = subprocess.run([sys.executable, "-c", script, threads], env=env,
-                              capture_output=True, text=True, timeout=120)
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=threads,
+            OPENBLAS_NUM_THREADS=threads,
+            MKL_NUM_THREADS=threads,
+            NUMBA_NUM_THREADS=threads,
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, threads],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
     assert outputs[0] == outputs[1]
@@ -282,17 +324,21 @@ def test_same_numbers_with_one_and_two_threads():
 
 # ---------------------------------------------------------------- input errors
 
+
 def _other_queries():
     a, _, _ = synthetic_pair(0, 0.0)
     arrays = dict(a[0], query_index=a[0]["query_index"] + 1)
     return arrays, a[1]
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda a, b: (a, _other_queries()), "query_index"),
-    (lambda a, b: (a, (b[0], {**b[1], "protocol": "recall"})), "protocol"),
-    (lambda a, b: (a, (b[0], {**b[1], "num_gallery": 81})), "num_gallery"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a, b: (a, _other_queries()), "query_index"),
+        (lambda a, b: (a, (b[0], {**b[1], "protocol": "recall"})), "protocol"),
+        (lambda a, b: (a, (b[0], {**b[1], "num_gallery": 81})), "num_gallery"),
+    ],
+)
 def test_compare_refuses_different_queries(change, message):
     a, b, _ = synthetic_pair(0, 0.0)
     a, b = change(a, b)
@@ -300,17 +346,20 @@ def test_compare_refuses_different_queries(change, message):
         stats.compare_ranks(*a, *b, resamples=10)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"metrics": "map,recall@1"}, "unknown metric 'recall@1'.*valid metrics"),
-    ({"resamples": 0}, "--resamples must be a positive integer"),
-    ({"seed": -1}, "--seed must be a non-negative integer"),
-    ({"confidence": 1.5}, "--confidence must be between 0 and 1"),
-    ({"by": "person"}, "--by must be one of query, identity"),
-    ({"by": "identity"}, "needs the query labels.*--labels"),
-    ({"by": "identity", "labels": ["1", "2"]}, "one label per query manifest row"),
-    ({"by": "identity", "labels": "missing.csv"}, "missing.csv: query manifest not found"),
-    ({"ap": "11point"}, "unknown AP variant"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"metrics": "map,recall@1"}, "unknown metric 'recall@1'.*valid metrics"),
+        ({"resamples": 0}, "--resamples must be a positive integer"),
+        ({"seed": -1}, "--seed must be a non-negative integer"),
+        ({"confidence": 1.5}, "--confidence must be between 0 and 1"),
+        ({"by": "person"}, "--by must be one of query, identity"),
+        ({"by": "identity"}, "needs the query labels.*--labels"),
+        ({"by": "identity", "labels": ["1", "2"]}, "one label per query manifest row"),
+        ({"by": "identity", "labels": "missing.csv"}, "missing.csv: query manifest not found"),
+        ({"ap": "11point"}, "unknown AP variant"),
+    ],
+)
 def test_option_errors(options, message):
     a, b, _ = synthetic_pair(0, 0.0)
     with pytest.raises(RankwiseError, match=message):
@@ -322,6 +371,7 @@ def test_option_errors(options, message):
 
 # ---------------------------------------------------------------- command line
 
+
 @pytest.fixture
 def stores(tmp_path):
     """Two ranks stores of the reid toy case written by the real engine, and a third
@@ -331,13 +381,19 @@ def stores(tmp_path):
     case.gallery.to_csv(tmp_path / "g.csv", index=False)
     noisy = case.query_emb + np.random.default_rng(1).integers(-2, 3, case.query_emb.shape)
     paths = {}
-    for name, query, emb in [("a", case.query, case.query_emb),
-                             ("b", case.query, noisy.astype(np.float32)),
-                             ("sub", case.query.iloc[:-3], case.query_emb[:-3])]:
-        result = rankwise.rank(query, case.gallery, emb, case.gallery_emb, protocol="reid",
-                               distance="euclidean")
-        attrs = dict(result.attrs, query_manifest=str(tmp_path / "q.csv"),
-                     gallery_manifest=str(tmp_path / "g.csv"))
+    for name, query, emb in [
+        ("a", case.query, case.query_emb),
+        ("b", case.query, noisy.astype(np.float32)),
+        ("sub", case.query.iloc[:-3], case.query_emb[:-3]),
+    ]:
+        result = rankwise.rank(
+            query, case.gallery, emb, case.gallery_emb, protocol="reid", distance="euclidean"
+        )
+        attrs = dict(
+            result.attrs,
+            query_manifest=str(tmp_path / "q.csv"),
+            gallery_manifest=str(tmp_path / "g.csv"),
+        )
         paths[name] = tmp_path / f"{name}.zarr"
         write_ranks(paths[name], result.arrays(), attrs)
     return paths, case
@@ -346,8 +402,7 @@ def stores(tmp_path):
 def test_cli_compare(stores, tmp_path, cli):
     paths, case = stores
     out = tmp_path / "cmp.json"
-    done = cli("compare", paths["a"], paths["b"], "--resamples", 300, "--seed", 1,
-               "--output", out)
+    done = cli("compare", paths["a"], paths["b"], "--resamples", 300, "--seed", 1, "--output", out)
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[3].split()
     assert header == ["metric", "A", "B", "diff", "95%", "CI", "p", "p_holm"]
@@ -365,8 +420,12 @@ def test_cli_compare(stores, tmp_path, cli):
         assert f"{row['a']:.2f}" in done.stdout
     # the same command gives the same file
     again = tmp_path / "again.json"
-    assert cli("compare", paths["a"], paths["b"], "--resamples", 300, "--seed", 1,
-               "--output", again).returncode == 0
+    assert (
+        cli(
+            "compare", paths["a"], paths["b"], "--resamples", 300, "--seed", 1, "--output", again
+        ).returncode
+        == 0
+    )
     assert again.read_text() == out.read_text()
 
 
@@ -374,9 +433,24 @@ def test_cli_compare_by_identity_and_metrics(stores, tmp_path):
     paths, case = stores
     out = tmp_path / "cmp.json"
     runner = CliRunner()
-    done = runner.invoke(main, ["compare", str(paths["a"]), str(paths["b"]), "--by",
-                                "identity", "--metrics", "map,rank1", "--resamples", "200",
-                                "--dataset", "toy", "--output", str(out)])
+    done = runner.invoke(
+        main,
+        [
+            "compare",
+            str(paths["a"]),
+            str(paths["b"]),
+            "--by",
+            "identity",
+            "--metrics",
+            "map,rank1",
+            "--resamples",
+            "200",
+            "--dataset",
+            "toy",
+            "--output",
+            str(out),
+        ],
+    )
     assert done.exit_code == 0, done.output
     rows = read_json(out)["comparisons"]
     arrays, _ = read_ranks(paths["a"])
@@ -387,16 +461,18 @@ def test_cli_compare_by_identity_and_metrics(stores, tmp_path):
     assert "identities" in done.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["sub"], "query_index"),
-    (["b", "--metrics", "map,acc@1"], "unknown metric 'acc@1'"),
-    (["b", "--resamples", "0"], "--resamples"),
-    (["b", "--by", "identity", "--labels", "nowhere.csv"], "nowhere.csv"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["sub"], "query_index"),
+        (["b", "--metrics", "map,acc@1"], "unknown metric 'acc@1'"),
+        (["b", "--resamples", "0"], "--resamples"),
+        (["b", "--by", "identity", "--labels", "nowhere.csv"], "nowhere.csv"),
+    ],
+)
 def test_cli_compare_errors(stores, args, message):
     paths, _ = stores
-    done = CliRunner().invoke(main, ["compare", str(paths["a"]), str(paths[args[0]]),
-                                     *args[1:]])
+    done = CliRunner().invoke(main, ["compare", str(paths["a"]), str(paths[args[0]]), *args[1:]])
     assert done.exit_code == 2
     assert "error:" in done.output and message in done.output
 
@@ -405,8 +481,7 @@ def test_cli_ci_and_scores(stores, tmp_path):
     paths, _ = stores
     runner = CliRunner()
     out = tmp_path / "ci.json"
-    done = runner.invoke(main, ["ci", str(paths["a"]), "--resamples", "200", "--output",
-                                str(out)])
+    done = runner.invoke(main, ["ci", str(paths["a"]), "--resamples", "200", "--output", str(out)])
     assert done.exit_code == 0, done.output
     doc = read_json(out)
     metrics, _ = compute_metrics(*read_ranks(paths["a"]))
@@ -418,8 +493,17 @@ def test_cli_ci_and_scores(stores, tmp_path):
     done = runner.invoke(main, ["scores", str(paths["a"]), "--ks", "1,3", "--output", str(csv)])
     assert done.exit_code == 0, done.output
     table = pd.read_csv(csv)
-    assert list(table.columns) == ["query_index", "num_relevant", "first_rank", "ap", "inp",
-                                   "rr", "hit@1", "hit@3"]
-    assert 100 * table["hit@3"].mean() == pytest.approx(compute_metrics(
-        *read_ranks(paths["a"]), ks=(3,))[0]["rank3"])
+    assert list(table.columns) == [
+        "query_index",
+        "num_relevant",
+        "first_rank",
+        "ap",
+        "inp",
+        "rr",
+        "hit@1",
+        "hit@3",
+    ]
+    assert 100 * table["hit@3"].mean() == pytest.approx(
+        compute_metrics(*read_ranks(paths["a"]), ks=(3,))[0]["rank3"]
+    )
     assert 100 * table["ap"].mean() == pytest.approx(metrics["map"], abs=1e-6)

@@ -26,12 +26,13 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import ROOT, run_rankwise  # noqa: E402
-from rankwise.encoders import encode_manifest  # noqa: E402
-from rankwise.errors import RankwiseError  # noqa: E402
-from rankwise.hashing import file_sha256  # noqa: E402
-from rankwise.store import embeddings_attrs  # noqa: E402
-from rankwise.encoders import DEFAULTS as _ALL_DEFAULTS  # noqa: E402
+from helpers import ROOT, run_rankwise
+
+from rankwise.encoders import DEFAULTS as _ALL_DEFAULTS
+from rankwise.encoders import encode_manifest
+from rankwise.errors import RankwiseError
+from rankwise.hashing import file_sha256
+from rankwise.store import embeddings_attrs
 
 DEFAULTS = {k: _ALL_DEFAULTS[k] for k in ("reid", "timm", "torchscript")}
 
@@ -41,6 +42,7 @@ TOL = 1e-5  # max abs difference allowed against a direct forward pass on the CP
 
 
 # ---------------------------------------------------------------- models and files
+
 
 class TinyCNN(torch.nn.Module):
     """A small scriptable CNN: conv-BN-ReLU, conv, global average pool -> (B, 6)."""
@@ -71,9 +73,16 @@ def _randomise_bn(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def _save_like_training(state: dict, path: Path, epoch: int = 60) -> Path:
     """Save as a training loop does: wrapped, DataParallel prefixes, numpy scalars."""
-    torch.save({"epoch": epoch, "rank1": np.float64(0.875), "num_steps": np.int64(1200),
-                "state_dict": {f"module.{k}": v for k, v in state.items()},
-                "optimizer": {"state": {}, "param_groups": [{"lr": 3.5e-4}]}}, path)
+    torch.save(
+        {
+            "epoch": epoch,
+            "rank1": np.float64(0.875),
+            "num_steps": np.int64(1200),
+            "state_dict": {f"module.{k}": v for k, v in state.items()},
+            "optimizer": {"state": {}, "param_groups": [{"lr": 3.5e-4}]},
+        },
+        path,
+    )
     return path
 
 
@@ -110,8 +119,9 @@ def _paths(manifest: Path) -> list[Path]:
     return [manifest.parent / p for p in pd.read_csv(manifest, dtype=str)["path"]]
 
 
-def _reference_inputs(manifest: Path, size, mean, std, resample=Image.Resampling.BILINEAR,
-                      bgr: bool = False) -> torch.Tensor:
+def _reference_inputs(
+    manifest: Path, size, mean, std, resample=Image.Resampling.BILINEAR, bgr: bool = False
+) -> torch.Tensor:
     """The spec's preprocessing, written independently of the package: (N, 3, H, W)."""
     batch = []
     for path in _paths(manifest):
@@ -139,22 +149,36 @@ def _assert_close(actual: np.ndarray, expected: np.ndarray) -> None:
 
 # ---------------------------------------------------------------- timm
 
+
 def test_timm_equals_direct_forward(timm_model, manifest: Path, tmp_path: Path):
     embedder, state = timm_model
     ckpt = _save_like_training(state, tmp_path / "epoch_060.pth")
     out = tmp_path / "emb" / "query.zarr"
-    info = encode_manifest(manifest, "timm", {"model": "resnet10t", "checkpoint": str(ckpt),
-                                              "input_size": [64, 32], "device": "cpu"},
-                           out, batch_size=2, workers=2, progress=False)
+    info = encode_manifest(
+        manifest,
+        "timm",
+        {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [64, 32], "device": "cpu"},
+        out,
+        batch_size=2,
+        workers=2,
+        progress=False,
+    )
     expected = _forward(embedder, _reference_inputs(manifest, (64, 32), *IMAGENET))
     _assert_close(_read(out), expected)
     assert info["shape"] == [N_ROWS, 512]  # resnet10t's pooled pre-logits features
     attrs = embeddings_attrs(out)
     assert attrs["checkpoint_hash"] == file_sha256(ckpt)
     assert attrs["preprocessing"] == {
-        "input_size": [64, 32], "resize": "stretch", "interpolation": "bilinear",
-        "mean": IMAGENET[0], "std": IMAGENET[1], "channel_order": "rgb", "flip": False,
-        "device": "cpu", "half": False}
+        "input_size": [64, 32],
+        "resize": "stretch",
+        "interpolation": "bilinear",
+        "mean": IMAGENET[0],
+        "std": IMAGENET[1],
+        "channel_order": "rgb",
+        "flip": False,
+        "device": "cpu",
+        "half": False,
+    }
     json.dumps(attrs)
 
 
@@ -162,9 +186,15 @@ def test_timm_flip_is_the_mean_of_both_passes(timm_model, manifest: Path, tmp_pa
     embedder, state = timm_model
     ckpt = _save_like_training(state, tmp_path / "w.pth")
     out = tmp_path / "flip.zarr"
-    encode_manifest(manifest, "timm", {"model": "resnet10t", "checkpoint": str(ckpt),
-                                       "input_size": [48, 24], "flip": True},
-                    out, batch_size=3, workers=2, progress=False)
+    encode_manifest(
+        manifest,
+        "timm",
+        {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [48, 24], "flip": True},
+        out,
+        batch_size=3,
+        workers=2,
+        progress=False,
+    )
     x = _reference_inputs(manifest, (48, 24), *IMAGENET)
     plain, mirrored = _forward(embedder, x), _forward(embedder, x.flip(3))
     assert np.abs(plain - mirrored).max() > 1e-2  # the mirror really is another input
@@ -172,22 +202,32 @@ def test_timm_flip_is_the_mean_of_both_passes(timm_model, manifest: Path, tmp_pa
     assert embeddings_attrs(out)["preprocessing"]["flip"] is True
 
 
-def test_timm_defaults_come_from_the_data_config_without_centre_crop(timm_model,
-                                                                     manifest: Path,
-                                                                     tmp_path: Path):
+def test_timm_defaults_come_from_the_data_config_without_centre_crop(
+    timm_model, manifest: Path, tmp_path: Path
+):
     embedder, state = timm_model
     torch.save(state, tmp_path / "bare.pth")  # a bare state dict, head included
     out = tmp_path / "d.zarr"
-    encode_manifest(manifest, "timm", {"model": "resnet10t",
-                                       "checkpoint": str(tmp_path / "bare.pth"),
-                                       "interpolation": "bicubic"},
-                    out, batch_size=4, workers=2, progress=False)
+    encode_manifest(
+        manifest,
+        "timm",
+        {
+            "model": "resnet10t",
+            "checkpoint": str(tmp_path / "bare.pth"),
+            "interpolation": "bicubic",
+        },
+        out,
+        batch_size=4,
+        workers=2,
+        progress=False,
+    )
     record = embeddings_attrs(out)["preprocessing"]
     size = tuple(embedder.pretrained_cfg["input_size"][1:])  # (176, 176) for resnet10t
     assert record["input_size"] == list(size) and record["interpolation"] == "bicubic"
     assert (record["mean"], record["std"]) == IMAGENET
-    expected = _forward(embedder, _reference_inputs(manifest, size, *IMAGENET,
-                                                    resample=Image.Resampling.BICUBIC))
+    expected = _forward(
+        embedder, _reference_inputs(manifest, size, *IMAGENET, resample=Image.Resampling.BICUBIC)
+    )
     _assert_close(_read(out), expected)
 
 
@@ -196,10 +236,14 @@ def test_checkpoint_without_classifier_head_loads(timm_model, manifest: Path, tm
     no_head = {k: v for k, v in state.items() if not k.startswith("fc.")}
     ckpt = _save_like_training(no_head, tmp_path / "no_head.pth")
     out = tmp_path / "h.zarr"
-    encode_manifest(manifest, "timm", {"model": "resnet10t", "checkpoint": str(ckpt),
-                                       "input_size": [32, 32]}, out, progress=False)
-    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 32),
-                                                                   *IMAGENET)))
+    encode_manifest(
+        manifest,
+        "timm",
+        {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 32]},
+        out,
+        progress=False,
+    )
+    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 32), *IMAGENET)))
 
 
 def test_safetensors_checkpoint(timm_model, manifest: Path, tmp_path: Path):
@@ -208,22 +252,35 @@ def test_safetensors_checkpoint(timm_model, manifest: Path, tmp_path: Path):
     embedder, state = timm_model
     save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "w.safetensors")
     out = tmp_path / "s.zarr"
-    encode_manifest(manifest, "timm", {"model": "resnet10t", "input_size": [32, 16],
-                                       "checkpoint": str(tmp_path / "w.safetensors")},
-                    out, progress=False)
-    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 16),
-                                                                   *IMAGENET)))
+    encode_manifest(
+        manifest,
+        "timm",
+        {
+            "model": "resnet10t",
+            "input_size": [32, 16],
+            "checkpoint": str(tmp_path / "w.safetensors"),
+        },
+        out,
+        progress=False,
+    )
+    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 16), *IMAGENET)))
 
 
 # ---------------------------------------------------------------- strict loading
+
 
 def _timm_error(manifest: Path, tmp_path: Path, state: dict, **save) -> str:
     ckpt = tmp_path / "bad.pth"
     torch.save(state, ckpt) if save.get("bare") else _save_like_training(state, ckpt)
     out = tmp_path / "bad.zarr"
     with pytest.raises(RankwiseError) as info:
-        encode_manifest(manifest, "timm", {"model": "resnet10t", "checkpoint": str(ckpt),
-                                           "input_size": [32, 16]}, out, progress=False)
+        encode_manifest(
+            manifest,
+            "timm",
+            {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 16]},
+            out,
+            progress=False,
+        )
     assert not out.exists() and not Path(f"{out}.tmp").exists()
     message = str(info.value)
     assert "\n" not in message and message.startswith(str(ckpt))
@@ -255,10 +312,12 @@ def test_shape_mismatch_names_key_and_shapes(timm_model, manifest: Path, tmp_pat
     shape = tuple(state["layer1.0.conv1.weight"].shape)
     message = _timm_error(manifest, tmp_path, broken)
     cut = (shape[0] - 1,) + shape[1:]
-    assert message.endswith(f"resnet10t': 1 shape mismatch(es) (checkpoint vs model): "
-                            f"layer1.0.conv1.weight {cut} vs {shape}; check that the options "
-                            "name the architecture (and variant) this checkpoint was trained "
-                            "with")
+    assert message.endswith(
+        f"resnet10t': 1 shape mismatch(es) (checkpoint vs model): "
+        f"layer1.0.conv1.weight {cut} vs {shape}; check that the options "
+        "name the architecture (and variant) this checkpoint was trained "
+        "with"
+    )
 
 
 def test_checkpoint_of_another_architecture(manifest: Path, tmp_path: Path):
@@ -268,32 +327,51 @@ def test_checkpoint_of_another_architecture(manifest: Path, tmp_path: Path):
     assert "shape mismatch(es) (checkpoint vs model): " in message
 
 
-def test_pickled_python_object_is_refused_not_executed(timm_model, manifest: Path,
-                                                       tmp_path: Path):
+def test_pickled_python_object_is_refused_not_executed(timm_model, manifest: Path, tmp_path: Path):
     _, state = timm_model
     ckpt = tmp_path / "args.pth"
     torch.save({"args": argparse.Namespace(lr=0.1), "state_dict": state}, ckpt)
-    with pytest.raises(RankwiseError, match=r"args\.pth: the checkpoint holds a Python object "
-                                            r"\(argparse\.Namespace\) that torch\.load\("
-                                            r"weights_only=True\) refuses"):
-        encode_manifest(manifest, "timm", {"model": "resnet10t", "checkpoint": str(ckpt)},
-                        tmp_path / "x.zarr", progress=False)
+    with pytest.raises(
+        RankwiseError,
+        match=r"args\.pth: the checkpoint holds a Python object "
+        r"\(argparse\.Namespace\) that torch\.load\("
+        r"weights_only=True\) refuses",
+    ):
+        encode_manifest(
+            manifest,
+            "timm",
+            {"model": "resnet10t", "checkpoint": str(ckpt)},
+            tmp_path / "x.zarr",
+            progress=False,
+        )
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"not a checkpoint", r"junk\.pth: not a readable torch checkpoint"),
-    ({"epoch": 3, "note": "x"}, r"junk\.pth: no state dict found \(top level: \['epoch', "
-                                r"'note'\]\)"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"not a checkpoint", r"junk\.pth: not a readable torch checkpoint"),
+        (
+            {"epoch": 3, "note": "x"},
+            r"junk\.pth: no state dict found \(top level: \['epoch', "
+            r"'note'\]\)",
+        ),
+    ],
+)
 def test_unreadable_checkpoints(content, message, manifest: Path, tmp_path: Path):
     ckpt = tmp_path / "junk.pth"
     ckpt.write_bytes(content) if isinstance(content, bytes) else torch.save(content, ckpt)
     with pytest.raises(RankwiseError, match=message):
-        encode_manifest(manifest, "timm", {"model": "resnet10t", "checkpoint": str(ckpt)},
-                        tmp_path / "x.zarr", progress=False)
+        encode_manifest(
+            manifest,
+            "timm",
+            {"model": "resnet10t", "checkpoint": str(ckpt)},
+            tmp_path / "x.zarr",
+            progress=False,
+        )
 
 
 # ---------------------------------------------------------------- reid
+
 
 @pytest.fixture(scope="module")
 def osnet_checkpoint(tmp_path_factory) -> Path:
@@ -303,8 +381,9 @@ def osnet_checkpoint(tmp_path_factory) -> Path:
     torch.manual_seed(2)
     model = _randomise_bn(build_architecture("osnet_x0_25", num_classes=11), 3)
     assert any(k.startswith("classifier.") for k in model.state_dict())
-    return _save_like_training(model.state_dict(),
-                               tmp_path_factory.mktemp("osnet") / "model.pth.tar-60")
+    return _save_like_training(
+        model.state_dict(), tmp_path_factory.mktemp("osnet") / "model.pth.tar-60"
+    )
 
 
 def _reid_package(checkpoint: Path, **kwargs):
@@ -312,37 +391,62 @@ def _reid_package(checkpoint: Path, **kwargs):
 
     with warnings.catch_warnings():  # its loader warns, then unpickles the numpy scalars
         warnings.simplefilter("ignore")
-        return ReIDModel.from_pretrained(str(checkpoint), architecture="osnet_x0_25",
-                                         device="cpu", **kwargs)
+        return ReIDModel.from_pretrained(
+            str(checkpoint), architecture="osnet_x0_25", device="cpu", **kwargs
+        )
 
 
-def test_reid_equals_the_package_own_extraction(osnet_checkpoint: Path, manifest: Path,
-                                                tmp_path: Path):
+def test_reid_equals_the_package_own_extraction(
+    osnet_checkpoint: Path, manifest: Path, tmp_path: Path
+):
     out = tmp_path / "reid.zarr"
-    encode_manifest(manifest, "reid", {"architecture": "osnet_x0_25",
-                                       "checkpoint": str(osnet_checkpoint)},
-                    out, batch_size=2, workers=2, progress=False)
+    encode_manifest(
+        manifest,
+        "reid",
+        {"architecture": "osnet_x0_25", "checkpoint": str(osnet_checkpoint)},
+        out,
+        batch_size=2,
+        workers=2,
+        progress=False,
+    )
     package = _reid_package(osnet_checkpoint)
-    expected = package.extract_embeddings_from_paths([str(p) for p in _paths(manifest)],
-                                                     batch_size=N_ROWS)
+    expected = package.extract_embeddings_from_paths(
+        [str(p) for p in _paths(manifest)], batch_size=N_ROWS
+    )
     assert expected.shape == (N_ROWS, 512)
     _assert_close(_read(out), expected)
     assert embeddings_attrs(out)["preprocessing"] == {
-        "input_size": [256, 128], "resize": "stretch", "interpolation": "bilinear",
-        "mean": IMAGENET[0], "std": IMAGENET[1], "channel_order": "rgb", "flip": False,
-        "device": "cpu", "half": False}
+        "input_size": [256, 128],
+        "resize": "stretch",
+        "interpolation": "bilinear",
+        "mean": IMAGENET[0],
+        "std": IMAGENET[1],
+        "channel_order": "rgb",
+        "flip": False,
+        "device": "cpu",
+        "half": False,
+    }
 
 
 def test_reid_input_size_and_flip(osnet_checkpoint: Path, manifest: Path, tmp_path: Path):
     from reid import ReIDPreprocessing
 
     out = tmp_path / "reid.zarr"
-    encode_manifest(manifest, "reid", {"architecture": "osnet_x0_25", "flip": True,
-                                       "checkpoint": str(osnet_checkpoint),
-                                       "input_size": [128, 64]},
-                    out, batch_size=3, workers=2, progress=False)
-    package = _reid_package(osnet_checkpoint,
-                            preprocessing=ReIDPreprocessing(input_size=(128, 64)))
+    encode_manifest(
+        manifest,
+        "reid",
+        {
+            "architecture": "osnet_x0_25",
+            "flip": True,
+            "checkpoint": str(osnet_checkpoint),
+            "input_size": [128, 64],
+        },
+        out,
+        batch_size=3,
+        workers=2,
+        progress=False,
+    )
+    package = _reid_package(osnet_checkpoint, preprocessing=ReIDPreprocessing(input_size=(128, 64)))
     transform = package.preprocessing.build_crop_transform()
     x = torch.stack([transform(Image.open(p).convert("RGB")) for p in _paths(manifest)])
     backbone = package._backbone  # the module ReIDModel embeds with
@@ -352,16 +456,22 @@ def test_reid_input_size_and_flip(osnet_checkpoint: Path, manifest: Path, tmp_pa
 def test_reid_checkpoint_of_another_width(manifest: Path, tmp_path: Path):
     from reid.architectures import build_architecture
 
-    ckpt = _save_like_training(build_architecture("osnet_x0_5").state_dict(),
-                               tmp_path / "x0_5.pth")
-    with pytest.raises(RankwiseError, match=r"x0_5\.pth: checkpoint does not match the reid "
-                                            r"architecture 'osnet_x0_25': \d+ shape "
-                                            r"mismatch\(es\) \(checkpoint vs model\): "
-                                            r"conv1\.conv\.weight \(32, 3, 7, 7\) vs "
-                                            r"\(16, 3, 7, 7\)"):
-        encode_manifest(manifest, "reid", {"architecture": "osnet_x0_25",
-                                           "checkpoint": str(ckpt)},
-                        tmp_path / "x.zarr", progress=False)
+    ckpt = _save_like_training(build_architecture("osnet_x0_5").state_dict(), tmp_path / "x0_5.pth")
+    with pytest.raises(
+        RankwiseError,
+        match=r"x0_5\.pth: checkpoint does not match the reid "
+        r"architecture 'osnet_x0_25': \d+ shape "
+        r"mismatch\(es\) \(checkpoint vs model\): "
+        r"conv1\.conv\.weight \(32, 3, 7, 7\) vs "
+        r"\(16, 3, 7, 7\)",
+    ):
+        encode_manifest(
+            manifest,
+            "reid",
+            {"architecture": "osnet_x0_25", "checkpoint": str(ckpt)},
+            tmp_path / "x.zarr",
+            progress=False,
+        )
 
 
 def test_fastreid_layout_loads_through_the_architecture_remap(tmp_path: Path):
@@ -377,14 +487,20 @@ def test_fastreid_layout_loads_through_the_architecture_remap(tmp_path: Path):
         if key == "pool.p":
             key, value = "heads.pool_layer.p", value + 1.25  # trained GeM power
         elif key.startswith("bottleneck."):
-            key = "heads.bottleneck.0." + key[len("bottleneck."):]
+            key = "heads.bottleneck.0." + key[len("bottleneck.") :]
         fastreid[key] = value
     fastreid["heads.weight"] = torch.randn(751, 2048)  # the identity classifier
-    torch.save({"model": {f"module.{k}": v for k, v in fastreid.items()}, "iteration": 9},
-               tmp_path / "model_final.pth")
+    torch.save(
+        {"model": {f"module.{k}": v for k, v in fastreid.items()}, "iteration": 9},
+        tmp_path / "model_final.pth",
+    )
     target = build_architecture(name)
-    kwargs = {"kind": "reid", "what": f"reid architecture {name!r}",
-              "heads": _REID_HEADS["fastreid"], "remap": checkpoint_remap_for_architecture(name)}
+    kwargs = {
+        "kind": "reid",
+        "what": f"reid architecture {name!r}",
+        "heads": _REID_HEADS["fastreid"],
+        "remap": checkpoint_remap_for_architecture(name),
+    }
     load_checkpoint(target, tmp_path / "model_final.pth", **kwargs)
     assert float(target.pool.p.detach()) == float(source.pool.p.detach()) + 1.25
     for key, value in source.state_dict().items():
@@ -393,12 +509,16 @@ def test_fastreid_layout_loads_through_the_architecture_remap(tmp_path: Path):
     fastreid["heads.extra.weight"] = torch.ones(2)
     del fastreid["backbone.conv1.0.weight"]
     torch.save(fastreid, tmp_path / "broken.pth")
-    with pytest.raises(RankwiseError, match=r"1 missing key\(s\): backbone\.conv1\.0\.weight; "
-                                            r"1 unexpected key\(s\): heads\.extra\.weight;"):
+    with pytest.raises(
+        RankwiseError,
+        match=r"1 missing key\(s\): backbone\.conv1\.0\.weight; "
+        r"1 unexpected key\(s\): heads\.extra\.weight;",
+    ):
         load_checkpoint(target, tmp_path / "broken.pth", **kwargs)
 
 
 # ---------------------------------------------------------------- torchscript
+
 
 @pytest.mark.parametrize("export", ["script", "trace"])
 def test_torchscript_equals_direct_forward(export, manifest: Path, tmp_path: Path):
@@ -406,15 +526,31 @@ def test_torchscript_equals_direct_forward(export, manifest: Path, tmp_path: Pat
     model = _randomise_bn(TinyCNN(), 5)
     with warnings.catch_warnings():  # torch.jit is flagged as deprecated in torch >= 2.9
         warnings.simplefilter("ignore", FutureWarning)
-        scripted = torch.jit.script(model) if export == "script" \
+        scripted = (
+            torch.jit.script(model)
+            if export == "script"
             else torch.jit.trace(model, torch.zeros(1, 3, 24, 12))
+        )
     scripted.save(str(tmp_path / "tiny.pt"))
     mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
     out = tmp_path / "ts.zarr"
-    encode_manifest(manifest, "torchscript", {
-        "model": str(tmp_path / "tiny.pt"), "input_size": [24, 12], "mean": mean, "std": std,
-        "channel_order": "bgr", "interpolation": "nearest", "flip": True},
-        out, batch_size=2, workers=2, progress=False)
+    encode_manifest(
+        manifest,
+        "torchscript",
+        {
+            "model": str(tmp_path / "tiny.pt"),
+            "input_size": [24, 12],
+            "mean": mean,
+            "std": std,
+            "channel_order": "bgr",
+            "interpolation": "nearest",
+            "flip": True,
+        },
+        out,
+        batch_size=2,
+        workers=2,
+        progress=False,
+    )
     x = _reference_inputs(manifest, (24, 12), mean, std, Image.Resampling.NEAREST, bgr=True)
     expected = (_forward(model, x) + _forward(model, x.flip(3))) / 2
     _assert_close(_read(out), expected)
@@ -429,15 +565,24 @@ def test_model_failing_on_the_input_size(manifest: Path, tmp_path: Path):
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.trace(flat, torch.zeros(1, 3, 8, 8)).save(str(tmp_path / "flat.pt"))
     out = tmp_path / "f.zarr"
-    with pytest.raises(RankwiseError, match=r"flat\.pt: the model failed on a batch of shape "
-                                            r"\(2, 3, 9, 9\) \(.*\); check options\.input_size"):
-        encode_manifest(manifest, "torchscript", {"model": str(tmp_path / "flat.pt"),
-                                                  "input_size": [9, 9]},
-                        out, batch_size=2, progress=False)
+    with pytest.raises(
+        RankwiseError,
+        match=r"flat\.pt: the model failed on a batch of shape "
+        r"\(2, 3, 9, 9\) \(.*\); check options\.input_size",
+    ):
+        encode_manifest(
+            manifest,
+            "torchscript",
+            {"model": str(tmp_path / "flat.pt"), "input_size": [9, 9]},
+            out,
+            batch_size=2,
+            progress=False,
+        )
     assert not out.exists()
 
 
 # ---------------------------------------------------------------- bad input
+
 
 def _files(tmp_path: Path) -> dict[str, str]:
     """A real timm checkpoint and a state dict that is not a TorchScript module."""
@@ -447,34 +592,65 @@ def _files(tmp_path: Path) -> dict[str, str]:
 
 
 BAD = [
-    ("timm", {"model": "resnet10t", "checkpoint": "gone/epoch_9.pth"},
-     r"^gone/epoch_9\.pth: timm checkpoint file not found; check options\.checkpoint"),
-    ("timm", {"model": "resnet10x", "checkpoint": "{ckpt}"},
-     r"^timm: unknown model 'resnet10x' in options\.model; close names: .*resnet10t"),
-    ("reid", {"architecture": "osnet_x025", "checkpoint": "{ckpt}"},
-     r"^reid: unknown architecture 'osnet_x025' in options\.architecture; close names: "
-     r"osnet_x0_25"),
-    ("timm", {"model": "resnet10t", "checkpoint": "{ckpt}", "device": "cpu", "half": True},
-     r"^timm: option half: true needs a CUDA device, but device 'cpu' runs on the CPU"),
-    ("torchscript", {"model": "{sd}", "input_size": [8, 8]},
-     r"ok\.pth: not a TorchScript module \(.*\); save one with torch\.jit\.script"),
+    (
+        "timm",
+        {"model": "resnet10t", "checkpoint": "gone/epoch_9.pth"},
+        r"^gone/epoch_9\.pth: timm checkpoint file not found; check options\.checkpoint",
+    ),
+    (
+        "timm",
+        {"model": "resnet10x", "checkpoint": "{ckpt}"},
+        r"^timm: unknown model 'resnet10x' in options\.model; close names: .*resnet10t",
+    ),
+    (
+        "reid",
+        {"architecture": "osnet_x025", "checkpoint": "{ckpt}"},
+        r"^reid: unknown architecture 'osnet_x025' in options\.architecture; close names: "
+        r"osnet_x0_25",
+    ),
+    (
+        "timm",
+        {"model": "resnet10t", "checkpoint": "{ckpt}", "device": "cpu", "half": True},
+        r"^timm: option half: true needs a CUDA device, but device 'cpu' runs on the CPU",
+    ),
+    (
+        "torchscript",
+        {"model": "{sd}", "input_size": [8, 8]},
+        r"ok\.pth: not a TorchScript module \(.*\); save one with torch\.jit\.script",
+    ),
     ("torchscript", {"model": "{sd}"}, r"^torchscript: missing option\(s\) input_size"),
-    ("timm", {"model": "resnet10t", "checkpoint": "{ckpt}", "flip": "yes"},
-     r"^timm: option flip must be true or false, got 'yes'"),
-    ("timm", {"model": "resnet10t", "checkpoint": "{ckpt}", "interpolation": "lanczos"},
-     r"^timm: option interpolation must be one of bilinear, bicubic, nearest"),
-    ("timm", {"model": "resnet10t", "checkpoint": "{ckpt}", "device": "tpu"},
-     r"^timm: option device must be one of auto, cpu, cuda, got 'tpu'"),
-    ("torchscript", {"model": "{sd}", "input_size": [8, 8], "std": [1, 0, 1]},
-     r"^torchscript: option std must be a list of 3 numbers \(each > 0\)"),
-    ("reid", {"architecture": "osnet_x0_25", "checkpoint": "{ckpt}", "pretrained": True},
-     r"^reid: unknown option\(s\) pretrained"),
+    (
+        "timm",
+        {"model": "resnet10t", "checkpoint": "{ckpt}", "flip": "yes"},
+        r"^timm: option flip must be true or false, got 'yes'",
+    ),
+    (
+        "timm",
+        {"model": "resnet10t", "checkpoint": "{ckpt}", "interpolation": "lanczos"},
+        r"^timm: option interpolation must be one of bilinear, bicubic, nearest",
+    ),
+    (
+        "timm",
+        {"model": "resnet10t", "checkpoint": "{ckpt}", "device": "tpu"},
+        r"^timm: option device must be one of auto, cpu, cuda, got 'tpu'",
+    ),
+    (
+        "torchscript",
+        {"model": "{sd}", "input_size": [8, 8], "std": [1, 0, 1]},
+        r"^torchscript: option std must be a list of 3 numbers \(each > 0\)",
+    ),
+    (
+        "reid",
+        {"architecture": "osnet_x0_25", "checkpoint": "{ckpt}", "pretrained": True},
+        r"^reid: unknown option\(s\) pretrained",
+    ),
 ]
 
 
 @pytest.mark.parametrize("kind, options, message", BAD)
-def test_bad_input_is_one_line_and_writes_nothing(kind, options, message, manifest: Path,
-                                                  tmp_path: Path):
+def test_bad_input_is_one_line_and_writes_nothing(
+    kind, options, message, manifest: Path, tmp_path: Path
+):
     files = _files(tmp_path)
     options = {k: v.format(**files) if isinstance(v, str) else v for k, v in options.items()}
     out = tmp_path / "e.zarr"
@@ -486,73 +662,115 @@ def test_bad_input_is_one_line_and_writes_nothing(kind, options, message, manife
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_requested_without_cuda(manifest: Path, tmp_path: Path):
-    with pytest.raises(RankwiseError, match=r"timm: option device is cuda but torch sees no "
-                                            r"CUDA device"):
-        encode_manifest(manifest, "timm", {"model": "resnet10t", "device": "cuda",
-                                           "checkpoint": _files(tmp_path)["ckpt"]},
-                        tmp_path / "e.zarr", progress=False)
+    with pytest.raises(
+        RankwiseError,
+        match=r"timm: option device is cuda but torch sees no "
+        r"CUDA device",
+    ):
+        encode_manifest(
+            manifest,
+            "timm",
+            {"model": "resnet10t", "device": "cuda", "checkpoint": _files(tmp_path)["ckpt"]},
+            tmp_path / "e.zarr",
+            progress=False,
+        )
 
 
-@pytest.mark.parametrize("kind, module", [("timm", "timm"), ("reid", "reid"),
-                                          ("torchscript", "torch")])
+@pytest.mark.parametrize(
+    "kind, module", [("timm", "timm"), ("reid", "reid"), ("torchscript", "torch")]
+)
 def test_missing_extra(kind, module, manifest: Path, tmp_path: Path, monkeypatch):
     files = _files(tmp_path)
-    options = {"timm": {"model": "resnet10t", "checkpoint": files["ckpt"], "device": "cpu"},
-               "reid": {"architecture": "osnet_x0_25", "checkpoint": files["ckpt"],
-                        "device": "cpu"},
-               "torchscript": {"model": files["sd"], "input_size": [8, 8]}}[kind]
+    options = {
+        "timm": {"model": "resnet10t", "checkpoint": files["ckpt"], "device": "cpu"},
+        "reid": {"architecture": "osnet_x0_25", "checkpoint": files["ckpt"], "device": "cpu"},
+        "torchscript": {"model": files["sd"], "input_size": [8, 8]},
+    }[kind]
     for name in [m for m in sys.modules if m == module or m.startswith(f"{module}.")]:
         monkeypatch.setitem(sys.modules, name, None)  # `import name` now raises ImportError
-    with pytest.raises(RankwiseError, match=rf"^{kind}: the {module} package is not installed; "
-                                            r"install the extra: pip install "
-                                            r"'rankwise\[torch\]'$"):
+    with pytest.raises(
+        RankwiseError,
+        match=rf"^{kind}: the {module} package is not installed; "
+        r"install the extra: pip install "
+        r"'rankwise\[torch\]'$",
+    ):
         encode_manifest(manifest, kind, options, tmp_path / "e.zarr", progress=False)
 
 
 def test_importing_rankwise_does_not_import_torch():
-    code = ("import sys, rankwise, rankwise.encoders, rankwise.torch_encoders, rankwise.cli; "
-            "print(sorted(m for m in ('torch', 'timm', 'reid') if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
+    code = (
+        "import sys, rankwise, rankwise.encoders, rankwise.torch_encoders, rankwise.cli; "
+        "print(sorted(m for m in ('torch', 'timm', 'reid') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
 
 
 # ---------------------------------------------------------------- command line
+
 
 def test_cli_encode_timm(timm_model, manifest: Path, tmp_path: Path):
     embedder, state = timm_model
     ckpt = _save_like_training(state, tmp_path / "epoch_010.pth", epoch=10)
     out = tmp_path / "cli.zarr"
     options = {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 16]}
-    proc = run_rankwise("encode", "--manifest", manifest, "--kind", "timm", "--options",
-                        json.dumps(options), "--out", out, "--batch-size", "2", "--threads",
-                        "2", "--no-progress")
+    proc = run_rankwise(
+        "encode",
+        "--manifest",
+        manifest,
+        "--kind",
+        "timm",
+        "--options",
+        json.dumps(options),
+        "--out",
+        out,
+        "--batch-size",
+        "2",
+        "--threads",
+        "2",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"encoded {N_ROWS} rows x 512 dims with timm -> {out}"
-    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 16),
-                                                                   *IMAGENET)))
+    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 16), *IMAGENET)))
 
 
 def test_cli_bad_input_exits_2_with_one_line(manifest: Path, tmp_path: Path):
     from rankwise.cli import main
 
     out = tmp_path / "x.zarr"
-    options = {"model": "resnet10t", "checkpoint": _files(tmp_path)["ckpt"], "device": "cpu",
-               "half": True}
-    result = CliRunner().invoke(main, ["encode", "--manifest", str(manifest), "--kind", "timm",
-                                       "--options", json.dumps(options), "--out", str(out)])
+    options = {
+        "model": "resnet10t",
+        "checkpoint": _files(tmp_path)["ckpt"],
+        "device": "cpu",
+        "half": True,
+    }
+    result = CliRunner().invoke(
+        main,
+        [
+            "encode",
+            "--manifest",
+            str(manifest),
+            "--kind",
+            "timm",
+            "--options",
+            json.dumps(options),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         "error: timm: option half: true needs a CUDA device, but device 'cpu' runs on the CPU "
-        "here; set half: false"]
+        "here; set half: false"
+    ]
     assert not out.exists()
 
 
 def test_the_workflow_tracks_the_checkpoint_files_of_torch_kinds():
     from rankwise.pipeline_config import CHECKPOINT_OPTION, encoder_paths
 
-    assert encoder_paths("reid", {"architecture": "osnet_x1_0", "checkpoint": "a.pth"}) \
-        == ["a.pth"]
+    assert encoder_paths("reid", {"architecture": "osnet_x1_0", "checkpoint": "a.pth"}) == ["a.pth"]
     assert encoder_paths("timm", {"model": "resnet50", "checkpoint": "b.pth"}) == ["b.pth"]
     assert encoder_paths("torchscript", {"model": "c.pt", "input_size": [8, 8]}) == ["c.pt"]
     assert {CHECKPOINT_OPTION[k] for k in ("reid", "timm")} == {"checkpoint"}
@@ -560,6 +778,7 @@ def test_the_workflow_tracks_the_checkpoint_files_of_torch_kinds():
 
 
 # ---------------------------------------------------------------- the workflow
+
 
 def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_path: Path):
     """A real Snakemake run: schema, encode rule and CLI accept the kinds end to end."""
@@ -569,27 +788,68 @@ def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_p
     (tmp_path / "runs" / "timm").mkdir(parents=True)
     _save_like_training(state, tmp_path / "runs" / "timm" / "epoch_005.pth", epoch=5)
     config = {
-        "datasets": {"market": {
-            "loader": "demo-market", "protocol": "reid", "ks": [1, 5],
-            "options": {"seed": 1, "identities": 6, "cameras": 2, "images_per_camera": 2,
-                        "queries_per_identity": 1, "distractors": 3, "junk": 2,
-                        "height": 32, "width": 16}}},
+        "datasets": {
+            "market": {
+                "loader": "demo-market",
+                "protocol": "reid",
+                "ks": [1, 5],
+                "options": {
+                    "seed": 1,
+                    "identities": 6,
+                    "cameras": 2,
+                    "images_per_camera": 2,
+                    "queries_per_identity": 1,
+                    "distractors": 3,
+                    "junk": 2,
+                    "height": 32,
+                    "width": 16,
+                },
+            }
+        },
         "encoders": {
-            "resnet": {"kind": "timm", "options": {
-                "model": "resnet10t", "checkpoint": "runs/timm/epoch_005.pth",
-                "input_size": [32, 16], "flip": True, "device": "cpu"}},
-            "osnet": {"kind": "reid", "options": {
-                "architecture": "osnet_x0_25", "checkpoint": str(osnet_checkpoint),
-                "input_size": [64, 32], "device": "cpu"}},
+            "resnet": {
+                "kind": "timm",
+                "options": {
+                    "model": "resnet10t",
+                    "checkpoint": "runs/timm/epoch_005.pth",
+                    "input_size": [32, 16],
+                    "flip": True,
+                    "device": "cpu",
+                },
+            },
+            "osnet": {
+                "kind": "reid",
+                "options": {
+                    "architecture": "osnet_x0_25",
+                    "checkpoint": str(osnet_checkpoint),
+                    "input_size": [64, 32],
+                    "device": "cpu",
+                },
+            },
         },
         "engine": {"threads": 1, "batch_size": 8},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile",
-                           str(ROOT / "Snakefile"), "--directory", str(tmp_path),
-                           "--configfile", str(tmp_path / "config.yaml"), "--cores", "2",
-                           "--workflow-profile", "none"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(tmp_path / "config.yaml"),
+            "--cores",
+            "2",
+            "--workflow-profile",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = (tmp_path / "results" / "report.json").read_text()
     assert '"resnet"' in report and '"osnet"' in report
@@ -598,11 +858,16 @@ def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_p
         attrs = embeddings_attrs(store)
         assert _read(store).shape[1] == dim
         assert attrs["preprocessing"]["device"] == "cpu"
-    assert embeddings_attrs(tmp_path / "results" / "embeddings" / "market" / "resnet" /
-                           "query.zarr")["preprocessing"]["flip"] is True
+    assert (
+        embeddings_attrs(tmp_path / "results" / "embeddings" / "market" / "resnet" / "query.zarr")[
+            "preprocessing"
+        ]["flip"]
+        is True
+    )
 
 
 # ---------------------------------------------------------------- config schema
+
 
 def test_schema_accepts_the_kinds_and_rejects_misspelt_options():
     import yaml
@@ -611,34 +876,60 @@ def test_schema_accepts_the_kinds_and_rejects_misspelt_options():
     schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
     validator = Draft202012Validator(schema)
     encoders = {
-        "osnet": {"kind": "reid", "options": {"architecture": "osnet_x1_0",
-                                              "checkpoint": "log/model.pth.tar-60",
-                                              "flip": True}},
-        "vit": {"kind": "timm", "options": {"model": "resnet50", "checkpoint": "w.pth",
-                                            "input_size": [256, 128], "half": True,
-                                            "device": "cuda"}},
-        "ts": {"kind": "torchscript", "options": {"model": "m.pt", "input_size": [256, 128],
-                                                  "channel_order": "bgr"}},
+        "osnet": {
+            "kind": "reid",
+            "options": {
+                "architecture": "osnet_x1_0",
+                "checkpoint": "log/model.pth.tar-60",
+                "flip": True,
+            },
+        },
+        "vit": {
+            "kind": "timm",
+            "options": {
+                "model": "resnet50",
+                "checkpoint": "w.pth",
+                "input_size": [256, 128],
+                "half": True,
+                "device": "cuda",
+            },
+        },
+        "ts": {
+            "kind": "torchscript",
+            "options": {"model": "m.pt", "input_size": [256, 128], "channel_order": "bgr"},
+        },
     }
     validator.validate({"encoders": encoders})
     for kind, options in DEFAULTS.items():
         assert set(options) <= set(schema["$defs"][f"encoder_{kind}"]["properties"])
     with pytest.raises(ValidationError):
-        validator.validate({"encoders": {"x": {"kind": "timm", "options": {
-            "model": "resnet50", "checkpoint": "w.pth", "pretrained": True}}}})
+        validator.validate(
+            {
+                "encoders": {
+                    "x": {
+                        "kind": "timm",
+                        "options": {"model": "resnet50", "checkpoint": "w.pth", "pretrained": True},
+                    }
+                }
+            }
+        )
     with pytest.raises(ValidationError):
-        validator.validate({"encoders": {"x": {"kind": "torchscript",
-                                               "options": {"model": "m.pt"}}}})
+        validator.validate(
+            {"encoders": {"x": {"kind": "torchscript", "options": {"model": "m.pt"}}}}
+        )
 
 
 # ---------------------------------------------------------------- multimodal (python kind)
 # Factories referenced as f"{__file__}:<name>" (issue #10 item 5: texts= beside images).
 
+
 def sketch_and_text():
     """Encoder taking texts=: (mean pixel, length of the text or -1 when absent)."""
+
     def encode(images, texts=None):
         lengths = [-1.0] * len(images) if texts is None else [float(len(t)) for t in texts]
-        return np.array([[float(im.mean()), n] for im, n in zip(images, lengths)])
+        return np.array([[float(im.mean()), n] for im, n in zip(images, lengths, strict=True)])
+
     return encode
 
 
@@ -653,15 +944,25 @@ def test_python_factory_receives_the_text_column(manifest: Path, tmp_path: Path)
     with_text = tmp_path / "query_text.csv"
     table.to_csv(with_text, index=False)
     out = tmp_path / "t.zarr"
-    encode_manifest(with_text, "python", {"factory": f"{__file__}:sketch_and_text"}, out,
-                    batch_size=2, workers=2, progress=False)
+    encode_manifest(
+        with_text,
+        "python",
+        {"factory": f"{__file__}:sketch_and_text"},
+        out,
+        batch_size=2,
+        workers=2,
+        progress=False,
+    )
     means = [float(np.asarray(Image.open(p).convert("RGB")).mean()) for p in _paths(manifest)]
-    np.testing.assert_allclose(_read(out), np.array([[m, len(t)] for m, t in
-                                                     zip(means, texts)]), rtol=1e-6)
+    np.testing.assert_allclose(
+        _read(out), np.array([[m, len(t)] for m, t in zip(means, texts, strict=True)]), rtol=1e-6
+    )
     # no text column: texts=None; a factory without texts= ignores the column
-    encode_manifest(manifest, "python", {"factory": f"{__file__}:sketch_and_text"}, out,
-                    progress=False)
+    encode_manifest(
+        manifest, "python", {"factory": f"{__file__}:sketch_and_text"}, out, progress=False
+    )
     np.testing.assert_array_equal(_read(out)[:, 1], -1.0)
-    encode_manifest(with_text, "python", {"factory": f"{__file__}:images_only"}, out,
-                    progress=False)
+    encode_manifest(
+        with_text, "python", {"factory": f"{__file__}:images_only"}, out, progress=False
+    )
     np.testing.assert_allclose(_read(out)[:, 0], means, rtol=1e-6)

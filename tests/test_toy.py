@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import read_json
 
 import rankwise
-from conftest import read_json
 
 TOL = 1e-6  # percentage points
 
@@ -53,11 +53,21 @@ INP_EXAMPLE = 100 * 7 / 72  # 9.72...
 
 @pytest.mark.parametrize("protocol", ["reid", "recall"])
 def test_seed_worked_example(protocol):
-    res = rankwise.evaluate(*_worked_example(), protocol=protocol, distance="euclidean",
-                            ks=(1, 5, 10))
+    res = rankwise.evaluate(
+        *_worked_example(), protocol=protocol, distance="euclidean", ks=(1, 5, 10)
+    )
     key = "rank{}" if protocol == "reid" else "recall@{}"
-    _check(res.metrics, {key.format(1): 100, key.format(5): 100, key.format(10): 100,
-                         "map": AP_EXAMPLE, "minp": INP_EXAMPLE, "mrr": 100})
+    _check(
+        res.metrics,
+        {
+            key.format(1): 100,
+            key.format(5): 100,
+            key.format(10): 100,
+            "map": AP_EXAMPLE,
+            "minp": INP_EXAMPLE,
+            "mrr": 100,
+        },
+    )
     assert round(res.metrics["map"], 1) == 87.1
     assert round(res.metrics["minp"], 1) == 9.7
     assert (res.num_queries, res.num_skipped, res.num_gallery, res.embedding_dim) == (1, 0, 72, 1)
@@ -65,8 +75,9 @@ def test_seed_worked_example(protocol):
 
 def test_seed_worked_example_trapezoid():
     """Official Market-1501 AP: sum_i ((i-1)/(r_i-1) + i/r_i) / 2G, first term 1 at r=1."""
-    res = rankwise.evaluate(*_worked_example(1), protocol="reid", distance="euclidean",
-                            ap="trapezoid")
+    res = rankwise.evaluate(
+        *_worked_example(1), protocol="reid", distance="euclidean", ap="trapezoid"
+    )
     assert res.metrics["map"] == pytest.approx(100 * (12 + 6 / 71 + 7 / 72) / 14, abs=TOL)
 
 
@@ -82,7 +93,8 @@ CONST_Q_LABELS = ["a", "b", "c", "e"]
 AP_A = (1 / 7 + 2 / 8) / 2  # ranks 7, 8
 AP_B = (1 / 6 + 2 / 7 + 3 / 8) / 3  # ranks 6, 7, 8
 CONST_EXPECTED = {
-    "recall@1": 0.0, "recall@5": 0.0,
+    "recall@1": 0.0,
+    "recall@5": 0.0,
     "recall@6": 100 / 3,  # only b's first match (rank 6)
     "recall@7": 100.0,
     "map": 100 * (AP_A + AP_B + AP_A) / 3,
@@ -103,8 +115,9 @@ def _constant_case(perm_seed, distance):
 @pytest.mark.parametrize("distance", ["cosine", "euclidean"])
 @pytest.mark.parametrize("perm_seed", [0, 1, 2, 3])
 def test_constant_encoder_scores_the_minimum(distance, perm_seed):
-    res = rankwise.evaluate(*_constant_case(perm_seed, distance), protocol="recall",
-                            distance=distance, ks=(1, 5, 6, 7))
+    res = rankwise.evaluate(
+        *_constant_case(perm_seed, distance), protocol="recall", distance=distance, ks=(1, 5, 6, 7)
+    )
     _check(res.metrics, CONST_EXPECTED)
     assert (res.num_queries, res.num_skipped, res.num_gallery) == (3, 1, 8)
 
@@ -115,8 +128,7 @@ def test_any_encoder_scores_at_least_the_constant_one(seed):
     rng = np.random.default_rng(seed)
     qe = rng.integers(-3, 4, (4, 6)).astype(np.float32)
     ge = rng.integers(-3, 4, (8, 6)).astype(np.float32)
-    res = rankwise.evaluate(q, g, qe, ge, protocol="recall", distance="euclidean",
-                            ks=(1, 5, 6, 7))
+    res = rankwise.evaluate(q, g, qe, ge, protocol="recall", distance="euclidean", ks=(1, 5, 6, 7))
     for name, low in CONST_EXPECTED.items():
         assert res.metrics[name] >= low - TOL, name
 
@@ -128,15 +140,30 @@ def test_constant_encoder_reid():
     query a/c1: valid a/c2, a/c3, b/c2, 0/c2, b/c1 -> V=5, G=2, ranks 4, 5.
     query b/c1: valid a x3, b/c2, 0/c2           -> V=5, G=1, rank 5.
     """
-    g = _frame(id=_ids("g", 7), label=["a", "a", "a", "b", "0", "-1", "b"],
-               camera=[1, 2, 3, 2, 2, 2, 1])
+    g = _frame(
+        id=_ids("g", 7), label=["a", "a", "a", "b", "0", "-1", "b"], camera=[1, 2, 3, 2, 2, 2, 1]
+    )
     q = _frame(id=["qa", "qb"], label=["a", "b"], camera=[1, 1])
-    res = rankwise.evaluate(q, g, np.ones((2, 4), np.float32), np.ones((7, 4), np.float32),
-                            protocol="reid", distance="euclidean", ks=(1, 4, 5))
-    _check(res.metrics, {"rank1": 0, "rank4": 50, "rank5": 100,
-                         "map": 100 * ((1 / 4 + 2 / 5) / 2 + 1 / 5) / 2,
-                         "minp": 100 * (2 / 5 + 1 / 5) / 2,
-                         "mrr": 100 * (1 / 4 + 1 / 5) / 2})
+    res = rankwise.evaluate(
+        q,
+        g,
+        np.ones((2, 4), np.float32),
+        np.ones((7, 4), np.float32),
+        protocol="reid",
+        distance="euclidean",
+        ks=(1, 4, 5),
+    )
+    _check(
+        res.metrics,
+        {
+            "rank1": 0,
+            "rank4": 50,
+            "rank5": 100,
+            "map": 100 * ((1 / 4 + 2 / 5) / 2 + 1 / 5) / 2,
+            "minp": 100 * (2 / 5 + 1 / 5) / 2,
+            "mrr": 100 * (1 / 4 + 1 / 5) / 2,
+        },
+    )
     assert (res.num_queries, res.num_skipped, res.num_gallery) == (2, 0, 6)
 
 
@@ -152,8 +179,9 @@ def test_tie_between_relevant_and_nonrelevant_counts_against(order, distance):
     g = _frame(id=["g0", "g1", "g2"], label=[labels[o] for o in order] + ["c"])
     q = _frame(id=["q0"], label=["a"])
     ge = np.array([[1, 1], [1, 1], [-1, 0]], np.float32)  # g0, g1 tie; g2 is far
-    res = rankwise.evaluate(q, g, np.array([[1, 1]], np.float32), ge, protocol="recall",
-                            distance=distance, ks=(1, 2))
+    res = rankwise.evaluate(
+        q, g, np.array([[1, 1]], np.float32), ge, protocol="recall", distance=distance, ks=(1, 2)
+    )
     _check(res.metrics, {"recall@1": 0, "recall@2": 100, "map": 50, "minp": 50, "mrr": 50})
 
 
@@ -161,8 +189,9 @@ def test_tie_among_relevant_items_costs_nothing():
     g = _frame(id=["g0", "g1", "g2"], label=["a", "a", "b"])
     q = _frame(id=["q0"], label=["a"])
     ge = np.array([[2, 0], [2, 0], [5, 0]], np.float32)
-    res = rankwise.evaluate(q, g, np.array([[0, 0]], np.float32), ge, protocol="recall",
-                            distance="euclidean", ks=(1,))
+    res = rankwise.evaluate(
+        q, g, np.array([[0, 0]], np.float32), ge, protocol="recall", distance="euclidean", ks=(1,)
+    )
     _check(res.metrics, {"recall@1": 100, "map": 100, "minp": 100, "mrr": 100})
 
 
@@ -185,19 +214,34 @@ def test_perfect_ranking_recall_and_reid(distance):
     q = _frame(id=_ids("q", 4), label=q_labels, camera=q_cams)
     for protocol, key in (("recall", "recall@{}"), ("reid", "rank{}")):
         res = rankwise.evaluate(q, g, qe, ge, protocol=protocol, distance=distance, ks=(1, 5))
-        _check(res.metrics, {key.format(1): 100, key.format(5): 100, "map": 100,
-                             "minp": 100, "mrr": 100})
+        _check(
+            res.metrics,
+            {key.format(1): 100, key.format(5): 100, "map": 100, "minp": 100, "mrr": 100},
+        )
         assert res.num_queries == 4
 
 
 def test_perfect_ranking_reassociation():
-    rows = [("A", 1, "1"), ("A", 1, "2"), ("A", 2, "1"), ("A", 2, "2"), ("A", 2, "3"),
-            ("B", 1, "1"), ("B", 2, "1"), ("B", 2, "2")]
-    df = _frame(id=_ids("d", 8), sequence=[r[0] for r in rows], frame=[r[1] for r in rows],
-                label=[r[2] for r in rows])
+    rows = [
+        ("A", 1, "1"),
+        ("A", 1, "2"),
+        ("A", 2, "1"),
+        ("A", 2, "2"),
+        ("A", 2, "3"),
+        ("B", 1, "1"),
+        ("B", 2, "1"),
+        ("B", 2, "2"),
+    ]
+    df = _frame(
+        id=_ids("d", 8),
+        sequence=[r[0] for r in rows],
+        frame=[r[1] for r in rows],
+        label=[r[2] for r in rows],
+    )
     emb = np.eye(3, dtype=np.float32)[[int(r[2]) - 1 for r in rows]]
-    res = rankwise.evaluate(df, df, emb, emb, protocol="reassociation", distance="euclidean",
-                            ks=(1, 2))
+    res = rankwise.evaluate(
+        df, df, emb, emb, protocol="reassociation", distance="euclidean", ks=(1, 2)
+    )
     _check(res.metrics, {"rank1": 100, "rank2": 100, "mrr": 100})
     # A1 "1", A1 "2", B1 "1" are evaluated; frame-2 queries have no frame 3
     assert (res.num_queries, res.num_skipped) == (3, 5)
@@ -208,26 +252,38 @@ def test_perfect_ranking_progressive():
     versions are (1/T) sum_t exp(1 - t/T)/e < 100 by DESIGN.md's definition."""
     g = _frame(id=_ids("g", 4), label=["t1", "t2", "x", "y"])
     ge = np.eye(4, dtype=np.float32)
-    q = _frame(id=_ids("q", 5), label=["t1", "t1", "t2", "t2", "t2"],
-               sketch=["s1", "s1", "s2", "s2", "s2"], step=[2, 1, 1, 3, 2])
+    q = _frame(
+        id=_ids("q", 5),
+        label=["t1", "t1", "t2", "t2", "t2"],
+        sketch=["s1", "s1", "s2", "s2", "s2"],
+        step=[2, 1, 1, 3, 2],
+    )
     qe = ge[[0, 0, 1, 1, 1]]
     res = rankwise.evaluate(q, g, qe, ge, protocol="progressive", distance="cosine", ks=(1,))
     w2 = (math.exp(-1 / 2) + math.exp(-1)) / 2
     w3 = (math.exp(-1 / 3) + math.exp(-2 / 3) + math.exp(-1)) / 3
-    _check(res.metrics, {"m@A": 100, "m@B": 100, "acc@1": 100,
-                         "wm@A": 100 * (w2 + w3) / 2, "wm@B": 100 * (w2 + w3) / 2})
+    _check(
+        res.metrics,
+        {
+            "m@A": 100,
+            "m@B": 100,
+            "acc@1": 100,
+            "wm@A": 100 * (w2 + w3) / 2,
+            "wm@B": 100 * (w2 + w3) / 2,
+        },
+    )
     assert res.num_queries == 2
 
 
 def test_reassociation_toy_after_a_skipped_query():
     """qa has one candidate (skipped, < 2); qb's match is second among its two."""
     q = _frame(id=["qa", "qb"], label=["x", "y"], sequence=["A", "B"], frame=[1, 1])
-    g = _frame(id=["ga", "gbx", "gby"], label=["x", "x", "y"], sequence=["A", "B", "B"],
-               frame=[2, 2, 2])
+    g = _frame(
+        id=["ga", "gbx", "gby"], label=["x", "x", "y"], sequence=["A", "B", "B"], frame=[2, 2, 2]
+    )
     qe = np.array([[0.0], [0.0]], np.float32)
     ge = np.array([[0.5], [1.0], [2.0]], np.float32)
-    res = rankwise.evaluate(q, g, qe, ge, protocol="reassociation", distance="euclidean",
-                            ks=(1, 2))
+    res = rankwise.evaluate(q, g, qe, ge, protocol="reassociation", distance="euclidean", ks=(1, 2))
     _check(res.metrics, {"rank1": 0, "rank2": 100, "mrr": 50})
     assert (res.num_queries, res.num_skipped) == (1, 1)
 
@@ -245,11 +301,14 @@ def test_progressive_toy():
     """
     g = _frame(id=_ids("g", 5), label=["t", "x1", "x2", "x3", "u"])
     ge = np.array([[0], [10], [20], [30], [40]], np.float32)
-    q = _frame(id=_ids("q", 5), label=["u", "t", "t", "u", "t"],
-               sketch=["v", "s", "s", "v", "s"], step=[2, 3, 1, 1, 2])
+    q = _frame(
+        id=_ids("q", 5),
+        label=["u", "t", "t", "u", "t"],
+        sketch=["v", "s", "s", "v", "s"],
+        step=[2, 3, 1, 1, 2],
+    )
     qe = np.array([[34], [1], [14], [27], [6]], np.float32)
-    res = rankwise.evaluate(q, g, qe, ge, protocol="progressive", distance="euclidean",
-                            ks=(1, 2))
+    res = rankwise.evaluate(q, g, qe, ge, protocol="progressive", distance="euclidean", ks=(1, 2))
     e = math.exp
     s_a = [2 / 4, 3 / 4, 4 / 4]  # (N - r)/(N - 1) for r = 3, 2, 1
     s_b = [1 / 3, 1 / 2, 1]
@@ -259,10 +318,18 @@ def test_progressive_toy():
     expected = {
         "m@A": 100 * (sum(s_a) / 3 + sum(v_a) / 2) / 2,  # (0.75 + 0.625) / 2
         "m@B": 100 * (sum(s_b) / 3 + sum(v_b) / 2) / 2,
-        "wm@A": 100 * (sum(w * a for w, a in zip(ws, s_a)) / 3
-                       + sum(w * a for w, a in zip(wv, v_a)) / 2) / 2,
-        "wm@B": 100 * (sum(w * b for w, b in zip(ws, s_b)) / 3
-                       + sum(w * b for w, b in zip(wv, v_b)) / 2) / 2,
+        "wm@A": 100
+        * (
+            sum(w * a for w, a in zip(ws, s_a, strict=True)) / 3
+            + sum(w * a for w, a in zip(wv, v_a, strict=True)) / 2
+        )
+        / 2,
+        "wm@B": 100
+        * (
+            sum(w * b for w, b in zip(ws, s_b, strict=True)) / 3
+            + sum(w * b for w, b in zip(wv, v_b, strict=True)) / 2
+        )
+        / 2,
         "acc@1": 50.0,  # s ends at rank 1, v at rank 2
         "acc@2": 100.0,
     }
@@ -277,14 +344,20 @@ def test_progressive_toy():
 
 
 def test_labels_compared_as_strings_in_csv(tmp_path):
-    """"07" and "7" are different labels, even read from a CSV file."""
+    """ "07" and "7" are different labels, even read from a CSV file."""
     (tmp_path / "q.csv").write_text("id,label\nq0,7\n")
     (tmp_path / "g.csv").write_text("id,label\ng0,07\ng1,7\ng2,8\n")
     np.save(tmp_path / "q.npy", np.array([[0, 0]], np.float32))
     np.save(tmp_path / "g.npy", np.array([[1, 0], [2, 0], [3, 0]], np.float32))
-    res = rankwise.evaluate(tmp_path / "q.csv", tmp_path / "g.csv", tmp_path / "q.npy",
-                            tmp_path / "g.npy", protocol="recall", distance="euclidean",
-                            ks=(1, 2))
+    res = rankwise.evaluate(
+        tmp_path / "q.csv",
+        tmp_path / "g.csv",
+        tmp_path / "q.npy",
+        tmp_path / "g.npy",
+        protocol="recall",
+        distance="euclidean",
+        ks=(1, 2),
+    )
     _check(res.metrics, {"recall@1": 0, "recall@2": 100, "map": 50, "minp": 50, "mrr": 50})
 
 
@@ -299,9 +372,13 @@ def toy_inputs(tmp_path):
     (tmp_path / "g.csv").write_text("id,label\ng0,a\ng1,b\ng2,c\n")
     np.save(tmp_path / "q.npy", np.array([[1, 0], [0, 1]], np.float32))
     np.save(tmp_path / "g.npy", np.array([[1, 0], [0, 1], [1, 1]], np.float32))
-    return {"--query": tmp_path / "q.csv", "--gallery": tmp_path / "g.csv",
-            "--query-embeddings": tmp_path / "q.npy",
-            "--gallery-embeddings": tmp_path / "g.npy", "--output": tmp_path / "r.json"}
+    return {
+        "--query": tmp_path / "q.csv",
+        "--gallery": tmp_path / "g.csv",
+        "--query-embeddings": tmp_path / "q.npy",
+        "--gallery-embeddings": tmp_path / "g.npy",
+        "--output": tmp_path / "r.json",
+    }
 
 
 def _assert_one_line_error(proc, *needles):

@@ -18,14 +18,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import MAKERS
+from test_stats import synthetic_pair
 
 import rankwise
-from conftest import MAKERS
 from rankwise import stats
 from rankwise.errors import RankwiseError
-from rankwise.metrics import (cmc, completion_curve, compute_metrics, metric_names, per_unit,
-                              unit_scores)
-from test_stats import synthetic_pair
+from rankwise.metrics import (
+    cmc,
+    completion_curve,
+    compute_metrics,
+    metric_names,
+    per_unit,
+    unit_scores,
+)
 
 GOLDEN = Path(__file__).parent / "data" / "stats_before_per_unit.json"
 ROOT = Path(__file__).parent.parent
@@ -33,10 +39,13 @@ ROOT = Path(__file__).parent.parent
 
 def _store(offsets, ranks, *, protocol="reid", group=None, step=None, num_gallery=10):
     n = len(offsets) - 1
-    arrays = {"offsets": np.array(offsets), "ranks": np.array(ranks),
-              "query_index": np.arange(n) * 2,  # manifest rows 0, 2, 4... (some skipped)
-              "group": np.array(group if group is not None else [-1] * n),
-              "step": np.array(step if step is not None else [0] * n)}
+    arrays = {
+        "offsets": np.array(offsets),
+        "ranks": np.array(ranks),
+        "query_index": np.arange(n) * 2,  # manifest rows 0, 2, 4... (some skipped)
+        "group": np.array(group if group is not None else [-1] * n),
+        "step": np.array(step if step is not None else [0] * n),
+    }
     return arrays, {"protocol": protocol, "num_gallery": num_gallery}
 
 
@@ -49,9 +58,13 @@ def test_query_units_by_hand():
     np.testing.assert_array_equal(table.rows, [0, 2, 4])
     np.testing.assert_array_equal(table.rank, [1, 2, 4])
     np.testing.assert_array_equal(table.num_relevant, [2, 1, 3])
-    expected = np.array([[1, 1, (1 + 2 / 3) / 2, 2 / 3, 1],
-                         [0, 1, 1 / 2, 1 / 2, 1 / 2],
-                         [0, 1, (1 / 4 + 2 / 5 + 3 / 6) / 3, 3 / 6, 1 / 4]])
+    expected = np.array(
+        [
+            [1, 1, (1 + 2 / 3) / 2, 2 / 3, 1],
+            [0, 1, 1 / 2, 1 / 2, 1 / 2],
+            [0, 1, (1 / 4 + 2 / 5 + 3 / 6) / 3, 3 / 6, 1 / 4],
+        ]
+    )
     np.testing.assert_allclose(table.values, expected, rtol=0, atol=1e-15)
     np.testing.assert_array_equal(table.column("mrr"), expected[:, 4])
     means = table.means()
@@ -64,8 +77,14 @@ def test_query_units_by_hand():
 def test_sketch_units_by_hand():
     # two sketches given out of order: sketch 7 (steps 2, 1), sketch 3 (steps 3, 1, 2);
     # the target's rank at each rendering; N = 5 gallery items
-    arrays, attrs = _store([0, 1, 2, 3, 4, 5], [2, 4, 5, 1, 3], protocol="progressive",
-                           group=[7, 7, 3, 3, 3], step=[2, 1, 3, 1, 2], num_gallery=5)
+    arrays, attrs = _store(
+        [0, 1, 2, 3, 4, 5],
+        [2, 4, 5, 1, 3],
+        protocol="progressive",
+        group=[7, 7, 3, 3, 3],
+        step=[2, 1, 3, 1, 2],
+        num_gallery=5,
+    )
     table = per_unit(arrays, attrs, ["m@A", "m@B", "wm@B", "acc@1", "acc@3"])
     assert table.unit == "sketch"
     np.testing.assert_array_equal(table.index, [3, 7])
@@ -84,8 +103,16 @@ def test_sketch_units_by_hand():
     np.testing.assert_allclose(table.values, expected, rtol=0, atol=1e-15)
     assert cmc(arrays, attrs, 3) == pytest.approx([0, 50, 50])
     scores = unit_scores(arrays, attrs, ks=(2,))
-    assert list(scores) == ["sketch", "query_index", "m@A", "m@B", "wm@A", "wm@B",
-                            "last_rank", "hit@2"]
+    assert list(scores) == [
+        "sketch",
+        "query_index",
+        "m@A",
+        "m@B",
+        "wm@A",
+        "wm@B",
+        "last_rank",
+        "hit@2",
+    ]
     np.testing.assert_array_equal(scores["hit@2"], [False, True])
     curve = completion_curve(arrays)
     # completion 100 t / T: 33.3 (sketch 3, t=1), 50 (sketch 7, t=1), 66.7, 100 (both)
@@ -108,15 +135,20 @@ def _old_average(pq: dict, name: str, protocol: str) -> float:
         t = np.arange(len(g)) - np.repeat(starts, sizes) + 1.0
         pct = (n - r) / (n - 1)
         w = np.exp(1.0 - t / T) / np.e
-        mean = lambda x: np.add.reduceat(x, starts) / sizes  # noqa: E731
-        sk = {"m@A": mean(pct), "m@B": mean(1.0 / r), "wm@A": mean(w * pct),
-              "wm@B": mean(w / r), "last_rank": r[starts + sizes - 1].astype(np.int64)}
+        mean = lambda x: np.add.reduceat(x, starts) / sizes
+        sk = {
+            "m@A": mean(pct),
+            "m@B": mean(1.0 / r),
+            "wm@A": mean(w * pct),
+            "wm@B": mean(w / r),
+            "last_rank": r[starts + sizes - 1].astype(np.int64),
+        }
         if name.startswith("acc@"):
             return np.mean(sk["last_rank"] <= int(name[4:]))
         return np.mean(sk[name])
     for prefix in ("recall@", "rank"):
         if name.startswith(prefix):
-            return np.mean(pq["first_rank"] <= int(name[len(prefix):]))
+            return np.mean(pq["first_rank"] <= int(name[len(prefix) :]))
     return np.mean(pq[{"map": "ap", "minp": "inp", "mrr": "rr"}[name]])
 
 
@@ -133,8 +165,13 @@ def test_means_are_compute_metrics_for_every_metric(protocol, ap):
     table = per_unit(arrays, attrs, names, ap=ap)
     assert table.means() == metrics  # exactly: compute_metrics is its mean
     assert len(table) == attrs["num_queries"]
-    old = dict(pq, first=pq["first_rank"], group=arrays["group"], step=arrays["step"],
-               num_gallery=float(attrs["num_gallery"]))
+    old = dict(
+        pq,
+        first=pq["first_rank"],
+        group=arrays["group"],
+        step=arrays["step"],
+        num_gallery=float(attrs["num_gallery"]),
+    )
     for j, name in enumerate(names):
         assert metrics[name] == 100.0 * float(_old_average(old, name, protocol)), name
         assert 100.0 * float(np.mean(table.values[:, j])) == metrics[name]
@@ -151,13 +188,18 @@ def test_unknown_metric_names_the_parameter():
 def _golden_inputs():
     """The inputs the golden file was computed from (see tests/data)."""
     a, b, person = synthetic_pair(3, 0.3)
-    out = {"reid_cis": lambda: stats.metric_cis(*a, ks=(1, 5), resamples=500, seed=4),
-           "reid_cis_identity": lambda: stats.metric_cis(*a, ks=(1, 5), resamples=500, seed=4,
-                                                         by="identity", labels=person),
-           "reid_compare": lambda: stats.compare_ranks(*a, *b, ks=(1, 5), resamples=500,
-                                                       seed=4, by="identity", labels=person),
-           "reid_compare_mc": lambda: stats.compare_ranks(*a, *b, ks=(1, 5), resamples=500,
-                                                          seed=4, exact_max=0)}
+    out = {
+        "reid_cis": lambda: stats.metric_cis(*a, ks=(1, 5), resamples=500, seed=4),
+        "reid_cis_identity": lambda: stats.metric_cis(
+            *a, ks=(1, 5), resamples=500, seed=4, by="identity", labels=person
+        ),
+        "reid_compare": lambda: stats.compare_ranks(
+            *a, *b, ks=(1, 5), resamples=500, seed=4, by="identity", labels=person
+        ),
+        "reid_compare_mc": lambda: stats.compare_ranks(
+            *a, *b, ks=(1, 5), resamples=500, seed=4, exact_max=0
+        ),
+    }
     return out
 
 
@@ -168,13 +210,15 @@ def test_statistics_unchanged_since_before_the_per_unit_table():
     for protocol, make in MAKERS.items():
         case, _, _ = make().permuted(5, gallery=False)
         options = {k: v for k, v in case.options.items() if k != "ks"}
-        result = rankwise.rank(*case.args(), protocol=protocol, distance=case.distance,
-                               **options)
+        result = rankwise.rank(*case.args(), protocol=protocol, distance=case.distance, **options)
         arrays, attrs = result.arrays(), result.attrs
         labels = case.query["label"].to_numpy()
-        got = {"cis": stats.metric_cis(arrays, attrs, ks=(1, 2, 5), resamples=300, seed=9),
-               "cis_identity": stats.metric_cis(arrays, attrs, ks=(1, 2, 5), resamples=300,
-                                                seed=9, by="identity", labels=labels)}
+        got = {
+            "cis": stats.metric_cis(arrays, attrs, ks=(1, 2, 5), resamples=300, seed=9),
+            "cis_identity": stats.metric_cis(
+                arrays, attrs, ks=(1, 2, 5), resamples=300, seed=9, by="identity", labels=labels
+            ),
+        }
         assert json.loads(json.dumps(got)) == golden[protocol], protocol
 
 
@@ -183,8 +227,14 @@ def test_one_default_number_of_resamples():
     from rankwise.cli import main
 
     assert stats.DEFAULT_RESAMPLES == 10000
-    functions = [stats.bootstrap_ci, stats.metric_cis, stats.sign_flip_test,
-                 stats.compare_ranks, report.build_report, report.progressive_curve]
+    functions = [
+        stats.bootstrap_ci,
+        stats.metric_cis,
+        stats.sign_flip_test,
+        stats.compare_ranks,
+        report.build_report,
+        report.progressive_curve,
+    ]
     for function in functions:
         default = inspect.signature(function).parameters["resamples"].default
         assert default == stats.DEFAULT_RESAMPLES, function.__name__

@@ -18,7 +18,7 @@ except PackageNotFoundError:  # running from a source tree without installation
 #: public name -> the module that defines it, imported on first access
 _LAZY = {"EvaluationResult": "api", "evaluate": "api", "rank": "api", "recall_at_k": "api"}
 
-__all__ = ["EvaluationResult", "RankwiseError", "evaluate", "rank", "recall_at_k", "__version__"]
+__all__ = ["EvaluationResult", "RankwiseError", "__version__", "evaluate", "rank", "recall_at_k"]
 
 
 def __getattr__(name: str):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,8 +14,15 @@ from .inputs import open_inputs
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
 from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
 
-REPORT_KEYS = ("protocol", "distance", "num_queries", "num_skipped", "num_gallery",
-               "embedding_dim", "metrics")
+REPORT_KEYS = (
+    "protocol",
+    "distance",
+    "num_queries",
+    "num_skipped",
+    "num_gallery",
+    "embedding_dim",
+    "metrics",
+)
 
 
 @dataclass
@@ -42,20 +50,23 @@ class EvaluationResult:
 
 def format_text(report: dict[str, Any]) -> str:
     """Text report of a JSON report dict."""
-    lines = ["[evaluation]",
-             f"protocol: {report['protocol']}",
-             f"distance: {report['distance']}",
-             f"num queries: {report['num_queries']}",
-             f"num skipped: {report['num_skipped']}",
-             f"num gallery: {report['num_gallery']}",
-             f"embedding_dim: {report['embedding_dim']}",
-             "[metrics]"]
+    lines = [
+        "[evaluation]",
+        f"protocol: {report['protocol']}",
+        f"distance: {report['distance']}",
+        f"num queries: {report['num_queries']}",
+        f"num skipped: {report['num_skipped']}",
+        f"num gallery: {report['num_gallery']}",
+        f"embedding_dim: {report['embedding_dim']}",
+        "[metrics]",
+    ]
     lines += [f"{name}: {value:.4f}" for name, value in report["metrics"].items()]
     return "\n".join(lines) + "\n"
 
 
-def result_from_ranks(ranks: RankResult | tuple[dict, dict], *, ks=(1, 5, 10),
-                      ap: str = "standard") -> EvaluationResult:
+def result_from_ranks(
+    ranks: RankResult | tuple[dict, dict], *, ks=(1, 5, 10), ap: str = "standard"
+) -> EvaluationResult:
     """Metrics of a rank result or of ``(arrays, attrs)`` read from a ranks store."""
     if isinstance(ranks, RankResult):
         arrays, attrs = ranks.arrays(), ranks.attrs
@@ -64,26 +75,46 @@ def result_from_ranks(ranks: RankResult | tuple[dict, dict], *, ks=(1, 5, 10),
     if ap not in AP_VARIANTS:
         raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
     metrics, pq = compute_metrics(arrays, attrs, ks=parse_ks(ks), ap=ap)
-    return EvaluationResult(protocol=attrs["protocol"], distance=attrs["distance"],
-                            num_queries=int(attrs["num_queries"]),
-                            num_skipped=int(attrs["num_skipped"]),
-                            num_gallery=int(attrs["num_gallery"]),
-                            embedding_dim=int(attrs["embedding_dim"]),
-                            metrics=metrics, per_query=pq)
+    return EvaluationResult(
+        protocol=attrs["protocol"],
+        distance=attrs["distance"],
+        num_queries=int(attrs["num_queries"]),
+        num_skipped=int(attrs["num_skipped"]),
+        num_gallery=int(attrs["num_gallery"]),
+        embedding_dim=int(attrs["embedding_dim"]),
+        metrics=metrics,
+        per_query=pq,
+    )
 
 
-def rank(query, gallery, query_embeddings, gallery_embeddings, *, protocol: str = "recall",
-         distance: str = "cosine", gap_frames: int = 1,
-         junk_labels: Iterable[str] = ("-1",), query_block: int = 1024,
-         gallery_chunk: int = 8192, workers: int | None = None, scheduler=None,
-         progress: bool = False, memory_limit_mb: float | None = None) -> RankResult:
+def rank(
+    query,
+    gallery,
+    query_embeddings,
+    gallery_embeddings,
+    *,
+    protocol: str = "recall",
+    distance: str = "cosine",
+    gap_frames: int = 1,
+    junk_labels: Iterable[str] = ("-1",),
+    query_block: int = 1024,
+    gallery_chunk: int = 8192,
+    workers: int | None = None,
+    scheduler=None,
+    progress: bool = False,
+    memory_limit_mb: float | None = None,
+) -> RankResult:
     """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
     check_distance(distance)
-    options = EngineOptions(query_block=query_block, gallery_chunk=gallery_chunk,
-                            workers=workers, scheduler=scheduler, progress=progress,
-                            memory_limit_mb=memory_limit_mb)
-    inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings,
-                         protocol=protocol)
+    options = EngineOptions(
+        query_block=query_block,
+        gallery_chunk=gallery_chunk,
+        workers=workers,
+        scheduler=scheduler,
+        progress=progress,
+        memory_limit_mb=memory_limit_mb,
+    )
+    inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
     problem = inputs.problem(gap_frames=gap_frames, junk_labels=tuple(junk_labels))
     q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
     # The string tables are no longer needed: free them before the tiles are allocated
@@ -92,13 +123,24 @@ def rank(query, gallery, query_embeddings, gallery_embeddings, *, protocol: str 
     return compute_ranks(problem, q_src, g_src, distance=distance, options=options)
 
 
-def evaluate(query, gallery, query_embeddings, gallery_embeddings, *,
-             protocol: str = "recall", distance: str = "cosine",
-             ks: Iterable[int] | str = (1, 5, 10), gap_frames: int = 1,
-             junk_labels: Iterable[str] = ("-1",), ap: str = "standard",
-             query_block: int = 1024, gallery_chunk: int = 8192,
-             workers: int | None = None, scheduler=None,
-             memory_limit_mb: float | None = None) -> EvaluationResult:
+def evaluate(
+    query,
+    gallery,
+    query_embeddings,
+    gallery_embeddings,
+    *,
+    protocol: str = "recall",
+    distance: str = "cosine",
+    ks: Iterable[int] | str = (1, 5, 10),
+    gap_frames: int = 1,
+    junk_labels: Iterable[str] = ("-1",),
+    ap: str = "standard",
+    query_block: int = 1024,
+    gallery_chunk: int = 8192,
+    workers: int | None = None,
+    scheduler=None,
+    memory_limit_mb: float | None = None,
+) -> EvaluationResult:
     """Evaluate embeddings under a protocol.
 
     Parameters
@@ -125,31 +167,58 @@ def evaluate(query, gallery, query_embeddings, gallery_embeddings, *,
     ks = parse_ks(ks)
     if ap not in AP_VARIANTS:
         raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
-    ranks = rank(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol,
-                 distance=distance, gap_frames=gap_frames, junk_labels=junk_labels,
-                 query_block=query_block, gallery_chunk=gallery_chunk, workers=workers,
-                 scheduler=scheduler)
+    ranks = rank(
+        query,
+        gallery,
+        query_embeddings,
+        gallery_embeddings,
+        protocol=protocol,
+        distance=distance,
+        gap_frames=gap_frames,
+        junk_labels=junk_labels,
+        query_block=query_block,
+        gallery_chunk=gallery_chunk,
+        workers=workers,
+        scheduler=scheduler,
+    )
     return result_from_ranks(ranks, ks=ks, ap=ap)
 
 
-def recall_at_k(query_emb, gallery_emb, query_labels, gallery_labels, ks=(1, 5, 10), *,
-                query_ids=None, gallery_ids=None, distance: str = "cosine") -> dict[str, float]:
+def recall_at_k(
+    query_emb,
+    gallery_emb,
+    query_labels,
+    gallery_labels,
+    ks=(1, 5, 10),
+    *,
+    query_ids=None,
+    gallery_ids=None,
+    distance: str = "cosine",
+) -> dict[str, float]:
     """Recall@K (percentages) for in-memory embeddings and labels.
 
     The one-liner of the Recall@K seed: ``query_emb (Q, D)``, ``gallery_emb (G, D)``,
     labels compared as strings.  With ids, an item never matches itself; queries whose
     label has no other gallery item are skipped.
     """
+
     def table(labels, ids, prefix):
         labels = np.asarray(labels).astype(str)
-        ids = np.asarray(ids).astype(str) if ids is not None else \
-            np.array([f"{prefix}{i}" for i in range(len(labels))])
+        ids = (
+            np.asarray(ids).astype(str)
+            if ids is not None
+            else np.array([f"{prefix}{i}" for i in range(len(labels))])
+        )
         return pd.DataFrame({"id": ids, "label": labels})
 
     # Without ids the two sides must never share one, hence the distinct prefixes.
-    result = evaluate(table(query_labels, query_ids, "q"),
-                      table(gallery_labels, gallery_ids, "g"),
-                      np.asarray(query_emb), np.asarray(gallery_emb), protocol="recall",
-                      distance=distance, ks=ks)
+    result = evaluate(
+        table(query_labels, query_ids, "q"),
+        table(gallery_labels, gallery_ids, "g"),
+        np.asarray(query_emb),
+        np.asarray(gallery_emb),
+        protocol="recall",
+        distance=distance,
+        ks=ks,
+    )
     return {name: value for name, value in result.metrics.items() if name.startswith("recall@")}
-

@@ -49,9 +49,10 @@ from __future__ import annotations
 import os
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -62,27 +63,32 @@ from .options import Option, OptionSet
 from .registry import PROTOCOLS
 from .store import atomic_directory, write_text_atomic
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif",
-                              ".tiff", ".ppm", ".pgm"})
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+)
 COLUMN_ORDER = ("id", "label", "camera", "sequence", "frame", "sketch", "step", "path")
 SPLITS = ("query", "gallery")
 
 
 # ---------------------------------------------------------------- helpers
 
+
 def _existing_dir(value: Any, what: str) -> Path:
     path = Path(str(value)).expanduser()
     if not path.is_dir():
-        raise RankwiseError(f"{path}: {what} folder not found; check the path "
-                            f"(relative paths start from {Path.cwd()})")
+        raise RankwiseError(
+            f"{path}: {what} folder not found; check the path "
+            f"(relative paths start from {Path.cwd()})"
+        )
     return path
 
 
 def _existing_file(value: Any, what: str) -> Path:
     path = Path(str(value)).expanduser()
     if not path.is_file():
-        raise RankwiseError(f"{path}: {what} not found; check the path "
-                            f"(relative paths start from {Path.cwd()})")
+        raise RankwiseError(
+            f"{path}: {what} not found; check the path (relative paths start from {Path.cwd()})"
+        )
     return path
 
 
@@ -98,9 +104,13 @@ def relative_path(target: str | os.PathLike, base: str | os.PathLike) -> str:
 
 def _images_in(folder: Path) -> list[Path]:
     """Image files at any depth below ``folder``, sorted, hidden files skipped."""
-    return sorted(p for p in folder.rglob("*")
-                  if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
-                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.suffix.lower() in IMAGE_EXTENSIONS
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
 
 
 def _ordered(table: pd.DataFrame) -> pd.DataFrame:
@@ -122,8 +132,7 @@ def seeded_split(labels: list[str] | np.ndarray, fraction: float, seed: int) -> 
     the gallery (a query needs a match).
     """
     if not 0.0 < float(fraction) < 1.0:
-        raise RankwiseError(f"query_fraction must be between 0 and 1 (exclusive), got "
-                            f"{fraction!r}")
+        raise RankwiseError(f"query_fraction must be between 0 and 1 (exclusive), got {fraction!r}")
     labels = np.asarray([str(x) for x in labels])
     mask = np.zeros(len(labels), dtype=bool)
     for label in sorted(set(labels.tolist())):
@@ -143,22 +152,36 @@ _MARKET_NAME = re.compile(r"^(-?\d+)_c(\d+)s(\d+)_(\d+)_(\d+)$")
 
 def market1501_table(folder: Path) -> pd.DataFrame:
     """Parse a folder of Market-1501 images (``PPPP_cCsS_FFFFFF_BB.jpg``); absolute paths."""
-    files = sorted(p for p in folder.iterdir()
-                   if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+    files = sorted(
+        p
+        for p in folder.iterdir()
+        if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
+    )
     if not files:
-        raise RankwiseError(f"{folder}: no images found; expected Market-1501 files named "
-                            "like 0002_c1s1_000451_03.jpg")
+        raise RankwiseError(
+            f"{folder}: no images found; expected Market-1501 files named "
+            "like 0002_c1s1_000451_03.jpg"
+        )
     rows = []
     for path in files:
         match = _MARKET_NAME.match(path.stem)
         if match is None:
-            raise RankwiseError(f"{path}: file name does not follow the Market-1501 "
-                                "convention PPPP_cCsS_FFFFFF_BB.jpg (e.g. "
-                                "0002_c1s1_000451_03.jpg); rename or remove it")
+            raise RankwiseError(
+                f"{path}: file name does not follow the Market-1501 "
+                "convention PPPP_cCsS_FFFFFF_BB.jpg (e.g. "
+                "0002_c1s1_000451_03.jpg); rename or remove it"
+            )
         pid, cam, seq, frame, _box = match.groups()
-        rows.append({"id": path.stem, "label": str(int(pid)), "camera": int(cam),
-                     "sequence": f"c{int(cam)}s{int(seq)}", "frame": int(frame),
-                     "path": str(path.absolute())})
+        rows.append(
+            {
+                "id": path.stem,
+                "label": str(int(pid)),
+                "camera": int(cam),
+                "sequence": f"c{int(cam)}s{int(seq)}",
+                "frame": int(frame),
+                "path": str(path.absolute()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -174,14 +197,17 @@ def _load_market1501(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]
     for split, key in (("query", "query_folder"), ("gallery", "gallery_folder")):
         folder = root / str(opts[key])
         if not folder.is_dir():
-            raise RankwiseError(f"{folder}: Market-1501 {split} folder not found; options.root "
-                                f"must be the folder holding {opts['query_folder']}/ and "
-                                f"{opts['gallery_folder']}/")
+            raise RankwiseError(
+                f"{folder}: Market-1501 {split} folder not found; options.root "
+                f"must be the folder holding {opts['query_folder']}/ and "
+                f"{opts['gallery_folder']}/"
+            )
         tables[split] = market1501_table(folder)
     return _relative_paths(tables, out)
 
 
 # ---------------------------------------------------------------- msmt17
+
 
 def _load_msmt17(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     root = _existing_dir(opts["root"], "MSMT17 root")
@@ -189,50 +215,69 @@ def _load_msmt17(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
         candidates = [root / "test", root / "mask_test_v2"]
         images = next((c for c in candidates if c.is_dir()), None)
         if images is None:
-            raise RankwiseError(f"{root}: no image folder test/ (MSMT17_V1) or mask_test_v2/ "
-                                "(MSMT17_V2) found; set options.images to the folder holding "
-                                "the test images")
+            raise RankwiseError(
+                f"{root}: no image folder test/ (MSMT17_V1) or mask_test_v2/ "
+                "(MSMT17_V2) found; set options.images to the folder holding "
+                "the test images"
+            )
     else:
         images = _existing_dir(root / str(opts["images"]), "MSMT17 images")
     tables = {}
     for split in SPLITS:
         listing = root / f"list_{split}.txt"
         if not listing.is_file():
-            raise RankwiseError(f"{listing}: MSMT17 list file not found; options.root must be "
-                                "the folder holding list_query.txt and list_gallery.txt")
+            raise RankwiseError(
+                f"{listing}: MSMT17 list file not found; options.root must be "
+                "the folder holding list_query.txt and list_gallery.txt"
+            )
         rows = []
         for number, line in enumerate(listing.read_text().splitlines(), start=1):
             if not line.strip():
                 continue
             fields = line.split()
             if len(fields) != 2 or not re.fullmatch(r"-?\d+", fields[1]):
-                raise RankwiseError(f"{listing}: line {number}: expected 'pid/file.jpg label', "
-                                    f"found {line.strip()!r}")
+                raise RankwiseError(
+                    f"{listing}: line {number}: expected 'pid/file.jpg label', "
+                    f"found {line.strip()!r}"
+                )
             rel, label = fields
             stem = Path(rel).stem
             parts = stem.split("_")
             if len(parts) < 3 or not parts[2].isdigit():
-                raise RankwiseError(f"{listing}: line {number}: cannot read the camera from "
-                                    f"{rel!r}; MSMT17 names look like "
-                                    "0000_000_01_0303morning_0015_0.jpg (third field = camera)")
+                raise RankwiseError(
+                    f"{listing}: line {number}: cannot read the camera from "
+                    f"{rel!r}; MSMT17 names look like "
+                    "0000_000_01_0303morning_0015_0.jpg (third field = camera)"
+                )
             path = images / rel
             if not path.is_file():
-                raise RankwiseError(f"{listing}: line {number}: image {path} not found; check "
-                                    "options.root / options.images")
-            rows.append({"id": stem, "label": str(int(label)), "camera": int(parts[2]),
-                         "path": str(path.absolute())})
+                raise RankwiseError(
+                    f"{listing}: line {number}: image {path} not found; check "
+                    "options.root / options.images"
+                )
+            rows.append(
+                {
+                    "id": stem,
+                    "label": str(int(label)),
+                    "camera": int(parts[2]),
+                    "path": str(path.absolute()),
+                }
+            )
         if not rows:
             raise RankwiseError(f"{listing}: no entries; expected lines 'pid/file.jpg label'")
         table = pd.DataFrame(rows)
         dup = table["id"].duplicated()
         if dup.any():
-            raise RankwiseError(f"{listing}: image name {table['id'][dup].iloc[0]!r} listed "
-                                "twice; each image must appear once")
+            raise RankwiseError(
+                f"{listing}: image name {table['id'][dup].iloc[0]!r} listed "
+                "twice; each image must appear once"
+            )
         tables[split] = table
     return _relative_paths(tables, out)
 
 
 # ---------------------------------------------------------------- folder
+
 
 def _labelled_images(folder: Path) -> pd.DataFrame:
     """One row per image below ``folder/<label>/``; id = path relative to ``folder``."""
@@ -240,24 +285,31 @@ def _labelled_images(folder: Path) -> pd.DataFrame:
     rows = []
     for label_dir in labels:
         for path in _images_in(label_dir):
-            rows.append({"id": path.relative_to(folder).as_posix(), "label": label_dir.name,
-                         "path": str(path.absolute())})
+            rows.append(
+                {
+                    "id": path.relative_to(folder).as_posix(),
+                    "label": label_dir.name,
+                    "path": str(path.absolute()),
+                }
+            )
     if not rows:
-        raise RankwiseError(f"{folder}: no labelled images found; expected one subfolder per "
-                            "label holding its images (e.g. "
-                            f"{folder}/cat/001.jpg)")
+        raise RankwiseError(
+            f"{folder}: no labelled images found; expected one subfolder per "
+            "label holding its images (e.g. "
+            f"{folder}/cat/001.jpg)"
+        )
     return pd.DataFrame(rows)
 
 
 def _load_folder(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     split_dirs = opts["query_dir"] is not None or opts["gallery_dir"] is not None
     if split_dirs and opts["root"] is not None:
-        raise RankwiseError("folder: give either {query_dir, gallery_dir} or {root, "
-                            "query_fraction, seed}, not both")
+        raise RankwiseError(
+            "folder: give either {query_dir, gallery_dir} or {root, query_fraction, seed}, not both"
+        )
     if split_dirs:
         if opts["query_dir"] is None or opts["gallery_dir"] is None:
-            raise RankwiseError("folder: options query_dir and gallery_dir go together; "
-                                "give both")
+            raise RankwiseError("folder: options query_dir and gallery_dir go together; give both")
         qdir = _existing_dir(opts["query_dir"], "query")
         gdir = _existing_dir(opts["gallery_dir"], "gallery")
         query, gallery = _labelled_images(qdir), _labelled_images(gdir)
@@ -270,13 +322,17 @@ def _load_folder(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     table = _labelled_images(_existing_dir(opts["root"], "image"))
     is_query = seeded_split(table["label"].tolist(), opts["query_fraction"], opts["seed"])
     if not is_query.any():
-        raise RankwiseError(f"{opts['root']}: no label has two images, so no query can have a "
-                            "match; add images or use query_dir/gallery_dir")
-    return _relative_paths({"query": table[is_query].copy(), "gallery": table[~is_query].copy()},
-                           out)
+        raise RankwiseError(
+            f"{opts['root']}: no label has two images, so no query can have a "
+            "match; add images or use query_dir/gallery_dir"
+        )
+    return _relative_paths(
+        {"query": table[is_query].copy(), "gallery": table[~is_query].copy()}, out
+    )
 
 
 # ---------------------------------------------------------------- manifest
+
 
 def _load_manifest(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     from .manifest import read_manifest
@@ -287,14 +343,16 @@ def _load_manifest(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
         table = read_manifest(source, protocol=opts["protocol"], role=split).copy()
         if "path" in table.columns:
             # Absolute and empty paths are kept; relative ones are re-based on out_dir.
-            table["path"] = [relative_path(source.parent / p, out)
-                             if p and not Path(p).is_absolute() else p
-                             for p in table["path"].astype(str)]
+            table["path"] = [
+                relative_path(source.parent / p, out) if p and not Path(p).is_absolute() else p
+                for p in table["path"].astype(str)
+            ]
         tables[split] = table
     return tables
 
 
 # ---------------------------------------------------------------- registry
+
 
 @dataclass(frozen=True)
 class Loader:
@@ -318,42 +376,94 @@ def _demo(name: str) -> Callable[..., dict[str, pd.DataFrame]]:
         from . import demo
 
         return demo.GENERATORS[name](opts, images_dir)
+
     return run
 
 
-def _path(name: str, help: str, *, default: str | None = None, required: bool = False,
-          nullable: bool = False) -> Option:
+def _path(
+    name: str,
+    help: str,
+    *,
+    default: str | None = None,
+    required: bool = False,
+    nullable: bool = False,
+) -> Option:
     return Option(name, "string", default, help=help, required=required, nullable=nullable)
 
 
 LOADERS: dict[str, Loader] = {
-    "market1501": Loader(_load_market1501, OptionSet("market1501", (
-        _path("root", "folder holding query/ and bounding_box_test/", required=True),
-        _path("query_folder", "query image folder under root", default="query"),
-        _path("gallery_folder", "gallery image folder under root",
-              default="bounding_box_test")))),
-    "msmt17": Loader(_load_msmt17, OptionSet("msmt17", (
-        _path("root", "folder holding list_query.txt and list_gallery.txt", required=True),
-        _path("images", "image folder under root; auto = test/ or mask_test_v2/",
-              default="auto")))),
-    "folder": Loader(_load_folder, OptionSet("folder", (
-        _path("query_dir", "query folder, one subfolder per label", nullable=True),
-        _path("gallery_dir", "gallery folder, one subfolder per label", nullable=True),
-        _path("root", "one subfolder per label, split into query and gallery",
-              nullable=True),
-        Option("query_fraction", "number", 0.2, above=0, below=1,
-               help="with root: fraction of each label's images used as queries"),
-        Option("seed", "integer", 0, minimum=0, help="with root: seeds the split")),
-        description="{query_dir, gallery_dir} or {root, query_fraction, seed}; one "
-                    "subfolder per label")),
-    "manifest": Loader(_load_manifest, OptionSet("manifest", (
-        _path("query", "query manifest CSV", required=True),
-        _path("gallery", "gallery manifest CSV", required=True),
-        # The workflow passes the dataset's protocol: no default in the schema.
-        Option("protocol", "enum", "recall", choices=PROTOCOLS, noun="protocol",
-               schema_default=False,
-               help="columns to check; defaults to the dataset's protocol (set by the "
-                    "workflow)")))),
+    "market1501": Loader(
+        _load_market1501,
+        OptionSet(
+            "market1501",
+            (
+                _path("root", "folder holding query/ and bounding_box_test/", required=True),
+                _path("query_folder", "query image folder under root", default="query"),
+                _path(
+                    "gallery_folder", "gallery image folder under root", default="bounding_box_test"
+                ),
+            ),
+        ),
+    ),
+    "msmt17": Loader(
+        _load_msmt17,
+        OptionSet(
+            "msmt17",
+            (
+                _path("root", "folder holding list_query.txt and list_gallery.txt", required=True),
+                _path(
+                    "images",
+                    "image folder under root; auto = test/ or mask_test_v2/",
+                    default="auto",
+                ),
+            ),
+        ),
+    ),
+    "folder": Loader(
+        _load_folder,
+        OptionSet(
+            "folder",
+            (
+                _path("query_dir", "query folder, one subfolder per label", nullable=True),
+                _path("gallery_dir", "gallery folder, one subfolder per label", nullable=True),
+                _path(
+                    "root", "one subfolder per label, split into query and gallery", nullable=True
+                ),
+                Option(
+                    "query_fraction",
+                    "number",
+                    0.2,
+                    above=0,
+                    below=1,
+                    help="with root: fraction of each label's images used as queries",
+                ),
+                Option("seed", "integer", 0, minimum=0, help="with root: seeds the split"),
+            ),
+            description="{query_dir, gallery_dir} or {root, query_fraction, seed}; one "
+            "subfolder per label",
+        ),
+    ),
+    "manifest": Loader(
+        _load_manifest,
+        OptionSet(
+            "manifest",
+            (
+                _path("query", "query manifest CSV", required=True),
+                _path("gallery", "gallery manifest CSV", required=True),
+                # The workflow passes the dataset's protocol: no default in the schema.
+                Option(
+                    "protocol",
+                    "enum",
+                    "recall",
+                    choices=PROTOCOLS,
+                    noun="protocol",
+                    schema_default=False,
+                    help="columns to check; defaults to the dataset's protocol (set by the "
+                    "workflow)",
+                ),
+            ),
+        ),
+    ),
 }
 for _name, _options in DEMO_OPTIONS.items():
     LOADERS[_name] = Loader(_demo(_name), _options, generates_images=True)
@@ -369,8 +479,9 @@ LOADERS["identity-folders"] = Loader(_reid.load_identity_folders, _reid.IDENTITY
 LOADERS["mot"] = Loader(_mot.load_mot, _mot.MOT_OPTIONS)
 
 
-def prepare_dataset(loader: str, options: dict[str, Any] | None,
-                    out_dir: str | os.PathLike) -> dict[str, Any]:
+def prepare_dataset(
+    loader: str, options: dict[str, Any] | None, out_dir: str | os.PathLike
+) -> dict[str, Any]:
     """Write ``out_dir/query.csv`` and ``out_dir/gallery.csv`` for ``loader``.
 
     Parameters
@@ -385,8 +496,7 @@ def prepare_dataset(loader: str, options: dict[str, Any] | None,
     ``labels`` (distinct labels over both splits) and ``columns``.
     """
     if loader not in LOADERS:
-        raise RankwiseError(f"unknown loader {loader!r}; valid loaders: "
-                            f"{', '.join(LOADERS)}")
+        raise RankwiseError(f"unknown loader {loader!r}; valid loaders: {', '.join(LOADERS)}")
     spec = LOADERS[loader]
     opts = spec.options.check(options)
     out = Path(out_dir)
@@ -402,6 +512,11 @@ def prepare_dataset(loader: str, options: dict[str, Any] | None,
     for split in SPLITS:
         _write_csv_atomic(tables[split], out / f"{split}.csv")
     labels = set(tables["query"]["label"].astype(str)) | set(tables["gallery"]["label"].astype(str))
-    return {"loader": loader, "out_dir": str(out), "query": int(len(tables["query"])),
-            "gallery": int(len(tables["gallery"])), "labels": len(labels),
-            "columns": list(tables["query"].columns)}
+    return {
+        "loader": loader,
+        "out_dir": str(out),
+        "query": int(len(tables["query"])),
+        "gallery": int(len(tables["gallery"])),
+        "labels": len(labels),
+        "columns": list(tables["query"].columns),
+    }

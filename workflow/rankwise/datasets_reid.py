@@ -46,9 +46,10 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -62,8 +63,9 @@ def int_option(loader: str, opts: dict[str, Any], name: str, minimum: int) -> in
     """``opts[name]`` as an int >= ``minimum``, else a RankwiseError naming the option."""
     value = opts[name]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RankwiseError(f"{loader}: option {name} must be an integer >= {minimum}, got "
-                            f"{value!r}")
+        raise RankwiseError(
+            f"{loader}: option {name} must be an integer >= {minimum}, got {value!r}"
+        )
     return value
 
 
@@ -71,12 +73,14 @@ def choice_option(loader: str, opts: dict[str, Any], name: str, choices: tuple[s
     """``opts[name]`` if it is one of ``choices``, else a RankwiseError listing them."""
     value = opts[name]
     if value not in choices:
-        raise RankwiseError(f"{loader}: option {name} must be one of {', '.join(choices)}; got "
-                            f"{value!r}")
+        raise RankwiseError(
+            f"{loader}: option {name} must be one of {', '.join(choices)}; got {value!r}"
+        )
     return value
 
 
 # ---------------------------------------------------------------- Market-1501-like file names
+
 
 @dataclass(frozen=True)
 class Naming:
@@ -90,27 +94,39 @@ class Naming:
 
 
 DUKEMTMC_NAMING = Naming(
-    "DukeMTMC-reID", re.compile(r"^(-?\d+)_c(\d+)_f(\d+)$"), "PPPP_cC_fFFFFFFF.jpg",
+    "DukeMTMC-reID",
+    re.compile(r"^(-?\d+)_c(\d+)_f(\d+)$"),
+    "PPPP_cC_fFFFFFFF.jpg",
     "0005_c2_f0046985.jpg",
-    lambda m: {"label": str(int(m[1])), "camera": int(m[2]), "frame": int(m[3])})
+    lambda m: {"label": str(int(m[1])), "camera": int(m[2]), "frame": int(m[3])},
+)
 
 # torchreid / fast-reid read CUHK03-NP names with ([-\d]+)_c(\d) and cameras 1..2.
 CUHK03_NAMING = Naming(
-    "CUHK03-NP", re.compile(r"^(-?\d+)_c([12])(?:_.*)?$"), "PPPP_cC_N.png (camera C = 1 or 2)",
-    "0003_c1_1.png", lambda m: {"label": str(int(m[1])), "camera": int(m[2])})
+    "CUHK03-NP",
+    re.compile(r"^(-?\d+)_c([12])(?:_.*)?$"),
+    "PPPP_cC_N.png (camera C = 1 or 2)",
+    "0003_c1_1.png",
+    lambda m: {"label": str(int(m[1])), "camera": int(m[2])},
+)
 
 VERI776_NAMING = Naming(
-    "VeRi-776", re.compile(r"^(\d+)_c(\d+)_(\d+)_(\d+)$"), "VVVV_cCCC_FFFFFFFF_N.jpg",
+    "VeRi-776",
+    re.compile(r"^(\d+)_c(\d+)_(\d+)_(\d+)$"),
+    "VVVV_cCCC_FFFFFFFF_N.jpg",
     "0002_c002_00030600_0.jpg",
-    lambda m: {"label": str(int(m[1])), "camera": int(m[2]), "frame": int(m[3])})
+    lambda m: {"label": str(int(m[1])), "camera": int(m[2]), "frame": int(m[3])},
+)
 
 
 def _parse_name(path: Path, naming: Naming, where: str) -> dict[str, Any]:
     match = naming.pattern.match(path.stem)
     if match is None:
-        raise RankwiseError(f"{where}: file name {path.name!r} does not follow the "
-                            f"{naming.benchmark} convention {naming.convention} (e.g. "
-                            f"{naming.example}); rename or remove it")
+        raise RankwiseError(
+            f"{where}: file name {path.name!r} does not follow the "
+            f"{naming.benchmark} convention {naming.convention} (e.g. "
+            f"{naming.example}); rename or remove it"
+        )
     return {"id": path.stem, **naming.fields(match), "path": str(path.absolute())}
 
 
@@ -122,11 +138,16 @@ def named_images_table(folder: Path, naming: Naming) -> pd.DataFrame:
     """
     from .datasets import IMAGE_EXTENSIONS
 
-    files = sorted(p for p in folder.iterdir()
-                   if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+    files = sorted(
+        p
+        for p in folder.iterdir()
+        if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
+    )
     if not files:
-        raise RankwiseError(f"{folder}: no images found; expected {naming.benchmark} files "
-                            f"named like {naming.example}")
+        raise RankwiseError(
+            f"{folder}: no images found; expected {naming.benchmark} files "
+            f"named like {naming.example}"
+        )
     return pd.DataFrame([_parse_name(p, naming, str(p)) for p in files])
 
 
@@ -135,18 +156,28 @@ def _market_format(root: Path, naming: Naming, holder: str) -> dict[str, pd.Data
     for split, name in (("query", "query"), ("gallery", "bounding_box_test")):
         folder = root / name
         if not folder.is_dir():
-            raise RankwiseError(f"{folder}: {naming.benchmark} {split} folder not found; "
-                                f"{holder} must be the folder holding query/ and "
-                                "bounding_box_test/")
+            raise RankwiseError(
+                f"{folder}: {naming.benchmark} {split} folder not found; "
+                f"{holder} must be the folder holding query/ and "
+                "bounding_box_test/"
+            )
         tables[split] = named_images_table(folder, naming)
     return tables
 
 
 # ---------------------------------------------------------------- dukemtmc
 
-DUKEMTMC_OPTIONS = OptionSet("dukemtmc", (
-    Option("root", "string", required=True,
-           help="DukeMTMC-reID folder holding query/ and bounding_box_test/"),))
+DUKEMTMC_OPTIONS = OptionSet(
+    "dukemtmc",
+    (
+        Option(
+            "root",
+            "string",
+            required=True,
+            help="DukeMTMC-reID folder holding query/ and bounding_box_test/",
+        ),
+    ),
+)
 
 
 def load_dukemtmc(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
@@ -160,10 +191,22 @@ def load_dukemtmc(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
 # ---------------------------------------------------------------- cuhk03-np
 
 CUHK03_VARIANTS = ("labeled", "detected")
-CUHK03_NP_OPTIONS = OptionSet("cuhk03-np", (
-    Option("root", "string", required=True, help="CUHK03-NP folder holding labeled/ and detected/"),
-    Option("variant", "enum", None, choices=CUHK03_VARIANTS, required=True,
-           help="labeled = hand-drawn boxes, detected = DPM boxes (papers report both)")))
+CUHK03_NP_OPTIONS = OptionSet(
+    "cuhk03-np",
+    (
+        Option(
+            "root", "string", required=True, help="CUHK03-NP folder holding labeled/ and detected/"
+        ),
+        Option(
+            "variant",
+            "enum",
+            None,
+            choices=CUHK03_VARIANTS,
+            required=True,
+            help="labeled = hand-drawn boxes, detected = DPM boxes (papers report both)",
+        ),
+    ),
+)
 
 
 def load_cuhk03_np(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
@@ -174,24 +217,35 @@ def load_cuhk03_np(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     root = _existing_dir(opts["root"], "CUHK03-NP root")
     folder = root / variant
     if not folder.is_dir():
-        raise RankwiseError(f"{folder}: CUHK03-NP {variant} folder not found; options.root must "
-                            "be the CUHK03-NP folder holding labeled/ and detected/")
-    return _relative_paths(_market_format(folder, CUHK03_NAMING,
-                                          f"options.root/{variant}"), out)
+        raise RankwiseError(
+            f"{folder}: CUHK03-NP {variant} folder not found; options.root must "
+            "be the CUHK03-NP folder holding labeled/ and detected/"
+        )
+    return _relative_paths(_market_format(folder, CUHK03_NAMING, f"options.root/{variant}"), out)
 
 
 # ---------------------------------------------------------------- veri776
 
-VERI776_OPTIONS = OptionSet("veri776", (
-    Option("root", "string", required=True,
-           help="folder holding image_query/, image_test/, name_query.txt, name_test.txt"),))
+VERI776_OPTIONS = OptionSet(
+    "veri776",
+    (
+        Option(
+            "root",
+            "string",
+            required=True,
+            help="folder holding image_query/, image_test/, name_query.txt, name_test.txt",
+        ),
+    ),
+)
 
 
 def _veri_listed(root: Path, listing_name: str, folder_name: str) -> pd.DataFrame:
     listing, folder = root / listing_name, root / folder_name
     if not listing.is_file():
-        raise RankwiseError(f"{listing}: VeRi-776 list file not found; options.root must be "
-                            f"the VeRi folder holding {listing_name} and {folder_name}/")
+        raise RankwiseError(
+            f"{listing}: VeRi-776 list file not found; options.root must be "
+            f"the VeRi folder holding {listing_name} and {folder_name}/"
+        )
     rows: list[dict[str, Any]] = []
     seen: dict[str, int] = {}  # name -> line
     for number, line in enumerate(listing.read_text().splitlines(), start=1):
@@ -200,11 +254,15 @@ def _veri_listed(root: Path, listing_name: str, folder_name: str) -> pd.DataFram
             continue
         where = f"{listing}: line {number}"
         if "/" in name or "\\" in name or " " in name:
-            raise RankwiseError(f"{where}: expected one file name per line such as "
-                                f"{VERI776_NAMING.example}, found {name!r}")
+            raise RankwiseError(
+                f"{where}: expected one file name per line such as "
+                f"{VERI776_NAMING.example}, found {name!r}"
+            )
         if name in seen:
-            raise RankwiseError(f"{where}: {name!r} already listed on line {seen[name]}; each "
-                                "image must appear once")
+            raise RankwiseError(
+                f"{where}: {name!r} already listed on line {seen[name]}; each "
+                "image must appear once"
+            )
         seen[name] = number
         row = _parse_name(Path(name), VERI776_NAMING, where)
         path = folder / name
@@ -212,8 +270,9 @@ def _veri_listed(root: Path, listing_name: str, folder_name: str) -> pd.DataFram
             raise RankwiseError(f"{where}: image {path} not found; check options.root")
         rows.append({**row, "path": str(path.absolute())})
     if not rows:
-        raise RankwiseError(f"{listing}: no file names; expected one per line such as "
-                            f"{VERI776_NAMING.example}")
+        raise RankwiseError(
+            f"{listing}: no file names; expected one per line such as {VERI776_NAMING.example}"
+        )
     return pd.DataFrame(rows)
 
 
@@ -222,19 +281,30 @@ def load_veri776(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     from .datasets import _existing_dir, _relative_paths
 
     root = _existing_dir(opts["root"], "VeRi-776 root")
-    tables = {"query": _veri_listed(root, "name_query.txt", "image_query"),
-              "gallery": _veri_listed(root, "name_test.txt", "image_test")}
+    tables = {
+        "query": _veri_listed(root, "name_query.txt", "image_query"),
+        "gallery": _veri_listed(root, "name_test.txt", "image_test"),
+    }
     return _relative_paths(tables, out)
 
 
 # ---------------------------------------------------------------- identity-folders
 
-IDENTITY_FOLDERS_OPTIONS = OptionSet("identity-folders", (
-    Option("root", "string", required=True, help="folder of <identity>/<crop>.jpg"),
-    Option("queries_per_id", "integer", 1, minimum=1, help="queries drawn per identity"),
-    Option("min_crops", "integer", 2, minimum=2,
-           help="identities with fewer crops are dropped; must exceed queries_per_id"),
-    Option("seed", "integer", 0, minimum=0, help="seeds the query draw")))
+IDENTITY_FOLDERS_OPTIONS = OptionSet(
+    "identity-folders",
+    (
+        Option("root", "string", required=True, help="folder of <identity>/<crop>.jpg"),
+        Option("queries_per_id", "integer", 1, minimum=1, help="queries drawn per identity"),
+        Option(
+            "min_crops",
+            "integer",
+            2,
+            minimum=2,
+            help="identities with fewer crops are dropped; must exceed queries_per_id",
+        ),
+        Option("seed", "integer", 0, minimum=0, help="seeds the query draw"),
+    ),
+)
 # The reid package's identity-folder extensions: the same files give the same split.
 IDENTITY_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 
@@ -243,17 +313,21 @@ def identity_crops(root: Path) -> list[tuple[str, list[Path]]]:
     """``(folder name, sorted crops)`` per non-empty, non-hidden identity folder, by name."""
     identities = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        crops = sorted(p for p in folder.iterdir()
-                       if p.is_file() and p.suffix.lower() in IDENTITY_EXTENSIONS
-                       and not p.name.startswith("."))
+        crops = sorted(
+            p
+            for p in folder.iterdir()
+            if p.is_file()
+            and p.suffix.lower() in IDENTITY_EXTENSIONS
+            and not p.name.startswith(".")
+        )
         if crops:
             identities.append((folder.name, crops))
     return identities
 
 
-def derived_split(identities: list[tuple[str, list[Path]]], *, queries_per_id: int,
-                  min_crops: int, seed: int) -> tuple[list[tuple[str, Path]],
-                                                      list[tuple[str, Path]]]:
+def derived_split(
+    identities: list[tuple[str, list[Path]]], *, queries_per_id: int, min_crops: int, seed: int
+) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
     """The ``reid`` package's ``RetrievalProtocol`` split: ``(query, gallery)`` pairs.
 
     Identities with ``len(crops) < min_crops`` are dropped; one ``random.Random(seed)``
@@ -282,23 +356,34 @@ def load_identity_folders(opts: dict[str, Any], out: Path) -> dict[str, pd.DataF
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise RankwiseError(f"identity-folders: option seed must be an integer, got {seed!r}")
     if min_crops <= queries:
-        raise RankwiseError(f"identity-folders: option min_crops ({min_crops}) must be greater "
-                            f"than queries_per_id ({queries}) so that every query keeps a "
-                            f"gallery match; set it to {queries + 1} or more")
+        raise RankwiseError(
+            f"identity-folders: option min_crops ({min_crops}) must be greater "
+            f"than queries_per_id ({queries}) so that every query keeps a "
+            f"gallery match; set it to {queries + 1} or more"
+        )
     root = _existing_dir(opts["root"], "identity folders root")
     identities = identity_crops(root)
     if not identities:
-        raise RankwiseError(f"{root}: no identity folders with images; expected "
-                            f"<root>/<identity>/<crop>.jpg (e.g. {root}/0001/000001.jpg)")
-    query, gallery = derived_split(identities, queries_per_id=queries, min_crops=min_crops,
-                                   seed=seed)
+        raise RankwiseError(
+            f"{root}: no identity folders with images; expected "
+            f"<root>/<identity>/<crop>.jpg (e.g. {root}/0001/000001.jpg)"
+        )
+    query, gallery = derived_split(
+        identities, queries_per_id=queries, min_crops=min_crops, seed=seed
+    )
     if not query:
         most = max(len(crops) for _, crops in identities)
-        raise RankwiseError(f"{root}: no identity has min_crops={min_crops} crops (the most is "
-                            f"{most}); lower options.min_crops or add crops")
+        raise RankwiseError(
+            f"{root}: no identity has min_crops={min_crops} crops (the most is "
+            f"{most}); lower options.min_crops or add crops"
+        )
 
     def table(pairs: list[tuple[str, Path]]) -> pd.DataFrame:
-        return pd.DataFrame([{"id": f"{name}/{path.name}", "label": name,
-                              "path": str(path.absolute())} for name, path in pairs])
+        return pd.DataFrame(
+            [
+                {"id": f"{name}/{path.name}", "label": name, "path": str(path.absolute())}
+                for name, path in pairs
+            ]
+        )
 
     return _relative_paths({"query": table(query), "gallery": table(gallery)}, out)

@@ -1,7 +1,8 @@
 """Offline demo data: small, seeded, real files in the layouts users bring.
 
 Each generator takes its options (declared in :data:`OPTIONS`, checked and completed
-by :func:`rankwise.datasets.prepare_dataset`) and a folder for its images, writes the images there, and returns ``{"query": table, "gallery": table}``
+by :func:`rankwise.datasets.prepare_dataset`) and a folder for its images, writes the
+images there, and returns ``{"query": table, "gallery": table}``
 whose ``path`` column is relative to that folder.  The same options always give the
 same files and tables.  :func:`rankwise.datasets.prepare_dataset` calls them.
 
@@ -27,8 +28,9 @@ same files and tables.  :func:`rankwise.datasets.prepare_dataset` calls them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -48,43 +50,108 @@ _WIDTH = Option("width", "integer", 32, minimum=8, help="image width in pixels")
 
 #: loader name -> its options (the config schema's ``loader_<name>`` fragments).
 OPTIONS: dict[str, OptionSet] = {
-    "digits": OptionSet("digits", (
-        _SEED,
-        Option("query_fraction", "number", 0.2, above=0, below=1,
-               help="fraction of each digit's images used as queries"),
-        _SCALE)),
-    "demo-market": OptionSet("demo-market", (
-        _SEED,
-        Option("identities", "integer", 60, minimum=1, maximum=1501,
-               help="persons (Market-1501 ids are 1..1501)"),
-        Option("cameras", "integer", 6, minimum=2, help="cameras (each person is seen by 2+)"),
-        Option("images_per_camera", "integer", 3, minimum=1,
-               help="gallery images per person and camera"),
-        Option("queries_per_identity", "integer", 2, minimum=1,
-               help="query images per person (each from another camera)"),
-        Option("distractors", "integer", 60, minimum=0, help="gallery images of label 0"),
-        Option("junk", "integer", 40, minimum=0, help="gallery images of label -1"),
-        _HEIGHT, _WIDTH)),
-    "demo-reassociation": OptionSet("demo-reassociation", (
-        _SEED,
-        Option("sequences", "integer", 3, minimum=1, help="tracked sequences"),
-        Option("frames", "integer", 20, minimum=2,
-               help="frames per sequence (a query needs a next frame)"),
-        Option("people", "integer", 6, minimum=2,
-               help="persons per sequence (a query needs 2+ candidates)"),
-        Option("presence", "number", 0.9, above=0, maximum=1,
-               help="probability that a person is in a frame"),
-        _HEIGHT, _WIDTH)),
-    "demo-progressive": OptionSet("demo-progressive", (
-        _SEED,
-        Option("targets", "integer", 200, minimum=2,
-               help="gallery digits (at most 1,797; 2+ so that ranking means something)"),
-        Option("sketches", "integer", 100, minimum=1,
-               help="query drawings (at most targets)"),
-        Option("steps", "integer", 5, minimum=1, help="partial renderings per drawing"),
-        _SCALE,
-        Option("noise", "number", 0.15, minimum=0,
-               help="ink noise, as a fraction of full intensity"))),
+    "digits": OptionSet(
+        "digits",
+        (
+            _SEED,
+            Option(
+                "query_fraction",
+                "number",
+                0.2,
+                above=0,
+                below=1,
+                help="fraction of each digit's images used as queries",
+            ),
+            _SCALE,
+        ),
+    ),
+    "demo-market": OptionSet(
+        "demo-market",
+        (
+            _SEED,
+            Option(
+                "identities",
+                "integer",
+                60,
+                minimum=1,
+                maximum=1501,
+                help="persons (Market-1501 ids are 1..1501)",
+            ),
+            Option("cameras", "integer", 6, minimum=2, help="cameras (each person is seen by 2+)"),
+            Option(
+                "images_per_camera",
+                "integer",
+                3,
+                minimum=1,
+                help="gallery images per person and camera",
+            ),
+            Option(
+                "queries_per_identity",
+                "integer",
+                2,
+                minimum=1,
+                help="query images per person (each from another camera)",
+            ),
+            Option("distractors", "integer", 60, minimum=0, help="gallery images of label 0"),
+            Option("junk", "integer", 40, minimum=0, help="gallery images of label -1"),
+            _HEIGHT,
+            _WIDTH,
+        ),
+    ),
+    "demo-reassociation": OptionSet(
+        "demo-reassociation",
+        (
+            _SEED,
+            Option("sequences", "integer", 3, minimum=1, help="tracked sequences"),
+            Option(
+                "frames",
+                "integer",
+                20,
+                minimum=2,
+                help="frames per sequence (a query needs a next frame)",
+            ),
+            Option(
+                "people",
+                "integer",
+                6,
+                minimum=2,
+                help="persons per sequence (a query needs 2+ candidates)",
+            ),
+            Option(
+                "presence",
+                "number",
+                0.9,
+                above=0,
+                maximum=1,
+                help="probability that a person is in a frame",
+            ),
+            _HEIGHT,
+            _WIDTH,
+        ),
+    ),
+    "demo-progressive": OptionSet(
+        "demo-progressive",
+        (
+            _SEED,
+            Option(
+                "targets",
+                "integer",
+                200,
+                minimum=2,
+                help="gallery digits (at most 1,797; 2+ so that ranking means something)",
+            ),
+            Option("sketches", "integer", 100, minimum=1, help="query drawings (at most targets)"),
+            Option("steps", "integer", 5, minimum=1, help="partial renderings per drawing"),
+            _SCALE,
+            Option(
+                "noise",
+                "number",
+                0.15,
+                minimum=0,
+                help="ink noise, as a fraction of full intensity",
+            ),
+        ),
+    ),
 }
 #: loader name -> its option defaults.
 DEFAULTS: dict[str, dict[str, Any]] = {name: spec.defaults for name, spec in OPTIONS.items()}
@@ -105,6 +172,7 @@ def _save_gray(image: np.ndarray, scale: int, path: Path) -> None:
 
 # ---------------------------------------------------------------- digits
 
+
 def digits(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
     """Real handwritten digits split per class into query / gallery (protocol recall)."""
     from .datasets import seeded_split
@@ -114,7 +182,7 @@ def digits(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
     folder = images_dir / "digits"
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i, (image, target) in enumerate(zip(images, targets)):
+    for i, (image, target) in enumerate(zip(images, targets, strict=True)):
         name = f"{i:04d}.png"
         _save_gray(image, scale, folder / name)
         rows.append({"id": f"digit{i:04d}", "label": str(target), "path": f"digits/{name}"})
@@ -125,9 +193,18 @@ def digits(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
 
 # ---------------------------------------------------------------- person-like images
 
-def _person(rng: np.random.Generator, height: int, width: int, upper: np.ndarray,
-            lower: np.ndarray, skin: np.ndarray, background: np.ndarray,
-            light: np.ndarray, noise: float = 10.0) -> np.ndarray:
+
+def _person(
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+    upper: np.ndarray,
+    lower: np.ndarray,
+    skin: np.ndarray,
+    background: np.ndarray,
+    light: np.ndarray,
+    noise: float = 10.0,
+) -> np.ndarray:
     """A ``(height, width, 3)`` uint8 pedestrian: head, torso, legs on a background."""
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     dy = rng.uniform(-0.04, 0.04) * height
@@ -148,9 +225,21 @@ def _person(rng: np.random.Generator, height: int, width: int, upper: np.ndarray
 
 # Clothes come from a small palette (plus a per-identity shade), so that different
 # people often look alike and the demos are not trivially solved.
-_PALETTE = np.array([[30, 30, 35], [200, 200, 205], [40, 60, 140], [150, 30, 40],
-                     [50, 110, 60], [110, 80, 50], [200, 170, 60], [90, 90, 95],
-                     [120, 150, 200], [180, 90, 140]], dtype=np.float32)
+_PALETTE = np.array(
+    [
+        [30, 30, 35],
+        [200, 200, 205],
+        [40, 60, 140],
+        [150, 30, 40],
+        [50, 110, 60],
+        [110, 80, 50],
+        [200, 170, 60],
+        [90, 90, 95],
+        [120, 150, 200],
+        [180, 90, 140],
+    ],
+    dtype=np.float32,
+)
 
 
 def _random_colour(rng: np.random.Generator) -> np.ndarray:
@@ -199,33 +288,55 @@ def demo_market(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFram
         seen = np.sort(rng.choice(n_cams, size=int(rng.integers(2, n_cams + 1)), replace=False))
         query_cams = rng.choice(seen, size=min(q_per_id, len(seen)), replace=False)
         for cam in seen:
-            def draw() -> np.ndarray:
-                return _person(rng, height, width, upper, lower, skin, backgrounds[cam],
-                               lights[cam])
+            # this person under this camera (bound now; called inside this loop only)
+            def draw(cam=cam, upper=upper, lower=lower, skin=skin) -> np.ndarray:
+                return _person(
+                    rng, height, width, upper, lower, skin, backgrounds[cam], lights[cam]
+                )
+
             for box in range(1, per_cam + 1):
                 _write_jpeg(draw(), gdir / name(int(pid), int(cam) + 1, box))
             if cam in query_cams:
                 _write_jpeg(draw(), qdir / name(int(pid), int(cam) + 1, 0))
     for _ in range(n_distractors):  # background clutter, label 0
         cam = int(rng.integers(n_cams))
-        clutter = _person(rng, height, width, _random_colour(rng), backgrounds[cam],
-                          backgrounds[cam], backgrounds[cam], lights[cam], noise=30.0)
+        clutter = _person(
+            rng,
+            height,
+            width,
+            _random_colour(rng),
+            backgrounds[cam],
+            backgrounds[cam],
+            backgrounds[cam],
+            lights[cam],
+            noise=30.0,
+        )
         _write_jpeg(clutter, gdir / name(0, cam + 1, 1))
     for _ in range(n_junk):  # bad detections: a fragment of someone, blown up; label -1
         cam = int(rng.integers(n_cams))
-        whole = _person(rng, height, width, _random_colour(rng), _random_colour(rng),
-                        _random_colour(rng), backgrounds[cam], lights[cam])
+        whole = _person(
+            rng,
+            height,
+            width,
+            _random_colour(rng),
+            _random_colour(rng),
+            _random_colour(rng),
+            backgrounds[cam],
+            lights[cam],
+        )
         top = int(rng.integers(0, height // 2))
-        part = Image.fromarray(whole[top:top + height // 3]).resize((width, height))
+        part = Image.fromarray(whole[top : top + height // 3]).resize((width, height))
         _write_jpeg(np.asarray(part), gdir / name(-1, cam + 1, 1))
     tables = {"query": market1501_table(qdir), "gallery": market1501_table(gdir)}
     for table in tables.values():
-        table["path"] = [Path(p).relative_to(images_dir.absolute()).as_posix()
-                         for p in table["path"]]
+        table["path"] = [
+            Path(p).relative_to(images_dir.absolute()).as_posix() for p in table["path"]
+        ]
     return tables
 
 
 # ---------------------------------------------------------------- reassociation
+
 
 def demo_reassociation(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
     """Tracks of people over frames; query and gallery are the same detections."""
@@ -239,9 +350,15 @@ def demo_reassociation(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.D
     rows = []
     for s in range(n_seq):
         sequence = f"seq{s + 1:02d}"
-        people = [(s * n_people + k, _random_colour(rng), _random_colour(rng),
-                   rng.uniform([150, 100, 80], [235, 190, 160]).astype(np.float32))
-                  for k in range(n_people)]
+        people = [
+            (
+                s * n_people + k,
+                _random_colour(rng),
+                _random_colour(rng),
+                rng.uniform([150, 100, 80], [235, 190, 160]).astype(np.float32),
+            )
+            for k in range(n_people)
+        ]
         for f in range(1, n_frames + 1):
             # lighting drifts slowly along the sequence
             light = lights[s] * (1.0 + 0.05 * np.sin(f / 4.0 + np.arange(3)))
@@ -249,18 +366,30 @@ def demo_reassociation(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.D
                 if rng.random() >= presence:
                     continue
                 file = f"{sequence}_f{f:04d}_p{label:03d}.jpg"
-                _write_jpeg(_person(rng, height, width, upper, lower, skin, backgrounds[s],
-                                    light), folder / file)
-                rows.append({"id": Path(file).stem, "label": str(label), "camera": s + 1,
-                             "sequence": sequence, "frame": f, "path": f"tracks/{file}"})
+                _write_jpeg(
+                    _person(rng, height, width, upper, lower, skin, backgrounds[s], light),
+                    folder / file,
+                )
+                rows.append(
+                    {
+                        "id": Path(file).stem,
+                        "label": str(label),
+                        "camera": s + 1,
+                        "sequence": sequence,
+                        "frame": f,
+                        "path": f"tracks/{file}",
+                    }
+                )
     if not rows:
-        raise RankwiseError(f"{loader}: no detections were generated; raise presence, people "
-                            "or frames")
+        raise RankwiseError(
+            f"{loader}: no detections were generated; raise presence, people or frames"
+        )
     table = pd.DataFrame(rows)
     return {"query": table.copy(), "gallery": table.copy()}
 
 
 # ---------------------------------------------------------------- progressive
+
 
 def demo_progressive(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.DataFrame]:
     """Digits revealed step by step (queries) against the complete digits (gallery)."""
@@ -269,11 +398,13 @@ def demo_progressive(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.Dat
     steps, scale, noise = opts["steps"], opts["scale"], opts["noise"]
     images, _ = _digit_images()
     if n_targets > len(images):
-        raise RankwiseError(f"{loader}: option targets must be at most {len(images)}, got "
-                            f"{n_targets}")
+        raise RankwiseError(
+            f"{loader}: option targets must be at most {len(images)}, got {n_targets}"
+        )
     if n_sketches > n_targets:
-        raise RankwiseError(f"{loader}: option sketches ({n_sketches}) must be at most "
-                            f"targets ({n_targets})")
+        raise RankwiseError(
+            f"{loader}: option sketches ({n_sketches}) must be at most targets ({n_targets})"
+        )
     rng = np.random.default_rng(int(opts["seed"]))
     chosen = np.sort(rng.choice(len(images), size=n_targets, replace=False))
     gdir, qdir = images_dir / "targets", images_dir / "sketches"
@@ -294,15 +425,22 @@ def demo_progressive(opts: dict[str, Any], images_dir: Path) -> dict[str, pd.Dat
         order = ink[np.argsort(ink // 8 + rng.uniform(0, 2.0, len(ink)), kind="stable")]
         sketch = f"s{k:04d}"
         for step in range(1, steps + 1):
-            shown = order[:int(np.ceil(len(order) * step / steps))]
+            shown = order[: int(np.ceil(len(order) * step / steps))]
             partial = np.zeros(64, np.uint8)
             partial[shown] = drawing.ravel()[shown]
             big = np.kron(partial.reshape(8, 8), np.ones((scale, scale), np.uint8))
             big = np.roll(big, tuple(int(v) for v in shift), axis=(0, 1))
             file = f"{sketch}_step{step}.png"
             Image.fromarray(big).save(qdir / file)
-            query.append({"id": f"{sketch}_step{step}", "label": f"t{t:04d}", "sketch": sketch,
-                          "step": step, "path": f"sketches/{file}"})
+            query.append(
+                {
+                    "id": f"{sketch}_step{step}",
+                    "label": f"t{t:04d}",
+                    "sketch": sketch,
+                    "step": step,
+                    "path": f"sketches/{file}",
+                }
+            )
     return {"query": pd.DataFrame(query), "gallery": pd.DataFrame(gallery)}
 
 

@@ -66,6 +66,7 @@ class EmbeddingSource:
                 data = np.load(self.path, mmap_mode="r")[start:stop]
             else:
                 import zarr
+
                 array = zarr.open_array(self.path, path=self.array_path, mode="r")
                 _check_chunks_present(array, start, stop, self)
                 data = array[start:stop]
@@ -77,7 +78,8 @@ class EmbeddingSource:
             raise RankwiseError(
                 f"{self.path}: cannot read rows {start}-{stop - 1} (0-based) of the {self.name} "
                 f"({type(exc).__name__}: {_first_line(exc)}); the file is corrupt or was "
-                "changed during the run: write it again") from None
+                "changed during the run: write it again"
+            ) from None
 
     def _narrow(self, start: int, stop: int) -> tuple[int, int]:
         """The first storage chunk of ``[start, stop)`` that fails to read (for messages)."""
@@ -89,6 +91,7 @@ class EmbeddingSource:
                     np.asarray(np.load(self.path, mmap_mode="r")[lo:hi])
                 else:
                     import zarr
+
                     zarr.open_array(self.path, path=self.array_path, mode="r")[lo:hi]
             except Exception:
                 return lo, hi
@@ -100,7 +103,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
-def _check_chunks_present(array, start: int, stop: int, source: "EmbeddingSource") -> None:
+def _check_chunks_present(array, start: int, stop: int, source: EmbeddingSource) -> None:
     """Refuse rows whose storage chunk (or shard) file is absent.
 
     Zarr silently returns the fill value (zeros) for a chunk that was never written, so
@@ -121,15 +124,17 @@ def _check_chunks_present(array, start: int, stop: int, source: "EmbeddingSource
                     raise RankwiseError(
                         f"{source.path}: rows {lo}-{hi} (0-based) of the {source.name} are "
                         f"missing from the Zarr store (no chunk file {key!r}); the store is "
-                        "incomplete (interrupted write or partial copy): write it again")
+                        "incomplete (interrupted write or partial copy): write it again"
+                    )
     except RankwiseError:
         raise
     except Exception:  # an unusual store layout: skip the check rather than fail
         return
 
 
-def open_embeddings(source, *, name: str, n_rows: int | None = None,
-                    manifest: str | os.PathLike | None = None) -> EmbeddingSource:
+def open_embeddings(
+    source, *, name: str, n_rows: int | None = None, manifest: str | os.PathLike | None = None
+) -> EmbeddingSource:
     """Open and check an embedding source (module docstring: what is checked).
 
     Parameters
@@ -146,9 +151,11 @@ def open_embeddings(source, *, name: str, n_rows: int | None = None,
         if not path.exists():
             tmp = path.with_name(path.name + ".tmp")
             if tmp.exists():
-                raise RankwiseError(f"{path}: {name} not found, only an incomplete "
-                                    f"'{tmp.name}' left by an interrupted run; run the command "
-                                    "that writes it (e.g. `rankwise encode`) again")
+                raise RankwiseError(
+                    f"{path}: {name} not found, only an incomplete "
+                    f"'{tmp.name}' left by an interrupted run; run the command "
+                    "that writes it (e.g. `rankwise encode`) again"
+                )
             raise RankwiseError(f"{path}: {name} not found; pass a .npy file or a Zarr store")
         if path.is_dir():
             src = _open_zarr(path, name)
@@ -163,8 +170,9 @@ def open_embeddings(source, *, name: str, n_rows: int | None = None,
     if len(shape) != 2:
         raise RankwiseError(f"{label}: {name} must be 2-D (rows, dim), found shape {shape}")
     if shape[1] == 0:
-        raise RankwiseError(f"{label}: {name} have dimension 0; embeddings need at least one "
-                            "column")
+        raise RankwiseError(
+            f"{label}: {name} have dimension 0; embeddings need at least one column"
+        )
     check_manifest(src, manifest)
     if n_rows is not None:
         check_rows(src, n_rows, manifest)
@@ -175,8 +183,10 @@ def check_rows(src: EmbeddingSource, n_rows: int, manifest=None) -> None:
     """Refuse embeddings whose row count is not the manifest's ``n_rows``."""
     if src.shape[0] != n_rows:
         where = f" but {manifest or 'the manifest'} has {n_rows} rows"
-        raise RankwiseError(f"{src.path or src.name}: {src.name} have {src.shape[0]} "
-                            f"rows{where}; rows must align one-to-one with the manifest")
+        raise RankwiseError(
+            f"{src.path or src.name}: {src.name} have {src.shape[0]} "
+            f"rows{where}; rows must align one-to-one with the manifest"
+        )
 
 
 def check_manifest(src: EmbeddingSource, manifest) -> None:
@@ -198,20 +208,24 @@ def check_manifest(src: EmbeddingSource, manifest) -> None:
         raise RankwiseError(
             f"{src.path}: {src.name} were encoded from {manifest} (sha256 {recorded[:12]}), "
             f"which has changed since (sha256 {actual[:12]}), so rows would not align: "
-            f"restore it, or encode {manifest} again")
+            f"restore it, or encode {manifest} again"
+        )
     raise RankwiseError(
         f"{src.path}: {src.name} were encoded from {origin or 'another manifest'} (sha256 "
         f"{recorded[:12]}), but {manifest} has other content (sha256 {actual[:12]}), so "
         f"rows would not align: pass the manifest the store was encoded from, or encode "
-        f"{manifest} again")
+        f"{manifest} again"
+    )
 
 
 def check_same_dim(query: EmbeddingSource, gallery: EmbeddingSource) -> None:
     """Refuse query and gallery embeddings of different dimensions."""
     if query.shape[1] != gallery.shape[1]:
-        raise RankwiseError(f"{query.path or query.name} has dimension {query.shape[1]} but "
-                            f"{gallery.path or gallery.name} has {gallery.shape[1]} (query vs "
-                            "gallery embeddings); encode both with the same model")
+        raise RankwiseError(
+            f"{query.path or query.name} has dimension {query.shape[1]} but "
+            f"{gallery.path or gallery.name} has {gallery.shape[1]} (query vs "
+            "gallery embeddings); encode both with the same model"
+        )
 
 
 def _check_dtype(dtype, name: str, label: str) -> None:
@@ -226,15 +240,20 @@ def _open_npy(path: Path, name: str) -> EmbeddingSource:
         first = _first_line(exc)
         if "pickle" in first or "allow_pickle" in first:
             first = "no .npy header, or pickled object data"
-        raise RankwiseError(f"{path}: not a readable .npy file ({first}); the file is "
-                            "truncated or corrupt: write it again with numpy.save") from None
+        raise RankwiseError(
+            f"{path}: not a readable .npy file ({first}); the file is "
+            "truncated or corrupt: write it again with numpy.save"
+        ) from None
     if not isinstance(array, np.ndarray):
-        kind = "an .npz archive" if isinstance(array, np.lib.npyio.NpzFile) else \
-            type(array).__name__
+        kind = (
+            "an .npz archive" if isinstance(array, np.lib.npyio.NpzFile) else type(array).__name__
+        )
         if hasattr(array, "close"):
             array.close()
-        raise RankwiseError(f"{path}: expected a single .npy array (numpy.save), found "
-                            f"{kind}; save the (N, D) embeddings with numpy.save")
+        raise RankwiseError(
+            f"{path}: expected a single .npy array (numpy.save), found "
+            f"{kind}; save the (N, D) embeddings with numpy.save"
+        )
     _check_dtype(array.dtype, name, str(path))
     return EmbeddingSource("npy", tuple(array.shape), name, path=str(path))
 
@@ -246,8 +265,9 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
     try:
         node = zarr.open(str(path), mode="r")
     except Exception as exc:  # zarr raises several types for a bad store
-        raise RankwiseError(f"{path}: not a readable Zarr store ({type(exc).__name__}); "
-                            "write it again") from None
+        raise RankwiseError(
+            f"{path}: not a readable Zarr store ({type(exc).__name__}); write it again"
+        ) from None
     array_path = None
     attrs = None
     if isinstance(node, zarr.Group):
@@ -256,11 +276,19 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
             raise RankwiseError(f"{path}: incomplete embedding store; delete it and encode again")
         if "embeddings" not in node:
             hint = " (an interrupted run left it)" if tmp.exists() else ""
-            raise RankwiseError(f"{path}: Zarr group has no array 'embeddings'{hint}; "
-                                "pass a rankwise embedding store or a Zarr array")
+            raise RankwiseError(
+                f"{path}: Zarr group has no array 'embeddings'{hint}; "
+                "pass a rankwise embedding store or a Zarr array"
+            )
         node = node["embeddings"]
         array_path = "embeddings"
     _check_dtype(node.dtype, name, str(path))
-    return EmbeddingSource("zarr", tuple(node.shape), name, path=str(path),
-                           array_path=array_path, chunk_rows=int(node.chunks[0]),
-                           attrs=attrs if (attrs or {}).get("kind") == "embeddings" else None)
+    return EmbeddingSource(
+        "zarr",
+        tuple(node.shape),
+        name,
+        path=str(path),
+        array_path=array_path,
+        chunk_rows=int(node.chunks[0]),
+        attrs=attrs if (attrs or {}).get("kind") == "embeddings" else None,
+    )

@@ -67,10 +67,11 @@ import inspect
 import os
 import sys
 import zlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -90,94 +91,236 @@ _SIZE_HELP = "[height, width] the images are resized to"
 
 #: kind -> its options (the config schema's ``encoder_<kind>`` fragments).
 _TORCH_COMMON = (
-    Option("flip", "boolean", False,
-           help="average the embeddings of the image and its horizontal mirror"),
-    Option("device", "enum", "auto", choices=("auto", "cpu", "cuda"),
-           help="auto = cuda when available"),
+    Option(
+        "flip",
+        "boolean",
+        False,
+        help="average the embeddings of the image and its horizontal mirror",
+    ),
+    Option(
+        "device", "enum", "auto", choices=("auto", "cpu", "cuda"), help="auto = cuda when available"
+    ),
     Option("half", "boolean", False, help="float16 inference (cuda only)"),
 )
 
 OPTIONS: dict[str, OptionSet] = {
-    "precomputed": OptionSet("precomputed", (
-        Option("query", "string", None, nullable=True, help="query embeddings (.npy or Zarr)"),
-        Option("gallery", "string", None, nullable=True,
-               help="gallery embeddings (.npy or Zarr)"),
-        Option("path", "string", None, nullable=True,
-               help="one file for whichever split is encoded"),
-        Option("split", "enum", "auto", choices=("auto", "query", "gallery"),
-               help="which of query / gallery this manifest is; auto = its file name")),
-        description="{query, gallery}: .npy or Zarr per split; or {path}: one file"),
-    "python": OptionSet("python", (
-        Option("factory", "string", required=True,
-               help="module:function or path/file.py:function"),
-        Option("params", "object", {}, help="keyword arguments of the factory"),
-        Option("checkpoint", "string", None, nullable=True, help="weights file"),
-        Option("input_size", "size", None, nullable=True,
-               help=_SIZE_HELP + "; null = as decoded"))),
-    "onnx": OptionSet("onnx", (
-        Option("model", "string", required=True, help=".onnx file"),
-        Option("input_size", "size", None, nullable=True, help=_SIZE_HELP +
-               "; null = from the model"),
-        Option("mean", "numbers", IMAGENET_MEAN, length=3,
-               help="per-channel mean of x / 255 (ImageNet)"),
-        Option("std", "numbers", IMAGENET_STD, length=3, above=0,
-               help="per-channel standard deviation of x / 255 (ImageNet)"),
-        Option("channel_order", "enum", "rgb", choices=("rgb", "bgr"),
-               help="channel order the model expects"),
-        Option("layout", "enum", "nchw", choices=("nchw", "nhwc"),
-               help="input layout the model expects"),
-        Option("input", "string", None, nullable=True, help="input name; null = the first"),
-        Option("output", "string", None, nullable=True,
-               help="output name; null = the first"))),
-    "pixels": OptionSet("pixels", (
-        Option("size", "size", (16, 16), help=_SIZE_HELP),
-        Option("grayscale", "boolean", False, help="one channel instead of RGB"))),
-    "color-histogram": OptionSet("color-histogram", (
-        Option("bins", "integer", 8, minimum=1, maximum=256, help="bins per channel"),
-        Option("space", "enum", "hsv", choices=("hsv", "rgb"), help="colour space"),
-        Option("joint", "boolean", False,
-               help="one bins^3 joint histogram instead of 3 x bins"),
-        Option("stripes", "integer", 1, minimum=1,
-               help="horizontal stripes, one histogram each"))),
-    "hog": OptionSet("hog", (
-        Option("size", "size", (64, 64), help=_SIZE_HELP),
-        Option("cell", "integer", 8, minimum=1, help="pixels per cell side"),
-        Option("bins", "integer", 9, minimum=1, help="orientation bins"))),
+    "precomputed": OptionSet(
+        "precomputed",
+        (
+            Option("query", "string", None, nullable=True, help="query embeddings (.npy or Zarr)"),
+            Option(
+                "gallery", "string", None, nullable=True, help="gallery embeddings (.npy or Zarr)"
+            ),
+            Option(
+                "path",
+                "string",
+                None,
+                nullable=True,
+                help="one file for whichever split is encoded",
+            ),
+            Option(
+                "split",
+                "enum",
+                "auto",
+                choices=("auto", "query", "gallery"),
+                help="which of query / gallery this manifest is; auto = its file name",
+            ),
+        ),
+        description="{query, gallery}: .npy or Zarr per split; or {path}: one file",
+    ),
+    "python": OptionSet(
+        "python",
+        (
+            Option(
+                "factory", "string", required=True, help="module:function or path/file.py:function"
+            ),
+            Option("params", "object", {}, help="keyword arguments of the factory"),
+            Option("checkpoint", "string", None, nullable=True, help="weights file"),
+            Option(
+                "input_size", "size", None, nullable=True, help=_SIZE_HELP + "; null = as decoded"
+            ),
+        ),
+    ),
+    "onnx": OptionSet(
+        "onnx",
+        (
+            Option("model", "string", required=True, help=".onnx file"),
+            Option(
+                "input_size",
+                "size",
+                None,
+                nullable=True,
+                help=_SIZE_HELP + "; null = from the model",
+            ),
+            Option(
+                "mean",
+                "numbers",
+                IMAGENET_MEAN,
+                length=3,
+                help="per-channel mean of x / 255 (ImageNet)",
+            ),
+            Option(
+                "std",
+                "numbers",
+                IMAGENET_STD,
+                length=3,
+                above=0,
+                help="per-channel standard deviation of x / 255 (ImageNet)",
+            ),
+            Option(
+                "channel_order",
+                "enum",
+                "rgb",
+                choices=("rgb", "bgr"),
+                help="channel order the model expects",
+            ),
+            Option(
+                "layout",
+                "enum",
+                "nchw",
+                choices=("nchw", "nhwc"),
+                help="input layout the model expects",
+            ),
+            Option("input", "string", None, nullable=True, help="input name; null = the first"),
+            Option("output", "string", None, nullable=True, help="output name; null = the first"),
+        ),
+    ),
+    "pixels": OptionSet(
+        "pixels",
+        (
+            Option("size", "size", (16, 16), help=_SIZE_HELP),
+            Option("grayscale", "boolean", False, help="one channel instead of RGB"),
+        ),
+    ),
+    "color-histogram": OptionSet(
+        "color-histogram",
+        (
+            Option("bins", "integer", 8, minimum=1, maximum=256, help="bins per channel"),
+            Option("space", "enum", "hsv", choices=("hsv", "rgb"), help="colour space"),
+            Option(
+                "joint", "boolean", False, help="one bins^3 joint histogram instead of 3 x bins"
+            ),
+            Option(
+                "stripes", "integer", 1, minimum=1, help="horizontal stripes, one histogram each"
+            ),
+        ),
+    ),
+    "hog": OptionSet(
+        "hog",
+        (
+            Option("size", "size", (64, 64), help=_SIZE_HELP),
+            Option("cell", "integer", 8, minimum=1, help="pixels per cell side"),
+            Option("bins", "integer", 9, minimum=1, help="orientation bins"),
+        ),
+    ),
     # torch kinds (extra rankwise[torch]; rankwise.torch_encoders): the embedding is the
     # pre-classifier feature; preprocessing resizes straight to input_size (no centre crop)
-    "reid": OptionSet("reid", (
-        Option("architecture", "string", required=True,
-               help="a reid package architecture, e.g. osnet_x1_0"),
-        Option("checkpoint", "string", required=True,
-               help="torchreid / fast-reid .pth (or .safetensors), loaded strictly"),
-        Option("input_size", "size", None, nullable=True,
-               help=_SIZE_HELP + "; null = the architecture's"),
-        *_TORCH_COMMON)),
-    "timm": OptionSet("timm", (
-        Option("model", "string", required=True, help="a timm model name, e.g. resnet50"),
-        Option("checkpoint", "string", required=True,
-               help="local weights, loaded strictly (nothing is ever downloaded)"),
-        Option("input_size", "size", None, nullable=True,
-               help=_SIZE_HELP + "; null = the model's data config"),
-        Option("mean", "numbers", None, length=3, nullable=True,
-               help="per-channel mean of x / 255; null = the model's data config"),
-        Option("std", "numbers", None, length=3, above=0, nullable=True,
-               help="per-channel standard deviation of x / 255; null = the model's"),
-        Option("interpolation", "enum", "bilinear", choices=("bilinear", "bicubic", "nearest"),
-               help="resize interpolation"),
-        *_TORCH_COMMON)),
-    "torchscript": OptionSet("torchscript", (
-        Option("model", "string", required=True, help="a scripted or traced module file"),
-        Option("input_size", "size", required=True, help=_SIZE_HELP),
-        Option("mean", "numbers", IMAGENET_MEAN, length=3,
-               help="per-channel mean of x / 255 (ImageNet)"),
-        Option("std", "numbers", IMAGENET_STD, length=3, above=0,
-               help="per-channel standard deviation of x / 255 (ImageNet)"),
-        Option("channel_order", "enum", "rgb", choices=("rgb", "bgr"),
-               help="channel order the model expects"),
-        Option("interpolation", "enum", "bilinear", choices=("bilinear", "bicubic", "nearest"),
-               help="resize interpolation"),
-        *_TORCH_COMMON)),
+    "reid": OptionSet(
+        "reid",
+        (
+            Option(
+                "architecture",
+                "string",
+                required=True,
+                help="a reid package architecture, e.g. osnet_x1_0",
+            ),
+            Option(
+                "checkpoint",
+                "string",
+                required=True,
+                help="torchreid / fast-reid .pth (or .safetensors), loaded strictly",
+            ),
+            Option(
+                "input_size",
+                "size",
+                None,
+                nullable=True,
+                help=_SIZE_HELP + "; null = the architecture's",
+            ),
+            *_TORCH_COMMON,
+        ),
+    ),
+    "timm": OptionSet(
+        "timm",
+        (
+            Option("model", "string", required=True, help="a timm model name, e.g. resnet50"),
+            Option(
+                "checkpoint",
+                "string",
+                required=True,
+                help="local weights, loaded strictly (nothing is ever downloaded)",
+            ),
+            Option(
+                "input_size",
+                "size",
+                None,
+                nullable=True,
+                help=_SIZE_HELP + "; null = the model's data config",
+            ),
+            Option(
+                "mean",
+                "numbers",
+                None,
+                length=3,
+                nullable=True,
+                help="per-channel mean of x / 255; null = the model's data config",
+            ),
+            Option(
+                "std",
+                "numbers",
+                None,
+                length=3,
+                above=0,
+                nullable=True,
+                help="per-channel standard deviation of x / 255; null = the model's",
+            ),
+            Option(
+                "interpolation",
+                "enum",
+                "bilinear",
+                choices=("bilinear", "bicubic", "nearest"),
+                help="resize interpolation",
+            ),
+            *_TORCH_COMMON,
+        ),
+    ),
+    "torchscript": OptionSet(
+        "torchscript",
+        (
+            Option("model", "string", required=True, help="a scripted or traced module file"),
+            Option("input_size", "size", required=True, help=_SIZE_HELP),
+            Option(
+                "mean",
+                "numbers",
+                IMAGENET_MEAN,
+                length=3,
+                help="per-channel mean of x / 255 (ImageNet)",
+            ),
+            Option(
+                "std",
+                "numbers",
+                IMAGENET_STD,
+                length=3,
+                above=0,
+                help="per-channel standard deviation of x / 255 (ImageNet)",
+            ),
+            Option(
+                "channel_order",
+                "enum",
+                "rgb",
+                choices=("rgb", "bgr"),
+                help="channel order the model expects",
+            ),
+            Option(
+                "interpolation",
+                "enum",
+                "bilinear",
+                choices=("bilinear", "bicubic", "nearest"),
+                help="resize interpolation",
+            ),
+            *_TORCH_COMMON,
+        ),
+    ),
 }
 #: kind -> its option defaults.
 DEFAULTS: dict[str, dict[str, Any]] = {kind: spec.defaults for kind, spec in OPTIONS.items()}
@@ -196,15 +339,19 @@ def default_workers() -> int:
 
 # ---------------------------------------------------------------- option checks
 
+
 def _checkpoint(kind: str, value: Any, name: str) -> Path:
     path = Path(str(value)).expanduser()
     if not path.is_file():
-        raise RankwiseError(f"{path}: {kind} {name} file not found; check options.{name} "
-                            f"(relative paths start from {Path.cwd()})")
+        raise RankwiseError(
+            f"{path}: {kind} {name} file not found; check options.{name} "
+            f"(relative paths start from {Path.cwd()})"
+        )
     return path
 
 
 # ---------------------------------------------------------------- images
+
 
 @dataclass
 class _Rows:
@@ -218,8 +365,13 @@ class _Rows:
     def where(self, i: int) -> str:
         return f"{self.manifest}: row {i + 2} (id {self.ids[i]!r})"
 
-    def read(self, i: int, size: tuple[int, int] | None = None, mode: str = "RGB",
-             resample: int = Image.Resampling.BILINEAR) -> Image.Image:
+    def read(
+        self,
+        i: int,
+        size: tuple[int, int] | None = None,
+        mode: str = "RGB",
+        resample: int = Image.Resampling.BILINEAR,
+    ) -> Image.Image:
         """Decode row ``i``'s image, converted to ``mode`` and resized to [H, W]."""
         raw = self.paths[i]  # never empty: checked when the manifest is read
         path = Path(raw)
@@ -228,21 +380,27 @@ class _Rows:
         try:
             with Image.open(path) as image:
                 # PIL converts to HSV from RGB only
-                image = image.convert("RGB").convert("HSV") if mode == "HSV" \
-                    else image.convert(mode)
+                image = (
+                    image.convert("RGB").convert("HSV") if mode == "HSV" else image.convert(mode)
+                )
         except FileNotFoundError:
-            raise RankwiseError(f"{self.where(i)}: image {raw!r} not found (looked for "
-                                f"{path}); fix the 'path' column or restore the file") from None
+            raise RankwiseError(
+                f"{self.where(i)}: image {raw!r} not found (looked for "
+                f"{path}); fix the 'path' column or restore the file"
+            ) from None
         except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise RankwiseError(f"{self.where(i)}: cannot decode image {path} "
-                                f"({type(exc).__name__}: {exc}); replace the file") from None
+            raise RankwiseError(
+                f"{self.where(i)}: cannot decode image {path} "
+                f"({type(exc).__name__}: {exc}); replace the file"
+            ) from None
         if size is not None and image.size != (size[1], size[0]):
             image = image.resize((size[1], size[0]), resample)
         return image
 
 
-def _image_batches(rows: _Rows, per_image: Callable[[int], Any], batch_size: int,
-                   pool: ThreadPoolExecutor) -> Iterator[list[Any]]:
+def _image_batches(
+    rows: _Rows, per_image: Callable[[int], Any], batch_size: int, pool: ThreadPoolExecutor
+) -> Iterator[list[Any]]:
     """Yield ``[per_image(i) for i in batch]`` per batch, decoding one batch ahead."""
     n = len(rows.ids)
     pending: list[Future] = []
@@ -262,21 +420,24 @@ def _image_batches(rows: _Rows, per_image: Callable[[int], Any], batch_size: int
 
 # ---------------------------------------------------------------- built-in features
 
+
 def _pixels(rows: _Rows, i: int, size: tuple[int, int], grayscale: bool) -> np.ndarray:
     image = rows.read(i, size, "L" if grayscale else "RGB")
     return np.asarray(image, dtype=np.float32).ravel() / 255.0
 
 
-def _colour_histogram(rows: _Rows, i: int, bins: int, space: str, joint: bool,
-                      stripes: int) -> np.ndarray:
+def _colour_histogram(
+    rows: _Rows, i: int, bins: int, space: str, joint: bool, stripes: int
+) -> np.ndarray:
     image = np.asarray(rows.read(i, None, "HSV" if space == "hsv" else "RGB"))
     quant = (image.astype(np.int64) * bins) >> 8  # 0..bins-1 per channel
     parts = []
     for band in np.array_split(quant, stripes, axis=0):
         flat = band.reshape(-1, 3)
         if joint:
-            hist = np.bincount((flat[:, 0] * bins + flat[:, 1]) * bins + flat[:, 2],
-                               minlength=bins ** 3)
+            hist = np.bincount(
+                (flat[:, 0] * bins + flat[:, 1]) * bins + flat[:, 2], minlength=bins**3
+            )
         else:
             hist = np.concatenate([np.bincount(flat[:, c], minlength=bins) for c in range(3)])
         hist = hist.astype(np.float32)
@@ -300,21 +461,26 @@ def hog_features(gray: np.ndarray, cell: int, bins: int) -> np.ndarray:
     orient = np.minimum((angle * bins / 180.0).astype(np.int64), bins - 1)
     cy, cx = gray.shape[0] // cell, gray.shape[1] // cell
     if cy == 0 or cx == 0:
-        raise RankwiseError(f"hog: cell {cell} is larger than the image {gray.shape}; use a "
-                            "smaller cell or a larger size")
+        raise RankwiseError(
+            f"hog: cell {cell} is larger than the image {gray.shape}; use a "
+            "smaller cell or a larger size"
+        )
     h, w = cy * cell, cx * cell
     cell_index = (np.arange(h)[:, None] // cell) * cx + (np.arange(w)[None, :] // cell)
-    hist = np.bincount((cell_index * bins + orient[:h, :w]).ravel(),
-                       weights=magnitude[:h, :w].ravel(), minlength=cy * cx * bins)
+    hist = np.bincount(
+        (cell_index * bins + orient[:h, :w]).ravel(),
+        weights=magnitude[:h, :w].ravel(),
+        minlength=cy * cx * bins,
+    )
     hist = hist.reshape(cy, cx, bins)
     by, bx = min(2, cy), min(2, cx)
     blocks = []
     for y in range(cy - by + 1):
         for x in range(cx - bx + 1):
-            block = hist[y:y + by, x:x + bx].ravel()
-            block = block / np.sqrt(np.sum(block ** 2) + 1e-6)
+            block = hist[y : y + by, x : x + bx].ravel()
+            block = block / np.sqrt(np.sum(block**2) + 1e-6)
             block = np.minimum(block, 0.2)
-            blocks.append(block / np.sqrt(np.sum(block ** 2) + 1e-6))
+            blocks.append(block / np.sqrt(np.sum(block**2) + 1e-6))
     return np.concatenate(blocks).astype(np.float32)
 
 
@@ -324,6 +490,7 @@ def _hog(rows: _Rows, i: int, size: tuple[int, int], cell: int, bins: int) -> np
 
 
 # ---------------------------------------------------------------- encoders
+
 
 @dataclass
 class _Encoder:
@@ -363,8 +530,10 @@ def _builtin(kind: str, opts: dict[str, Any]) -> _Encoder:
 
 def _load_factory(spec: Any) -> Callable[..., Any]:
     if not isinstance(spec, str) or ":" not in spec:
-        raise RankwiseError(f"python: option factory must be 'module:function' or "
-                            f"'path/to/file.py:function', got {spec!r}")
+        raise RankwiseError(
+            f"python: option factory must be 'module:function' or "
+            f"'path/to/file.py:function', got {spec!r}"
+        )
     module_name, _, attr = spec.rpartition(":")
     if module_name.endswith(".py"):
         file = Path(module_name).expanduser()
@@ -382,16 +551,19 @@ def _load_factory(spec: Any) -> Callable[..., Any]:
             if exc.name != module_name and not module_name.startswith(f"{exc.name}."):
                 raise  # the module itself imports something missing: show it
             if os.getcwd() in sys.path:
-                raise RankwiseError(f"python: module {module_name!r} of options.factory not "
-                                    "found; add its folder to PYTHONPATH or give "
-                                    "'path/to/file.py:function'") from None
+                raise RankwiseError(
+                    f"python: module {module_name!r} of options.factory not "
+                    "found; add its folder to PYTHONPATH or give "
+                    "'path/to/file.py:function'"
+                ) from None
             sys.path.insert(0, os.getcwd())  # console scripts do not put the cwd on the path
             return _load_factory(spec)
     try:
         factory = getattr(module, attr)
     except AttributeError:
-        raise RankwiseError(f"python: {module_name!r} has no attribute {attr!r} "
-                            f"(options.factory {spec!r})") from None
+        raise RankwiseError(
+            f"python: {module_name!r} has no attribute {attr!r} (options.factory {spec!r})"
+        ) from None
     if not callable(factory):
         raise RankwiseError(f"python: options.factory {spec!r} is not callable")
     return factory
@@ -402,8 +574,11 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               or p.kind == p.VAR_KEYWORD for p in parameters)
+    return any(
+        (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        or p.kind == p.VAR_KEYWORD
+        for p in parameters
+    )
 
 
 def _as_matrix(output: Any, n: int, what: str) -> np.ndarray:
@@ -413,34 +588,44 @@ def _as_matrix(output: Any, n: int, what: str) -> np.ndarray:
     if array.ndim == 1 and n == 1:
         array = array[None, :]
     if array.ndim != 2 or array.shape[0] != n:
-        raise RankwiseError(f"{what} returned an array of shape {array.shape} for a batch of "
-                            f"{n} images; it must return (batch, dim)")
+        raise RankwiseError(
+            f"{what} returned an array of shape {array.shape} for a batch of "
+            f"{n} images; it must return (batch, dim)"
+        )
     return array
 
 
 def _python(opts: dict[str, Any]) -> _Encoder:
     size = None if opts["input_size"] is None else tuple(opts["input_size"])
-    checkpoint = None if opts["checkpoint"] is None else _checkpoint("python", opts["checkpoint"],
-                                                                     "checkpoint")
+    checkpoint = (
+        None
+        if opts["checkpoint"] is None
+        else _checkpoint("python", opts["checkpoint"], "checkpoint")
+    )
     factory = _load_factory(opts["factory"])
     params = dict(opts["params"])
-    if checkpoint is not None and "checkpoint" not in params \
-            and _accepts_keyword(factory, "checkpoint"):
+    if (
+        checkpoint is not None
+        and "checkpoint" not in params
+        and _accepts_keyword(factory, "checkpoint")
+    ):
         params["checkpoint"] = str(checkpoint)
     encoder_fn = factory(**params)
     if not callable(encoder_fn):
-        raise RankwiseError(f"python: factory {opts['factory']!r} returned "
-                            f"{type(encoder_fn).__name__}, not a callable "
-                            "images -> (batch, dim)")
+        raise RankwiseError(
+            f"python: factory {opts['factory']!r} returned "
+            f"{type(encoder_fn).__name__}, not a callable "
+            "images -> (batch, dim)"
+        )
 
     with_texts = _accepts_keyword(encoder_fn, "texts")
 
     def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
-        decode = lambda i: np.asarray(rows.read(i, size))  # noqa: E731
+        decode = lambda i: np.asarray(rows.read(i, size))
         start = 0
         for images in _image_batches(rows, decode, batch_size, pool):
             if with_texts:
-                texts = None if rows.texts is None else rows.texts[start:start + len(images)]
+                texts = None if rows.texts is None else rows.texts[start : start + len(images)]
                 output = encoder_fn(images, texts=texts)
             else:
                 output = encoder_fn(images)
@@ -455,38 +640,44 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
     try:
         import onnxruntime as ort
     except ImportError:
-        raise RankwiseError("onnx: the onnxruntime package is not installed; install the "
-                            "extra: pip install 'rankwise[onnx]'") from None
+        raise RankwiseError(
+            "onnx: the onnxruntime package is not installed; install the "
+            "extra: pip install 'rankwise[onnx]'"
+        ) from None
     channel_order, layout = opts["channel_order"], opts["layout"]
     mean, std = (np.asarray(opts[k], dtype=np.float32) for k in ("mean", "std"))
     settings = ort.SessionOptions()
     settings.intra_op_num_threads = threads
     settings.inter_op_num_threads = 1
     try:
-        session = ort.InferenceSession(str(model), sess_options=settings,
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            str(model), sess_options=settings, providers=["CPUExecutionProvider"]
+        )
     except Exception as exc:  # onnxruntime raises its own exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RankwiseError(f"{model}: onnxruntime cannot load the model ({first})") from None
     inputs = {i.name: i for i in session.get_inputs()}
     input_name = opts["input"] or next(iter(inputs))
     if input_name not in inputs:
-        raise RankwiseError(f"{model}: no input named {input_name!r}; inputs: "
-                            f"{', '.join(inputs)}")
+        raise RankwiseError(f"{model}: no input named {input_name!r}; inputs: {', '.join(inputs)}")
     outputs = [o.name for o in session.get_outputs()]
     output_name = opts["output"] or outputs[0]
     if output_name not in outputs:
-        raise RankwiseError(f"{model}: no output named {output_name!r}; outputs: "
-                            f"{', '.join(outputs)}")
+        raise RankwiseError(
+            f"{model}: no output named {output_name!r}; outputs: {', '.join(outputs)}"
+        )
     shape = list(inputs[input_name].shape)
     if len(shape) != 4:
-        raise RankwiseError(f"{model}: input {input_name!r} has shape {shape}; expected a "
-                            "4-D image batch")
+        raise RankwiseError(
+            f"{model}: input {input_name!r} has shape {shape}; expected a 4-D image batch"
+        )
     spatial = shape[2:4] if layout == "nchw" else shape[1:3]
     if opts["input_size"] is None:
         if not all(isinstance(v, int) for v in spatial):
-            raise RankwiseError(f"{model}: the model's input size is dynamic ({spatial}); set "
-                                "options.input_size to [height, width]")
+            raise RankwiseError(
+                f"{model}: the model's input size is dynamic ({spatial}); set "
+                "options.input_size to [height, width]"
+            )
         size = (int(spatial[0]), int(spatial[1]))
     else:
         size = tuple(opts["input_size"])
@@ -505,11 +696,11 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
             return session.run([output_name], {input_name: x})[0]
         parts = []
         for start in range(0, len(x), fixed_batch):
-            part = x[start:start + fixed_batch]
+            part = x[start : start + fixed_batch]
             pad = fixed_batch - len(part)
             if pad:
                 part = np.concatenate([part, np.zeros((pad,) + part.shape[1:], part.dtype)])
-            parts.append(session.run([output_name], {input_name: part})[0][:fixed_batch - pad])
+            parts.append(session.run([output_name], {input_name: part})[0][: fixed_batch - pad])
         return np.concatenate(parts)
 
     def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
@@ -541,14 +732,20 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
     else:
         split = opts["split"]
         if split in (None, "auto"):
-            split = next((s for s in (manifest.stem, out.name.split(".")[0])
-                          if s in ("query", "gallery")), None)
+            split = next(
+                (s for s in (manifest.stem, out.name.split(".")[0]) if s in ("query", "gallery")),
+                None,
+            )
             if split is None:
-                raise RankwiseError(f"precomputed: cannot tell whether {manifest} is the query "
-                                    "or the gallery; set options.split or options.path")
+                raise RankwiseError(
+                    f"precomputed: cannot tell whether {manifest} is the query "
+                    "or the gallery; set options.split or options.path"
+                )
         if opts[split] is None:
-            raise RankwiseError(f"precomputed: missing option {split} (embeddings for the "
-                                f"{split} manifest {manifest})")
+            raise RankwiseError(
+                f"precomputed: missing option {split} (embeddings for the "
+                f"{split} manifest {manifest})"
+            )
         source = Path(str(opts[split])).expanduser()
     vectors = _open_vectors(source, manifest)
     checkpoint = source if source.is_file() else None
@@ -566,12 +763,14 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
     return _Encoder(opts, checkpoint, batches, needs_images=False)
 
 
-def build_encoder(kind: str, options: dict[str, Any] | None, *, manifest: Path, out: Path,
-                  threads: int) -> _Encoder:
+def build_encoder(
+    kind: str, options: dict[str, Any] | None, *, manifest: Path, out: Path, threads: int
+) -> _Encoder:
     """Check ``options`` for ``kind`` and return the configured encoder."""
     if kind not in OPTIONS:
-        raise RankwiseError(f"unknown encoder kind {kind!r}; valid kinds: "
-                            f"{', '.join(ENCODER_KINDS)}")
+        raise RankwiseError(
+            f"unknown encoder kind {kind!r}; valid kinds: {', '.join(ENCODER_KINDS)}"
+        )
     opts = OPTIONS[kind].check(options)
     if kind == "precomputed":
         return _precomputed(opts, manifest, out)
@@ -588,10 +787,19 @@ def build_encoder(kind: str, options: dict[str, Any] | None, *, manifest: Path, 
 
 # ---------------------------------------------------------------- entry point
 
-def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[str, Any] | None,
-                    out_store: str | os.PathLike, batch_size: int = BATCH_SIZE.default,
-                    workers: int | None = None, *, progress: bool = True,
-                    protocol: str | None = None, role: str | None = None) -> dict[str, Any]:
+
+def encode_manifest(
+    manifest_csv: str | os.PathLike,
+    kind: str,
+    options: dict[str, Any] | None,
+    out_store: str | os.PathLike,
+    batch_size: int = BATCH_SIZE.default,
+    workers: int | None = None,
+    *,
+    progress: bool = True,
+    protocol: str | None = None,
+    role: str | None = None,
+) -> dict[str, Any]:
     """Encode every row of a manifest into the embedding store ``out_store``.
 
     Parameters
@@ -619,9 +827,11 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
     rows = _Rows(manifest, table["id"].tolist())
     if encoder.needs_images:
         if "path" not in table.columns:
-            raise RankwiseError(f"{manifest}: missing column 'path' needed by the {kind} "
-                                "encoder; add image paths (relative to the manifest's folder) "
-                                "or use kind precomputed")
+            raise RankwiseError(
+                f"{manifest}: missing column 'path' needed by the {kind} "
+                "encoder; add image paths (relative to the manifest's folder) "
+                "or use kind precomputed"
+            )
         check_nonempty(table, ["path"], str(manifest))
         rows.paths = table["path"].str.strip().tolist()
     if "text" in table.columns:
@@ -645,19 +855,29 @@ def encode_manifest(manifest_csv: str | os.PathLike, kind: str, options: dict[st
         from tqdm import tqdm
 
         start = 0
-        with tqdm(total=len(table), desc=f"encode {kind} {manifest.name}", unit="row",
-                  file=sys.stderr, disable=not progress, mininterval=1.0) as bar:
+        with tqdm(
+            total=len(table),
+            desc=f"encode {kind} {manifest.name}",
+            unit="row",
+            file=sys.stderr,
+            disable=not progress,
+            mininterval=1.0,
+        ) as bar:
             for batch in encoder.batches(rows, batch_size, pool):
                 bad = ~np.isfinite(batch).all(axis=1) if batch.ndim == 2 else None
                 if bad is not None and bad.any():
                     i = start + int(np.flatnonzero(bad)[0])
-                    raise RankwiseError(f"{rows.where(i)}: the {kind} encoder produced "
-                                        "NaN or infinite values; check the input and the model")
+                    raise RankwiseError(
+                        f"{rows.where(i)}: the {kind} encoder produced "
+                        "NaN or infinite values; check the input and the model"
+                    )
                 if batch.ndim == 2:
                     if start and batch.shape[1] != shape[1]:
-                        raise RankwiseError(f"{rows.where(start)}: the {kind} encoder returned "
-                                            f"dimension {batch.shape[1]} after {shape[1]}; "
-                                            "every batch must have the same dimension")
+                        raise RankwiseError(
+                            f"{rows.where(start)}: the {kind} encoder returned "
+                            f"dimension {batch.shape[1]} after {shape[1]}; "
+                            "every batch must have the same dimension"
+                        )
                     shape[1] = int(batch.shape[1])
                 start += len(batch)
                 bar.update(len(batch))

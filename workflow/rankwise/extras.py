@@ -39,5 +39,7 @@ def require(module: str, purpose: str) -> ModuleType:
         if exc.name != top:  # the package is there but something it imports is not
             raise
         package, extra = EXTRAS[top]
-        raise RankwiseError(f"{purpose} needs the {package} package; install it with: "
-                            f"pip install 'rankwise[{extra}]'") from None
+        raise RankwiseError(
+            f"{purpose} needs the {package} package; install it with: "
+            f"pip install 'rankwise[{extra}]'"
+        ) from None

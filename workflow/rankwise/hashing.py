@@ -67,8 +67,7 @@ def _write_cache(location: Path, entries: dict[str, dict]) -> None:
     tmp = None
     try:
         location.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=location.name + ".", suffix=".tmp",
-                                   dir=location.parent)
+        fd, tmp = tempfile.mkstemp(prefix=location.name + ".", suffix=".tmp", dir=location.parent)
         with os.fdopen(fd, "w") as handle:
             json.dump({"version": 1, "entries": entries}, handle, indent=0)
         os.replace(tmp, location)
@@ -77,8 +76,12 @@ def _write_cache(location: Path, entries: dict[str, dict]) -> None:
             Path(tmp).unlink(missing_ok=True)
 
 
-def file_sha256(path: str | os.PathLike, *, cache_path: str | os.PathLike | None = None,
-                min_cached_size: int = MIN_CACHED_SIZE) -> str:
+def file_sha256(
+    path: str | os.PathLike,
+    *,
+    cache_path: str | os.PathLike | None = None,
+    min_cached_size: int = MIN_CACHED_SIZE,
+) -> str:
     """The SHA-256 hex digest of a file's bytes, cached by ``(path, size, mtime_ns)``.
 
     Parameters
@@ -103,12 +106,14 @@ def file_sha256(path: str | os.PathLike, *, cache_path: str | os.PathLike | None
     if location is None or stat.st_size < min_cached_size:
         return _hash_bytes(file)
     key = str(file.resolve())
-    stamp = {"size": int(stat.st_size), "mtime_ns": int(stat.st_mtime_ns),
-             "ino": int(stat.st_ino)}
+    stamp = {"size": int(stat.st_size), "mtime_ns": int(stat.st_mtime_ns), "ino": int(stat.st_ino)}
     entries = _read_cache(location)
     cached = entries.get(key)
-    if isinstance(cached, dict) and all(cached.get(k) == v for k, v in stamp.items()) \
-            and isinstance(cached.get("sha256"), str):
+    if (
+        isinstance(cached, dict)
+        and all(cached.get(k) == v for k, v in stamp.items())
+        and isinstance(cached.get("sha256"), str)
+    ):
         return cached["sha256"]
     digest = _hash_bytes(file)
     entries = _read_cache(location)  # re-read: another job may have added entries

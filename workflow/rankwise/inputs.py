@@ -45,15 +45,19 @@ class Inputs:
     gallery_embeddings: EmbeddingSource
     names: tuple[str, str]
 
-    def problem(self, *, gap_frames: int = 1,
-                junk_labels: tuple[str, ...] = ("-1",)) -> Problem:
+    def problem(self, *, gap_frames: int = 1, junk_labels: tuple[str, ...] = ("-1",)) -> Problem:
         """The protocol applied to the manifests (:func:`rankwise.protocols.build_problem`)."""
-        return build_problem(self.query, self.gallery, self.protocol, gap_frames=gap_frames,
-                             junk_labels=tuple(str(j) for j in junk_labels), names=self.names)
+        return build_problem(
+            self.query,
+            self.gallery,
+            self.protocol,
+            gap_frames=gap_frames,
+            junk_labels=tuple(str(j) for j in junk_labels),
+            names=self.names,
+        )
 
 
-def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *,
-                protocol: str) -> Inputs:
+def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *, protocol: str) -> Inputs:
     """Read and check the four inputs of an evaluation (module docstring).
 
     Parameters
@@ -66,14 +70,21 @@ def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *,
     q_table = read_manifest(query, protocol=protocol, role="query")
     g_table = read_manifest(gallery, protocol=protocol, role="gallery")
     q_name, g_name = _name(query), _name(gallery)
-    q_src = open_embeddings(query_embeddings, name="query embeddings", n_rows=len(q_table),
-                            manifest=q_name)
-    g_src = open_embeddings(gallery_embeddings, name="gallery embeddings",
-                            n_rows=len(g_table), manifest=g_name)
+    q_src = open_embeddings(
+        query_embeddings, name="query embeddings", n_rows=len(q_table), manifest=q_name
+    )
+    g_src = open_embeddings(
+        gallery_embeddings, name="gallery embeddings", n_rows=len(g_table), manifest=g_name
+    )
     check_same_dim(q_src, g_src)
-    return Inputs(protocol=protocol, query=q_table, gallery=g_table, query_embeddings=q_src,
-                  gallery_embeddings=g_src,
-                  names=(q_name or "query table", g_name or "gallery table"))
+    return Inputs(
+        protocol=protocol,
+        query=q_table,
+        gallery=g_table,
+        query_embeddings=q_src,
+        gallery_embeddings=g_src,
+        names=(q_name or "query table", g_name or "gallery table"),
+    )
 
 
 def _name(source) -> str | None:

@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 #: Unit roundoff of float32.
-_U32 = 2.0 ** -24
+_U32 = 2.0**-24
 
 
 def error_bound_factor(dim: int) -> float:
@@ -128,8 +128,9 @@ def _count_less(thr, lo, hi, x):
 
 
 @njit(cache=True, nogil=True)
-def count_tile(sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk,
-               thr, toff, exclude_self, cosine, bound):
+def count_tile(
+    sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk, thr, toff, exclude_self, cosine, bound
+):
     """Per tile: valid non-relevant gallery items at or ahead of each threshold.
 
     Parameters

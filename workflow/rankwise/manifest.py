@@ -33,8 +33,7 @@ from .errors import RankwiseError
 from .registry import INTEGER_COLUMNS as _INTEGER_COLUMNS
 from .registry import PROTOCOLS, REGISTRY, ROLES, get_protocol
 
-__all__ = ["PROTOCOLS", "check_nonempty", "check_protocol", "read_manifest",
-           "required_columns"]
+__all__ = ["PROTOCOLS", "check_nonempty", "check_protocol", "read_manifest", "required_columns"]
 
 
 def check_protocol(protocol: str) -> str:
@@ -55,9 +54,13 @@ def required_columns(protocol: str | None, role: str | None) -> tuple[str, ...]:
     return tuple(c for c in lists[0] if all(c in other for other in lists[1:]))
 
 
-def read_manifest(source: str | os.PathLike | pd.DataFrame, *, protocol: str | None = None,
-                  role: str | None = None,
-                  extra_columns: tuple[str, ...] = ()) -> pd.DataFrame:
+def read_manifest(
+    source: str | os.PathLike | pd.DataFrame,
+    *,
+    protocol: str | None = None,
+    role: str | None = None,
+    extra_columns: tuple[str, ...] = (),
+) -> pd.DataFrame:
     """Read and validate a manifest (see the module docstring for what is checked).
 
     Parameters
@@ -86,20 +89,25 @@ def read_manifest(source: str | os.PathLike | pd.DataFrame, *, protocol: str | N
         try:
             # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first
             # column's name.
-            table = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
-                                encoding="utf-8-sig")
+            table = pd.read_csv(
+                path, dtype=str, keep_default_na=False, na_filter=False, encoding="utf-8-sig"
+            )
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RankwiseError(f"{path}: not a readable CSV manifest ({first}); "
-                                "write one header line and one row per item") from None
+            raise RankwiseError(
+                f"{path}: not a readable CSV manifest ({first}); "
+                "write one header line and one row per item"
+            ) from None
     table.columns = [str(c).strip() for c in table.columns]
     needed = required_columns(protocol, role) + tuple(extra_columns)
     missing = [c for c in needed if c not in table.columns]
     if missing:
         by = f"protocol {protocol!r}" if protocol is not None else "every protocol"
-        raise RankwiseError(f"{name}: missing column(s) {', '.join(missing)} required by "
-                            f"{by} for the {role or 'query and the gallery'}; add them "
-                            f"(found: {', '.join(table.columns) or 'none'})")
+        raise RankwiseError(
+            f"{name}: missing column(s) {', '.join(missing)} required by "
+            f"{by} for the {role or 'query and the gallery'}; add them "
+            f"(found: {', '.join(table.columns) or 'none'})"
+        )
     if len(table) == 0:
         raise RankwiseError(f"{name}: the {what} has no rows; it needs at least one item")
     check_nonempty(table, [c for c in needed if c not in _INTEGER_COLUMNS], name)
@@ -108,8 +116,10 @@ def read_manifest(source: str | os.PathLike | pd.DataFrame, *, protocol: str | N
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
         first = int(np.flatnonzero(ids == ids[i])[0])
-        raise RankwiseError(f"{name}: duplicate id {ids[i]!r} at rows {_row(first)} and "
-                            f"{_row(i)}; ids must be unique within a manifest")
+        raise RankwiseError(
+            f"{name}: duplicate id {ids[i]!r} at rows {_row(first)} and "
+            f"{_row(i)}; ids must be unique within a manifest"
+        )
     for col in _INTEGER_COLUMNS:
         if col in needed:
             table[col] = _to_int(table[col], name, col)
@@ -121,8 +131,9 @@ def check_nonempty(table: pd.DataFrame, columns, name: str) -> None:
     for col in columns:
         empty = np.flatnonzero(table[col].astype(str).str.strip().to_numpy() == "")
         if len(empty):
-            raise RankwiseError(f"{name}: row {_row(empty[0])}: empty {col!r}; every item "
-                                f"needs a {col}")
+            raise RankwiseError(
+                f"{name}: row {_row(empty[0])}: empty {col!r}; every item needs a {col}"
+            )
 
 
 def _row(i: int) -> int:
@@ -135,6 +146,7 @@ def _to_int(column: pd.Series, name: str, col: str) -> pd.Series:
     ok = values.str.fullmatch(r"[+-]?\d+").to_numpy()
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
-        raise RankwiseError(f"{name}: row {_row(i)}: column {col!r} must be an integer, "
-                            f"found {values.iloc[i]!r}")
+        raise RankwiseError(
+            f"{name}: row {_row(i)}: column {col!r} must be an integer, found {values.iloc[i]!r}"
+        )
     return values.astype(np.int64)

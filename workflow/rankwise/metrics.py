@@ -29,8 +29,9 @@ completion curve (:func:`completion_curve`) live here too.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,10 @@ def parse_ks(text: str | Iterable[int]) -> tuple[int, ...]:
     for item in items:
         token = str(item).strip()
         if not re.fullmatch(r"\+?\d+", token) or int(token) < 1:
-            raise RankwiseError(f"--ks must be positive integers separated by commas "
-                                f"(e.g. 1,5,10); got {token!r} in {text!r}")
+            raise RankwiseError(
+                f"--ks must be positive integers separated by commas "
+                f"(e.g. 1,5,10); got {token!r} in {text!r}"
+            )
         ks.append(int(token))
     if not ks:
         raise RankwiseError("--ks is empty; give at least one cutoff, e.g. 1,5,10")
@@ -84,16 +87,19 @@ def parse_metric(name: str, protocol: str) -> tuple[str, int | None]:
     families = _families(protocol, strict=False)
     valid = ", ".join(families)
     for prefix, family in _AT_K.items():
-        if name.startswith(prefix) and name[len(prefix):].isdigit() and int(name[len(prefix):]) > 0:
-            if f"{prefix}K" in families:
-                return family, int(name[len(prefix):])
+        k = name[len(prefix) :]
+        if name.startswith(prefix) and k.isdigit() and int(k) > 0 and f"{prefix}K" in families:
+            return family, int(k)
     if name in _PLAIN and name in families:
         return name, None
-    raise RankwiseError(f"unknown metric {name!r} for protocol {protocol!r}; valid metrics: "
-                        f"{valid} (K a positive integer)")
+    raise RankwiseError(
+        f"unknown metric {name!r} for protocol {protocol!r}; valid metrics: "
+        f"{valid} (K a positive integer)"
+    )
 
 
 # ----------------------------------------------------------------- per query
+
 
 def _positions(offsets: np.ndarray) -> np.ndarray:
     """1-based position i of every rank inside its query's list."""
@@ -126,8 +132,7 @@ def _per_query_first(offsets, ranks) -> np.ndarray:
     return ranks[offsets[:-1]]
 
 
-def sketch_groups(group: np.ndarray, step: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sketch_groups(group: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The renderings of each sketch, in step order: the one place they are grouped.
 
     Parameters
@@ -161,13 +166,18 @@ def _per_sketch(first, group, step, query_index, num_gallery: int) -> dict[str, 
     n = float(num_gallery)
     pct = (n - r) / (n - 1) if n > 1 else np.ones_like(r)
     w = np.exp(1.0 - t / T) / np.e
-    mean = lambda x: np.add.reduceat(x, starts) / sizes  # noqa: E731
+    mean = lambda x: np.add.reduceat(x, starts) / sizes
     last = starts + sizes - 1
-    return {"sketch": g[starts], "m@A": mean(pct), "m@B": mean(1.0 / r),
-            "wm@A": mean(w * pct), "wm@B": mean(w / r),
-            "last_rank": r[last].astype(np.int64),
-            "query_index": query_index[order[starts]],
-            "last_query_index": query_index[order[last]]}
+    return {
+        "sketch": g[starts],
+        "m@A": mean(pct),
+        "m@B": mean(1.0 / r),
+        "wm@A": mean(w * pct),
+        "wm@B": mean(w / r),
+        "last_rank": r[last].astype(np.int64),
+        "query_index": query_index[order[starts]],
+        "last_query_index": query_index[order[last]],
+    }
 
 
 def _sketch_units(protocol: str) -> bool:
@@ -175,8 +185,9 @@ def _sketch_units(protocol: str) -> bool:
     return get_protocol(protocol).unit == "sketch"
 
 
-def per_query(arrays: dict[str, np.ndarray], attrs: dict, *, ap: str = "standard"
-              ) -> dict[str, np.ndarray]:
+def per_query(
+    arrays: dict[str, np.ndarray], attrs: dict, *, ap: str = "standard"
+) -> dict[str, np.ndarray]:
     """Per evaluated query values from a ranks store's arrays (the record kept in
     :attr:`rankwise.api.EvaluationResult.per_query`).
 
@@ -187,12 +198,22 @@ def per_query(arrays: dict[str, np.ndarray], attrs: dict, *, ap: str = "standard
     """
     offsets, ranks = arrays["offsets"], arrays["ranks"]
     first = _per_query_first(offsets, ranks)
-    out = {"query_index": arrays["query_index"], "first_rank": first,
-           "num_relevant": np.diff(offsets), "rr": 1.0 / first,
-           "ap": _per_query_ap(offsets, ranks, ap=ap), "inp": _per_query_inp(offsets, ranks)}
+    out: dict[str, Any] = {
+        "query_index": arrays["query_index"],
+        "first_rank": first,
+        "num_relevant": np.diff(offsets),
+        "rr": 1.0 / first,
+        "ap": _per_query_ap(offsets, ranks, ap=ap),
+        "inp": _per_query_inp(offsets, ranks),
+    }
     if _sketch_units(attrs["protocol"]):
-        out["sketches"] = _per_sketch(first, arrays["group"], arrays["step"],
-                                      np.asarray(arrays["query_index"]), attrs["num_gallery"])
+        out["sketches"] = _per_sketch(
+            first,
+            arrays["group"],
+            arrays["step"],
+            np.asarray(arrays["query_index"]),
+            attrs["num_gallery"],
+        )
     return out
 
 
@@ -205,21 +226,30 @@ _QUERY_COLUMNS = {"map": "ap", "minp": "inp", "mrr": "rr"}
 def _unit_families(unit: str) -> tuple[str, ...]:
     """Every metric family defined on ``unit`` (the registry's protocols with that unit):
     e.g. AP is a per-query value of a ``reassociation`` query too (worst queries)."""
-    return tuple(dict.fromkeys(f for spec in REGISTRY.values() if spec.unit == unit
-                               for f in spec.metric_families))
+    return tuple(
+        dict.fromkeys(
+            f for spec in REGISTRY.values() if spec.unit == unit for f in spec.metric_families
+        )
+    )
 
 
 def _parse_unit_metric(name: str, unit: str) -> tuple[str, int | None]:
     """``parse_metric`` against every family defined on ``unit``."""
     families = _unit_families(unit)
     for prefix, family in _AT_K.items():
-        if name.startswith(prefix) and name[len(prefix):].isdigit() and \
-                int(name[len(prefix):]) > 0 and f"{prefix}K" in families:
-            return family, int(name[len(prefix):])
+        if (
+            name.startswith(prefix)
+            and name[len(prefix) :].isdigit()
+            and int(name[len(prefix) :]) > 0
+            and f"{prefix}K" in families
+        ):
+            return family, int(name[len(prefix) :])
     if name in _PLAIN and name in families:
         return name, None
-    raise RankwiseError(f"metrics: unknown metric {name!r} for {unit} units; valid metrics: "
-                        f"{', '.join(families)} (K a positive integer)")
+    raise RankwiseError(
+        f"metrics: unknown metric {name!r} for {unit} units; valid metrics: "
+        f"{', '.join(families)} (K a positive integer)"
+    )
 
 
 @dataclass(frozen=True)
@@ -260,12 +290,14 @@ class UnitTable:
 
     def means(self) -> dict[str, float]:
         """``{name: 100 * mean}``: the metrics, in percent."""
-        return {name: 100.0 * float(np.mean(self.values[:, j]))
-                for j, name in enumerate(self.names)}
+        return {
+            name: 100.0 * float(np.mean(self.values[:, j])) for j, name in enumerate(self.names)
+        }
 
 
-def per_unit(arrays: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str] = (), *,
-             ap: str = "standard") -> UnitTable:
+def per_unit(
+    arrays: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str] = (), *, ap: str = "standard"
+) -> UnitTable:
     """The per-unit table of ``metrics`` for a ranks store: every "ranks -> per-unit value".
 
     ========================  ==================================================
@@ -301,20 +333,35 @@ def _unit_table(pq: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str]) 
         rank = np.asarray(record["last_rank"], np.int64)
         num_relevant = np.ones(len(index), np.int64)
     else:
-        record = {key: pq[col] for key, col in _QUERY_COLUMNS.items()}
+        record = {key: pq[col] for key, col in _QUERY_COLUMNS.items()}  # type: ignore[assignment]
         index = rows = last_rows = np.asarray(pq["query_index"], np.int64)
         rank = np.asarray(pq["first_rank"], np.int64)
         num_relevant = np.asarray(pq["num_relevant"], np.int64)
     columns = [rank <= k if k is not None else record[family] for _, family, k in parsed]
-    values = np.stack([np.asarray(c, np.float64) for c in columns], axis=1) if columns \
+    values = (
+        np.stack([np.asarray(c, np.float64) for c in columns], axis=1)
+        if columns
         else np.zeros((len(index), 0))
-    return UnitTable(unit=unit, index=index, rows=rows, last_rows=last_rows, rank=rank,
-                     num_relevant=num_relevant, names=tuple(name for name, _, _ in parsed),
-                     values=values)
+    )
+    return UnitTable(
+        unit=unit,
+        index=index,
+        rows=rows,
+        last_rows=last_rows,
+        rank=rank,
+        num_relevant=num_relevant,
+        names=tuple(name for name, _, _ in parsed),
+        values=values,
+    )
 
 
-def compute_metrics(arrays: dict[str, np.ndarray], attrs: dict, *, ks: Iterable[int] = (1, 5, 10),
-                    ap: str = "standard") -> tuple[dict[str, float], dict[str, np.ndarray]]:
+def compute_metrics(
+    arrays: dict[str, np.ndarray],
+    attrs: dict,
+    *,
+    ks: Iterable[int] = (1, 5, 10),
+    ap: str = "standard",
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """All metrics of the protocol in ``attrs`` as percentages (the means of
     :func:`per_unit`), and the per-query record (:func:`per_query`)."""
     ks = parse_ks(ks) if not isinstance(ks, tuple) else ks
@@ -322,8 +369,13 @@ def compute_metrics(arrays: dict[str, np.ndarray], attrs: dict, *, ks: Iterable[
     return _unit_table(pq, attrs, metric_names(attrs["protocol"], ks)).means(), pq
 
 
-def unit_scores(arrays: dict[str, np.ndarray], attrs: dict, *, ks: Iterable[int] = (1, 5, 10),
-                ap: str = "standard") -> dict[str, np.ndarray]:
+def unit_scores(
+    arrays: dict[str, np.ndarray],
+    attrs: dict,
+    *,
+    ks: Iterable[int] = (1, 5, 10),
+    ap: str = "standard",
+) -> dict[str, np.ndarray]:
     """The per-unit table as named columns (``rankwise scores``), as fractions.
 
     Queries: ``query_index``, ``num_relevant``, ``first_rank``, ``ap``, ``inp``, ``rr``,
@@ -335,18 +387,26 @@ def unit_scores(arrays: dict[str, np.ndarray], attrs: dict, *, ks: Iterable[int]
     if _sketch_units(attrs["protocol"]):
         names = ["m@A", "m@B", "wm@A", "wm@B"]
         table = per_unit(arrays, attrs, names, ap=ap)
-        out = {"sketch": table.index, "query_index": table.rows,
-               **{n: table.column(n) for n in names}, "last_rank": table.rank}
+        out = {
+            "sketch": table.index,
+            "query_index": table.rows,
+            **{n: table.column(n) for n in names},
+            "last_rank": table.rank,
+        }
     else:
         table = per_unit(arrays, attrs, list(_QUERY_COLUMNS), ap=ap)
-        out = {"query_index": table.index, "num_relevant": table.num_relevant,
-               "first_rank": table.rank,
-               **{col: table.column(name) for name, col in _QUERY_COLUMNS.items()}}
+        out = {
+            "query_index": table.index,
+            "num_relevant": table.num_relevant,
+            "first_rank": table.rank,
+            **{col: table.column(name) for name, col in _QUERY_COLUMNS.items()},
+        }
     out.update({f"hit@{k}": table.rank <= k for k in ks})
     return out
 
 
 # ----------------------------------------------------------------- curves
+
 
 def cmc(arrays: dict[str, np.ndarray], attrs: dict, max_rank: int = 50) -> list[float]:
     """CMC: ``curve[k - 1]`` = % of units whose ``rank`` (:class:`UnitTable`) is <= k,
@@ -355,11 +415,10 @@ def cmc(arrays: dict[str, np.ndarray], attrs: dict, max_rank: int = 50) -> list[
     if len(first) == 0:
         return [0.0] * max_rank
     counts = np.bincount(np.minimum(first, max_rank + 1), minlength=max_rank + 2)
-    return [float(x) for x in 100.0 * np.cumsum(counts)[1:max_rank + 1] / len(first)]
+    return [float(x) for x in 100.0 * np.cumsum(counts)[1 : max_rank + 1] / len(first)]
 
 
-def completion_levels(arrays: dict[str, np.ndarray]
-                      ) -> list[tuple[float, np.ndarray, np.ndarray]]:
+def completion_levels(arrays: dict[str, np.ndarray]) -> list[tuple[float, np.ndarray, np.ndarray]]:
     """Sketch completion levels: rendering t of T is ``100 t / T`` percent complete
     (grouped into tenths when there are more than 20 distinct levels).
 
@@ -376,8 +435,10 @@ def completion_levels(arrays: dict[str, np.ndarray]
     completion = np.round(100.0 * t / np.repeat(sizes, sizes), 6)
     if len(np.unique(completion)) > 20:
         completion = 10.0 * np.ceil(completion / 10.0 - 1e-9)
-    return [(float(level), r[completion == level], group[completion == level])
-            for level in np.unique(completion)]
+    return [
+        (float(level), r[completion == level], group[completion == level])
+        for level in np.unique(completion)
+    ]
 
 
 def completion_curve(arrays: dict[str, np.ndarray]) -> dict[str, list]:
@@ -389,8 +450,12 @@ def completion_curve(arrays: dict[str, np.ndarray]) -> dict[str, list]:
     ``mean_reciprocal_rank`` (mean ``1 / r_t`` in percent; m@B is its average over
     steps), ``median_rank``.
     """
-    out: dict[str, list] = {"completion": [], "num_renderings": [],
-                            "mean_reciprocal_rank": [], "median_rank": []}
+    out: dict[str, list] = {
+        "completion": [],
+        "num_renderings": [],
+        "mean_reciprocal_rank": [],
+        "median_rank": [],
+    }
     for level, r, _ in completion_levels(arrays):
         out["completion"].append(level)
         out["num_renderings"].append(int(len(r)))

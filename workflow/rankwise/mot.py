@@ -59,26 +59,56 @@ from .options import Option, OptionSet
 
 FRAME_RANGES = ("all", "first-half", "second-half")
 DETECTOR_SUFFIXES = ("-DPM", "-FRCNN", "-SDP")
-MOT_OPTIONS = OptionSet("mot", (
-    Option("root", "string", required=True, help="MOTChallenge folder holding <split>/<sequence>/"),
-    Option("split", "string", "train", help="folder under root (needs gt/gt.txt)"),
-    Option("sequences", "labels", None, nullable=True,
-           help="sequence folder or base names (MOT17-02); null = all; detector variants "
-                "count once"),
-    Option("frames", "enum", "all", choices=FRAME_RANGES,
-           help="first-half = frames 1..seqLength//2+1, second-half = the rest (the reid "
-                "package's train/val halves)"),
-    Option("classes", "cutoffs", (1,), nullable=True,
-           help="gt classes kept (MOT17 1 = pedestrian); null = all"),
-    Option("min_visibility", "number", 0.0, minimum=0, maximum=1,
-           help="smallest gt visibility kept"),
-    Option("min_size", "integer", 0, minimum=0,
-           help="smallest crop side in pixels after clipping")))
+MOT_OPTIONS = OptionSet(
+    "mot",
+    (
+        Option(
+            "root", "string", required=True, help="MOTChallenge folder holding <split>/<sequence>/"
+        ),
+        Option("split", "string", "train", help="folder under root (needs gt/gt.txt)"),
+        Option(
+            "sequences",
+            "labels",
+            None,
+            nullable=True,
+            help="sequence folder or base names (MOT17-02); null = all; detector variants "
+            "count once",
+        ),
+        Option(
+            "frames",
+            "enum",
+            "all",
+            choices=FRAME_RANGES,
+            help="first-half = frames 1..seqLength//2+1, second-half = the rest (the reid "
+            "package's train/val halves)",
+        ),
+        Option(
+            "classes",
+            "cutoffs",
+            (1,),
+            nullable=True,
+            help="gt classes kept (MOT17 1 = pedestrian); null = all",
+        ),
+        Option(
+            "min_visibility",
+            "number",
+            0.0,
+            minimum=0,
+            maximum=1,
+            help="smallest gt visibility kept",
+        ),
+        Option(
+            "min_size", "integer", 0, minimum=0, help="smallest crop side in pixels after clipping"
+        ),
+    ),
+)
 
-_GT_EXAMPLE = "'1,1,912,484,97,109,1,1,1' (frame, id, left, top, width, height, conf, class, " \
-              "visibility)"
-_SEQINFO_EXAMPLE = ("[Sequence] name=MOT17-02 imDir=img1 seqLength=600 imWidth=1920 "
-                    "imHeight=1080 imExt=.jpg")
+_GT_EXAMPLE = (
+    "'1,1,912,484,97,109,1,1,1' (frame, id, left, top, width, height, conf, class, visibility)"
+)
+_SEQINFO_EXAMPLE = (
+    "[Sequence] name=MOT17-02 imDir=img1 seqLength=600 imWidth=1920 imHeight=1080 imExt=.jpg"
+)
 _INTEGER = re.compile(r"^-?\d+(\.0*)?$")
 
 
@@ -122,46 +152,68 @@ def half_cutoff(length: int) -> int:
 
 # ---------------------------------------------------------------- options
 
+
 def _check_options(opts: dict[str, Any]) -> dict[str, Any]:
     from .datasets_reid import choice_option, int_option
 
     choice_option("mot", opts, "frames", FRAME_RANGES)
     int_option("mot", opts, "min_size", 0)
     visibility = opts["min_visibility"]
-    if isinstance(visibility, bool) or not isinstance(visibility, (int, float)) \
-            or not 0.0 <= visibility <= 1.0:
-        raise RankwiseError(f"mot: option min_visibility must be a number in [0, 1], got "
-                            f"{visibility!r}")
+    if (
+        isinstance(visibility, bool)
+        or not isinstance(visibility, (int, float))
+        or not 0.0 <= visibility <= 1.0
+    ):
+        raise RankwiseError(
+            f"mot: option min_visibility must be a number in [0, 1], got {visibility!r}"
+        )
     classes = opts["classes"]
-    if classes is not None and (not isinstance(classes, (list, tuple)) or not classes or any(
-            isinstance(c, bool) or not isinstance(c, int) for c in classes)):
-        raise RankwiseError(f"mot: option classes must be a non-empty list of integer class ids "
-                            f"(MOT17 pedestrians: [1]) or null for all, got {classes!r}")
+    if classes is not None and (
+        not isinstance(classes, (list, tuple))
+        or not classes
+        or any(isinstance(c, bool) or not isinstance(c, int) for c in classes)
+    ):
+        raise RankwiseError(
+            f"mot: option classes must be a non-empty list of integer class ids "
+            f"(MOT17 pedestrians: [1]) or null for all, got {classes!r}"
+        )
     sequences = opts["sequences"]
-    if sequences is not None and (not isinstance(sequences, (list, tuple)) or not sequences or any(
-            not isinstance(s, str) or not s for s in sequences)):
-        raise RankwiseError(f"mot: option sequences must be a non-empty list of sequence names "
-                            f"(e.g. [\"MOT17-02\"]) or null for all, got {sequences!r}")
+    if sequences is not None and (
+        not isinstance(sequences, (list, tuple))
+        or not sequences
+        or any(not isinstance(s, str) or not s for s in sequences)
+    ):
+        raise RankwiseError(
+            f"mot: option sequences must be a non-empty list of sequence names "
+            f'(e.g. ["MOT17-02"]) or null for all, got {sequences!r}'
+        )
     if not isinstance(opts["split"], str) or not opts["split"] or "/" in opts["split"]:
-        raise RankwiseError(f"mot: option split must be a folder name under root such as "
-                            f"train, got {opts['split']!r}")
+        raise RankwiseError(
+            f"mot: option split must be a folder name under root such as "
+            f"train, got {opts['split']!r}"
+        )
     return opts
 
 
 # ---------------------------------------------------------------- the tree
 
+
 def read_seqinfo(folder: Path) -> Sequence:
     """Parse ``folder/seqinfo.ini``; every problem names the file and the key."""
     path = folder / "seqinfo.ini"
     if not path.is_file():
-        raise RankwiseError(f"{path}: not found; {folder} is not a MOTChallenge sequence "
-                            f"(expected seqinfo.ini, img1/000001.jpg and gt/gt.txt in it)")
+        raise RankwiseError(
+            f"{path}: not found; {folder} is not a MOTChallenge sequence "
+            f"(expected seqinfo.ini, img1/000001.jpg and gt/gt.txt in it)"
+        )
     parser = configparser.ConfigParser()
     try:
         parser.read(path)
     except configparser.Error as exc:
-        raise RankwiseError(f"{path}: not a valid ini file ({exc.message.splitlines()[0]}); "
-                            f"expected {_SEQINFO_EXAMPLE}") from None
+        raise RankwiseError(
+            f"{path}: not a valid ini file ({exc.message.splitlines()[0]}); "
+            f"expected {_SEQINFO_EXAMPLE}"
+        ) from None
     if "Sequence" not in parser:
         raise RankwiseError(f"{path}: no [Sequence] section; expected {_SEQINFO_EXAMPLE}")
     section = parser["Sequence"]
@@ -169,23 +221,35 @@ def read_seqinfo(folder: Path) -> Sequence:
     for key in ("seqLength", "imWidth", "imHeight"):
         text = section.get(key, "").strip()
         if not text.isdigit() or int(text) < 1:
-            raise RankwiseError(f"{path}: {key} must be a positive integer, found {text!r}; "
-                                f"expected {_SEQINFO_EXAMPLE}")
+            raise RankwiseError(
+                f"{path}: {key} must be a positive integer, found {text!r}; "
+                f"expected {_SEQINFO_EXAMPLE}"
+            )
         values[key] = int(text)
     extension = section.get("imExt", "").strip()
     if not extension.startswith(".") or len(extension) < 2:
-        raise RankwiseError(f"{path}: imExt must be a file extension such as .jpg, found "
-                            f"{extension!r}")
-    return Sequence(base_name(folder.name), folder, values["seqLength"], values["imWidth"],
-                    values["imHeight"], folder / section.get("imDir", "img1").strip(), extension)
+        raise RankwiseError(
+            f"{path}: imExt must be a file extension such as .jpg, found {extension!r}"
+        )
+    return Sequence(
+        base_name(folder.name),
+        folder,
+        values["seqLength"],
+        values["imWidth"],
+        values["imHeight"],
+        folder / section.get("imDir", "img1").strip(),
+        extension,
+    )
 
 
 def select_sequences(split_dir: Path, wanted: list[str] | None) -> list[Sequence]:
     """The sequences to read: one per base name, MOT17 detector variants counted once."""
     folders = sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
-        raise RankwiseError(f"{split_dir}: no sequence folders; expected "
-                            f"{split_dir}/MOT17-02-FRCNN/seqinfo.ini, img1/, gt/gt.txt")
+        raise RankwiseError(
+            f"{split_dir}: no sequence folders; expected "
+            f"{split_dir}/MOT17-02-FRCNN/seqinfo.ini, img1/, gt/gt.txt"
+        )
     by_base: dict[str, list[Path]] = {}
     for folder in folders:
         by_base.setdefault(base_name(folder.name), []).append(folder)
@@ -197,8 +261,10 @@ def select_sequences(split_dir: Path, wanted: list[str] | None) -> list[Sequence
         for name in wanted:
             base = names.get(name, name if name in by_base else None)
             if base is None:
-                raise RankwiseError(f"mot: option sequences names {name!r}, not found in "
-                                    f"{split_dir}; found {', '.join(sorted(by_base))}")
+                raise RankwiseError(
+                    f"mot: option sequences names {name!r}, not found in "
+                    f"{split_dir}; found {', '.join(sorted(by_base))}"
+                )
             if base not in bases:
                 bases.append(base)
     sequences = []
@@ -207,14 +273,18 @@ def select_sequences(split_dir: Path, wanted: list[str] | None) -> list[Sequence
         gts = [v / "gt" / "gt.txt" for v in variants]
         for gt in gts:
             if not gt.is_file():
-                raise RankwiseError(f"{gt}: not found; {gt.parent.parent} is not a MOTChallenge "
-                                    "sequence with ground truth (expected gt/gt.txt with lines "
-                                    f"such as {_GT_EXAMPLE})")
+                raise RankwiseError(
+                    f"{gt}: not found; {gt.parent.parent} is not a MOTChallenge "
+                    "sequence with ground truth (expected gt/gt.txt with lines "
+                    f"such as {_GT_EXAMPLE})"
+                )
         digests = [hashlib.sha256(gt.read_bytes()).hexdigest() for gt in gts]
         if len(set(digests)) > 1:
             odd = next(g for g, d in zip(gts, digests, strict=True) if d != digests[0])
-            raise RankwiseError(f"{odd}: differs from {gts[0]}; detector variants of {base} "
-                                "must share one ground truth to be counted once")
+            raise RankwiseError(
+                f"{odd}: differs from {gts[0]}; detector variants of {base} "
+                "must share one ground truth to be counted once"
+            )
         sequences.append(read_seqinfo(variants[0]))
     return sequences
 
@@ -231,13 +301,17 @@ def frame_path(sequence: Sequence, frame: int) -> Path | None:
 def _number(text: str, where: str, what: str, integer: bool) -> float:
     text = text.strip()
     if integer and not _INTEGER.match(text):
-        raise RankwiseError(f"{where}: {what} must be an integer, found {text!r}; expected "
-                            f"lines such as {_GT_EXAMPLE}")
+        raise RankwiseError(
+            f"{where}: {what} must be an integer, found {text!r}; expected "
+            f"lines such as {_GT_EXAMPLE}"
+        )
     try:
         return float(text)
     except ValueError:
-        raise RankwiseError(f"{where}: {what} must be a number, found {text!r}; expected lines "
-                            f"such as {_GT_EXAMPLE}") from None
+        raise RankwiseError(
+            f"{where}: {what} must be a number, found {text!r}; expected lines "
+            f"such as {_GT_EXAMPLE}"
+        ) from None
 
 
 def read_boxes(sequence: Sequence, opts: dict[str, Any]) -> list[Box]:
@@ -255,53 +329,67 @@ def read_boxes(sequence: Sequence, opts: dict[str, Any]) -> list[Box]:
         fields = line.split(",")
         needed = 9 if opts["min_visibility"] > 0 else 8 if classes is not None else 6
         if len(fields) < needed:
-            raise RankwiseError(f"{where}: {len(fields)} fields, {needed} needed (class for "
-                                "options.classes, visibility for options.min_visibility); "
-                                f"expected lines such as {_GT_EXAMPLE}")
+            raise RankwiseError(
+                f"{where}: {len(fields)} fields, {needed} needed (class for "
+                "options.classes, visibility for options.min_visibility); "
+                f"expected lines such as {_GT_EXAMPLE}"
+            )
         frame = int(_number(fields[0], where, "frame", True))
         track = int(_number(fields[1], where, "id", True))
         left, top, width, height = (_number(f, where, "box", False) for f in fields[2:6])
         conf = _number(fields[6], where, "conf", False) if len(fields) > 6 else 1.0
         if not 1 <= frame <= sequence.length:
-            raise RankwiseError(f"{where}: frame {frame} is outside 1..{sequence.length} "
-                                f"(seqLength in {sequence.folder / 'seqinfo.ini'})")
+            raise RankwiseError(
+                f"{where}: frame {frame} is outside 1..{sequence.length} "
+                f"(seqLength in {sequence.folder / 'seqinfo.ini'})"
+            )
         if conf <= 0:  # MOTChallenge's flag for boxes to ignore
             continue
         if classes is not None and int(_number(fields[7], where, "class", True)) not in classes:
             continue
-        if (opts["frames"] == "first-half" and frame > cutoff) or \
-                (opts["frames"] == "second-half" and frame <= cutoff):
+        if (opts["frames"] == "first-half" and frame > cutoff) or (
+            opts["frames"] == "second-half" and frame <= cutoff
+        ):
             continue
-        if len(fields) > 8 and _number(fields[8], where, "visibility", False) \
-                < opts["min_visibility"]:
+        if (
+            len(fields) > 8
+            and _number(fields[8], where, "visibility", False) < opts["min_visibility"]
+        ):
             continue
         x1, y1 = max(0, round(left)), max(0, round(top))
         x2 = min(sequence.width, round(left + width))
         y2 = min(sequence.height, round(top + height))
         if x2 <= x1 or y2 <= y1:
-            raise RankwiseError(f"{where}: box (left {fields[2].strip()}, top "
-                                f"{fields[3].strip()}, width {fields[4].strip()}, height "
-                                f"{fields[5].strip()}) has no pixel inside the "
-                                f"{sequence.width}x{sequence.height} image; fix the line, or "
-                                "filter it with options.classes / min_visibility")
+            raise RankwiseError(
+                f"{where}: box (left {fields[2].strip()}, top "
+                f"{fields[3].strip()}, width {fields[4].strip()}, height "
+                f"{fields[5].strip()}) has no pixel inside the "
+                f"{sequence.width}x{sequence.height} image; fix the line, or "
+                "filter it with options.classes / min_visibility"
+            )
         if min(x2 - x1, y2 - y1) < opts["min_size"]:
             continue
         if (frame, track) in seen:
-            raise RankwiseError(f"{where}: track {track} already has a box in frame {frame} "
-                                f"(line {seen[frame, track]}); one box per track and frame")
+            raise RankwiseError(
+                f"{where}: track {track} already has a box in frame {frame} "
+                f"(line {seen[frame, track]}); one box per track and frame"
+            )
         seen[frame, track] = number
         if frame not in frames_found:
             frames_found[frame] = frame_path(sequence, frame) is not None
         if not frames_found[frame]:
-            raise RankwiseError(f"{where}: frame image "
-                                f"{sequence.images / f'{frame:06d}{sequence.extension}'} not "
-                                "found")
+            raise RankwiseError(
+                f"{where}: frame image "
+                f"{sequence.images / f'{frame:06d}{sequence.extension}'} not "
+                "found"
+            )
         boxes.append(Box(track, frame, x1, y1, x2, y2))
     boxes.sort(key=lambda b: (b.frame, b.track))
     return boxes
 
 
 # ---------------------------------------------------------------- crops
+
 
 def _write_crops(sequence: Sequence, boxes: list[Box], crops_dir: Path) -> list[dict[str, Any]]:
     """Cut every box from its frame (each frame decoded once) and save the crops."""
@@ -316,9 +404,11 @@ def _write_crops(sequence: Sequence, boxes: list[Box], crops_dir: Path) -> list[
             assert source is not None  # read_boxes checked every frame file
             with Image.open(source) as opened:
                 if opened.size != (sequence.width, sequence.height):
-                    raise RankwiseError(f"{source}: image is {opened.size[0]}x{opened.size[1]}, "
-                                        f"seqinfo.ini says {sequence.width}x{sequence.height}; "
-                                        "fix imWidth / imHeight")
+                    raise RankwiseError(
+                        f"{source}: image is {opened.size[0]}x{opened.size[1]}, "
+                        f"seqinfo.ini says {sequence.width}x{sequence.height}; "
+                        "fix imWidth / imHeight"
+                    )
                 image = opened.convert("RGB") if opened.mode not in ("RGB", "L") else opened.copy()
             current = box.frame
         label = f"{sequence.name}_{box.track}"
@@ -329,8 +419,15 @@ def _write_crops(sequence: Sequence, boxes: list[Box], crops_dir: Path) -> list[
             crop.save(path, quality=95)
         else:
             crop.save(path)
-        rows.append({"id": f"{label}_{box.frame:06d}", "label": label,
-                     "sequence": sequence.name, "frame": box.frame, "path": str(path.absolute())})
+        rows.append(
+            {
+                "id": f"{label}_{box.frame:06d}",
+                "label": label,
+                "sequence": sequence.name,
+                "frame": box.frame,
+                "path": str(path.absolute()),
+            }
+        )
     return rows
 
 
@@ -343,16 +440,20 @@ def load_mot(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     root = _existing_dir(opts["root"], "MOTChallenge root")
     split_dir = root / opts["split"]
     if not split_dir.is_dir():
-        raise RankwiseError(f"{split_dir}: split folder not found; options.root must hold "
-                            f"{opts['split']}/<sequence>/ (e.g. MOT17/train/MOT17-02-FRCNN)")
+        raise RankwiseError(
+            f"{split_dir}: split folder not found; options.root must hold "
+            f"{opts['split']}/<sequence>/ (e.g. MOT17/train/MOT17-02-FRCNN)"
+        )
     sequences = select_sequences(split_dir, opts["sequences"])
     # Every line of every gt.txt is checked before the first crop is written.
     boxes = {s.name: read_boxes(s, opts) for s in sequences}
     if not any(boxes.values()):
-        raise RankwiseError(f"{split_dir}: no ground-truth box is left after the filters "
-                            f"(frames={opts['frames']}, classes={opts['classes']}, "
-                            f"min_visibility={opts['min_visibility']}, "
-                            f"min_size={opts['min_size']}); relax them")
+        raise RankwiseError(
+            f"{split_dir}: no ground-truth box is left after the filters "
+            f"(frames={opts['frames']}, classes={opts['classes']}, "
+            f"min_visibility={opts['min_visibility']}, "
+            f"min_size={opts['min_size']}); relax them"
+        )
     rows = []
     with atomic_directory(out / "crops") as tmp:
         for sequence in sequences:

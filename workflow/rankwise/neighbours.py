@@ -6,7 +6,7 @@ at equal distance a non-relevant item comes first), never the ``Q x G`` matrix.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -16,9 +16,20 @@ from .inputs import Inputs, open_inputs
 from .ranking import check_distance, prepare_chunk
 
 
-def top_items(query, gallery, query_embeddings, gallery_embeddings, query_rows: Iterable[int],
-              *, protocol: str, distance: str = "cosine", k: int = 10, gap_frames: int = 1,
-              junk_labels=("-1",), chunk: int = 8192) -> list[dict]:
+def top_items(
+    query,
+    gallery,
+    query_embeddings,
+    gallery_embeddings,
+    query_rows: Iterable[int],
+    *,
+    protocol: str,
+    distance: str = "cosine",
+    k: int = 10,
+    gap_frames: int = 1,
+    junk_labels=("-1",),
+    chunk: int = 8192,
+) -> list[dict]:
     """For each query row, its ``k`` nearest valid gallery items.
 
     Opens the four inputs with :func:`rankwise.inputs.open_inputs` (every check of
@@ -30,15 +41,28 @@ def top_items(query, gallery, query_embeddings, gallery_embeddings, query_rows: 
     float64, "relevant": (k,) bool}``; ``distance_key`` is ``-cos`` (cosine) or the
     squared L2 distance.
     """
-    inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings,
-                         protocol=protocol)
-    return nearest_items(inputs, query_rows, distance=distance, k=k, gap_frames=gap_frames,
-                         junk_labels=junk_labels, chunk=chunk)
+    inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
+    return nearest_items(
+        inputs,
+        query_rows,
+        distance=distance,
+        k=k,
+        gap_frames=gap_frames,
+        junk_labels=junk_labels,
+        chunk=chunk,
+    )
 
 
-def nearest_items(inputs: Inputs, query_rows: Iterable[int], *, distance: str = "cosine",
-                  k: int = 10, gap_frames: int = 1, junk_labels=("-1",),
-                  chunk: int = 8192) -> list[dict]:
+def nearest_items(
+    inputs: Inputs,
+    query_rows: Iterable[int],
+    *,
+    distance: str = "cosine",
+    k: int = 10,
+    gap_frames: int = 1,
+    junk_labels=("-1",),
+    chunk: int = 8192,
+) -> list[dict]:
     """:func:`top_items` of inputs already opened by :func:`rankwise.inputs.open_inputs`.
 
     Every row read is checked as the engine checks it: a NaN/inf row, or a zero row
@@ -51,10 +75,15 @@ def nearest_items(inputs: Inputs, query_rows: Iterable[int], *, distance: str = 
     rows = [int(r) for r in query_rows]
     outside = [r for r in rows if not 0 <= r < q_src.shape[0]]
     if outside:
-        raise RankwiseError(f"query_rows: row {outside[0]} is not a row of {inputs.names[0]} "
-                            f"(0..{q_src.shape[0] - 1}); pass 0-based manifest rows")
-    qrows = np.concatenate([prepare_chunk(q_src, r, r + 1, cosine)[0] for r in rows]) \
-        if rows else np.zeros((0, q_src.shape[1]), np.float32)
+        raise RankwiseError(
+            f"query_rows: row {outside[0]} is not a row of {inputs.names[0]} "
+            f"(0..{q_src.shape[0] - 1}); pass 0-based manifest rows"
+        )
+    qrows = (
+        np.concatenate([prepare_chunk(q_src, r, r + 1, cosine)[0] for r in rows])
+        if rows
+        else np.zeros((0, q_src.shape[1]), np.float32)
+    )
     best: list[list[tuple]] = [[] for _ in rows]
     for start in range(0, g_src.shape[0], chunk):
         stop = min(start + chunk, g_src.shape[0])
@@ -62,12 +91,17 @@ def nearest_items(inputs: Inputs, query_rows: Iterable[int], *, distance: str = 
         for n, r in enumerate(rows):
             valid, relevant = problem.valid_relevant(r, start, stop)
             idx = np.flatnonzero(valid)
-            keys = kernels.pair_keys(qrows, grows, np.full(len(idx), n, np.int64),
-                                     idx.astype(np.int64), cosine)
+            keys = kernels.pair_keys(
+                qrows, grows, np.full(len(idx), n, np.int64), idx.astype(np.int64), cosine
+            )
             best[n] += zip(keys, relevant[idx], idx + start, strict=True)
             best[n] = sorted(best[n])[:k]  # (key, non-relevant first, row order)
-    return [{"query_index": r,
-             "gallery_index": np.array([b[2] for b in items], np.int64),
-             "distance_key": np.array([b[0] for b in items], np.float64),
-             "relevant": np.array([b[1] for b in items], bool)}
-            for r, items in zip(rows, best, strict=True)]
+    return [
+        {
+            "query_index": r,
+            "gallery_index": np.array([b[2] for b in items], np.int64),
+            "distance_key": np.array([b[0] for b in items], np.float64),
+            "relevant": np.array([b[1] for b in items], bool),
+        }
+        for r, items in zip(rows, best, strict=True)
+    ]

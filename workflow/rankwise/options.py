@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .errors import RankwiseError
 from .registry import PROTOCOLS
@@ -36,8 +37,18 @@ from .registry import PROTOCOLS
 #: ``rankwise ci``, ``compare`` and ``report`` and their library functions.
 DEFAULT_RESAMPLES = 10_000
 
-_KINDS = ("integer", "number", "string", "boolean", "enum", "size", "cutoffs", "labels",
-          "numbers", "object")
+_KINDS = (
+    "integer",
+    "number",
+    "string",
+    "boolean",
+    "enum",
+    "size",
+    "cutoffs",
+    "labels",
+    "numbers",
+    "object",
+)
 
 
 def _is_int(value: Any) -> bool:
@@ -122,18 +133,22 @@ class Option:
             return f"a positive number{unit}"
         if lo == 0 and hi is None:
             return f"a non-negative number{unit}"
-        parts = [f">= {_fmt(lo)}" if lo is not None else None,
-                 f"> {_fmt(above)}" if above is not None else None,
-                 f"<= {_fmt(hi)}" if hi is not None else None,
-                 f"< {_fmt(below)}" if below is not None else None]
+        parts = [
+            f">= {_fmt(lo)}" if lo is not None else None,
+            f"> {_fmt(above)}" if above is not None else None,
+            f"<= {_fmt(hi)}" if hi is not None else None,
+            f"< {_fmt(below)}" if below is not None else None,
+        ]
         return " ".join([f"a number{unit}", " and ".join(p for p in parts if p)]).strip()
 
     def _in_bounds(self, x: float) -> bool:
-        return not (math.isnan(x)
-                    or (self.minimum is not None and x < self.minimum)
-                    or (self.maximum is not None and x > self.maximum)
-                    or (self.above is not None and x <= self.above)
-                    or (self.below is not None and x >= self.below))
+        return not (
+            math.isnan(x)
+            or (self.minimum is not None and x < self.minimum)
+            or (self.maximum is not None and x > self.maximum)
+            or (self.above is not None and x <= self.above)
+            or (self.below is not None and x >= self.below)
+        )
 
     def check(self, value: Any, label: str | None = None) -> Any:
         """``value`` checked and normalised (tuple for sequences, int for integers).
@@ -170,17 +185,25 @@ class Option:
                 if self.noun is None:
                     raise bad(f"one of {', '.join(self.choices)}")
                 prefix = "" if label == self.name else f"{label}: "
-                raise RankwiseError(f"{prefix}unknown {self.noun} {value!r}; valid "
-                                    f"{self.noun}s: {', '.join(self.choices)}")
+                raise RankwiseError(
+                    f"{prefix}unknown {self.noun} {value!r}; valid "
+                    f"{self.noun}s: {', '.join(self.choices)}"
+                )
             return value
         if kind == "size":
-            if not (isinstance(value, (list, tuple)) and len(value) == 2
-                    and all(_is_int(v) and v > 0 for v in value)):
+            if not (
+                isinstance(value, (list, tuple))
+                and len(value) == 2
+                and all(_is_int(v) and v > 0 for v in value)
+            ):
                 raise bad("[height, width] (two positive integers)")
             return (int(value[0]), int(value[1]))
         if kind == "numbers":
-            if not (isinstance(value, (list, tuple)) and len(value) == self.length
-                    and all(_is_number(v) and self._in_bounds(float(v)) for v in value)):
+            if not (
+                isinstance(value, (list, tuple))
+                and len(value) == self.length
+                and all(_is_number(v) and self._in_bounds(float(v)) for v in value)
+            ):
                 each = "" if self.above is None else f" (each > {_fmt(self.above)})"
                 raise bad(f"a list of {self.length} numbers{each}")
             return tuple(value)
@@ -194,7 +217,8 @@ class Option:
         if isinstance(value, str):
             return tuple(j.strip() for j in value.split(",") if j.strip())
         if not isinstance(value, (list, tuple)) or not all(
-                isinstance(v, str) or _is_int(v) for v in value):
+            isinstance(v, str) or _is_int(v) for v in value
+        ):
             raise bad("a list of labels")
         return tuple(str(v) for v in value)
 
@@ -206,26 +230,40 @@ class Option:
         kind = self.kind
         if kind in ("integer", "number", "string", "boolean", "object"):
             node = {"type": [kind, "null"] if self.nullable else kind}
-            for key, bound in (("minimum", self.minimum), ("maximum", self.maximum),
-                               ("exclusiveMinimum", self.above),
-                               ("exclusiveMaximum", self.below)):
+            for key, bound in (
+                ("minimum", self.minimum),
+                ("maximum", self.maximum),
+                ("exclusiveMinimum", self.above),
+                ("exclusiveMaximum", self.below),
+            ):
                 if bound is not None:
                     node[key] = bound
         elif kind == "enum":
             node = {"enum": list(self.choices) + ([None] if self.nullable else [])}
         elif kind == "size":
-            node = ({"anyOf": [{"type": "null"}, {"$ref": "#/$defs/size"}]} if self.nullable
-                    else {"$ref": "#/$defs/size"})
+            node = (
+                {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/size"}]}
+                if self.nullable
+                else {"$ref": "#/$defs/size"}
+            )
         elif kind == "numbers":
             item: dict[str, Any] = {"type": "number"}
             for key, bound in (("minimum", self.minimum), ("exclusiveMinimum", self.above)):
                 if bound is not None:
                     item[key] = bound
-            node = {"type": "array", "items": item, "minItems": self.length,
-                    "maxItems": self.length}
+            node = {
+                "type": "array",
+                "items": item,
+                "minItems": self.length,
+                "maxItems": self.length,
+            }
         elif kind == "cutoffs":
-            node = {"type": "array", "items": {"type": "integer", "minimum": 1},
-                    "minItems": 1, "uniqueItems": True}
+            node = {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 1},
+                "minItems": 1,
+                "uniqueItems": True,
+            }
         else:  # labels
             node = {"type": "array", "items": {"type": ["string", "integer"]}}
         if self.nullable and kind in ("cutoffs", "labels", "numbers"):
@@ -238,8 +276,9 @@ class Option:
 
     # ------------------------------------------------------------ command line
 
-    def click(self, *, default: Any = ..., help: str | None = None, flag: str | None = None,
-              **extra: Any) -> Callable:
+    def click(
+        self, *, default: Any = ..., help: str | None = None, flag: str | None = None, **extra: Any
+    ) -> Callable:
         """A click option for this spec: same default and check, messages name the flag.
 
         ``default=None`` makes the option optional on the command line ("automatic");
@@ -248,8 +287,7 @@ class Option:
         import click
 
         flag = flag or self.flag
-        spec = self if default is ... else replace(self, nullable=self.nullable or
-                                                  default is None)
+        spec = self if default is ... else replace(self, nullable=self.nullable or default is None)
         value = self.default if default is ... else default
         types = {"integer": click.INT, "number": click.FLOAT, "boolean": click.BOOL}
         if self.kind in ("cutoffs", "labels") and isinstance(value, (list, tuple)):
@@ -261,10 +299,17 @@ class Option:
         def callback(ctx, param, raw):
             return spec.check(raw, flag)
 
-        return click.option(flag, self.name, default=value, show_default=value is not None,
-                            type=extra.pop("type", types.get(self.kind)), metavar=metavar,
-                            callback=callback, help=help if help is not None else self.help,
-                            **extra)
+        return click.option(
+            flag,
+            self.name,
+            default=value,
+            show_default=value is not None,
+            type=extra.pop("type", types.get(self.kind)),
+            metavar=metavar,
+            callback=callback,
+            help=help if help is not None else self.help,
+            **extra,
+        )
 
 
 def _json_value(value: Any) -> Any:
@@ -277,15 +322,18 @@ def _json_value(value: Any) -> Any:
 def parse_cutoffs(value: Any, label: str = "ks") -> tuple[int, ...]:
     """``"1,5,10"`` or an iterable -> sorted unique positive ints, else a clear error."""
     if not isinstance(value, (str, list, tuple)):
-        raise RankwiseError(f"{label} must be positive integers separated by commas "
-                            f"(e.g. 1,5,10); got {value!r}")
+        raise RankwiseError(
+            f"{label} must be positive integers separated by commas (e.g. 1,5,10); got {value!r}"
+        )
     items = value.split(",") if isinstance(value, str) else list(value)
     ks = []
     for item in items:
         token = str(item).strip()
         if not re.fullmatch(r"\+?\d+", token) or int(token) < 1:
-            raise RankwiseError(f"{label} must be positive integers separated by commas "
-                                f"(e.g. 1,5,10); got {token!r} in {value!r}")
+            raise RankwiseError(
+                f"{label} must be positive integers separated by commas "
+                f"(e.g. 1,5,10); got {token!r} in {value!r}"
+            )
         ks.append(int(token))
     if not ks:
         raise RankwiseError(f"{label} is empty; give at least one cutoff, e.g. 1,5,10")
@@ -326,12 +374,15 @@ class OptionSet:
         names = [o.name for o in self.options]
         unknown = sorted(set(options) - set(names))
         if unknown:
-            raise RankwiseError(f"{self.owner}: unknown option(s) {', '.join(unknown)}; valid "
-                                f"options: {', '.join(sorted(names)) or 'none'}")
+            raise RankwiseError(
+                f"{self.owner}: unknown option(s) {', '.join(unknown)}; valid "
+                f"options: {', '.join(sorted(names)) or 'none'}"
+            )
         missing = [k for k in self.required if options.get(k) in (None, "")]
         if missing:
-            raise RankwiseError(f"{self.owner}: missing option(s) {', '.join(missing)}; add "
-                                "them to the options")
+            raise RankwiseError(
+                f"{self.owner}: missing option(s) {', '.join(missing)}; add them to the options"
+            )
         merged = {**self.defaults, **options}
         for option in self.options:
             option.check(merged[option.name], f"{self.owner}: option {option.name}")
@@ -356,17 +407,37 @@ def group(*options: Option) -> dict[str, Option]:
 
 # ---------------------------------------------------------------- evaluation
 
-PROTOCOL = Option("protocol", "enum", "recall", choices=PROTOCOLS, noun="protocol",
-                  help="who is ranked and who is relevant, per query")
-DISTANCE = Option("distance", "enum", "cosine", choices=("cosine", "euclidean"),
-                  noun="distance", help="cosine = 1 - cos (L2-normalised); euclidean = L2")
+PROTOCOL = Option(
+    "protocol",
+    "enum",
+    "recall",
+    choices=PROTOCOLS,
+    noun="protocol",
+    help="who is ranked and who is relevant, per query",
+)
+DISTANCE = Option(
+    "distance",
+    "enum",
+    "cosine",
+    choices=("cosine", "euclidean"),
+    noun="distance",
+    help="cosine = 1 - cos (L2-normalised); euclidean = L2",
+)
 KS = Option("ks", "cutoffs", (1, 5, 10), help="cutoffs of recall@K / rankK / acc@K")
-GAP_FRAMES = Option("gap_frames", "integer", 1, minimum=1,
-                    help="reassociation, candidates at frame + gap_frames")
-JUNK_LABELS = Option("junk_labels", "labels", ("-1",),
-                     help="reid, gallery labels removed before ranking")
-AP = Option("ap", "enum", "standard", choices=("standard", "trapezoid"), noun="AP variant",
-            help="AP variant: standard, or the official Market-1501 trapezoid")
+GAP_FRAMES = Option(
+    "gap_frames", "integer", 1, minimum=1, help="reassociation, candidates at frame + gap_frames"
+)
+JUNK_LABELS = Option(
+    "junk_labels", "labels", ("-1",), help="reid, gallery labels removed before ranking"
+)
+AP = Option(
+    "ap",
+    "enum",
+    "standard",
+    choices=("standard", "trapezoid"),
+    noun="AP variant",
+    help="AP variant: standard, or the official Market-1501 trapezoid",
+)
 
 #: The options of a dataset entry in the config that say how it is evaluated.
 EVALUATION = group(PROTOCOL, DISTANCE, KS, GAP_FRAMES, JUNK_LABELS, AP)
@@ -375,56 +446,113 @@ EVALUATION = group(PROTOCOL, DISTANCE, KS, GAP_FRAMES, JUNK_LABELS, AP)
 
 THREADS = Option("threads", "integer", 2, minimum=1, help="threads per encode/rank job")
 QUERY_BLOCK = Option("query_block", "integer", 1024, minimum=1, help="queries per tile")
-GALLERY_CHUNK = Option("gallery_chunk", "integer", 8192, minimum=1,
-                       help="gallery rows per tile")
+GALLERY_CHUNK = Option("gallery_chunk", "integer", 8192, minimum=1, help="gallery rows per tile")
 BATCH_SIZE = Option("batch_size", "integer", 64, minimum=1, help="images per encoder batch")
-SCHEDULER = Option("scheduler", "string", None, nullable=True,
-                   help="dask.distributed scheduler address; null = local threads")
-WORKERS = Option("workers", "integer", None, minimum=1, nullable=True,
-                 help="threads of the rank job; null = all cores")
-MEMORY_LIMIT = Option("memory_limit", "number", None, above=0, nullable=True, unit="MB",
-                      help="MB; refuse to start when the estimated peak exceeds it")
+SCHEDULER = Option(
+    "scheduler",
+    "string",
+    None,
+    nullable=True,
+    help="dask.distributed scheduler address; null = local threads",
+)
+WORKERS = Option(
+    "workers",
+    "integer",
+    None,
+    minimum=1,
+    nullable=True,
+    help="threads of the rank job; null = all cores",
+)
+MEMORY_LIMIT = Option(
+    "memory_limit",
+    "number",
+    None,
+    above=0,
+    nullable=True,
+    unit="MB",
+    help="MB; refuse to start when the estimated peak exceeds it",
+)
 
 #: The config's ``engine:`` keys (none of them changes a number).
 ENGINE = group(THREADS, QUERY_BLOCK, GALLERY_CHUNK, BATCH_SIZE, SCHEDULER)
 
 # ---------------------------------------------------------------- statistics and report
 
-RESAMPLES = Option("resamples", "integer", DEFAULT_RESAMPLES, minimum=1,
-                   help="bootstrap resamples (and random sign flips)")
+RESAMPLES = Option(
+    "resamples",
+    "integer",
+    DEFAULT_RESAMPLES,
+    minimum=1,
+    help="bootstrap resamples (and random sign flips)",
+)
 SEED = Option("seed", "integer", 0, minimum=0, help="seed of the resampling")
-CONFIDENCE = Option("confidence", "number", 0.95, above=0, below=1,
-                    help="coverage of the percentile bootstrap interval")
-BY = Option("by", "enum", "query", choices=("query", "identity"),
-            help="resample queries (sketches for progressive), or identities with all "
-                 "their queries")
-EXACT_MAX = Option("exact_max", "integer", 16, minimum=0, maximum=20,
-                   help="enumerate all 2^n sign flips when there are at most this many "
-                        "queries (identities)")
+CONFIDENCE = Option(
+    "confidence",
+    "number",
+    0.95,
+    above=0,
+    below=1,
+    help="coverage of the percentile bootstrap interval",
+)
+BY = Option(
+    "by",
+    "enum",
+    "query",
+    choices=("query", "identity"),
+    help="resample queries (sketches for progressive), or identities with all their queries",
+)
+EXACT_MAX = Option(
+    "exact_max",
+    "integer",
+    16,
+    minimum=0,
+    maximum=20,
+    help="enumerate all 2^n sign flips when there are at most this many queries (identities)",
+)
 
 TITLE = Option("title", "string", "rankwise report", help="heading of the report")
-CMC_MAX_RANK = Option("cmc_max_rank", "integer", 50, minimum=1, rule="at least 1",
-                      help="CMC curves cover ranks 1..cmc_max_rank")
-REPORT_RESAMPLES = replace(RESAMPLES, minimum=0,
-                           rule="a non-negative integer (0: no intervals or tests)",
-                           help="bootstrap resamples per 95% interval (the tests use at least "
-                                "as many); 0 = no intervals or tests")
-WORST_QUERIES = Option("worst_queries", "integer", 5, minimum=0,
-                       rule="a non-negative integer (0: none)",
-                       help="lowest-AP queries (lowest m@B sketches) listed per dataset; "
-                            "0 = none")
-WORST_ENCODERS = Option("worst_encoders", "enum", "best", choices=("best", "all"),
-                        help="whose worst queries are listed; best = highest headline metric "
-                             "of the dataset")
-TOP_K = Option("top_k", "integer", 10, minimum=1, rule="at least 1",
-               help="gallery items shown per worst query")
+CMC_MAX_RANK = Option(
+    "cmc_max_rank",
+    "integer",
+    50,
+    minimum=1,
+    rule="at least 1",
+    help="CMC curves cover ranks 1..cmc_max_rank",
+)
+REPORT_RESAMPLES = replace(
+    RESAMPLES,
+    minimum=0,
+    rule="a non-negative integer (0: no intervals or tests)",
+    help="bootstrap resamples per 95% interval (the tests use at least "
+    "as many); 0 = no intervals or tests",
+)
+WORST_QUERIES = Option(
+    "worst_queries",
+    "integer",
+    5,
+    minimum=0,
+    rule="a non-negative integer (0: none)",
+    help="lowest-AP queries (lowest m@B sketches) listed per dataset; 0 = none",
+)
+WORST_ENCODERS = Option(
+    "worst_encoders",
+    "enum",
+    "best",
+    choices=("best", "all"),
+    help="whose worst queries are listed; best = highest headline metric of the dataset",
+)
+TOP_K = Option(
+    "top_k", "integer", 10, minimum=1, rule="at least 1", help="gallery items shown per worst query"
+)
 
 #: The config's ``report:`` keys (``rankwise report`` options).
-REPORT = group(TITLE, CMC_MAX_RANK, REPORT_RESAMPLES, SEED, BY, WORST_QUERIES,
-               WORST_ENCODERS, TOP_K)
+REPORT = group(
+    TITLE, CMC_MAX_RANK, REPORT_RESAMPLES, SEED, BY, WORST_QUERIES, WORST_ENCODERS, TOP_K
+)
 
 
 # ---------------------------------------------------------------- schema fragments
+
 
 def schema_fragments() -> dict[tuple[str, ...], Any]:
     """Every generated part of config/schema.yaml: ``{key path: fragment}``."""
@@ -432,10 +560,17 @@ def schema_fragments() -> dict[tuple[str, ...], Any]:
     from .encoders import OPTIONS as ENCODERS
 
     def branches(key: str, names: Sequence[str], prefix: str) -> list[dict[str, Any]]:
-        return [{"if": {"properties": {key: {"const": name}}},
-                 "then": {"properties": {"options": {
-                     "$ref": f"#/$defs/{prefix}_{name.replace('-', '_')}"}}}}
-                for name in names]
+        return [
+            {
+                "if": {"properties": {key: {"const": name}}},
+                "then": {
+                    "properties": {
+                        "options": {"$ref": f"#/$defs/{prefix}_{name.replace('-', '_')}"}
+                    }
+                },
+            }
+            for name in names
+        ]
 
     fragments: dict[tuple[str, ...], Any] = {
         ("properties", "engine", "properties"): {n: o.schema() for n, o in ENGINE.items()},
@@ -474,8 +609,12 @@ def dump_yaml(node: Any, indent: int = 0, width: int = 110) -> str:
     pad = " " * indent
 
     def flow(value: Any) -> str:
-        return yaml.safe_dump(value, default_flow_style=True, width=10**6,
-                              sort_keys=False).strip().removesuffix("\n...").strip()
+        return (
+            yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
+            .strip()
+            .removesuffix("\n...")
+            .strip()
+        )
 
     lines = []
     items = node.items() if isinstance(node, dict) else [(None, v) for v in node]
@@ -502,19 +641,28 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     import yaml
 
-    parser = argparse.ArgumentParser(prog="python -m rankwise.options",
-                                     description="The config schema's generated fragments.")
-    parser.add_argument("--schema", action="store_true",
-                        help="print every generated fragment (YAML), keyed by its path")
-    parser.add_argument("--check", metavar="SCHEMA",
-                        help="list the fragments of SCHEMA (config/schema.yaml) that differ")
+    parser = argparse.ArgumentParser(
+        prog="python -m rankwise.options", description="The config schema's generated fragments."
+    )
+    parser.add_argument(
+        "--schema",
+        action="store_true",
+        help="print every generated fragment (YAML), keyed by its path",
+    )
+    parser.add_argument(
+        "--check",
+        metavar="SCHEMA",
+        help="list the fragments of SCHEMA (config/schema.yaml) that differ",
+    )
     args = parser.parse_args(argv)
     if args.check:
         with open(args.check, encoding="utf-8") as file:
             wrong = schema_differences(yaml.safe_load(file))
-        for path in wrong:
-            print(f"{args.check}: {path} differs from the option specs; paste the fragment "
-                  "printed by `python -m rankwise.options --schema`")
+        for dotted in wrong:
+            print(
+                f"{args.check}: {dotted} differs from the option specs; paste the fragment "
+                "printed by `python -m rankwise.options --schema`"
+            )
         return 1 if wrong else 0
     for path, fragment in schema_fragments().items():
         print(f"# {'.'.join(path)}")

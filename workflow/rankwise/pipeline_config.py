@@ -32,12 +32,22 @@ import yaml
 from .errors import RankwiseError
 
 #: The option a sweep's files go to, per encoder kind (torch kinds: see issue #10).
-CHECKPOINT_OPTION = {"python": "checkpoint", "onnx": "model", "reid": "checkpoint",
-                     "timm": "checkpoint", "torchscript": "model"}
+CHECKPOINT_OPTION = {
+    "python": "checkpoint",
+    "onnx": "model",
+    "reid": "checkpoint",
+    "timm": "checkpoint",
+    "torchscript": "model",
+}
 #: The options naming files an encoder reads, per kind (``factory`` only as a .py file).
-ENCODER_FILE_OPTIONS = {"python": ("checkpoint", "factory"), "onnx": ("model",),
-                        "precomputed": ("query", "gallery", "path"), "reid": ("checkpoint",),
-                        "timm": ("checkpoint",), "torchscript": ("model",)}
+ENCODER_FILE_OPTIONS = {
+    "python": ("checkpoint", "factory"),
+    "onnx": ("model",),
+    "precomputed": ("query", "gallery", "path"),
+    "reid": ("checkpoint",),
+    "timm": ("checkpoint",),
+    "torchscript": ("model",),
+}
 #: The options naming folders (``dir``) or files (``file``) a loader reads.
 DATASET_PATH_OPTIONS = {
     "market1501": {"root": "dir"},
@@ -74,6 +84,7 @@ def _located(error: ConfigError, files: Sequence[str | os.PathLike]) -> Rankwise
 
 # ---------------------------------------------------------------- YAML
 
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that rejects a key given twice in one mapping."""
 
@@ -85,7 +96,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key in seen:
                 raise RankwiseError(
                     f"{self.name}:{line}: key {key!r} given twice (first on line {seen[key]}); "
-                    "the second would silently replace the first: rename or remove one")
+                    "the second would silently replace the first: rename or remove one"
+                )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -96,7 +108,9 @@ def load_yaml(path: str | os.PathLike) -> Any:
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise RankwiseError(f"{file}: cannot read the config file ({exc}); check the path")
+        raise RankwiseError(
+            f"{file}: cannot read the config file ({exc}); check the path"
+        ) from None
     loader = _UniqueKeyLoader(text)
     loader.name = str(file)
     try:
@@ -105,8 +119,9 @@ def load_yaml(path: str | os.PathLike) -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else str(file)
         what = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-        raise RankwiseError(f"{where}: YAML syntax error: {what}; check the indentation "
-                            "and quoting there") from None
+        raise RankwiseError(
+            f"{where}: YAML syntax error: {what}; check the indentation and quoting there"
+        ) from None
     except yaml.YAMLError as exc:
         raise RankwiseError(f"{file}: YAML error: {exc}") from None
     finally:
@@ -126,8 +141,7 @@ def _locate(path: str | os.PathLike, keys: Sequence[Any]) -> tuple[int, int | No
             if found is None:
                 break
             line, node = found[0].start_mark.line + 1, found[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) \
-                and key < len(node.value):
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
             node = node.value[key]
             line = node.start_mark.line + 1
         else:
@@ -149,6 +163,7 @@ def _where(files: Sequence[str | os.PathLike], keys: Sequence[Any]) -> str:
 
 # ---------------------------------------------------------------- schema
 
+
 def key_path(keys: Iterable[Any]) -> str:
     """``datasets.market.ks[1]`` for the keys ``("datasets", "market", "ks", 1)``."""
     text = ""
@@ -168,7 +183,7 @@ def did_you_mean(word: str, choices: Iterable[Any]) -> str:
 
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _describe(error) -> tuple[list[Any], str]:
@@ -184,16 +199,19 @@ def _describe(error) -> tuple[list[Any], str]:
         hint = did_you_mean(instance, error.validator_value)
         return keys, f"{_short(instance)} is not allowed{hint}"
     if kind == "required":
-        missing = [k for k in error.validator_value
-                   if isinstance(instance, dict) and k not in instance]
+        missing = [
+            k for k in error.validator_value if isinstance(instance, dict) and k not in instance
+        ]
         return keys, f"missing key {missing[0] if missing else '?'!r}; add it"
     if kind == "type":
         wanted = error.validator_value
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
         return keys, f"expected {wanted}, got {_short(instance)}"
     if kind in ("pattern", "not"):  # only the names' pattern uses these
-        return keys, (f"name {_short(instance)} cannot be a folder name; use letters, digits "
-                      "and _ . + - (not ending in .tmp, .zarr, .json or .txt)")
+        return keys, (
+            f"name {_short(instance)} cannot be a folder name; use letters, digits "
+            "and _ . + - (not ending in .tmp, .zarr, .json or .txt)"
+        )
     if kind == "anyOf":
         hint = error.schema.get("description") or "see config/schema.yaml"
         return keys, f"{_short(instance)} is not allowed ({hint})"
@@ -224,13 +242,15 @@ def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, lis
     for name, dataset in datasets.items():
         for encoder in (dataset or {}).get("encoders") or []:
             if encoder not in known:
-                raise ConfigError(["datasets", name, "encoders"],
-                                  f"{encoder!r} is not under `encoders:`"
-                                  f"{did_you_mean(encoder, known)}")
+                raise ConfigError(
+                    ["datasets", name, "encoders"],
+                    f"{encoder!r} is not under `encoders:`{did_you_mean(encoder, known)}",
+                )
 
 
-def check(config: dict, schema_path: str | os.PathLike,
-          files: Sequence[str | os.PathLike] = ()) -> None:
+def check(
+    config: dict, schema_path: str | os.PathLike, files: Sequence[str | os.PathLike] = ()
+) -> None:
     """Check the config files and the merged ``config`` before Snakemake's ``validate()``.
 
     Re-reads ``files`` for duplicated keys (Snakemake's loader keeps the last), gives each
@@ -275,10 +295,14 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
 
 # ---------------------------------------------------------------- checkpoint sweeps
 
+
 def natural_key(text: str) -> list:
     """Sort key putting ``epoch_2`` before ``epoch_10`` (digit runs compare as numbers)."""
-    return [(0, int(part), part) if part.isdigit() else (1, 0, part.lower())
-            for part in re.split(r"(\d+)", text) if part]
+    return [
+        (0, int(part), part) if part.isdigit() else (1, 0, part.lower())
+        for part in re.split(r"(\d+)", text)
+        if part
+    ]
 
 
 def mark_sweeps(encoders: dict) -> None:
@@ -292,15 +316,19 @@ def mark_sweeps(encoders: dict) -> None:
             continue
         kind = entry.get("kind")
         if kind not in CHECKPOINT_OPTION:
-            raise ConfigError(["encoders", name, "checkpoints"],
-                              f"kind {kind!r} reads no checkpoint file; use one of "
-                              f"{', '.join(CHECKPOINT_OPTION)}, or remove checkpoints")
+            raise ConfigError(
+                ["encoders", name, "checkpoints"],
+                f"kind {kind!r} reads no checkpoint file; use one of "
+                f"{', '.join(CHECKPOINT_OPTION)}, or remove checkpoints",
+            )
         options = entry.setdefault("options", {})
         option = CHECKPOINT_OPTION[kind]
         if isinstance(options, dict):
             if options.get(option) not in (None, SWEEP_PLACEHOLDER):
-                raise ConfigError(["encoders", name, "options", option],
-                                  "give either checkpoints or this option, not both")
+                raise ConfigError(
+                    ["encoders", name, "options", option],
+                    "give either checkpoints or this option, not both",
+                )
             options[option] = SWEEP_PLACEHOLDER
 
 
@@ -320,28 +348,41 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
             expanded[name] = entry
             continue
         option = CHECKPOINT_OPTION[entry["kind"]]
-        files = sorted((f for f in glob.glob(os.path.expanduser(pattern), recursive=True)
-                        if os.path.isfile(f)),
-                       key=lambda f: (natural_key(checkpoint_stem(f)), natural_key(f)))
+        files = sorted(
+            (
+                f
+                for f in glob.glob(os.path.expanduser(pattern), recursive=True)
+                if os.path.isfile(f)
+            ),
+            key=lambda f: (natural_key(checkpoint_stem(f)), natural_key(f)),
+        )
         if not files:
-            raise ConfigError(["encoders", name, "checkpoints"],
-                              f"{pattern!r} matches no file (relative paths start from "
-                              f"{os.getcwd()}); check the pattern")
+            raise ConfigError(
+                ["encoders", name, "checkpoints"],
+                f"{pattern!r} matches no file (relative paths start from "
+                f"{os.getcwd()}); check the pattern",
+            )
         stems: dict[str, str] = {}
         for file in files:
             stem = checkpoint_stem(file)
             if stem in stems:
-                raise ConfigError(["encoders", name, "checkpoints"],
-                                  f"{stems[stem]} and {file} have the same stem {stem!r} "
-                                  f"(the encoder name {name}@{stem}); narrow the pattern")
+                raise ConfigError(
+                    ["encoders", name, "checkpoints"],
+                    f"{stems[stem]} and {file} have the same stem {stem!r} "
+                    f"(the encoder name {name}@{stem}); narrow the pattern",
+                )
             if not _NAME.match(stem):
-                raise ConfigError(["encoders", name, "checkpoints"],
-                                  f"{file}: the stem {stem!r} cannot be part of an encoder "
-                                  "name; rename the file (letters, digits, _ . + -)")
+                raise ConfigError(
+                    ["encoders", name, "checkpoints"],
+                    f"{file}: the stem {stem!r} cannot be part of an encoder "
+                    "name; rename the file (letters, digits, _ . + -)",
+                )
             stems[stem] = file
             base = {k: v for k, v in entry.items() if k != "checkpoints"}
-            expanded[f"{name}@{stem}"] = {**base, "options": {**entry.get("options", {}),
-                                                               option: file}}
+            expanded[f"{name}@{stem}"] = {
+                **base,
+                "options": {**entry.get("options", {}), option: file},
+            }
         sweeps[name] = [f"{name}@{stem}" for stem in stems]
     return expanded, sweeps
 
@@ -353,8 +394,18 @@ def expand_names(names: Sequence[str] | None, sweeps: dict[str, list[str]]) -> l
     return list(dict.fromkeys(n for name in names for n in sweeps.get(name, [name])))
 
 
-_CHECKPOINT_SUFFIXES = (".pth.tar", ".pth", ".pt", ".tar", ".onnx", ".safetensors", ".ckpt",
-                        ".bin", ".jit", ".torchscript")
+_CHECKPOINT_SUFFIXES = (
+    ".pth.tar",
+    ".pth",
+    ".pt",
+    ".tar",
+    ".onnx",
+    ".safetensors",
+    ".ckpt",
+    ".bin",
+    ".jit",
+    ".torchscript",
+)
 _TORCHREID_NAME = re.compile(r"^(?P<base>.+)\.pth\.tar-(?P<epoch>\d+)$")
 
 
@@ -376,6 +427,7 @@ def checkpoint_stem(path: str | os.PathLike) -> str:
 
 
 # ---------------------------------------------------------------- paths
+
 
 def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[str]:
     """The files (or Zarr folders) an encoder reads; ``split`` picks a precomputed split."""
@@ -399,8 +451,7 @@ def _missing(path: str, want: str = "any") -> bool:
     return not {"file": os.path.isfile, "dir": os.path.isdir, "any": os.path.exists}[want](path)
 
 
-def check_paths(datasets: dict, encoders: dict,
-                sweeps: dict[str, list[str]] | None = None) -> None:
+def check_paths(datasets: dict, encoders: dict, sweeps: dict[str, list[str]] | None = None) -> None:
     """Raise for the first file or folder named by the config that does not exist."""
     where = f"relative paths start from {os.getcwd()}"
     for name, dataset in datasets.items():
@@ -408,8 +459,10 @@ def check_paths(datasets: dict, encoders: dict,
             value = dataset["options"].get(key)
             if value and _missing(str(value), want):
                 what = "folder" if want == "dir" else "file"
-                raise ConfigError(["datasets", name, "options", key],
-                                  f"{what} {value} not found ({where}); fix the path")
+                raise ConfigError(
+                    ["datasets", name, "options", key],
+                    f"{what} {value} not found ({where}); fix the path",
+                )
     origin = {e: s for s, names in (sweeps or {}).items() for e in names}
     for name, entry in encoders.items():
         for key in ENCODER_FILE_OPTIONS.get(entry["kind"], ()):
@@ -417,11 +470,13 @@ def check_paths(datasets: dict, encoders: dict,
                 if _missing(path):
                     # a sweep's entry is named in the config file without its @stem
                     keys = ["encoders", origin.get(name, name), "options", key]
-                    raise ConfigError(keys, f"{path} not found ({where}); fix the path or "
-                                            "remove the entry")
+                    raise ConfigError(
+                        keys, f"{path} not found ({where}); fix the path or remove the entry"
+                    )
 
 
 # ---------------------------------------------------------------- dataset fingerprints
+
 
 def _digest(lines: Iterable[str]) -> str:
     digest = hashlib.sha256()
@@ -519,7 +574,8 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
     tree, for both splits). ``msmt17``: the list file's bytes and the size and mtime of
     each image it lists. ``veri776``, ``dukemtmc``, ``cuhk03-np``, ``identity-folders``,
     ``mot``: the relative name, size and mtime of every file below ``root`` (list files,
-    ``gt.txt`` and ``seqinfo.ini`` included), for both splits. So editing a CSV, adding, removing or rewriting an image
+    ``gt.txt`` and ``seqinfo.ini`` included), for both splits. So editing a CSV, adding,
+    removing or rewriting an image
     changes the digest; touching an image (same bytes, new mtime) does too, since images
     are not hashed: hashing a whole dataset on every run would cost minutes.
     """
@@ -527,8 +583,10 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
         parts = {s: _manifest_images(Path(os.path.expanduser(options[s]))) for s in SPLITS}
     elif loader == "market1501":
         root = Path(os.path.expanduser(options["root"]))
-        parts = {s: _images_below(root / options.get(f"{s}_folder", default), recursive=False)
-                 for s, default in zip(SPLITS, ("query", "bounding_box_test"))}
+        parts = {
+            s: _images_below(root / options.get(f"{s}_folder", default), recursive=False)
+            for s, default in zip(SPLITS, ("query", "bounding_box_test"), strict=True)
+        }
     elif loader == "msmt17":
         root = Path(os.path.expanduser(options["root"]))
         parts = {s: _msmt17_images(root, options.get("images", "auto"), s) for s in SPLITS}
@@ -537,8 +595,10 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             tree = _images_below(Path(os.path.expanduser(options["root"])), recursive=True)
             parts = {s: tree for s in SPLITS}
         else:
-            parts = {s: _images_below(Path(os.path.expanduser(options[f"{s}_dir"])),
-                                      recursive=True) for s in SPLITS}
+            parts = {
+                s: _images_below(Path(os.path.expanduser(options[f"{s}_dir"])), recursive=True)
+                for s in SPLITS
+            }
     elif loader in TREE_LOADERS:
         tree = _files_below(Path(os.path.expanduser(options["root"])))
         parts = {s: tree for s in SPLITS}

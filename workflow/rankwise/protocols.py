@@ -65,7 +65,7 @@ class Problem:
     group: np.ndarray
     step: np.ndarray
     num_gallery: int
-    num_units: int          # queries, or sketches for progressive
+    num_units: int  # queries, or sketches for progressive
     num_units_skipped: int
     options: dict = field(default_factory=dict)
     qcam: np.ndarray | None = None  # reid only
@@ -85,7 +85,7 @@ class Problem:
         return dense_masks(self, np.int64(q), np.arange(start, stop, dtype=np.int64))
 
 
-def dense_masks(codes, q: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def dense_masks(codes, q: np.ndarray | np.integer, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rule "which gallery items count" of the dense protocols, in one place.
 
     For query rows ``q`` and gallery rows ``g`` (broadcastable int arrays) returns
@@ -118,7 +118,7 @@ def _codes(query: pd.Series, gallery: pd.Series) -> tuple[np.ndarray, np.ndarray
     """Integer codes for two string columns, equal strings -> equal codes."""
     codes, _ = pd.factorize(pd.concat([query, gallery], ignore_index=True).astype(str))
     codes = codes.astype(np.int64)
-    return codes[: len(query)], codes[len(query):]
+    return codes[: len(query)], codes[len(query) :]
 
 
 def _grouped_pairs(qkey: np.ndarray, gkey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -134,9 +134,15 @@ def _grouped_pairs(qkey: np.ndarray, gkey: np.ndarray) -> tuple[np.ndarray, np.n
     return pair_q, pair_g.astype(np.int64)
 
 
-def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
-                  gap_frames: int = 1, junk_labels: tuple[str, ...] = ("-1",),
-                  names: tuple[str, str] = ("query manifest", "gallery manifest")) -> Problem:
+def build_problem(
+    query: pd.DataFrame,
+    gallery: pd.DataFrame,
+    protocol: str,
+    *,
+    gap_frames: int = 1,
+    junk_labels: tuple[str, ...] = ("-1",),
+    names: tuple[str, str] = ("query manifest", "gallery manifest"),
+) -> Problem:
     """Apply ``protocol`` to validated manifests (see :func:`rankwise.manifest.read_manifest`).
 
     ``names`` (the manifests' file names) are what error messages call them.
@@ -181,16 +187,25 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
         if spec.exclude_same_camera:
             qcam, gcam = _codes(query["camera"], gallery["camera"])
         pair_q, pair_g = _grouped_pairs(qlab, glab)  # every same-label pair
-        codes = SimpleNamespace(qlab=qlab, glab=glab, qid=qid, gid=gid, gjunk=gjunk,
-                                exclude_self=exclude_self, qcam=qcam, gcam=gcam)
+        codes = SimpleNamespace(
+            qlab=qlab,
+            glab=glab,
+            qid=qid,
+            gid=gid,
+            gjunk=gjunk,
+            exclude_self=exclude_self,
+            qcam=qcam,
+            gcam=gcam,
+        )
         _, keep = dense_masks(codes, pair_q, pair_g)
         pair_q, pair_g = pair_q[keep], pair_g[keep]
         pair_rel = np.ones(len(pair_q), dtype=bool)
         skip = np.bincount(pair_q, minlength=n_q) == 0
         dense = True
     else:  # a spec whose candidate rule has no implementation here yet
-        raise RankwiseError(f"protocol {protocol!r}: candidate rule {spec.candidates!r} "
-                            "is not implemented")
+        raise RankwiseError(
+            f"protocol {protocol!r}: candidate rule {spec.candidates!r} is not implemented"
+        )
 
     num_units, num_skipped = n_q, int(skip.sum())
     if spec.unit == "sketch":
@@ -204,13 +219,31 @@ def build_problem(query: pd.DataFrame, gallery: pd.DataFrame, protocol: str, *,
             f"{names[0]}, {names[1]}: no query has a valid match in the gallery under "
             f"protocol {protocol!r} "
             f"({n_q} queries, {n_g} gallery items): check that query and gallery labels "
-            "use the same ids" + (" and that queries have other-camera matches"
-                                  if spec.exclude_same_camera else ""))
-    return Problem(protocol=protocol, qlab=qlab, glab=glab, qid=qid, gid=gid, gjunk=gjunk,
-                   exclude_self=exclude_self, pair_q=pair_q, pair_g=pair_g,
-                   pair_rel=pair_rel, skip=skip, dense=dense, group=group, step=step,
-                   num_gallery=int(n_g - gjunk.sum()), num_units=int(num_units),
-                   num_units_skipped=int(num_skipped), options=options, qcam=qcam, gcam=gcam)
+            "use the same ids"
+            + (" and that queries have other-camera matches" if spec.exclude_same_camera else "")
+        )
+    return Problem(
+        protocol=protocol,
+        qlab=qlab,
+        glab=glab,
+        qid=qid,
+        gid=gid,
+        gjunk=gjunk,
+        exclude_self=exclude_self,
+        pair_q=pair_q,
+        pair_g=pair_g,
+        pair_rel=pair_rel,
+        skip=skip,
+        dense=dense,
+        group=group,
+        step=step,
+        num_gallery=int(n_g - gjunk.sum()),
+        num_units=int(num_units),
+        num_units_skipped=int(num_skipped),
+        options=options,
+        qcam=qcam,
+        gcam=gcam,
+    )
 
 
 def _sketches(query: pd.DataFrame, skip: np.ndarray, name: str = "query manifest"):
@@ -227,13 +260,17 @@ def _sketches(query: pd.DataFrame, skip: np.ndarray, name: str = "query manifest
     dup = table.duplicated(["g", "s"]).to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
-        raise RankwiseError(f"{name}: row {i + 2}: sketch {names[group[i]]!r} has "
-                            f"step {step[i]} twice; each rendering needs its own step")
+        raise RankwiseError(
+            f"{name}: row {i + 2}: sketch {names[group[i]]!r} has "
+            f"step {step[i]} twice; each rendering needs its own step"
+        )
     n_labels = table.groupby("g")["l"].nunique().to_numpy()
     if (n_labels > 1).any():
         g = int(np.flatnonzero(n_labels > 1)[0])
-        raise RankwiseError(f"{name}: sketch {names[g]!r} has renderings with "
-                            "different labels; a sketch has one target")
+        raise RankwiseError(
+            f"{name}: sketch {names[g]!r} has renderings with "
+            "different labels; a sketch has one target"
+        )
     sketch_skip = np.bincount(group, weights=skip, minlength=len(names)) > 0
     row_skip = sketch_skip[group]
     return group, step, row_skip, len(names), int(sketch_skip.sum())

@@ -56,8 +56,13 @@ class RankResult:
     attrs: dict[str, Any] = field(default_factory=dict)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"offsets": self.offsets, "ranks": self.ranks, "query_index": self.query_index,
-                "group": self.group, "step": self.step}
+        return {
+            "offsets": self.offsets,
+            "ranks": self.ranks,
+            "query_index": self.query_index,
+            "group": self.group,
+            "step": self.step,
+        }
 
 
 @dataclass
@@ -83,8 +88,9 @@ class EngineOptions:
 _BASE_MB = 250.0
 
 
-def estimate_memory_mb(n_query: int, n_gallery: int, dim: int, n_pairs: int,
-                       options: EngineOptions, workers: int) -> float:
+def estimate_memory_mb(
+    n_query: int, n_gallery: int, dim: int, n_pairs: int, options: EngineOptions, workers: int
+) -> float:
     """Peak resident memory (MB) of one rank run, from its shapes alone.
 
     Held throughout: the prepared queries ``(Q, D)`` twice (raw + prepared), the pair
@@ -102,6 +108,7 @@ def estimate_memory_mb(n_query: int, n_gallery: int, dim: int, n_pairs: int,
 
 # ----------------------------------------------------------------- task functions
 
+
 def prepare_chunk(source: EmbeddingSource, start: int, stop: int, cosine: bool):
     """Per chunk: read rows ``[start, stop)``, normalise (cosine), check every row.
 
@@ -117,10 +124,13 @@ def prepare_chunk(source: EmbeddingSource, start: int, stop: int, cosine: bool):
 def _bad_row_message(source: EmbeddingSource, row: int, why: int) -> str:
     where = source.path or source.name
     if why == 1:
-        return (f"{where}: {source.name} row {row} (0-based) contains NaN or inf; "
-                "fix or drop that item")
-    return (f"{where}: {source.name} row {row} (0-based) is a zero vector, which has no "
-            "cosine distance; fix that item or use --distance euclidean")
+        return (
+            f"{where}: {source.name} row {row} (0-based) contains NaN or inf; fix or drop that item"
+        )
+    return (
+        f"{where}: {source.name} row {row} (0-based) is a zero vector, which has no "
+        "cosine distance; fix that item or use --distance euclidean"
+    )
 
 
 def _pair_keys_task(prep, qrows, pair_q, pair_g_local, cosine):
@@ -134,10 +144,23 @@ def _count_task(prep, block, gmeta, cosine, bound):
     _limit_blas()
     grows, gsq = prep
     sim = block["rows"] @ grows.T
-    return kernels.count_tile(sim, block["rows"], block["sq"], block["lab"], block["id"],
-                              grows, gsq, gmeta["lab"], gmeta["id"], gmeta["junk"],
-                              block["thr"], block["toff"], block["exclude_self"], cosine,
-                              bound)
+    return kernels.count_tile(
+        sim,
+        block["rows"],
+        block["sq"],
+        block["lab"],
+        block["id"],
+        grows,
+        gsq,
+        gmeta["lab"],
+        gmeta["id"],
+        gmeta["junk"],
+        block["thr"],
+        block["toff"],
+        block["exclude_self"],
+        cosine,
+        bound,
+    )
 
 
 _IN_DISTRIBUTED_WORKER = False
@@ -150,38 +173,46 @@ def _limit_blas() -> None:
         return  # a worker process has imported distributed; a threaded run need not
     try:
         from distributed import get_worker
+
         get_worker()
     except ValueError:
         return
     from threadpoolctl import threadpool_limits
+
     threadpool_limits(1)
     _IN_DISTRIBUTED_WORKER = True
 
 
 # ----------------------------------------------------------------- scheduling
 
+
 class _Runner:
     """Runs raw Dask graphs on threads or on a dask.distributed cluster."""
 
     def __init__(self, options: EngineOptions):
         import os
+
         self.workers = options.workers or os.cpu_count() or 1
         self.client = None
         if options.scheduler is not None:
             try:
                 from distributed import Client
             except ImportError:
-                raise RankwiseError("--scheduler needs the 'distributed' package: "
-                                    "pip install 'rankwise[distributed]'") from None
+                raise RankwiseError(
+                    "--scheduler needs the 'distributed' package: "
+                    "pip install 'rankwise[distributed]'"
+                ) from None
             if isinstance(options.scheduler, Client):
                 self.client = options.scheduler
             else:
                 try:
                     self.client = Client(options.scheduler, timeout=10)
                 except OSError as exc:
-                    raise RankwiseError(f"cannot reach the Dask scheduler at "
-                                        f"{options.scheduler!r} ({exc}); start it or fix "
-                                        "the address") from None
+                    raise RankwiseError(
+                        f"cannot reach the Dask scheduler at "
+                        f"{options.scheduler!r} ({exc}); start it or fix "
+                        "the address"
+                    ) from None
             self.workers = max(1, sum(self.client.nthreads().values()))
 
     @property
@@ -200,6 +231,7 @@ class _Runner:
         if self.client is not None:
             return self.client.get(graph, keys)
         import dask.threaded
+
         return dask.threaded.get(graph, keys, num_workers=self.workers)
 
 
@@ -211,9 +243,10 @@ def _chunk_groups(bounds: np.ndarray, gallery: EmbeddingSource, cosine: bool, ru
     for first in range(0, n_chunks, runner.group_size):
         key = _key_maker()
         chunk_ids = range(first, min(first + runner.group_size, n_chunks))
-        graph = {key("prep", c): (prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]),
-                                  cosine)
-                 for c in chunk_ids}
+        graph = {
+            key("prep", c): (prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]), cosine)
+            for c in chunk_ids
+        }
         yield graph, key, chunk_ids
 
 
@@ -230,8 +263,14 @@ def _chunk_bounds(n_rows: int, source: EmbeddingSource, chunk: int) -> np.ndarra
     return np.append(np.arange(0, n_rows, chunk), n_rows).astype(np.int64)
 
 
-def compute_ranks(problem: Problem, query: EmbeddingSource, gallery: EmbeddingSource, *,
-                  distance: str, options: EngineOptions | None = None) -> RankResult:
+def compute_ranks(
+    problem: Problem,
+    query: EmbeddingSource,
+    gallery: EmbeddingSource,
+    *,
+    distance: str,
+    options: EngineOptions | None = None,
+) -> RankResult:
     """Ranks of every evaluated query's relevant items (see module docstring).
 
     Parameters
@@ -252,14 +291,21 @@ def compute_ranks(problem: Problem, query: EmbeddingSource, gallery: EmbeddingSo
     runner = _Runner(options)
     if options.memory_limit_mb is not None:
         chunk = int(np.diff(bounds).max())
-        need = estimate_memory_mb(query.shape[0], gallery.shape[0], dim, len(problem.pair_q),
-                                  EngineOptions(options.query_block, chunk), runner.workers)
+        need = estimate_memory_mb(
+            query.shape[0],
+            gallery.shape[0],
+            dim,
+            len(problem.pair_q),
+            EngineOptions(options.query_block, chunk),
+            runner.workers,
+        )
         if need > options.memory_limit_mb:
             raise RankwiseError(
                 f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "
                 f"about {need:.0f} MB ({query.shape[0]} queries x {gallery.shape[0]} gallery x "
                 f"{dim} dims, tiles {options.query_block} x {chunk}, {runner.workers} "
-                "workers); lower --query-block, --gallery-chunk or --workers, or raise the limit")
+                "workers); lower --query-block, --gallery-chunk or --workers, or raise the limit"
+            )
     with threadpool_limits(1):
         keys = _pass_thresholds(problem, qrows, gallery, bounds, cosine, runner)
         evaluated = np.flatnonzero(~problem.skip)
@@ -269,22 +315,42 @@ def compute_ranks(problem: Problem, query: EmbeddingSource, gallery: EmbeddingSo
             order = np.lexsort((keys, pair_q))
             thr = keys[order]
             toff = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-            hist = _pass_counts(problem, qrows, qsq, thr, toff, evaluated, gallery, bounds,
-                                cosine, kernels.error_bound_factor(dim), runner, options)
+            hist = _pass_counts(
+                problem,
+                qrows,
+                qsq,
+                thr,
+                toff,
+                evaluated,
+                gallery,
+                bounds,
+                cosine,
+                kernels.error_bound_factor(dim),
+                runner,
+                options,
+            )
             ranks = kernels.ranks_from_hist(hist, toff)
             offsets = toff
         else:
             cand_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             offsets, ranks = kernels.rank_candidates(cand_off, keys, problem.pair_rel)
     attrs = {
-        "protocol": problem.protocol, "distance": distance,
+        "protocol": problem.protocol,
+        "distance": distance,
         "num_queries": problem.num_units - problem.num_units_skipped,
-        "num_skipped": problem.num_units_skipped, "num_gallery": problem.num_gallery,
-        "embedding_dim": dim, "protocol_options": dict(problem.options),
+        "num_skipped": problem.num_units_skipped,
+        "num_gallery": problem.num_gallery,
+        "embedding_dim": dim,
+        "protocol_options": dict(problem.options),
     }
-    return RankResult(offsets=np.asarray(offsets, np.int64), ranks=np.asarray(ranks, np.int64),
-                      query_index=evaluated.astype(np.int64), group=problem.group[evaluated],
-                      step=problem.step[evaluated], attrs=attrs)
+    return RankResult(
+        offsets=np.asarray(offsets, np.int64),
+        ranks=np.asarray(ranks, np.int64),
+        query_index=evaluated.astype(np.int64),
+        group=problem.group[evaluated],
+        step=problem.step[evaluated],
+        attrs=attrs,
+    )
 
 
 def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -> np.ndarray:
@@ -297,10 +363,16 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
     for graph, key, chunk_ids in _chunk_groups(bounds, gallery, cosine, runner):
         out_keys, selections = [], []
         for c in chunk_ids:
-            sel = by_g[cuts[c]:cuts[c + 1]]
+            sel = by_g[cuts[c] : cuts[c + 1]]
             # Every chunk is read and checked, even one holding no relevant item.
-            graph[key("keys", c)] = (_pair_keys_task, key("prep", c), qrows, pair_q[sel],
-                                     pair_g[sel] - bounds[c], cosine)
+            graph[key("keys", c)] = (
+                _pair_keys_task,
+                key("prep", c),
+                qrows,
+                pair_q[sel],
+                pair_g[sel] - bounds[c],
+                cosine,
+            )
             out_keys.append(key("keys", c))
             selections.append(sel)
         for sel, values in zip(selections, runner.get(graph, out_keys), strict=True):
@@ -308,38 +380,70 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
     return keys
 
 
-def _pass_counts(problem: Problem, qrows, qsq, thr, toff, evaluated, gallery, bounds, cosine,
-                 bound, runner, options: EngineOptions) -> np.ndarray:
+def _pass_counts(
+    problem: Problem,
+    qrows,
+    qsq,
+    thr,
+    toff,
+    evaluated,
+    gallery,
+    bounds,
+    cosine,
+    bound,
+    runner,
+    options: EngineOptions,
+) -> np.ndarray:
     """Pass 2: per tile counts of valid non-relevant items ahead of each threshold."""
     blocks = []
     for lo in range(0, len(evaluated), options.query_block):
         hi = min(lo + options.query_block, len(evaluated))
         rows = evaluated[lo:hi]
-        blocks.append({
-            "rows": np.ascontiguousarray(qrows[rows]), "sq": qsq[rows],
-            "lab": problem.qlab[rows], "id": problem.qid[rows],
-            "thr": thr[toff[lo]:toff[hi]], "toff": toff[lo:hi + 1] - toff[lo],
-            "exclude_self": problem.exclude_self, "span": (int(toff[lo]), int(toff[hi])),
-        })
+        blocks.append(
+            {
+                "rows": np.ascontiguousarray(qrows[rows]),
+                "sq": qsq[rows],
+                "lab": problem.qlab[rows],
+                "id": problem.qid[rows],
+                "thr": thr[toff[lo] : toff[hi]],
+                "toff": toff[lo : hi + 1] - toff[lo],
+                "exclude_self": problem.exclude_self,
+                "span": (int(toff[lo]), int(toff[hi])),
+            }
+        )
     hist = np.zeros(len(thr), dtype=np.int64)
     shared = [runner.put(block) for block in blocks]
     groups = _chunk_groups(bounds, gallery, cosine, runner)
     if options.progress and sys.stderr.isatty():  # a log file would keep a stale 0% bar
         from tqdm import tqdm
-        groups = tqdm(groups, desc="rank", unit="chunk-group", leave=False,
-                      total=-(-(len(bounds) - 1) // runner.group_size))
+
+        groups = tqdm(
+            groups,
+            desc="rank",
+            unit="chunk-group",
+            leave=False,
+            total=-(-(len(bounds) - 1) // runner.group_size),
+        )
     for graph, key, chunk_ids in groups:
         out_keys = []
         for c in chunk_ids:
             start, stop = int(bounds[c]), int(bounds[c + 1])
-            graph[key("gmeta", c)] = {"lab": problem.glab[start:stop],
-                                      "id": problem.gid[start:stop],
-                                      "junk": problem.gjunk[start:stop]}
+            graph[key("gmeta", c)] = {
+                "lab": problem.glab[start:stop],
+                "id": problem.gid[start:stop],
+                "junk": problem.gjunk[start:stop],
+            }
         for b, block in enumerate(shared):
             tiles = []
             for c in chunk_ids:
-                graph[key("tile", b, c)] = (_count_task, key("prep", c), block,
-                                            key("gmeta", c), cosine, bound)
+                graph[key("tile", b, c)] = (
+                    _count_task,
+                    key("prep", c),
+                    block,
+                    key("gmeta", c),
+                    cosine,
+                    bound,
+                )
                 tiles.append(key("tile", b, c))
             graph[key("sum", b)] = (kernels.sum_counts, tiles)
             out_keys.append(key("sum", b))

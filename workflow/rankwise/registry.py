@@ -97,8 +97,10 @@ _SPECS = (
     ProtocolSpec(
         name="reassociation",
         summary="only the query's sequence at frame + gap_frames is ranked",
-        columns={"query": ("id", "label", "sequence", "frame"),
-                 "gallery": ("id", "label", "sequence", "frame")},
+        columns={
+            "query": ("id", "label", "sequence", "frame"),
+            "gallery": ("id", "label", "sequence", "frame"),
+        },
         metric_families=("rankK", "mrr"),
         headline=("rank1", "mrr"),
         candidates="sequence_gap",
@@ -130,8 +132,9 @@ def get_protocol(name: str) -> ProtocolSpec:
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        raise RankwiseError(f"unknown protocol {name!r}; valid protocols: "
-                            f"{', '.join(PROTOCOLS)}") from None
+        raise RankwiseError(
+            f"unknown protocol {name!r}; valid protocols: {', '.join(PROTOCOLS)}"
+        ) from None
 
 
 def metric_family_names() -> tuple[str, ...]:

@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,7 @@ BY = ("query", "identity")
 #: Bootstrap resamples (and random sign flips) of every function, command and report
 #: unless told otherwise (papers use 10,000; one default, so one store gives one interval).
 from .options import DEFAULT_RESAMPLES  # noqa: E402  (declared once, with the option specs)
+
 #: Up to this many clusters the sign-flip test enumerates all 2^C flips (exact p-value).
 EXACT_MAX = 16
 #: Elements per block of resamples (block rows x clusters); bounds memory only.
@@ -71,15 +73,14 @@ _REL_TOL = 1e-9
 
 # ---------------------------------------------------------------- validation
 
+
 def _check_options(resamples: int, seed: int, confidence: float, by: str) -> None:
-    if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) \
-            or resamples < 1:
+    if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) or resamples < 1:
         raise RankwiseError(f"--resamples must be a positive integer, got {resamples!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise RankwiseError(f"--seed must be a non-negative integer, got {seed!r}")
     if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
-        raise RankwiseError(f"--confidence must be between 0 and 1 (e.g. 0.95), "
-                            f"got {confidence!r}")
+        raise RankwiseError(f"--confidence must be between 0 and 1 (e.g. 0.95), got {confidence!r}")
     if by not in BY:
         raise RankwiseError(f"--by must be one of {', '.join(BY)}, got {by!r}")
 
@@ -97,19 +98,24 @@ def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
 
 # ---------------------------------------------------------------- per-unit values
 
-def _unit_table(arrays: dict[str, np.ndarray], attrs: dict, metrics: Sequence[str],
-                ap: str) -> UnitTable:
+
+def _unit_table(
+    arrays: dict[str, np.ndarray], attrs: dict, metrics: Sequence[str], ap: str
+) -> UnitTable:
     """:func:`rankwise.metrics.per_unit`, refusing a store with nothing to resample."""
     if ap not in AP_VARIANTS:
         raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
     if len(arrays["query_index"]) == 0:
-        raise RankwiseError("the ranks store has no evaluated query; there is nothing to "
-                            "resample (check the manifests and the protocol)")
+        raise RankwiseError(
+            "the ranks store has no evaluated query; there is nothing to "
+            "resample (check the manifests and the protocol)"
+        )
     return per_unit(arrays, attrs, metrics, ap=ap)
 
 
-def resolve_metrics(protocol: str, metrics: str | Iterable[str] | None,
-                    ks: Iterable[int] | str = (1, 5, 10)) -> list[str]:
+def resolve_metrics(
+    protocol: str, metrics: str | Iterable[str] | None, ks: Iterable[int] | str = (1, 5, 10)
+) -> list[str]:
     """The metric names to compare: ``metrics`` (``"map,rank1"`` or a list), else all
     the protocol's metrics for ``ks``; unknown names raise, listing the valid ones."""
     if metrics is None:
@@ -117,14 +123,16 @@ def resolve_metrics(protocol: str, metrics: str | Iterable[str] | None,
     names = metrics.split(",") if isinstance(metrics, str) else list(metrics)
     names = [str(n).strip() for n in names if str(n).strip()]
     if not names:
-        raise RankwiseError(f"--metrics is empty; give names such as "
-                            f"{','.join(metric_names(protocol, (1,)))}")
+        raise RankwiseError(
+            f"--metrics is empty; give names such as {','.join(metric_names(protocol, (1,)))}"
+        )
     for name in names:
         parse_metric(name, protocol)
     return list(dict.fromkeys(names))
 
 
 # ---------------------------------------------------------------- labels and clusters
+
 
 def query_labels(attrs: dict, labels=None) -> np.ndarray:
     """Identity of every query manifest row, as strings.
@@ -143,12 +151,16 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     if labels is None:
         path = attrs.get("query_manifest")
         if not path:
-            raise RankwiseError("--by identity needs the query labels: this ranks store does "
-                                "not name its query manifest; pass --labels QUERY.csv")
+            raise RankwiseError(
+                "--by identity needs the query labels: this ranks store does "
+                "not name its query manifest; pass --labels QUERY.csv"
+            )
         if not os.path.isfile(path):
-            raise RankwiseError(f"{path}: query manifest named by the ranks store not found "
-                                "(paths are relative to where `rankwise rank` ran); pass "
-                                "--labels QUERY.csv")
+            raise RankwiseError(
+                f"{path}: query manifest named by the ranks store not found "
+                "(paths are relative to where `rankwise rank` ran); pass "
+                "--labels QUERY.csv"
+            )
         labels = path
     if isinstance(labels, (str, os.PathLike, pd.DataFrame)):
         table = read_manifest(labels, protocol=protocol, role="query")
@@ -158,8 +170,9 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
         return out
     out = np.asarray(labels)
     if out.ndim != 1:
-        raise RankwiseError(f"labels must be one label per query manifest row, got an array "
-                            f"of shape {out.shape}")
+        raise RankwiseError(
+            f"labels must be one label per query manifest row, got an array of shape {out.shape}"
+        )
     return out.astype(str)
 
 
@@ -168,9 +181,11 @@ def _clusters(rows: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
     if labels is None:
         return np.arange(len(rows), dtype=np.int64)
     if len(rows) and rows.max() >= len(labels):
-        raise RankwiseError(f"labels: {len(labels)} labels, but the ranks store has query "
-                            f"manifest row {int(rows.max())}; give one label per query "
-                            "manifest row (the manifest given to `rankwise rank`)")
+        raise RankwiseError(
+            f"labels: {len(labels)} labels, but the ranks store has query "
+            f"manifest row {int(rows.max())}; give one label per query "
+            "manifest row (the manifest given to `rankwise rank`)"
+        )
     _, cluster = np.unique(labels[rows], return_inverse=True)
     return cluster.astype(np.int64)
 
@@ -187,6 +202,7 @@ def _cluster_sums(values: np.ndarray, cluster: np.ndarray) -> tuple[np.ndarray, 
 
 # ---------------------------------------------------------------- bootstrap
 
+
 def _blocks(resamples: int, n_clusters: int) -> Iterable[int]:
     """Rows (resamples) per block: a function of the sizes only."""
     rows = max(1, _BLOCK_ELEMENTS // max(n_clusters, 1))
@@ -194,8 +210,9 @@ def _blocks(resamples: int, n_clusters: int) -> Iterable[int]:
         yield min(rows, resamples - start)
 
 
-def _bootstrap_means(sums: np.ndarray, sizes: np.ndarray, resamples: int,
-                     rng: np.random.Generator) -> np.ndarray:
+def _bootstrap_means(
+    sums: np.ndarray, sizes: np.ndarray, resamples: int, rng: np.random.Generator
+) -> np.ndarray:
     """Resampled means ``(resamples, m)`` of the cluster bootstrap (see module doc)."""
     n_clusters = len(sizes)
     columns = np.ascontiguousarray(sums.T)
@@ -206,7 +223,7 @@ def _bootstrap_means(sums: np.ndarray, sizes: np.ndarray, resamples: int,
         idx = rng.integers(0, n_clusters, size=(rows, n_clusters))
         total = float(n_clusters) if unit else sizes[idx].sum(axis=1)
         for j, column in enumerate(columns):
-            out[done:done + rows, j] = column[idx].sum(axis=1) / total
+            out[done : done + rows, j] = column[idx].sum(axis=1) / total
         done += rows
     return out
 
@@ -217,8 +234,14 @@ def _percentile_interval(boot: np.ndarray, confidence: float) -> np.ndarray:
     return np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=0)
 
 
-def bootstrap_ci(values, *, clusters=None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                 confidence: float = 0.95) -> list[float]:
+def bootstrap_ci(
+    values,
+    *,
+    clusters=None,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> list[float]:
     """Percentile bootstrap interval of the mean of per-unit ``values``.
 
     Parameters
@@ -243,8 +266,9 @@ def bootstrap_ci(values, *, clusters=None, resamples: int = DEFAULT_RESAMPLES, s
     else:
         clusters = np.asarray(clusters)
         if clusters.shape != values.shape:
-            raise RankwiseError(f"clusters must have one entry per value: shape "
-                                f"{clusters.shape} vs {values.shape}")
+            raise RankwiseError(
+                f"clusters must have one entry per value: shape {clusters.shape} vs {values.shape}"
+            )
         cluster = np.unique(clusters, return_inverse=True)[1]
     sums, sizes = _cluster_sums(values[:, None], cluster)
     boot = _bootstrap_means(sums, sizes, resamples, _streams(seed)[0])
@@ -252,10 +276,19 @@ def bootstrap_ci(values, *, clusters=None, resamples: int = DEFAULT_RESAMPLES, s
     return [float(low), float(high)]
 
 
-def metric_cis(arrays: dict[str, np.ndarray], attrs: dict, *,
-               ks: Iterable[int] | str = (1, 5, 10), metrics=None, ap: str = "standard",
-               resamples: int = DEFAULT_RESAMPLES, seed: int = 0, by: str = "query", labels=None,
-               confidence: float = 0.95) -> dict[str, list[float]]:
+def metric_cis(
+    arrays: dict[str, np.ndarray],
+    attrs: dict,
+    *,
+    ks: Iterable[int] | str = (1, 5, 10),
+    metrics=None,
+    ap: str = "standard",
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    by: str = "query",
+    labels=None,
+    confidence: float = 0.95,
+) -> dict[str, list[float]]:
     """Bootstrap interval of every metric of a ranks store, in percent.
 
     Parameters
@@ -284,8 +317,10 @@ def metric_cis(arrays: dict[str, np.ndarray], attrs: dict, *,
 
 # ---------------------------------------------------------------- paired test
 
-def _flip_pvalues(sums: np.ndarray, resamples: int, rng: np.random.Generator,
-                  exact_max: int) -> tuple[np.ndarray, str]:
+
+def _flip_pvalues(
+    sums: np.ndarray, resamples: int, rng: np.random.Generator, exact_max: int
+) -> tuple[np.ndarray, str]:
     """Two-sided sign-flip p-value of every column of cluster sums ``(C, m)``."""
     n_clusters, m = sums.shape
     observed = np.abs(sums.sum(axis=0))
@@ -310,8 +345,14 @@ def _flip_pvalues(sums: np.ndarray, resamples: int, rng: np.random.Generator,
     return (hits + 1.0) / (resamples + 1.0), "sign-flip"
 
 
-def sign_flip_test(differences, *, clusters=None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                   exact_max: int = EXACT_MAX) -> float:
+def sign_flip_test(
+    differences,
+    *,
+    clusters=None,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    exact_max: int = EXACT_MAX,
+) -> float:
     """Two-sided paired randomisation test of ``mean(differences) = 0``.
 
     Parameters
@@ -329,18 +370,25 @@ def sign_flip_test(differences, *, clusters=None, resamples: int = DEFAULT_RESAM
     d = np.asarray(differences, np.float64)
     if d.ndim != 1 or len(d) == 0:
         raise RankwiseError(f"differences must be a non-empty 1-D array, got shape {d.shape}")
-    cluster = np.arange(len(d)) if clusters is None else \
-        np.unique(np.asarray(clusters), return_inverse=True)[1]
+    cluster = (
+        np.arange(len(d))
+        if clusters is None
+        else np.unique(np.asarray(clusters), return_inverse=True)[1]
+    )
     sums, _ = _cluster_sums(d[:, None], cluster)
     p, _ = _flip_pvalues(sums, resamples, _streams(seed)[1], _check_exact(exact_max))
     return float(p[0])
 
 
 def _check_exact(exact_max: int) -> int:
-    if isinstance(exact_max, bool) or not isinstance(exact_max, (int, np.integer)) \
-            or not 0 <= exact_max <= 20:
-        raise RankwiseError(f"--exact-max must be an integer in 0..20 (2^n flips are "
-                            f"enumerated), got {exact_max!r}")
+    if (
+        isinstance(exact_max, bool)
+        or not isinstance(exact_max, (int, np.integer))
+        or not 0 <= exact_max <= 20
+    ):
+        raise RankwiseError(
+            f"--exact-max must be an integer in 0..20 (2^n flips are enumerated), got {exact_max!r}"
+        )
     return int(exact_max)
 
 
@@ -365,29 +413,39 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 def with_holm(rows: Sequence[dict]) -> list[dict]:
     """Copies of comparison rows with ``p_holm`` recomputed across all of them."""
     adjusted = holm([row["p_value"] for row in rows])
-    return [{**row, "p_holm": q} for row, q in zip(rows, adjusted)]
+    return [{**row, "p_holm": q} for row, q in zip(rows, adjusted, strict=True)]
 
 
 def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
     a, b = names
     if attrs_a["protocol"] != attrs_b["protocol"]:
-        raise RankwiseError(f"{b}: protocol {attrs_b['protocol']!r} differs from {a}'s "
-                            f"{attrs_a['protocol']!r}; compare stores of the same protocol")
+        raise RankwiseError(
+            f"{b}: protocol {attrs_b['protocol']!r} differs from {a}'s "
+            f"{attrs_a['protocol']!r}; compare stores of the same protocol"
+        )
     for key in ("num_gallery", "protocol_options"):
-        if key in attrs_a and key in attrs_b and _canonical(attrs_a[key]) != \
-                _canonical(attrs_b[key]):
-            raise RankwiseError(f"{b}: {key} {attrs_b[key]!r} differs from {a}'s "
-                                f"{attrs_a[key]!r}; compare encoders on the same dataset "
-                                "and protocol options")
+        if (
+            key in attrs_a
+            and key in attrs_b
+            and _canonical(attrs_a[key]) != _canonical(attrs_b[key])
+        ):
+            raise RankwiseError(
+                f"{b}: {key} {attrs_b[key]!r} differs from {a}'s "
+                f"{attrs_a[key]!r}; compare encoders on the same dataset "
+                "and protocol options"
+            )
     qa, qb = np.asarray(arrays_a["query_index"]), np.asarray(arrays_b["query_index"])
     same = qa.shape == qb.shape and np.array_equal(qa, qb)
     if same and get_protocol(attrs_a["protocol"]).unit == "sketch":
-        same = np.array_equal(arrays_a["group"], arrays_b["group"]) and \
-            np.array_equal(arrays_a["step"], arrays_b["step"])
+        same = np.array_equal(arrays_a["group"], arrays_b["group"]) and np.array_equal(
+            arrays_a["step"], arrays_b["step"]
+        )
     if not same:
-        raise RankwiseError(f"{b}: its evaluated queries (query_index, {len(qb)} queries) "
-                            f"differ from {a}'s ({len(qa)}); a paired comparison needs "
-                            "both ranked on the same query and gallery manifests")
+        raise RankwiseError(
+            f"{b}: its evaluated queries (query_index, {len(qb)} queries) "
+            f"differ from {a}'s ({len(qa)}); a paired comparison needs "
+            "both ranked on the same query and gallery manifests"
+        )
 
 
 def _canonical(value) -> str:
@@ -395,12 +453,24 @@ def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True, default=lambda v: getattr(v, "tolist", str)(v))
 
 
-def compare_ranks(arrays_a: dict[str, np.ndarray], attrs_a: dict,
-                  arrays_b: dict[str, np.ndarray], attrs_b: dict, *,
-                  ks: Iterable[int] | str = (1, 5, 10), metrics=None, ap: str = "standard",
-                  resamples: int = DEFAULT_RESAMPLES, seed: int = 0, by: str = "query", labels=None,
-                  confidence: float = 0.95, exact_max: int = EXACT_MAX, dataset: str | None = None,
-                  names: tuple[str, str] = ("A", "B")) -> list[dict[str, Any]]:
+def compare_ranks(
+    arrays_a: dict[str, np.ndarray],
+    attrs_a: dict,
+    arrays_b: dict[str, np.ndarray],
+    attrs_b: dict,
+    *,
+    ks: Iterable[int] | str = (1, 5, 10),
+    metrics=None,
+    ap: str = "standard",
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    by: str = "query",
+    labels=None,
+    confidence: float = 0.95,
+    exact_max: int = EXACT_MAX,
+    dataset: str | None = None,
+    names: tuple[str, str] = ("A", "B"),
+) -> list[dict[str, Any]]:
     """Paired comparison of encoder B against encoder A on the same queries.
 
     Parameters
@@ -433,19 +503,33 @@ def compare_ranks(arrays_a: dict[str, np.ndarray], attrs_a: dict,
     boot_rng, flip_rng = _streams(seed)
     d = vb - va
     sums, sizes = _cluster_sums(d, cluster)
-    bounds = 100.0 * _percentile_interval(_bootstrap_means(sums, sizes, resamples, boot_rng),
-                                          confidence)
+    bounds = 100.0 * _percentile_interval(
+        _bootstrap_means(sums, sizes, resamples, boot_rng), confidence
+    )
     pvalues, test = _flip_pvalues(sums, resamples, flip_rng, exact_max)
     adjusted = holm(pvalues)
     key = ci_key(confidence)
     out = []
     for j, name in enumerate(metric_list):
         a, b = 100.0 * float(np.mean(va[:, j])), 100.0 * float(np.mean(vb[:, j]))
-        out.append({"dataset": dataset, "encoder_a": names[0], "encoder_b": names[1],
-                    "metric": name, "a": a, "b": b, "diff": b - a,
-                    key: [float(bounds[0, j]), float(bounds[1, j])],
-                    "p_value": float(pvalues[j]), "p_holm": adjusted[j], "test": test,
-                    "by": by, "num_units": int(len(rows)), "num_clusters": int(len(sizes))})
+        out.append(
+            {
+                "dataset": dataset,
+                "encoder_a": names[0],
+                "encoder_b": names[1],
+                "metric": name,
+                "a": a,
+                "b": b,
+                "diff": b - a,
+                key: [float(bounds[0, j]), float(bounds[1, j])],
+                "p_value": float(pvalues[j]),
+                "p_holm": adjusted[j],
+                "test": test,
+                "by": by,
+                "num_units": int(len(rows)),
+                "num_clusters": int(len(sizes)),
+            }
+        )
     return out
 
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_store(path: str | os.PathLike) -> Iterator["zarr.Group"]:
+def atomic_store(path: str | os.PathLike) -> Iterator[zarr.Group]:
     """Yield a fresh Zarr group at ``<path>.tmp``; rename it to ``path`` on success.
 
     The group is marked ``complete`` just before the rename (see :func:`atomic_directory`).
@@ -96,37 +97,52 @@ def atomic_store(path: str | os.PathLike) -> Iterator["zarr.Group"]:
         group.attrs["complete"] = True
 
 
-def open_complete_group(path: str | os.PathLike, kind: str) -> "zarr.Group":
+def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
     """Open a rankwise store for reading, refusing missing or incomplete ones."""
     import zarr
 
     p = Path(path)
     if not p.exists():
         tmp = p.with_name(p.name + ".tmp")
-        hint = (f" (found an incomplete '{tmp.name}' from an interrupted run: run the"
-                " command again)") if tmp.exists() else ""
+        hint = (
+            (f" (found an incomplete '{tmp.name}' from an interrupted run: run the command again)")
+            if tmp.exists()
+            else ""
+        )
         raise RankwiseError(f"{p}: store not found{hint}")
     try:
         group = zarr.open_group(str(p), mode="r")
     except Exception as exc:  # zarr raises several types for a corrupt store
-        raise RankwiseError(f"{p}: not a readable Zarr store ({type(exc).__name__}); "
-                            f"expected a {kind} store, the Zarr folder written by `rankwise "
-                            f"{dict(ranks='rank', embeddings='encode').get(kind, kind)}`: "
-                            "check the path") from None
+        raise RankwiseError(
+            f"{p}: not a readable Zarr store ({type(exc).__name__}); "
+            f"expected a {kind} store, the Zarr folder written by `rankwise "
+            f"{dict(ranks='rank', embeddings='encode').get(kind, kind)}`: "
+            "check the path"
+        ) from None
     attrs = dict(group.attrs)
     if not attrs.get("complete"):
-        raise RankwiseError(f"{p}: incomplete store (no 'complete' mark); delete it and "
-                            "run the command that writes it again")
+        raise RankwiseError(
+            f"{p}: incomplete store (no 'complete' mark); delete it and "
+            "run the command that writes it again"
+        )
     if attrs.get("kind") != kind:
-        raise RankwiseError(f"{p}: expected a rankwise {kind} store, found "
-                            f"kind={attrs.get('kind')!r}")
+        raise RankwiseError(
+            f"{p}: expected a rankwise {kind} store, found kind={attrs.get('kind')!r}"
+        )
     return group
 
 
 # ---------------------------------------------------------------- embeddings
 
-def write_embeddings(path: str | os.PathLike, batches: Iterator[np.ndarray], n_rows: int,
-                     *, attrs: dict[str, Any], chunk_rows: int = 16384) -> None:
+
+def write_embeddings(
+    path: str | os.PathLike,
+    batches: Iterator[np.ndarray],
+    n_rows: int,
+    *,
+    attrs: dict[str, Any],
+    chunk_rows: int = 16384,
+) -> None:
     """Write ``(n_rows, D)`` float32 embeddings batch by batch, atomically.
 
     ``batches`` yields consecutive ``(B, D)`` arrays whose B add up to ``n_rows``.
@@ -138,20 +154,24 @@ def write_embeddings(path: str | os.PathLike, batches: Iterator[np.ndarray], n_r
         for batch in batches:
             batch = np.asarray(batch, dtype=np.float32)
             if batch.ndim != 2:
-                raise RankwiseError(f"{path}: encoder returned shape {batch.shape}; "
-                                    "expected (batch, dim)")
+                raise RankwiseError(
+                    f"{path}: encoder returned shape {batch.shape}; expected (batch, dim)"
+                )
             if arr is None:
                 arr = group.create_array(
-                    "embeddings", shape=(n_rows, batch.shape[1]), dtype="float32",
-                    chunks=(min(chunk_rows, max(n_rows, 1)), batch.shape[1]))
+                    "embeddings",
+                    shape=(n_rows, batch.shape[1]),
+                    dtype="float32",
+                    chunks=(min(chunk_rows, max(n_rows, 1)), batch.shape[1]),
+                )
             if row + len(batch) > n_rows:
-                raise RankwiseError(f"{path}: encoder produced more rows than the "
-                                    f"manifest's {n_rows}")
-            arr[row:row + len(batch)] = batch
+                raise RankwiseError(
+                    f"{path}: encoder produced more rows than the manifest's {n_rows}"
+                )
+            arr[row : row + len(batch)] = batch
             row += len(batch)
         if arr is None or row != n_rows:
-            raise RankwiseError(f"{path}: encoder produced {row} rows for a manifest of "
-                                f"{n_rows}")
+            raise RankwiseError(f"{path}: encoder produced {row} rows for a manifest of {n_rows}")
         group.attrs.update(_json_safe({"kind": "embeddings", **attrs}))
 
 
@@ -165,8 +185,9 @@ def embeddings_attrs(path: str | os.PathLike) -> dict[str, Any]:
 RANK_ARRAYS = ("offsets", "ranks", "query_index", "group", "step")
 
 
-def write_ranks(path: str | os.PathLike, arrays: dict[str, np.ndarray],
-                attrs: dict[str, Any]) -> None:
+def write_ranks(
+    path: str | os.PathLike, arrays: dict[str, np.ndarray], attrs: dict[str, Any]
+) -> None:
     """Write a ranks store (see module docstring) atomically."""
     with atomic_store(path) as group:
         for name in RANK_ARRAYS:
@@ -181,8 +202,9 @@ def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
     try:
         arrays = {name: np.asarray(group[name][...]) for name in RANK_ARRAYS}
     except KeyError as exc:
-        raise RankwiseError(f"{path}: ranks store lacks array {exc}; delete it and run "
-                            "`rankwise rank` again") from None
+        raise RankwiseError(
+            f"{path}: ranks store lacks array {exc}; delete it and run `rankwise rank` again"
+        ) from None
     return arrays, dict(group.attrs)
 
 

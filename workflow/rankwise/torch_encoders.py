@@ -78,37 +78,43 @@ def _import(kind: str, module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise RankwiseError(f"{kind}: the {module.split('.')[0]} package is not installed; "
-                            f"install the extra: {_EXTRA}") from None
+        raise RankwiseError(
+            f"{kind}: the {module.split('.')[0]} package is not installed; "
+            f"install the extra: {_EXTRA}"
+        ) from None
 
 
 # ---------------------------------------------------------------- options
 
+
 def resolve_device(kind: str, device: Any, half: bool) -> str:
     """``auto|cpu|cuda`` -> ``cpu`` or ``cuda``; cuda must be available, half needs cuda."""
     if device not in ("auto", "cpu", "cuda"):
-        raise RankwiseError(f"{kind}: option device must be one of auto, cpu, cuda, got "
-                            f"{device!r}")
+        raise RankwiseError(f"{kind}: option device must be one of auto, cpu, cuda, got {device!r}")
     torch = _import(kind, "torch")
     available = torch.cuda.is_available()
     if device == "cuda" and not available:
-        raise RankwiseError(f"{kind}: option device is cuda but torch sees no CUDA device "
-                            f"(torch {torch.__version__}); use device: cpu or auto")
+        raise RankwiseError(
+            f"{kind}: option device is cuda but torch sees no CUDA device "
+            f"(torch {torch.__version__}); use device: cpu or auto"
+        )
     resolved = "cuda" if device == "cuda" or (device == "auto" and available) else "cpu"
     if half and resolved == "cpu":
-        raise RankwiseError(f"{kind}: option half: true needs a CUDA device, but device "
-                            f"{device!r} runs on the CPU here; set half: false")
+        raise RankwiseError(
+            f"{kind}: option half: true needs a CUDA device, but device "
+            f"{device!r} runs on the CPU here; set half: false"
+        )
     return resolved
 
 
 # ---------------------------------------------------------------- checkpoints
 
+
 def _numpy_globals() -> list[Any]:
     """What pickled numpy scalars and arrays need: reconstructors, dtype and its classes."""
     core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core
     dtypes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
-    return [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype,
-            *dtypes]
+    return [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
 
 
 def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
@@ -125,8 +131,10 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
         try:
             data: Any = load_file(str(path), device="cpu")
         except Exception as exc:  # safetensors raises its own error types
-            raise RankwiseError(f"{path}: not a readable safetensors file "
-                                f"({_first_line(exc)}); check options.checkpoint") from None
+            raise RankwiseError(
+                f"{path}: not a readable safetensors file "
+                f"({_first_line(exc)}); check options.checkpoint"
+            ) from None
     else:
         import pickle
 
@@ -138,16 +146,21 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
 
             found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
             if found is None:
-                raise RankwiseError(f"{path}: not a readable torch checkpoint "
-                                    f"({_first_line(exc)}); check options.checkpoint") from None
+                raise RankwiseError(
+                    f"{path}: not a readable torch checkpoint "
+                    f"({_first_line(exc)}); check options.checkpoint"
+                ) from None
             raise RankwiseError(
                 f"{path}: the checkpoint holds a Python object ({found.group(1)}) that "
                 "torch.load(weights_only=True) refuses to run; if you trust the file, save its "
                 "weights alone: torch.save(torch.load(f, weights_only=False)['state_dict'], "
-                "'weights.pth')") from None
+                "'weights.pth')"
+            ) from None
         except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
-            raise RankwiseError(f"{path}: not a readable torch checkpoint "
-                                f"({_first_line(exc)}); check options.checkpoint") from None
+            raise RankwiseError(
+                f"{path}: not a readable torch checkpoint "
+                f"({_first_line(exc)}); check options.checkpoint"
+            ) from None
     # training loops wrap the weights: {"state_dict": ..., "epoch": 60, "optimizer": ...}
     while isinstance(data, Mapping) and not _is_state_dict(data, torch):
         inner = next((data[k] for k in _WRAPPERS if isinstance(data.get(k), Mapping)), None)
@@ -156,20 +169,23 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
         data = inner
     if not isinstance(data, Mapping) or not _is_state_dict(data, torch):
         keys = list(data)[:8] if isinstance(data, Mapping) else type(data).__name__
-        raise RankwiseError(f"{path}: no state dict found (top level: {keys}); save "
-                            "model.state_dict(), bare or under 'state_dict', 'model' or "
-                            "'module'")
+        raise RankwiseError(
+            f"{path}: no state dict found (top level: {keys}); save "
+            "model.state_dict(), bare or under 'state_dict', 'model' or "
+            "'module'"
+        )
     state = {}
     for key, value in data.items():
         while key.startswith("module."):  # DataParallel / DistributedDataParallel
-            key = key[len("module."):]
+            key = key[len("module.") :]
         state[key] = value
     return state
 
 
 def _is_state_dict(data: Mapping, torch: Any) -> bool:
-    return len(data) > 0 and all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                 for k, v in data.items())
+    return len(data) > 0 and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -182,9 +198,15 @@ def _listing(keys: list[str], shown: int = 5) -> str:
     return ", ".join(keys[:shown]) + more
 
 
-def load_checkpoint(model: torch.nn.Module, path: Path, *, kind: str, what: str,
-                    heads: tuple[str, ...] = (),
-                    remap: Callable[[dict], dict] | None = None) -> None:
+def load_checkpoint(
+    model: torch.nn.Module,
+    path: Path,
+    *,
+    kind: str,
+    what: str,
+    heads: tuple[str, ...] = (),
+    remap: Callable[[dict], dict] | None = None,
+) -> None:
     """Load ``path`` into ``model`` strictly (see the module docstring).
 
     ``heads``: key prefixes of the classifier head, ignored when the model has no such key.
@@ -207,20 +229,31 @@ def load_checkpoint(model: torch.nn.Module, path: Path, *, kind: str, what: str,
             else:
                 unexpected.append(key)
     missing = [k for k in target if k not in loaded and not k.endswith("num_batches_tracked")]
-    wrong = [f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}" for k, v in loaded.items()
-             if v.shape != target[k].shape]
+    wrong = [
+        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
+        for k, v in loaded.items()
+        if v.shape != target[k].shape
+    ]
     if missing or unexpected or wrong:
-        parts = [f"{len(keys)} {name}: {_listing(keys, 3 if keys is wrong else 5)}"
-                 for name, keys in (("missing key(s)", missing),
-                                    ("unexpected key(s)", unexpected),
-                                    ("shape mismatch(es) (checkpoint vs model)", wrong)) if keys]
-        raise RankwiseError(f"{path}: checkpoint does not match the {what}: "
-                            f"{'; '.join(parts)}; check that the options name the architecture "
-                            "(and variant) this checkpoint was trained with")
+        parts = [
+            f"{len(keys)} {name}: {_listing(keys, 3 if keys is wrong else 5)}"
+            for name, keys in (
+                ("missing key(s)", missing),
+                ("unexpected key(s)", unexpected),
+                ("shape mismatch(es) (checkpoint vs model)", wrong),
+            )
+            if keys
+        ]
+        raise RankwiseError(
+            f"{path}: checkpoint does not match the {what}: "
+            f"{'; '.join(parts)}; check that the options name the architecture "
+            "(and variant) this checkpoint was trained with"
+        )
     model.load_state_dict(loaded, strict=False)  # completeness checked above
 
 
 # ---------------------------------------------------------------- models
+
 
 def _close(name: str, valid: list[str], hint: str) -> str:
     close = difflib.get_close_matches(name, valid, n=5, cutoff=0.6)
@@ -236,23 +269,33 @@ def _reid_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, Any, dict[
     name = opts["architecture"]
     valid = architectures.list_architectures()
     if name not in valid:
-        raise RankwiseError(f"reid: unknown architecture {name!r} in options.architecture; "
-                            f"{_close(str(name), valid, 'valid: ' + ', '.join(valid))} (timm "
-                            "models: use kind timm)")
+        raise RankwiseError(
+            f"reid: unknown architecture {name!r} in options.architecture; "
+            f"{_close(str(name), valid, 'valid: ' + ', '.join(valid))} (timm "
+            "models: use kind timm)"
+        )
     preprocessing = architectures.default_preprocessing_for_architecture(name)
     if opts["input_size"] is not None:
         size = tuple(opts["input_size"])
         preprocessing = dataclasses.replace(preprocessing, input_size=size)
     model = architectures.build_architecture(name, pretrained=False)
     family = "fastreid" if name.startswith("fastreid") else "osnet"
-    load_checkpoint(model, checkpoint, kind="reid", what=f"reid architecture {name!r}",
-                    heads=_REID_HEADS[family],
-                    remap=architectures.checkpoint_remap_for_architecture(name))
-    record = {"input_size": list(preprocessing.input_size),
-              "resize": preprocessing.resize_mode,
-              "interpolation": preprocessing.interpolation.value,
-              "mean": list(preprocessing.mean), "std": list(preprocessing.std),
-              "channel_order": "rgb"}
+    load_checkpoint(
+        model,
+        checkpoint,
+        kind="reid",
+        what=f"reid architecture {name!r}",
+        heads=_REID_HEADS[family],
+        remap=architectures.checkpoint_remap_for_architecture(name),
+    )
+    record = {
+        "input_size": list(preprocessing.input_size),
+        "resize": preprocessing.resize_mode,
+        "interpolation": preprocessing.interpolation.value,
+        "mean": list(preprocessing.mean),
+        "std": list(preprocessing.std),
+        "channel_order": "rgb",
+    }
     return model, preprocessing.build_crop_transform(), record
 
 
@@ -261,8 +304,10 @@ def _timm_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, dict[str, 
     timm = _import("timm", "timm")
     name = opts["model"]
     if not isinstance(name, str) or not timm.is_model(name):
-        raise RankwiseError(f"timm: unknown model {name!r} in options.model; "
-                            f"{_close(str(name), timm.list_models(), 'see timm.list_models()')}")
+        raise RankwiseError(
+            f"timm: unknown model {name!r} in options.model; "
+            f"{_close(str(name), timm.list_models(), 'see timm.list_models()')}"
+        )
     model = timm.create_model(name, pretrained=False, num_classes=0)
     head = model.pretrained_cfg.get("classifier") or ()
     heads = tuple(f"{h}." for h in ([head] if isinstance(head, str) else head))
@@ -277,13 +322,16 @@ def _torchscript_model(path: Path) -> Any:
             warnings.simplefilter("ignore", FutureWarning)
             model = torch.jit.load(str(path), map_location="cpu")
     except (RuntimeError, ValueError, OSError) as exc:
-        raise RankwiseError(f"{path}: not a TorchScript module ({_first_line(exc)}); save one "
-                            "with torch.jit.script(model).save(path) or torch.jit.trace, or "
-                            "use kind timm / reid for a state dict") from None
+        raise RankwiseError(
+            f"{path}: not a TorchScript module ({_first_line(exc)}); save one "
+            "with torch.jit.script(model).save(path) or torch.jit.trace, or "
+            "use kind timm / reid for a state dict"
+        ) from None
     return model
 
 
 # ---------------------------------------------------------------- the encoder
+
 
 def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
     """Check ``opts`` (defaults filled in) and return the configured torch encoder."""
@@ -317,18 +365,26 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
     else:
         if kind == "timm":
             model, config = _timm_model(opts, file)
-            size = (tuple(config["input_size"][1:]) if opts["input_size"] is None
-                    else tuple(opts["input_size"]))
-            mean = list(config["mean"]) if opts["mean"] is None \
-                else [float(v) for v in opts["mean"]]
-            std = list(config["std"]) if opts["std"] is None \
-                else [float(v) for v in opts["std"]]
+            size = (
+                tuple(config["input_size"][1:])
+                if opts["input_size"] is None
+                else tuple(opts["input_size"])
+            )
+            mean = (
+                list(config["mean"]) if opts["mean"] is None else [float(v) for v in opts["mean"]]
+            )
+            std = list(config["std"]) if opts["std"] is None else [float(v) for v in opts["std"]]
             channel_order = "rgb"
         else:
             model = _torchscript_model(file)
-        record = {"input_size": [int(size[0]), int(size[1])], "resize": "stretch",
-                  "interpolation": interpolation, "mean": [float(m) for m in mean],
-                  "std": [float(s) for s in std], "channel_order": channel_order}
+        record = {
+            "input_size": [int(size[0]), int(size[1])],
+            "resize": "stretch",
+            "interpolation": interpolation,
+            "mean": [float(m) for m in mean],
+            "std": [float(s) for s in std],
+            "channel_order": channel_order,
+        }
         mean_t = torch.tensor(mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
         std_t = torch.tensor(std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
 
@@ -352,12 +408,16 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         try:
             out = model(x)
         except RuntimeError as exc:  # e.g. a traced model fixed to another input size
-            raise RankwiseError(f"{file}: the model failed on a batch of shape "
-                                f"{tuple(x.shape)} ({_first_line(exc)}); check "
-                                "options.input_size and the model file") from None
+            raise RankwiseError(
+                f"{file}: the model failed on a batch of shape "
+                f"{tuple(x.shape)} ({_first_line(exc)}); check "
+                "options.input_size and the model file"
+            ) from None
         if not isinstance(out, torch.Tensor):
-            raise RankwiseError(f"{file}: the model returned {type(out).__name__}, not a "
-                                "tensor; export a module that returns the embedding")
+            raise RankwiseError(
+                f"{file}: the model returned {type(out).__name__}, not a "
+                "tensor; export a module that returns the embedding"
+            )
         return out.float().reshape(len(x), -1)
 
     def embed(batch: list[Any]) -> np.ndarray:

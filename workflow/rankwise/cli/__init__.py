@@ -43,7 +43,15 @@ def main() -> None:
     """Reproducible, out-of-core retrieval and re-identification evaluation."""
 
 
-for _command in (evaluation.evaluate, evaluation.rank, evaluation.metrics,
-                 statistics.compare, statistics.ci, statistics.scores,
-                 report.report, pipeline.prepare, pipeline.encode):
+for _command in (
+    evaluation.evaluate,
+    evaluation.rank,
+    evaluation.metrics,
+    statistics.compare,
+    statistics.ci,
+    statistics.scores,
+    report.report,
+    pipeline.prepare,
+    pipeline.encode,
+):
     main.add_command(_command)

@@ -24,17 +24,20 @@ def _reid_hint(query: str, gallery: str) -> str | None:
         if found is None and "label" in header:
             import pandas as pd
 
-            labels = pd.read_csv(gallery, usecols=["label"], dtype=str,
-                                 keep_default_na=False)["label"].str.strip()
+            labels = pd.read_csv(gallery, usecols=["label"], dtype=str, keep_default_na=False)[
+                "label"
+            ].str.strip()
             if (labels == "-1").any():
                 found = "gallery label -1"
     except (OSError, UnicodeDecodeError, ValueError, csv.Error):
         return None
     if found is None:
         return None
-    return (f"note: ran --protocol recall (the default), but the manifests look like "
-            f"re-identification data ({found}); pass --protocol reid to exclude same-camera "
-            "matches and junk labels, or --protocol recall to silence this note")
+    return (
+        f"note: ran --protocol recall (the default), but the manifests look like "
+        f"re-identification data ({found}); pass --protocol reid to exclude same-camera "
+        "matches and junk labels, or --protocol recall to silence this note"
+    )
 
 
 def _rank(kw: dict, progress: bool):
@@ -45,12 +48,22 @@ def _rank(kw: dict, progress: bool):
     if kw["protocol"] is None:
         note = _reid_hint(kw["query"], kw["gallery"])
         kw["protocol"] = "recall"
-    result = rank(kw["query"], kw["gallery"], kw["query_embeddings"], kw["gallery_embeddings"],
-                  protocol=kw["protocol"], distance=kw["distance"],
-                  gap_frames=kw["gap_frames"], junk_labels=kw["junk_labels"],
-                  query_block=kw["query_block"], gallery_chunk=kw["gallery_chunk"],
-                  workers=kw["workers"], scheduler=kw["scheduler"], progress=progress,
-                  memory_limit_mb=kw["memory_limit"])
+    result = rank(
+        kw["query"],
+        kw["gallery"],
+        kw["query_embeddings"],
+        kw["gallery_embeddings"],
+        protocol=kw["protocol"],
+        distance=kw["distance"],
+        gap_frames=kw["gap_frames"],
+        junk_labels=kw["junk_labels"],
+        query_block=kw["query_block"],
+        gallery_chunk=kw["gallery_chunk"],
+        workers=kw["workers"],
+        scheduler=kw["scheduler"],
+        progress=progress,
+        memory_limit_mb=kw["memory_limit"],
+    )
     return result, note
 
 
@@ -82,8 +95,12 @@ def evaluate(ks, ap, output, **kw):
 
 @click.command(name="rank")
 @shared.inputs
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Ranks store to write (Zarr, written atomically).")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Ranks store to write (Zarr, written atomically).",
+)
 def rank(out, **kw):
     """Compute the ranks store that every metric is computed from."""
     from ..store import write_ranks
@@ -117,8 +134,9 @@ def _provenance(path: str) -> dict:
 @shared.ks
 @shared.ap
 @shared.output
-@click.option("--text-output", type=click.Path(dir_okay=False),
-              help="Write the text report here too.")
+@click.option(
+    "--text-output", type=click.Path(dir_okay=False), help="Write the text report here too."
+)
 def metrics(ranks, ks, ap, output, text_output):
     """Score a ranks store: print the text report, write the JSON report (+ provenance)."""
     from ..api import REPORT_KEYS, result_from_ranks

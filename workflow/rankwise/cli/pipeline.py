@@ -18,45 +18,94 @@ from .shared import parse_json_options
 
 
 @click.command("prepare")
-@click.option("--loader", required=True, metavar="NAME",
-              help="market1501, msmt17, folder, manifest, digits, demo-market, "
-                   "demo-reassociation, demo-progressive, veri776, dukemtmc, cuhk03-np, "
-                   "identity-folders or mot.")
-@click.option("--options", "options_text", default="{}", show_default=True, metavar="JSON",
-              help="Loader options as a JSON object, or @file.json.")
-@click.option("--out-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for query.csv, gallery.csv (and images/ for demos).")
+@click.option(
+    "--loader",
+    required=True,
+    metavar="NAME",
+    help="market1501, msmt17, folder, manifest, digits, demo-market, "
+    "demo-reassociation, demo-progressive, veri776, dukemtmc, cuhk03-np, "
+    "identity-folders or mot.",
+)
+@click.option(
+    "--options",
+    "options_text",
+    default="{}",
+    show_default=True,
+    metavar="JSON",
+    help="Loader options as a JSON object, or @file.json.",
+)
+@click.option(
+    "--out-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for query.csv, gallery.csv (and images/ for demos).",
+)
 def prepare(loader: str, options_text: str, out_dir: Path) -> None:
     """Write normalised query and gallery manifests for a dataset."""
     from ..datasets import prepare_dataset
 
     summary = prepare_dataset(loader, parse_json_options(options_text), out_dir)
-    click.echo(f"prepared {loader}: {summary['query']} query rows, {summary['gallery']} "
-               f"gallery rows, {summary['labels']} labels -> {out_dir}")
+    click.echo(
+        f"prepared {loader}: {summary['query']} query rows, {summary['gallery']} "
+        f"gallery rows, {summary['labels']} labels -> {out_dir}"
+    )
 
 
 @click.command("encode")
-@click.option("--manifest", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Manifest CSV (rows in embedding order; 'path' relative to its folder).")
-@click.option("--kind", required=True, metavar="KIND",
-              help="precomputed, python, onnx, pixels, color-histogram, hog, reid, timm or "
-                   "torchscript.")
-@click.option("--options", "options_text", default="{}", show_default=True, metavar="JSON",
-              help="Encoder options as a JSON object, or @file.json.")
-@click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="Embedding store to write (Zarr; written atomically).")
+@click.option(
+    "--manifest",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Manifest CSV (rows in embedding order; 'path' relative to its folder).",
+)
+@click.option(
+    "--kind",
+    required=True,
+    metavar="KIND",
+    help="precomputed, python, onnx, pixels, color-histogram, hog, reid, timm or torchscript.",
+)
+@click.option(
+    "--options",
+    "options_text",
+    default="{}",
+    show_default=True,
+    metavar="JSON",
+    help="Encoder options as a JSON object, or @file.json.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Embedding store to write (Zarr; written atomically).",
+)
 @spec.BATCH_SIZE.click(help="Images per encoder call.")
-@spec.THREADS.click(default=None, help="Decoding (and onnxruntime / torch CPU) threads [default: "
-                                       "available CPUs, at most 8].")
-@click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Progress bar on stderr.")
-def encode(manifest: Path, kind: str, options_text: str, out: Path, batch_size: int,
-           threads: int | None, progress: bool) -> None:
+@spec.THREADS.click(
+    default=None,
+    help="Decoding (and onnxruntime / torch CPU) threads [default: available CPUs, at most 8].",
+)
+@click.option(
+    "--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr."
+)
+def encode(
+    manifest: Path,
+    kind: str,
+    options_text: str,
+    out: Path,
+    batch_size: int,
+    threads: int | None,
+    progress: bool,
+) -> None:
     """Encode a manifest's images (or copy precomputed vectors) into an embedding store."""
     from ..encoders import encode_manifest
 
-    info = encode_manifest(manifest, kind, parse_json_options(options_text), out,
-                           batch_size=batch_size, workers=threads, progress=progress)
+    info = encode_manifest(
+        manifest,
+        kind,
+        parse_json_options(options_text),
+        out,
+        batch_size=batch_size,
+        workers=threads,
+        progress=progress,
+    )
     n, dim = info["shape"]
     click.echo(f"encoded {n} rows x {dim} dims with {kind} -> {out}")
-

@@ -12,32 +12,60 @@ from .. import options as spec
 
 @click.command()
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--out-dir", type=click.Path(file_okay=False), default=".", show_default=True,
-              help="Folder for report.html, report.md and report.json (unless --html, "
-                   "--md or --json name the files).")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False),
-              help="Write the self-contained HTML report here.")
-@click.option("--md", "md_path", type=click.Path(dir_okay=False),
-              help="Write the Markdown report here.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False),
-              help="Write the JSON report (all metrics, intervals, comparisons, "
-                   "provenance) here.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
-              help="Also write the tidy CSV (dataset, encoder, checkpoint, metric, value, "
-                   "ci_low, ci_high, num_queries, num_skipped) here.")
-@click.option("--tex", "tex_path", type=click.Path(dir_okay=False),
-              help="Also write the LaTeX tables (booktabs; a standalone document) here.")
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False),
+    default=".",
+    show_default=True,
+    help="Folder for report.html, report.md and report.json (unless --html, "
+    "--md or --json name the files).",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False),
+    help="Write the self-contained HTML report here.",
+)
+@click.option(
+    "--md", "md_path", type=click.Path(dir_okay=False), help="Write the Markdown report here."
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    help="Write the JSON report (all metrics, intervals, comparisons, provenance) here.",
+)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False),
+    help="Also write the tidy CSV (dataset, encoder, checkpoint, metric, value, "
+    "ci_low, ci_high, num_queries, num_skipped) here.",
+)
+@click.option(
+    "--tex",
+    "tex_path",
+    type=click.Path(dir_okay=False),
+    help="Also write the LaTeX tables (booktabs; a standalone document) here.",
+)
 @spec.TITLE.click(help="Report heading.")
 @spec.CMC_MAX_RANK.click(help="CMC curves cover ranks 1..N.")
-@spec.REPORT_RESAMPLES.click(help="Bootstrap resamples (and random sign flips) of the 95% "
-                                  "intervals and the paired tests; 0 leaves them out.")
+@spec.REPORT_RESAMPLES.click(
+    help="Bootstrap resamples (and random sign flips) of the 95% "
+    "intervals and the paired tests; 0 leaves them out."
+)
 @spec.SEED.click(help="Seed of the resampling: the same seed gives the same report.")
-@spec.BY.click(help="Resample queries (sketches for progressive), or identities with all "
-                    "their queries (labels from the query manifest).")
-@spec.WORST_QUERIES.click(help="List the N queries with the lowest AP (m@B per sketch for "
-                               "progressive), with their nearest gallery items; 0: none.")
-@spec.WORST_ENCODERS.click(help="Whose worst queries: the best encoder of each dataset, or "
-                                "every one.")
+@spec.BY.click(
+    help="Resample queries (sketches for progressive), or identities with all "
+    "their queries (labels from the query manifest)."
+)
+@spec.WORST_QUERIES.click(
+    help="List the N queries with the lowest AP (m@B per sketch for "
+    "progressive), with their nearest gallery items; 0: none."
+)
+@spec.WORST_ENCODERS.click(
+    help="Whose worst queries: the best encoder of each dataset, or every one."
+)
 @spec.TOP_K.click(help="Nearest gallery items shown per worst query.")
 def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, **options):
     """Compare encoders across datasets from `rankwise metrics` JSON files.
@@ -55,15 +83,26 @@ def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, 
 
     if not (html_path or md_path or json_path):
         out = Path(out_dir)
-        html_path, md_path, json_path = (out / "report.html", out / "report.md",
-                                         out / "report.json")
-    doc = write_report(metrics, html_path=html_path, md_path=md_path, json_path=json_path,
-                       csv_path=csv_path, tex_path=tex_path, **options)
+        html_path, md_path, json_path = (
+            out / "report.html",
+            out / "report.md",
+            out / "report.json",
+        )
+    doc = write_report(
+        metrics,
+        html_path=html_path,
+        md_path=md_path,
+        json_path=json_path,
+        csv_path=csv_path,
+        tex_path=tex_path,
+        **options,
+    )
     for path in (html_path, md_path, json_path, csv_path, tex_path):
         if path:
             click.echo(f"wrote {path}")
     significant = sum(c["significant"] for c in doc["comparisons"])
-    click.echo(f"{len(doc['results'])} results: {len(doc['datasets'])} dataset(s) x "
-               f"{len(doc['encoders'])} encoder(s); {len(doc['comparisons'])} comparisons, "
-               f"{significant} significant")
-
+    click.echo(
+        f"{len(doc['results'])} results: {len(doc['datasets'])} dataset(s) x "
+        f"{len(doc['encoders'])} encoder(s); {len(doc['comparisons'])} comparisons, "
+        f"{significant} significant"
+    )

@@ -8,8 +8,9 @@ with one line naming the flag (``--query-block must be a positive integer, got 0
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -20,10 +21,12 @@ from ..registry import REGISTRY
 
 def stack(*decorators: Callable) -> Callable:
     """Apply ``decorators`` so that the options appear in the order given."""
+
     def apply(func):
         for decorator in reversed(decorators):
             func = decorator(func)
         return func
+
     return apply
 
 
@@ -32,25 +35,48 @@ _PROTOCOL_HELP = "; ".join(f"{name}: {p.summary}" for name, p in REGISTRY.items(
 #: --ks, --ap and --output: every command that reports metrics.
 ks = spec.KS.click(help="Cutoffs K, comma-separated.")
 ap = spec.AP.click(help="AP variant: standard, or the official Market-1501 trapezoid.")
-output = click.option("--output", type=click.Path(dir_okay=False),
-                      help="Write the JSON report here.")
+output = click.option(
+    "--output", type=click.Path(dir_okay=False), help="Write the JSON report here."
+)
 
 #: The inputs and protocol options of `evaluate` and `rank`.
 inputs = stack(
-    click.option("--query", "query", required=True, type=click.Path(dir_okay=False),
-                 help="Query manifest (CSV)."),
-    click.option("--gallery", "gallery", required=True, type=click.Path(dir_okay=False),
-                 help="Gallery manifest (CSV)."),
-    click.option("--query-embeddings", required=True, type=click.Path(),
-                 help="Query embeddings: .npy (N x D) or Zarr store."),
-    click.option("--gallery-embeddings", required=True, type=click.Path(),
-                 help="Gallery embeddings: .npy (N x D) or Zarr store."),
+    click.option(
+        "--query",
+        "query",
+        required=True,
+        type=click.Path(dir_okay=False),
+        help="Query manifest (CSV).",
+    ),
+    click.option(
+        "--gallery",
+        "gallery",
+        required=True,
+        type=click.Path(dir_okay=False),
+        help="Gallery manifest (CSV).",
+    ),
+    click.option(
+        "--query-embeddings",
+        required=True,
+        type=click.Path(),
+        help="Query embeddings: .npy (N x D) or Zarr store.",
+    ),
+    click.option(
+        "--gallery-embeddings",
+        required=True,
+        type=click.Path(),
+        help="Gallery embeddings: .npy (N x D) or Zarr store.",
+    ),
     # No default on the command line: without --protocol, `recall` runs and a note
     # names --protocol reid when the manifests look like re-identification data.
-    spec.PROTOCOL.click(default=None, help=(
-        f"{_PROTOCOL_HELP}. Without --protocol: recall, with a note on stderr when the "
-        "manifests look like re-identification data (a camera column, or gallery label "
-        "-1).")),
+    spec.PROTOCOL.click(
+        default=None,
+        help=(
+            f"{_PROTOCOL_HELP}. Without --protocol: recall, with a note on stderr when the "
+            "manifests look like re-identification data (a camera column, or gallery label "
+            "-1)."
+        ),
+    ),
     spec.DISTANCE.click(help="cosine (vectors L2-normalised) or euclidean."),
     spec.GAP_FRAMES.click(help="reassociation: candidates are at frame + N."),
     spec.JUNK_LABELS.click(help="reid: comma-separated labels removed from the gallery."),
@@ -64,20 +90,25 @@ inputs = stack(
 #: The resampling options of `compare` and `ci`.
 statistics = stack(
     spec.KS.click(help="Cutoffs K, comma-separated (for the default metrics)."),
-    click.option("--metrics", default=None,
-                 help="Metrics, comma-separated (e.g. map,rank1); default: all of the "
-                      "protocol's for --ks."),
+    click.option(
+        "--metrics",
+        default=None,
+        help="Metrics, comma-separated (e.g. map,rank1); default: all of the protocol's for --ks.",
+    ),
     spec.AP.click(help="AP variant."),
     spec.RESAMPLES.click(help="Bootstrap resamples (and random sign flips)."),
     spec.SEED.click(help="Seed: the same seed gives the same numbers everywhere."),
     spec.CONFIDENCE.click(help="Coverage of the percentile bootstrap interval."),
-    spec.BY.click(help="Resample queries (sketches for progressive), or identities with "
-                       "all their queries (labels from the query manifest)."),
-    click.option("--labels", type=click.Path(dir_okay=False),
-                 help="--by identity: query manifest CSV (default: the one named in the "
-                      "ranks store)."),
-    click.option("--output", type=click.Path(dir_okay=False),
-                 help="Write the JSON result here."),
+    spec.BY.click(
+        help="Resample queries (sketches for progressive), or identities with "
+        "all their queries (labels from the query manifest)."
+    ),
+    click.option(
+        "--labels",
+        type=click.Path(dir_okay=False),
+        help="--by identity: query manifest CSV (default: the one named in the ranks store).",
+    ),
+    click.option("--output", type=click.Path(dir_okay=False), help="Write the JSON result here."),
 )
 
 
@@ -92,9 +123,11 @@ def parse_json_options(text: str, flag: str = "--options") -> dict[str, Any]:
     try:
         value = json.loads(source) if source.strip() else {}
     except json.JSONDecodeError as exc:
-        raise RankwiseError(f"{flag}: not valid JSON ({exc.msg} at line {exc.lineno} column "
-                            f"{exc.colno}); pass an object such as "
-                            "'{\"root\": \"data/market\"}'") from None
+        raise RankwiseError(
+            f"{flag}: not valid JSON ({exc.msg} at line {exc.lineno} column "
+            f"{exc.colno}); pass an object such as "
+            '\'{"root": "data/market"}\''
+        ) from None
     if not isinstance(value, dict):
         raise RankwiseError(f"{flag}: expected a JSON object, got {type(value).__name__}")
     return value
@@ -111,7 +144,11 @@ def write_json(path: str | None, doc: Any) -> None:
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A plain-text table: first column left-aligned, the others right-aligned."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
-             for r in [header, *rows]]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in [header, *rows]
+    ]
     return "\n".join(lines) + "\n"

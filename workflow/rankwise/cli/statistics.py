@@ -24,11 +24,25 @@ def _units(protocol: str, by: str, n_units: int, n_clusters: int) -> str:
 @click.argument("ranks_a", type=click.Path())
 @click.argument("ranks_b", type=click.Path())
 @shared.statistics
-@spec.EXACT_MAX.click(help="Enumerate all 2^n sign flips when there are at most this many "
-                           "queries (identities).")
+@spec.EXACT_MAX.click(
+    help="Enumerate all 2^n sign flips when there are at most this many queries (identities)."
+)
 @click.option("--dataset", default=None, help="Dataset name copied into the JSON rows.")
-def compare(ranks_a, ranks_b, ks, metrics, ap, resamples, seed, confidence, by, labels,
-            output, exact_max, dataset):
+def compare(
+    ranks_a,
+    ranks_b,
+    ks,
+    metrics,
+    ap,
+    resamples,
+    seed,
+    confidence,
+    by,
+    labels,
+    output,
+    exact_max,
+    dataset,
+):
     """Paired comparison of two encoders' ranks stores on the same queries.
 
     Prints, per metric, A, B, the difference B - A (percentage points), its paired
@@ -39,27 +53,65 @@ def compare(ranks_a, ranks_b, ks, metrics, ap, resamples, seed, confidence, by, 
 
     arrays_a, attrs_a = read_ranks(ranks_a)
     arrays_b, attrs_b = read_ranks(ranks_b)
-    rows = compare_ranks(arrays_a, attrs_a, arrays_b, attrs_b, ks=ks,
-                         metrics=metrics, ap=ap, resamples=resamples, seed=seed, by=by,
-                         labels=labels, confidence=confidence, exact_max=exact_max,
-                         dataset=dataset, names=(str(ranks_a), str(ranks_b)))
+    rows = compare_ranks(
+        arrays_a,
+        attrs_a,
+        arrays_b,
+        attrs_b,
+        ks=ks,
+        metrics=metrics,
+        ap=ap,
+        resamples=resamples,
+        seed=seed,
+        by=by,
+        labels=labels,
+        confidence=confidence,
+        exact_max=exact_max,
+        dataset=dataset,
+        names=(str(ranks_a), str(ranks_b)),
+    )
     key = ci_key(confidence)
     first = rows[0]
-    test = ("exact test over all sign flips" if first["test"] == "exact"
-            else f"{resamples} random sign flips")
-    click.echo(f"A: {ranks_a}\nB: {ranks_b}\n"
-               f"protocol: {attrs_a['protocol']}; "
-               f"{_units(attrs_a['protocol'], by, first['num_units'], first['num_clusters'])}; "
-               f"{resamples} bootstrap resamples, {test}, seed {seed}")
+    test = (
+        "exact test over all sign flips"
+        if first["test"] == "exact"
+        else f"{resamples} random sign flips"
+    )
+    click.echo(
+        f"A: {ranks_a}\nB: {ranks_b}\n"
+        f"protocol: {attrs_a['protocol']}; "
+        f"{_units(attrs_a['protocol'], by, first['num_units'], first['num_clusters'])}; "
+        f"{resamples} bootstrap resamples, {test}, seed {seed}"
+    )
     header = ["metric", "A", "B", "diff", f"{100 * confidence:g}% CI", "p", "p_holm"]
-    body = [[r["metric"], f"{r['a']:.2f}", f"{r['b']:.2f}", f"{r['diff']:+.2f}",
-             f"[{r[key][0]:+.2f}, {r[key][1]:+.2f}]", format_p(r["p_value"]),
-             format_p(r["p_holm"])] for r in rows]
+    body = [
+        [
+            r["metric"],
+            f"{r['a']:.2f}",
+            f"{r['b']:.2f}",
+            f"{r['diff']:+.2f}",
+            f"[{r[key][0]:+.2f}, {r[key][1]:+.2f}]",
+            format_p(r["p_value"]),
+            format_p(r["p_holm"]),
+        ]
+        for r in rows
+    ]
     click.echo(shared.table(header, body), nl=False)
-    shared.write_json(output, {"a": str(ranks_a), "b": str(ranks_b),
-                         "protocol": attrs_a["protocol"], "ap": ap, "by": by,
-                         "resamples": resamples, "seed": seed, "confidence": confidence,
-                         "exact_max": exact_max, "comparisons": rows})
+    shared.write_json(
+        output,
+        {
+            "a": str(ranks_a),
+            "b": str(ranks_b),
+            "protocol": attrs_a["protocol"],
+            "ap": ap,
+            "by": by,
+            "resamples": resamples,
+            "seed": seed,
+            "confidence": confidence,
+            "exact_max": exact_max,
+            "comparisons": rows,
+        },
+    )
 
 
 @click.command()
@@ -67,7 +119,6 @@ def compare(ranks_a, ranks_b, ks, metrics, ap, resamples, seed, confidence, by, 
 @shared.statistics
 def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     """Bootstrap confidence interval of every metric of one ranks store."""
-    import numpy as np
 
     from ..metrics import per_unit
     from ..stats import ci_key, metric_cis, resolve_metrics
@@ -75,29 +126,55 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
 
     arrays, attrs = read_ranks(ranks)
     names = resolve_metrics(attrs["protocol"], metrics, ks)
-    intervals = metric_cis(arrays, attrs, metrics=names, ap=ap, resamples=resamples,
-                           seed=seed, by=by, labels=labels, confidence=confidence)
+    intervals = metric_cis(
+        arrays,
+        attrs,
+        metrics=names,
+        ap=ap,
+        resamples=resamples,
+        seed=seed,
+        by=by,
+        labels=labels,
+        confidence=confidence,
+    )
     table = per_unit(arrays, attrs, names, ap=ap)
     point = table.means()
-    click.echo(f"{ranks}: protocol {attrs['protocol']}, {len(table)} "
-               f"{get_protocol(attrs['protocol']).units}; "
-               f"{resamples} bootstrap resamples by {by}, seed {seed}")
+    click.echo(
+        f"{ranks}: protocol {attrs['protocol']}, {len(table)} "
+        f"{get_protocol(attrs['protocol']).units}; "
+        f"{resamples} bootstrap resamples by {by}, seed {seed}"
+    )
     header = ["metric", "value", f"{100 * confidence:g}% CI"]
-    body = [[n, f"{point[n]:.2f}", f"[{intervals[n][0]:.2f}, {intervals[n][1]:.2f}]"]
-            for n in names]
+    body = [
+        [n, f"{point[n]:.2f}", f"[{intervals[n][0]:.2f}, {intervals[n][1]:.2f}]"] for n in names
+    ]
     click.echo(shared.table(header, body), nl=False)
-    shared.write_json(output, {"ranks": str(ranks), "protocol": attrs["protocol"], "ap": ap,
-                         "by": by, "resamples": resamples, "seed": seed,
-                         "confidence": confidence, "num_units": len(table),
-                         "metrics": point, ci_key(confidence): intervals})
+    shared.write_json(
+        output,
+        {
+            "ranks": str(ranks),
+            "protocol": attrs["protocol"],
+            "ap": ap,
+            "by": by,
+            "resamples": resamples,
+            "seed": seed,
+            "confidence": confidence,
+            "num_units": len(table),
+            "metrics": point,
+            ci_key(confidence): intervals,
+        },
+    )
 
 
 @click.command()
 @click.argument("ranks", type=click.Path())
 @spec.KS.click(help="Cutoffs of the hit@K columns.")
 @shared.ap
-@click.option("--output", type=click.Path(dir_okay=False),
-              help="Write the CSV here (default: standard output).")
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write the CSV here (default: standard output).",
+)
 def scores(ranks, ks, ap, output):
     """Per-query scores (per sketch for progressive) of a ranks store, as CSV.
 
@@ -123,4 +200,3 @@ def scores(ranks, ks, ap, output):
         click.echo(f"{output}: {len(table)} rows")
     else:
         click.echo(buffer.getvalue(), nl=False)
-

@@ -55,16 +55,22 @@ shared view-model), :mod:`.markdown`, :mod:`.html` (+ ``report.css``), :mod:`.pl
 :mod:`.thumbnails`.
 """
 
-
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .comparisons import comparison_pairs, flip_resamples
-from .constants import (ALL_PAIRS_MAX, ALPHA, CMC_TABLE_RANKS, CONFIDENCE, THUMBNAIL_PX,
-                        WORST_ENCODERS)
+from .constants import (
+    ALL_PAIRS_MAX,
+    ALPHA,
+    CMC_TABLE_RANKS,
+    CONFIDENCE,
+    THUMBNAIL_PX,
+    WORST_ENCODERS,
+)
 from .csv_table import render_csv
 from .curves import cmc_curve, progressive_curve
 from .document import build_report
@@ -73,14 +79,37 @@ from .latex import render_latex
 from .markdown import render_markdown
 from .worst import worst_queries_of
 
-__all__ = ["ALL_PAIRS_MAX", "ALPHA", "CMC_TABLE_RANKS", "CONFIDENCE", "THUMBNAIL_PX",
-           "WORST_ENCODERS", "build_report", "cmc_curve", "comparison_pairs",
-           "flip_resamples", "progressive_curve", "render_csv", "render_html",
-           "render_latex", "render_markdown", "worst_queries_of", "write_report"]
+__all__ = [
+    "ALL_PAIRS_MAX",
+    "ALPHA",
+    "CMC_TABLE_RANKS",
+    "CONFIDENCE",
+    "THUMBNAIL_PX",
+    "WORST_ENCODERS",
+    "build_report",
+    "cmc_curve",
+    "comparison_pairs",
+    "flip_resamples",
+    "progressive_curve",
+    "render_csv",
+    "render_html",
+    "render_latex",
+    "render_markdown",
+    "worst_queries_of",
+    "write_report",
+]
 
 
-def write_report(metrics_paths: Iterable[str | os.PathLike], *, html_path=None, md_path=None,
-                 json_path=None, csv_path=None, tex_path=None, **options) -> dict[str, Any]:
+def write_report(
+    metrics_paths: Iterable[str | os.PathLike],
+    *,
+    html_path=None,
+    md_path=None,
+    json_path=None,
+    csv_path=None,
+    tex_path=None,
+    **options,
+) -> dict[str, Any]:
     """Build the report (``options``: those of :func:`build_report`) and write the
     requested files (each atomically); return the document."""
     from ..store import write_text_atomic

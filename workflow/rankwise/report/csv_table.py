@@ -14,8 +14,17 @@ from typing import Any
 
 from . import view
 
-COLUMNS = ("dataset", "encoder", "checkpoint", "metric", "value", "ci_low", "ci_high",
-           "num_queries", "num_skipped")
+COLUMNS = (
+    "dataset",
+    "encoder",
+    "checkpoint",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "num_queries",
+    "num_skipped",
+)
 
 
 def render_csv(doc: dict[str, Any]) -> str:
@@ -26,8 +35,16 @@ def render_csv(doc: dict[str, Any]) -> str:
     for entry in doc["results"]:
         for name, value in entry["metrics"].items():
             interval = view.ci(entry, name) or ("", "")
-            writer.writerow([entry["dataset"], entry["encoder"],
-                             entry["provenance"]["checkpoint"] or "", name, repr(value),
-                             *(repr(x) if x != "" else "" for x in interval),
-                             entry["num_queries"], entry["num_skipped"]])
+            writer.writerow(
+                [
+                    entry["dataset"],
+                    entry["encoder"],
+                    entry["provenance"]["checkpoint"] or "",
+                    name,
+                    repr(value),
+                    *(repr(x) if x != "" else "" for x in interval),
+                    entry["num_queries"],
+                    entry["num_skipped"],
+                ]
+            )
     return buffer.getvalue()

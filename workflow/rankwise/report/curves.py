@@ -32,9 +32,9 @@ def cmc_curve(ranks_store: str | os.PathLike, max_rank: int = 50) -> list[float]
     return cmc(arrays, attrs, max_rank)
 
 
-def progressive_curve(arrays: dict[str, np.ndarray], attrs: dict, *,
-                      resamples: int = DEFAULT_RESAMPLES,
-                      seed: int = 0) -> dict[str, list]:
+def progressive_curve(
+    arrays: dict[str, np.ndarray], attrs: dict, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> dict[str, list]:
     """The target's rank against sketch completion, for a ``progressive`` ranks store.
 
     A sketch's renderings are ordered by step; rendering t of T is ``100 t / T`` percent
@@ -48,7 +48,15 @@ def progressive_curve(arrays: dict[str, np.ndarray], attrs: dict, *,
     reciprocal rank, sketches resampled; ``None`` when ``resamples`` is 0).
     """
     out = completion_curve(arrays)
-    out["ci95"] = [[100.0 * x for x in bootstrap_ci(
-        1.0 / r, clusters=sketch, resamples=resamples, seed=seed, confidence=CONFIDENCE)]
-        if resamples else None for _, r, sketch in completion_levels(arrays)]
+    out["ci95"] = [
+        [
+            100.0 * x
+            for x in bootstrap_ci(
+                1.0 / r, clusters=sketch, resamples=resamples, seed=seed, confidence=CONFIDENCE
+            )
+        ]
+        if resamples
+        else None
+        for _, r, sketch in completion_levels(arrays)
+    ]
     return out

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -27,26 +28,39 @@ from .curves import progressive_curve
 from .worst import worst_queries_of
 
 
-def _check_options(*, cmc_max_rank: int, resamples: int, seed: int, by: str,
-                   worst_queries: int, worst_encoders: str, top_k: int) -> None:
+def _check_options(
+    *,
+    cmc_max_rank: int,
+    resamples: int,
+    seed: int,
+    by: str,
+    worst_queries: int,
+    worst_encoders: str,
+    top_k: int,
+) -> None:
     def integer_at_least(value, minimum):
-        return not isinstance(value, bool) and isinstance(value, (int, np.integer)) \
+        return (
+            not isinstance(value, bool)
+            and isinstance(value, (int, np.integer))
             and value >= minimum
+        )
 
-    checks = [(cmc_max_rank, 1, "--cmc-max-rank", "at least 1"),
-              (resamples, 0, "--resamples", "a non-negative integer (0: no intervals or "
-                                                "tests)"),
-              (seed, 0, "--seed", "a non-negative integer"),
-              (worst_queries, 0, "--worst-queries", "a non-negative integer (0: none)"),
-              (top_k, 1, "--top-k", "at least 1")]
+    checks = [
+        (cmc_max_rank, 1, "--cmc-max-rank", "at least 1"),
+        (resamples, 0, "--resamples", "a non-negative integer (0: no intervals or tests)"),
+        (seed, 0, "--seed", "a non-negative integer"),
+        (worst_queries, 0, "--worst-queries", "a non-negative integer (0: none)"),
+        (top_k, 1, "--top-k", "at least 1"),
+    ]
     for value, minimum, name, what in checks:
         if not integer_at_least(value, minimum):
             raise RankwiseError(f"{name} must be {what}, got {value!r}")
     if by not in BY:
         raise RankwiseError(f"--by must be one of {', '.join(BY)}, got {by!r}")
     if worst_encoders not in WORST_ENCODERS:
-        raise RankwiseError(f"--worst-encoders must be one of {', '.join(WORST_ENCODERS)}, "
-                            f"got {worst_encoders!r}")
+        raise RankwiseError(
+            f"--worst-encoders must be one of {', '.join(WORST_ENCODERS)}, got {worst_encoders!r}"
+        )
 
 
 def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -67,10 +81,13 @@ def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
         "protocol_options": raw.get("protocol_options"),
         "ks": raw.get("ks"),
         "ap": raw.get("ap"),
-        "files": {"ranks": raw.get("ranks"), "query_embeddings": qe.get("path"),
-                  "gallery_embeddings": ge.get("path"),
-                  "query_manifest": raw.get("query_manifest"),
-                  "gallery_manifest": raw.get("gallery_manifest")},
+        "files": {
+            "ranks": raw.get("ranks"),
+            "query_embeddings": qe.get("path"),
+            "gallery_embeddings": ge.get("path"),
+            "query_manifest": raw.get("query_manifest"),
+            "gallery_manifest": raw.get("gallery_manifest"),
+        },
         "raw": raw,
     }
 
@@ -84,22 +101,32 @@ def _load(metrics_path: str | os.PathLike, cmc_max_rank: int):
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
-        raise RankwiseError(f"{path}: cannot read the metrics file ({exc.strerror}); run "
-                            "`rankwise metrics` first") from None
+        raise RankwiseError(
+            f"{path}: cannot read the metrics file ({exc.strerror}); run `rankwise metrics` first"
+        ) from None
     except ValueError:
-        raise RankwiseError(f"{path}: not a JSON file; pass the --output of "
-                            "`rankwise metrics`") from None
+        raise RankwiseError(
+            f"{path}: not a JSON file; pass the --output of `rankwise metrics`"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise RankwiseError(f"{path}: no 'metrics' object; pass the --output of "
-                            "`rankwise metrics`")
+        raise RankwiseError(f"{path}: no 'metrics' object; pass the --output of `rankwise metrics`")
     raw = data.get("provenance") or {}
     ranks = raw.get("ranks")
     store = read_ranks(ranks) if ranks and Path(ranks).is_dir() else None
     entry = {
         "dataset": path.parent.name,
         "encoder": path.stem,
-        **{key: data.get(key) for key in ("protocol", "distance", "num_queries", "num_skipped",
-                                          "num_gallery", "embedding_dim")},
+        **{
+            key: data.get(key)
+            for key in (
+                "protocol",
+                "distance",
+                "num_queries",
+                "num_skipped",
+                "num_gallery",
+                "embedding_dim",
+            )
+        },
         "metrics": {k: float(v) for k, v in data["metrics"].items()},
         "ci95": None,
         "cmc": cmc(*store, cmc_max_rank) if store else None,
@@ -131,15 +158,27 @@ def _best(entries: list[dict[str, Any]]) -> dict[str, Any]:
     name = best_encoder(entries)
     entry = next(e for e in entries if e["encoder"] == name)
     metric = (headline_names(entries) or [""])[0]
-    return {"dataset": entry["dataset"], "encoder": name,
-            "checkpoint": entry["provenance"]["checkpoint"], "metric": metric,
-            "value": entry["metrics"].get(metric)}
+    return {
+        "dataset": entry["dataset"],
+        "encoder": name,
+        "checkpoint": entry["provenance"]["checkpoint"],
+        "metric": metric,
+        "value": entry["metrics"].get(metric),
+    }
 
 
-def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "rankwise report",
-                 cmc_max_rank: int = 50, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                 by: str = "query", worst_queries: int = 5, worst_encoders: str = "best",
-                 top_k: int = 10) -> dict[str, Any]:
+def build_report(
+    metrics_paths: Iterable[str | os.PathLike],
+    *,
+    title: str = "rankwise report",
+    cmc_max_rank: int = 50,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    by: str = "query",
+    worst_queries: int = 5,
+    worst_encoders: str = "best",
+    top_k: int = 10,
+) -> dict[str, Any]:
     """The report document (what ``report.json`` holds) for the given metrics files.
 
     Parameters
@@ -155,20 +194,31 @@ def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "ra
 
     Datasets and encoders keep the order in which they first appear.
     """
-    _check_options(cmc_max_rank=cmc_max_rank, resamples=resamples, seed=seed, by=by,
-                   worst_queries=worst_queries, worst_encoders=worst_encoders, top_k=top_k)
+    _check_options(
+        cmc_max_rank=cmc_max_rank,
+        resamples=resamples,
+        seed=seed,
+        by=by,
+        worst_queries=worst_queries,
+        worst_encoders=worst_encoders,
+        top_k=top_k,
+    )
     loaded = [_load(p, cmc_max_rank) for p in metrics_paths]
     if not loaded:
-        raise RankwiseError("no metrics files given; pass the JSON files written by "
-                            "`rankwise metrics` (e.g. results/metrics/*/*.json)")
+        raise RankwiseError(
+            "no metrics files given; pass the JSON files written by "
+            "`rankwise metrics` (e.g. results/metrics/*/*.json)"
+        )
     results = [entry for entry, _ in loaded]
     stores: dict[tuple[str, str], Any] = {}
     seen: dict[tuple[str, str], str] = {}
     for entry, store in loaded:
         key = (entry["dataset"], entry["encoder"])
         if key in seen:
-            raise RankwiseError(f"{entry['source']}: dataset {key[0]!r} x encoder {key[1]!r} "
-                                f"is also given by {seen[key]}; pass each pair once")
+            raise RankwiseError(
+                f"{entry['source']}: dataset {key[0]!r} x encoder {key[1]!r} "
+                f"is also given by {seen[key]}; pass each pair once"
+            )
         seen[key], stores[key] = entry["source"], store
     datasets = list(dict.fromkeys(r["dataset"] for r in results))
     encoders = list(dict.fromkeys(r["encoder"] for r in results))
@@ -178,9 +228,15 @@ def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "ra
         if store is None:
             continue
         if resamples:
-            entry["ci95"] = metric_cis(*store, metrics=list(entry["metrics"]),
-                                       ap=ap_variant(entry), resamples=resamples, seed=seed,
-                                       by=by, confidence=CONFIDENCE)
+            entry["ci95"] = metric_cis(
+                *store,
+                metrics=list(entry["metrics"]),
+                ap=ap_variant(entry),
+                resamples=resamples,
+                seed=seed,
+                by=by,
+                confidence=CONFIDENCE,
+            )
         if get_protocol(entry["protocol"]).unit == "sketch":
             entry["progressive"] = progressive_curve(*store, resamples=resamples, seed=seed)
     if worst_queries:
@@ -190,19 +246,40 @@ def build_report(metrics_paths: Iterable[str | os.PathLike], *, title: str = "ra
                 shown = [e for e in shown if e["encoder"] == best_encoder(shown)]
             for entry in shown:
                 entry["worst_queries"] = worst_queries_of(
-                    *stores[entry["dataset"], entry["encoder"]], n=worst_queries, top_k=top_k,
-                    ap=ap_variant(entry))
+                    *stores[entry["dataset"], entry["encoder"]],
+                    n=worst_queries,
+                    top_k=top_k,
+                    ap=ap_variant(entry),
+                )
     best = {dataset: best_encoder(entries) for dataset, entries in groups}
-    comparisons, n_test = compare_encoders(groups, stores, resamples=resamples, seed=seed,
-                                           by=by, best=best) if resamples else ([], 0)
-    statistics = {"resamples": resamples, "seed": seed, "by": by, "confidence": CONFIDENCE,
-                  "interval": "percentile bootstrap", "test": "paired sign-flip",
-                  "flip_resamples": n_test,
-                  "correction": "holm", "alpha": ALPHA, "num_tests": len(comparisons),
-                  "pairs": f"all pairs up to {ALL_PAIRS_MAX} encoders per dataset, "
-                           "else each against the previous one and the best against "
-                           "the others"}
-    return {"title": title, "rankwise_version": __version__, "cmc_max_rank": cmc_max_rank,
-            "statistics": statistics, "datasets": datasets, "encoders": encoders,
-            "results": results, "comparisons": comparisons,
-            "best": [_best(entries) for _, entries in groups]}
+    comparisons, n_test = (
+        compare_encoders(groups, stores, resamples=resamples, seed=seed, by=by, best=best)
+        if resamples
+        else ([], 0)
+    )
+    statistics = {
+        "resamples": resamples,
+        "seed": seed,
+        "by": by,
+        "confidence": CONFIDENCE,
+        "interval": "percentile bootstrap",
+        "test": "paired sign-flip",
+        "flip_resamples": n_test,
+        "correction": "holm",
+        "alpha": ALPHA,
+        "num_tests": len(comparisons),
+        "pairs": f"all pairs up to {ALL_PAIRS_MAX} encoders per dataset, "
+        "else each against the previous one and the best against "
+        "the others",
+    }
+    return {
+        "title": title,
+        "rankwise_version": __version__,
+        "cmc_max_rank": cmc_max_rank,
+        "statistics": statistics,
+        "datasets": datasets,
+        "encoders": encoders,
+        "results": results,
+        "comparisons": comparisons,
+        "best": [_best(entries) for _, entries in groups],
+    }

@@ -31,14 +31,16 @@ def _html_table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
 
 def _td(text: str, best: bool = False, cls: str = "", title: str = "") -> str:
     classes = " ".join(c for c in ("best" if best else "", cls) if c)
-    attrs = (f' class="{classes}"' if classes else "") + (f' title="{_esc(title)}"'
-                                                          if title else "")
+    attrs = (f' class="{classes}"' if classes else "") + (
+        f' title="{_esc(title)}"' if title else ""
+    )
     return f"<td{attrs}>{text}</td>"
 
 
 def _value_cell(cell: view.ValueCell) -> str:
-    text = cell.text + (f'<span class="ci">{cell.ci[0]:.1f}&ndash;{cell.ci[1]:.1f}</span>'
-                        if cell.ci else "")
+    text = cell.text + (
+        f'<span class="ci">{cell.ci[0]:.1f}&ndash;{cell.ci[1]:.1f}</span>' if cell.ci else ""
+    )
     return _td(text, cell.best)
 
 
@@ -47,12 +49,15 @@ def _value_rows(rows: list[view.Row]) -> list[list[str]]:
 
 
 def _figure_html(png: str, alt: str, caption: str) -> str:
-    return (f'<figure><img alt="{_esc(alt)}" src="data:image/png;base64,{png}">'
-            f"<figcaption>{caption}</figcaption></figure>")
+    return (
+        f'<figure><img alt="{_esc(alt)}" src="data:image/png;base64,{png}">'
+        f"<figcaption>{caption}</figcaption></figure>"
+    )
 
 
-def _comparisons_html(doc: dict[str, Any], comparisons: list[dict[str, Any]],
-                      names: list[str]) -> list[str]:
+def _comparisons_html(
+    doc: dict[str, Any], comparisons: list[dict[str, Any]], names: list[str]
+) -> list[str]:
     """The differences table (pairs x metrics, significant ones coloured) and, collapsed,
     every comparison with its interval and p-values."""
     conf = view.confidence_label(doc)
@@ -63,24 +68,52 @@ def _comparisons_html(doc: dict[str, Any], comparisons: list[dict[str, Any]],
             if cell is None:
                 row.append(_td("-"))
                 continue
-            title = (f"{conf} CI {view.fmt_ci2(cell.comparison['ci95'])}; "
-                     f"p = {cell.p_value}, Holm p = {cell.p_holm}")
+            title = (
+                f"{conf} CI {view.fmt_ci2(cell.comparison['ci95'])}; "
+                f"p = {cell.p_value}, Holm p = {cell.p_holm}"
+            )
             row.append(_td(_esc(cell.text), cls=cell.direction, title=title))
         body.append(row)
-    full = [[_td(f"{_esc(c['b'])} &minus; {_esc(c['a'])}"), _td(_esc(c["metric"])),
-             _td(view.fmt(c["value_a"])), _td(view.fmt(c["value_b"])),
-             _td(_esc(view.fmt_diff(c["diff"]))), _td(view.fmt_ci2(c["ci95"])),
-             _td(cell.p_value), _td(cell.p_holm), _td("yes" if cell.significant else "")]
-            for c in comparisons for cell in [view.DiffCell(c)]]
-    return [f'<p class="note">Differences b &minus; a in percentage points; '
-            f"<b>{view.SIGNIFICANT_MARK}</b> coloured: significant "
-            f"({_esc(view.significance_rule(doc))}). Hover a cell for its "
-            "interval and p-values.</p>",
-            _html_table(["b &minus; a"] + [_esc(n) for n in names], body, "diff"),
-            f"<details><summary>All {len(comparisons)} comparisons: {conf} intervals of the "
-            "differences and p-values</summary>"
-            + _html_table(["b &minus; a", "metric", "a", "b", "diff", f"{conf} CI", "p",
-                           "p (Holm)", "significant"], full, "small") + "</details>"]
+    full = [
+        [
+            _td(f"{_esc(c['b'])} &minus; {_esc(c['a'])}"),
+            _td(_esc(c["metric"])),
+            _td(view.fmt(c["value_a"])),
+            _td(view.fmt(c["value_b"])),
+            _td(_esc(view.fmt_diff(c["diff"]))),
+            _td(view.fmt_ci2(c["ci95"])),
+            _td(cell.p_value),
+            _td(cell.p_holm),
+            _td("yes" if cell.significant else ""),
+        ]
+        for c in comparisons
+        for cell in [view.DiffCell(c)]
+    ]
+    return [
+        f'<p class="note">Differences b &minus; a in percentage points; '
+        f"<b>{view.SIGNIFICANT_MARK}</b> coloured: significant "
+        f"({_esc(view.significance_rule(doc))}). Hover a cell for its "
+        "interval and p-values.</p>",
+        _html_table(["b &minus; a"] + [_esc(n) for n in names], body, "diff"),
+        f"<details><summary>All {len(comparisons)} comparisons: {conf} intervals of the "
+        "differences and p-values</summary>"
+        + _html_table(
+            [
+                "b &minus; a",
+                "metric",
+                "a",
+                "b",
+                "diff",
+                f"{conf} CI",
+                "p",
+                "p (Holm)",
+                "significant",
+            ],
+            full,
+            "small",
+        )
+        + "</details>",
+    ]
 
 
 def _item_html(item: dict[str, Any], cls: str, thumbs: Thumbnails, caption: str) -> str:
@@ -88,12 +121,13 @@ def _item_html(item: dict[str, Any], cls: str, thumbs: Thumbnails, caption: str)
     thumbnail = thumbs(item.get("image"))
     if thumbnail:
         png, width, height = thumbnail
-        body = (f'<img alt="{_esc(item["id"])}" width="{width}" height="{height}" '
-                f'src="data:image/png;base64,{png}">')
+        body = (
+            f'<img alt="{_esc(item["id"])}" width="{width}" height="{height}" '
+            f'src="data:image/png;base64,{png}">'
+        )
     else:
         body = f'<span class="idbox">{_esc(item["id"])}</span>'
-    return (f'<span class="item {cls}" title="{_esc(title)}">{body}'
-            f"<span>{caption}</span></span>")
+    return f'<span class="item {cls}" title="{_esc(title)}">{body}<span>{caption}</span></span>'
 
 
 def _worst_html(entry: dict[str, Any], thumbs: Thumbnails) -> str:
@@ -102,35 +136,63 @@ def _worst_html(entry: dict[str, Any], thumbs: Thumbnails) -> str:
     for q in worst["queries"]:
         name = f"sketch {_esc(q['sketch'])}<br>" if q.get("sketch") else ""
         query = _item_html(q, "query", thumbs, "query") if thumbs(q["image"]) else ""
-        cell = (f'<div class="strip">{query}<span><code>{_esc(q["id"])}</code><br>{name}'
-                f"label {_esc(q['label'])}<br>{view.SCORE_NAMES[worst['score']]} "
-                f"{view.fmt(q['score'])}"
-                f"<br>{_esc(view.RANK_NAMES[worst['score']].format(q['rank']))}</span></div>")
+        cell = (
+            f'<div class="strip">{query}<span><code>{_esc(q["id"])}</code><br>{name}'
+            f"label {_esc(q['label'])}<br>{view.SCORE_NAMES[worst['score']]} "
+            f"{view.fmt(q['score'])}"
+            f"<br>{_esc(view.RANK_NAMES[worst['score']].format(q['rank']))}</span></div>"
+        )
         if q["top"] is None:
             top = '<span class="note">(no embeddings or manifests to list them)</span>'
         else:
-            top = '<div class="strip">' + "".join(
-                _item_html(t, "rel" if t["relevant"] else "non", thumbs,
-                           f"{t['rank']}. {_esc(t['label'])}") for t in q["top"]) + "</div>"
+            top = (
+                '<div class="strip">'
+                + "".join(
+                    _item_html(
+                        t,
+                        "rel" if t["relevant"] else "non",
+                        thumbs,
+                        f"{t['rank']}. {_esc(t['label'])}",
+                    )
+                    for t in q["top"]
+                )
+                + "</div>"
+            )
         rows.append([f"<td>{cell}</td>", f"<td>{top}</td>"])
-    return (f'<details class="worst"><summary>{_esc(view.worst_caption(entry))}, with their '
-            "nearest gallery items (border green: relevant, red: not; caption: rank. label)"
-            "</summary>" + _html_table(["query", "nearest valid gallery items"], rows, "worst")
-            + "</details>")
+    return (
+        f'<details class="worst"><summary>{_esc(view.worst_caption(entry))}, with their '
+        "nearest gallery items (border green: relevant, red: not; caption: rank. label)"
+        "</summary>"
+        + _html_table(["query", "nearest valid gallery items"], rows, "worst")
+        + "</details>"
+    )
 
 
 def _provenance_html(rows: list[dict[str, Any]]) -> str:
-    prov = [[_td(_esc(p["encoder"])), _td(_esc(p["kind"])),
-             _td(f'<code title="{_esc(p["checkpoint_full"])}">{_esc(p["checkpoint"])}</code>'),
-             _td(f'<code>{_esc(p["query_manifest"])}</code>'),
-             _td(f'<code>{_esc(p["gallery_manifest"])}</code>'),
-             _td(_esc(p["dim"])), _td(_esc(p["rankwise"]))] for p in view.provenance_rows(rows)]
+    prov = [
+        [
+            _td(_esc(p["encoder"])),
+            _td(_esc(p["kind"])),
+            _td(f'<code title="{_esc(p["checkpoint_full"])}">{_esc(p["checkpoint"])}</code>'),
+            _td(f"<code>{_esc(p['query_manifest'])}</code>"),
+            _td(f"<code>{_esc(p['gallery_manifest'])}</code>"),
+            _td(_esc(p["dim"])),
+            _td(_esc(p["rankwise"])),
+        ]
+        for p in view.provenance_rows(rows)
+    ]
     options = rows[0]["provenance"].get("protocol_options")
-    return ("<details><summary>Provenance</summary>"
-            + _html_table(view.PROVENANCE_HEADER, prov, "prov")
-            + (f'<p class="meta">protocol options: '
-               f"<code>{_esc(json.dumps(options, sort_keys=True))}</code></p>"
-               if options else "") + "</details>")
+    return (
+        "<details><summary>Provenance</summary>"
+        + _html_table(view.PROVENANCE_HEADER, prov, "prov")
+        + (
+            f'<p class="meta">protocol options: '
+            f"<code>{_esc(json.dumps(options, sort_keys=True))}</code></p>"
+            if options
+            else ""
+        )
+        + "</details>"
+    )
 
 
 def render_html(doc: dict[str, Any]) -> str:
@@ -138,55 +200,90 @@ def render_html(doc: dict[str, Any]) -> str:
     colors = _colors(doc["encoders"])
     thumbs = Thumbnails()
     conf = view.confidence_label(doc)
-    parts = [f"<h1>{_esc(doc['title'])}</h1>",
-             f'<p class="meta">{len(doc["datasets"])} dataset(s) &times; '
-             f'{len(doc["encoders"])} encoder(s) &middot; rankwise '
-             f'{_esc(doc["rankwise_version"])} &middot; all numbers are percentages, '
-             f"best per column in bold, {conf} interval below each value</p>",
-             f'<p class="note">{_esc(view.stats_sentence(doc))}</p>']
+    parts = [
+        f"<h1>{_esc(doc['title'])}</h1>",
+        f'<p class="meta">{len(doc["datasets"])} dataset(s) &times; '
+        f"{len(doc['encoders'])} encoder(s) &middot; rankwise "
+        f"{_esc(doc['rankwise_version'])} &middot; all numbers are percentages, "
+        f"best per column in bold, {conf} interval below each value</p>",
+        f'<p class="note">{_esc(view.stats_sentence(doc))}</p>',
+    ]
     header, body = view.overview(doc)
-    parts += ["<h2>Overview</h2>", _html_table(
-        ["encoder"] + [f"{_esc(d)}<br><small>{_esc(h)}</small>" for d, h in header],
-        _value_rows(body)),
-        '<p class="meta">Best checkpoint per dataset: ' + "; ".join(
+    parts += [
+        "<h2>Overview</h2>",
+        _html_table(
+            ["encoder"] + [f"{_esc(d)}<br><small>{_esc(h)}</small>" for d, h in header],
+            _value_rows(body),
+        ),
+        '<p class="meta">Best checkpoint per dataset: '
+        + "; ".join(
             f"{_esc(d)}: <b>{_esc(e)}</b> ({_esc(what)})"
-            for d, e, what in view.best_checkpoints(doc)) + ".</p>"]
+            for d, e, what in view.best_checkpoints(doc)
+        )
+        + ".</p>",
+    ]
     for dataset, rows in view.by_dataset(doc):
         first = rows[0]
         names, table = view.metrics_table(rows)
-        parts += [f'<h2 id="{_esc(dataset)}">{_esc(dataset)}</h2>',
-                  f'<p class="meta">protocol <code>{_esc(first["protocol"])}</code>, distance '
-                  f'<code>{_esc(first["distance"])}</code>, {_esc(first["num_queries"])} '
-                  f'{view.units_name(first["protocol"])} '
-                  f'({_esc(first["num_skipped"])} skipped), '
-                  f'{_esc(first["num_gallery"])} gallery items</p>']
+        parts += [
+            f'<h2 id="{_esc(dataset)}">{_esc(dataset)}</h2>',
+            f'<p class="meta">protocol <code>{_esc(first["protocol"])}</code>, distance '
+            f"<code>{_esc(first['distance'])}</code>, {_esc(first['num_queries'])} "
+            f"{view.units_name(first['protocol'])} "
+            f"({_esc(first['num_skipped'])} skipped), "
+            f"{_esc(first['num_gallery'])} gallery items</p>",
+        ]
         parts.append(_html_table(["encoder"] + [_esc(n) for n in names], _value_rows(table)))
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:
             parts += _comparisons_html(doc, comparisons, names)
         if len(rows) >= 2:
-            figures = [_figure_html(trend_chart(rows), f"metrics across encoders on {dataset}",
-                                    "Each metric across the encoders in config order "
-                                    f"(e.g. epochs); band: {conf} interval")]
+            figures = [
+                _figure_html(
+                    trend_chart(rows),
+                    f"metrics across encoders on {dataset}",
+                    "Each metric across the encoders in config order "
+                    f"(e.g. epochs); band: {conf} interval",
+                )
+            ]
         else:
-            figures = [_figure_html(bar_chart(rows, colors), f"metrics on {dataset}",
-                                    f"Metrics, with {conf} intervals")]
+            figures = [
+                _figure_html(
+                    bar_chart(rows, colors),
+                    f"metrics on {dataset}",
+                    f"Metrics, with {conf} intervals",
+                )
+            ]
         cmc = cmc_chart(rows, colors)
         if cmc:
-            figures.append(_figure_html(cmc, f"CMC curves on {dataset}",
-                                        f"CMC: % of {view.cmc_units(first['protocol'])} with "
-                                        "the first match at rank &le; k"))
+            figures.append(
+                _figure_html(
+                    cmc,
+                    f"CMC curves on {dataset}",
+                    f"CMC: % of {view.cmc_units(first['protocol'])} with "
+                    "the first match at rank &le; k",
+                )
+            )
         curve = progressive_chart(rows, colors)
         if curve:
-            figures.append(_figure_html(curve, f"rank against completion on {dataset}",
-                                        "Target's mean 1/rank against sketch completion "
-                                        f"(m@B averages it over steps); band: {conf} interval"))
+            figures.append(
+                _figure_html(
+                    curve,
+                    f"rank against completion on {dataset}",
+                    "Target's mean 1/rank against sketch completion "
+                    f"(m@B averages it over steps); band: {conf} interval",
+                )
+            )
         parts.append('<div class="plots">' + "".join(figures) + "</div>")
         parts += [_worst_html(r, thumbs) for r in rows if r.get("worst_queries")]
         parts.append(_provenance_html(rows))
-    parts.append("<footer>Hashes are SHA-256 prefixes; the full values, every metric with "
-                 "its interval, every comparison, the CMC curves and the worst queries are in "
-                 "report.json.</footer>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_esc(doc['title'])}</title>\n<style>\n{_css()}</style>\n</head>\n"
-            "<body>\n" + "\n".join(parts) + "\n</body>\n</html>\n")
+    parts.append(
+        "<footer>Hashes are SHA-256 prefixes; the full values, every metric with "
+        "its interval, every comparison, the CMC curves and the worst queries are in "
+        "report.json.</footer>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{_esc(doc['title'])}</title>\n<style>\n{_css()}</style>\n</head>\n"
+        "<body>\n" + "\n".join(parts) + "\n</body>\n</html>\n"
+    )

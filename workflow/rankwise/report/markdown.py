@@ -33,67 +33,122 @@ def _rows(rows: list[view.Row]) -> list[list[str]]:
 def render_markdown(doc: dict[str, Any]) -> str:
     """The Markdown report: an overview, then per dataset metrics with intervals,
     differences, CMC, the progressive curve, worst queries and provenance."""
-    out = [f"# {doc['title']}", "",
-           f"{len(doc['datasets'])} dataset(s) x {len(doc['encoders'])} encoder(s); "
-           f"rankwise {doc['rankwise_version']}. All numbers are percentages; best per "
-           f"column in bold, [low, high] its {view.confidence_label(doc)} interval. "
-           f"{view.stats_sentence(doc)}", ""]
+    out = [
+        f"# {doc['title']}",
+        "",
+        f"{len(doc['datasets'])} dataset(s) x {len(doc['encoders'])} encoder(s); "
+        f"rankwise {doc['rankwise_version']}. All numbers are percentages; best per "
+        f"column in bold, [low, high] its {view.confidence_label(doc)} interval. "
+        f"{view.stats_sentence(doc)}",
+        "",
+    ]
     header, body = view.overview(doc)
-    out += ["## Overview", "", _table(["encoder"] + [f"{d} ({h})" for d, h in header],
-                                      _rows(body)), "",
-            "Best checkpoint per dataset: " + "; ".join(
-                f"{d}: **{_escape(e)}** ({what})" for d, e, what in view.best_checkpoints(doc))
-            + ".", ""]
+    out += [
+        "## Overview",
+        "",
+        _table(["encoder"] + [f"{d} ({h})" for d, h in header], _rows(body)),
+        "",
+        "Best checkpoint per dataset: "
+        + "; ".join(f"{d}: **{_escape(e)}** ({what})" for d, e, what in view.best_checkpoints(doc))
+        + ".",
+        "",
+    ]
     for dataset, rows in view.by_dataset(doc):
         first = rows[0]
         names, table = view.metrics_table(rows)
-        out += [f"## {dataset}", "",
-                f"protocol `{first['protocol']}`, distance `{first['distance']}`, "
-                f"{first['num_queries']} {view.units_name(first['protocol'])} "
-                f"({first['num_skipped']} skipped), {first['num_gallery']} gallery items.", ""]
+        out += [
+            f"## {dataset}",
+            "",
+            f"protocol `{first['protocol']}`, distance `{first['distance']}`, "
+            f"{first['num_queries']} {view.units_name(first['protocol'])} "
+            f"({first['num_skipped']} skipped), {first['num_gallery']} gallery items.",
+            "",
+        ]
         out += [_table(["encoder"] + names, _rows(table)), ""]
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:
-            out += [f"Differences b - a (percentage points; {view.SIGNIFICANT_MARK} "
-                    "significant):", "", _table(
-                        ["b - a"] + names,
-                        [[_escape(f"{b} - {a}")] + [c.text if c else "-" for c in cells]
-                         for a, b, cells in view.differences(comparisons, names)]), ""]
+            out += [
+                f"Differences b - a (percentage points; {view.SIGNIFICANT_MARK} significant):",
+                "",
+                _table(
+                    ["b - a"] + names,
+                    [
+                        [_escape(f"{b} - {a}")] + [c.text if c else "-" for c in cells]
+                        for a, b, cells in view.differences(comparisons, names)
+                    ],
+                ),
+                "",
+            ]
         cmc_rows = [r for r in rows if r["cmc"]]
         if cmc_rows:
             ks = [k for k in CMC_TABLE_RANKS if k <= doc["cmc_max_rank"]]
-            out += [f"CMC (% of {view.cmc_units(first['protocol'])} with the first match "
-                    "at rank <= k):", "",
-                    _table(["encoder"] + [f"k={k}" for k in ks],
-                           [[_escape(r["encoder"])] + [view.fmt(r["cmc"][k - 1]) for k in ks]
-                            for r in cmc_rows]), ""]
+            out += [
+                f"CMC (% of {view.cmc_units(first['protocol'])} with the first match "
+                "at rank <= k):",
+                "",
+                _table(
+                    ["encoder"] + [f"k={k}" for k in ks],
+                    [
+                        [_escape(r["encoder"])] + [view.fmt(r["cmc"][k - 1]) for k in ks]
+                        for r in cmc_rows
+                    ],
+                ),
+                "",
+            ]
         curve_rows = [r for r in rows if r.get("progressive")]
         if curve_rows:
             levels = curve_rows[0]["progressive"]["completion"]
-            out += ["Target's mean reciprocal rank (%) by sketch completion:", "",
-                    _table(["encoder"] + [f"{c:g}%" for c in levels],
-                           [[_escape(r["encoder"])]
-                            + [view.fmt(v) for v in r["progressive"]["mean_reciprocal_rank"]]
-                            for r in curve_rows]), ""]
+            out += [
+                "Target's mean reciprocal rank (%) by sketch completion:",
+                "",
+                _table(
+                    ["encoder"] + [f"{c:g}%" for c in levels],
+                    [
+                        [_escape(r["encoder"])]
+                        + [view.fmt(v) for v in r["progressive"]["mean_reciprocal_rank"]]
+                        for r in curve_rows
+                    ],
+                ),
+                "",
+            ]
         for r in rows:
             if not r.get("worst_queries"):
                 continue
             worst = r["worst_queries"]
             out += [view.worst_caption(r) + " (top items: + relevant, - not):", ""]
             for i, q in enumerate(worst["queries"], 1):
-                line = (f"{i}. `{q['id']}` (label {q['label']}): "
-                        f"{view.SCORE_NAMES[worst['score']]} {view.fmt(q['score'])}, "
-                        + view.RANK_NAMES[worst["score"]].format(q["rank"]))
+                line = (
+                    f"{i}. `{q['id']}` (label {q['label']}): "
+                    f"{view.SCORE_NAMES[worst['score']]} {view.fmt(q['score'])}, "
+                    + view.RANK_NAMES[worst["score"]].format(q["rank"])
+                )
                 if q["top"] is not None:
                     line += "; top: " + " ".join(
-                        f"{'+' if t['relevant'] else '-'}`{t['id']}`" for t in q["top"])
+                        f"{'+' if t['relevant'] else '-'}`{t['id']}`" for t in q["top"]
+                    )
                 out.append(line)
             out.append("")
-        out += ["Provenance:", "", _table(
-            view.PROVENANCE_HEADER,
-            [[_escape(p["encoder"]), _escape(p["kind"]), f"`{p['checkpoint']}`",
-              f"`{p['query_manifest']}`", f"`{p['gallery_manifest']}`", p["dim"],
-              p["rankwise"]] for p in view.provenance_rows(rows)], align="l"), ""]
+        out += [
+            "Provenance:",
+            "",
+            _table(
+                view.PROVENANCE_HEADER,
+                [
+                    [
+                        _escape(p["encoder"]),
+                        _escape(p["kind"]),
+                        f"`{p['checkpoint']}`",
+                        f"`{p['query_manifest']}`",
+                        f"`{p['gallery_manifest']}`",
+                        p["dim"],
+                        p["rankwise"],
+                    ]
+                    for p in view.provenance_rows(rows)
+                ],
+                align="l",
+            ),
+            "",
+        ]
         options = first["provenance"].get("protocol_options")
         if options:
             out += [f"Protocol options: `{json.dumps(options, sort_keys=True)}`", ""]

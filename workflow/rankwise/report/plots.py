@@ -20,8 +20,9 @@ def _png(fig) -> str:
     fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
     buffer.seek(0)
     with Image.open(buffer) as image:
-        small = image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT,
-                                              dither=Image.Dither.NONE)
+        small = image.convert("RGB").quantize(
+            256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
+        )
     out = io.BytesIO()
     small.save(out, format="PNG", optimize=True)
     return base64.b64encode(out.getvalue()).decode("ascii")
@@ -54,11 +55,19 @@ def bar_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str:
     for i, r in enumerate(rows):
         values = np.array([r["metrics"].get(n, np.nan) for n in names])
         cis = [ci(r, n) for n in names]
-        err = np.array([[v - c[0], c[1] - v] if c else [0.0, 0.0]
-                        for v, c in zip(values, cis)]).T
-        ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, label=r["encoder"],
-               color=colors[r["encoder"]], yerr=np.clip(err, 0, None), capsize=2,
-               error_kw={"lw": 0.8})
+        err = np.array(
+            [[v - c[0], c[1] - v] if c else [0.0, 0.0] for v, c in zip(values, cis, strict=True)]
+        ).T
+        ax.bar(
+            x + (i - (len(rows) - 1) / 2) * width,
+            values,
+            width,
+            label=r["encoder"],
+            color=colors[r["encoder"]],
+            yerr=np.clip(err, 0, None),
+            capsize=2,
+            error_kw={"lw": 0.8},
+        )
     ax.set_xticks(x, names)
     ax.set_ylim(0, 100)
     ax.set_ylabel("%", fontsize=8)
@@ -93,8 +102,13 @@ def trend_chart(rows: list[dict[str, Any]]) -> str:
     ax.set_xlim(-0.25, len(rows) - 0.75)
     ax.set_ylabel("%", fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5),
-              frameon=False, handlelength=1.2)
+    ax.legend(
+        fontsize="x-small",
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        frameon=False,
+        handlelength=1.2,
+    )
     return _png(fig)
 
 
@@ -117,8 +131,12 @@ def cmc_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str | None:
         ks = np.arange(1, len(r["cmc"]) + 1)
         ax.plot(ks, r["cmc"], label=r["encoder"], color=colors[r["encoder"]], lw=1.6)
     # Stop where every curve has reached 100% (at least rank 10): the rest is flat.
-    full = [int(np.argmax(np.asarray(r["cmc"]) >= 100.0)) + 1 if r["cmc"][-1] >= 100.0
-            else len(r["cmc"]) for r in rows]
+    full = [
+        int(np.argmax(np.asarray(r["cmc"]) >= 100.0)) + 1
+        if r["cmc"][-1] >= 100.0
+        else len(r["cmc"])
+        for r in rows
+    ]
     ax.set_xlim(1, max(2, min(len(rows[0]["cmc"]), max(10, *full))))
     _percent_axes(ax, "rank k", "% matched at rank <= k", "lower right")
     return _png(fig)
@@ -134,8 +152,15 @@ def progressive_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str
     for r in rows:
         curve = r["progressive"]
         x = np.array(curve["completion"])
-        ax.plot(x, curve["mean_reciprocal_rank"], label=r["encoder"],
-                color=colors[r["encoder"]], lw=1.6, marker="o", ms=3)
+        ax.plot(
+            x,
+            curve["mean_reciprocal_rank"],
+            label=r["encoder"],
+            color=colors[r["encoder"]],
+            lw=1.6,
+            marker="o",
+            ms=3,
+        )
         if all(curve["ci95"]):
             lo, hi = np.array(curve["ci95"]).T
             ax.fill_between(x, lo, hi, color=colors[r["encoder"]], alpha=0.15, lw=0)

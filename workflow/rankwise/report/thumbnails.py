@@ -34,8 +34,9 @@ class Thumbnails:
         w, h = image.size
         scale = self.size / max(w, h)
         size = (max(1, round(w * scale)), max(1, round(h * scale)))
-        image = image.resize(size, Image.Resampling.NEAREST if scale >= 1
-                             else Image.Resampling.LANCZOS)
+        image = image.resize(
+            size, Image.Resampling.NEAREST if scale >= 1 else Image.Resampling.LANCZOS
+        )
         # 64 colours: half the bytes, and plenty to tell items apart
         image = image.quantize(64, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
         buffer = io.BytesIO()

@@ -23,11 +23,19 @@ SIGNIFICANT_MARK = "*"
 SCORE_NAMES = {"ap": "AP", "m@B": "m@B"}
 RANK_NAMES = {"ap": "first match at rank {}", "m@B": "complete sketch: target at rank {}"}
 #: Provenance table columns (both renderers).
-PROVENANCE_HEADER = ["encoder", "kind", "checkpoint sha256", "query manifest",
-                     "gallery manifest", "dim", "rankwise"]
+PROVENANCE_HEADER = [
+    "encoder",
+    "kind",
+    "checkpoint sha256",
+    "query manifest",
+    "gallery manifest",
+    "dim",
+    "rankwise",
+]
 
 
 # ---------------------------------------------------------------- formats
+
 
 def fmt(value: float | None) -> str:
     """A percentage: two decimals; ``-`` when missing."""
@@ -56,6 +64,7 @@ def short(digest: Any, n: int = 12) -> str:
 
 # ---------------------------------------------------------------- words
 
+
 def confidence_label(doc: dict[str, Any]) -> str:
     """``"95%"``: the coverage of every interval in the report."""
     return f"{100 * doc['statistics']['confidence']:g}%"
@@ -72,11 +81,13 @@ def stats_sentence(doc: dict[str, Any]) -> str:
     if not s["resamples"]:
         return "No intervals or tests (resamples = 0)."
     unit, units = ("identity", "identities") if s["by"] == "identity" else ("query", "queries")
-    return (f"Intervals: {confidence_label(doc)} percentile bootstrap, {s['resamples']} "
-            f"resamples by {unit}, seed {s['seed']}. Differences: paired sign-flip test "
-            f"({s['flip_resamples']} random sign flips; every flip with at most {EXACT_MAX} "
-            f"{units}), Holm-adjusted over all {s['num_tests']} tests in this report; "
-            f"significant when {significance_rule(doc)}.")
+    return (
+        f"Intervals: {confidence_label(doc)} percentile bootstrap, {s['resamples']} "
+        f"resamples by {unit}, seed {s['seed']}. Differences: paired sign-flip test "
+        f"({s['flip_resamples']} random sign flips; every flip with at most {EXACT_MAX} "
+        f"{units}), Holm-adjusted over all {s['num_tests']} tests in this report; "
+        f"significant when {significance_rule(doc)}."
+    )
 
 
 def units_name(protocol: str) -> str:
@@ -97,6 +108,7 @@ def worst_caption(entry: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------- document access
+
 
 def by_dataset(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
     return [(d, [r for r in doc["results"] if r["dataset"] == d]) for d in doc["datasets"]]
@@ -126,6 +138,7 @@ def pairs(comparisons: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------- cells
 
+
 @dataclass(frozen=True)
 class ValueCell:
     """A metric value: ``text``, whether it is the best of its column, its interval."""
@@ -141,8 +154,9 @@ class ValueCell:
 
 def value_cell(entry: dict[str, Any] | None, name: str, best_value: float | None) -> ValueCell:
     value = entry["metrics"].get(name) if entry else None
-    return ValueCell(value, value is not None and value == best_value,
-                     ci(entry, name) if entry else None)
+    return ValueCell(
+        value, value is not None and value == best_value, ci(entry, name) if entry else None
+    )
 
 
 @dataclass(frozen=True)
@@ -158,8 +172,7 @@ class DiffCell:
     @property
     def text(self) -> str:
         """The difference, marked when significant."""
-        return fmt_diff(self.comparison["diff"]) + (SIGNIFICANT_MARK if self.significant
-                                                    else "")
+        return fmt_diff(self.comparison["diff"]) + (SIGNIFICANT_MARK if self.significant else "")
 
     @property
     def direction(self) -> str:
@@ -185,31 +198,44 @@ def overview(doc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[Row]]:
     :func:`.document.headline_names`) and one row per encoder with those values (best
     of each column flagged)."""
     columns = [(d, name, rows) for d, rows in by_dataset(doc) for name in headline_names(rows)]
-    body = [(e, [value_cell(next((r for r in rows if r["encoder"] == e), None), name,
-                            best(rows, name)) for _, name, rows in columns])
-            for e in doc["encoders"]]
+    body = [
+        (
+            e,
+            [
+                value_cell(
+                    next((r for r in rows if r["encoder"] == e), None), name, best(rows, name)
+                )
+                for _, name, rows in columns
+            ],
+        )
+        for e in doc["encoders"]
+    ]
     return [(d, name) for d, name, _ in columns], body
 
 
 def best_checkpoints(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
     """``(dataset, encoder, "metric value")`` of each dataset's best checkpoint."""
-    return [(b["dataset"], b["encoder"], f"{b['metric']} {fmt(b['value'])}")
-            for b in doc.get("best", [])]
+    return [
+        (b["dataset"], b["encoder"], f"{b['metric']} {fmt(b['value'])}")
+        for b in doc.get("best", [])
+    ]
 
 
 def metrics_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[Row]]:
     """A dataset's metrics: the names, and one row of cells per encoder."""
     names = metric_names(rows)
-    return names, [(r["encoder"], [value_cell(r, n, best(rows, n)) for n in names])
-                   for r in rows]
+    return names, [(r["encoder"], [value_cell(r, n, best(rows, n)) for n in names]) for r in rows]
 
 
-def differences(comparisons: list[dict[str, Any]], names: list[str]
-                ) -> list[tuple[str, str, list[DiffCell | None]]]:
+def differences(
+    comparisons: list[dict[str, Any]], names: list[str]
+) -> list[tuple[str, str, list[DiffCell | None]]]:
     """Pairs x metrics: ``(a, b, cells)``, ``None`` where a metric was not compared."""
     cells = {(c["a"], c["b"], c["metric"]): c for c in comparisons}
-    return [(a, b, [DiffCell(cells[a, b, n]) if (a, b, n) in cells else None for n in names])
-            for a, b in pairs(comparisons)]
+    return [
+        (a, b, [DiffCell(cells[a, b, n]) if (a, b, n) in cells else None for n in names])
+        for a, b in pairs(comparisons)
+    ]
 
 
 def provenance_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -217,11 +243,16 @@ def provenance_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     out = []
     for r in rows:
         p = r["provenance"]
-        out.append({"encoder": r["encoder"], "kind": p["encoder_kind"] or "-",
-                    "checkpoint": short(p["checkpoint_hash"]),
-                    "checkpoint_full": p["checkpoint_hash"] or "",
-                    "query_manifest": short(p["manifest_hash"]["query"]),
-                    "gallery_manifest": short(p["manifest_hash"]["gallery"]),
-                    "dim": str(r["embedding_dim"]),
-                    "rankwise": str(p["rankwise_version"] or "-")})
+        out.append(
+            {
+                "encoder": r["encoder"],
+                "kind": p["encoder_kind"] or "-",
+                "checkpoint": short(p["checkpoint_hash"]),
+                "checkpoint_full": p["checkpoint_hash"] or "",
+                "query_manifest": short(p["manifest_hash"]["query"]),
+                "gallery_manifest": short(p["manifest_hash"]["gallery"]),
+                "dim": str(r["embedding_dim"]),
+                "rankwise": str(p["rankwise_version"] or "-"),
+            }
+        )
     return out

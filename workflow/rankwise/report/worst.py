@@ -30,12 +30,16 @@ def _item(table, row: int, folder: Path | None) -> dict[str, Any]:
         return {"id": f"row {row}", "label": None, "image": None}
     record = table.iloc[row]
     image = record.get("path") if "path" in table.columns else None
-    return {"id": str(record["id"]), "label": str(record["label"]),
-            "image": str(folder / image) if image else None}
+    return {
+        "id": str(record["id"]),
+        "label": str(record["label"]),
+        "image": str(folder / image) if image else None,
+    }
 
 
-def worst_queries_of(arrays: dict[str, np.ndarray], attrs: dict, *, n: int = 5,
-                     top_k: int = 10, ap: str = "standard") -> dict[str, Any]:
+def worst_queries_of(
+    arrays: dict[str, np.ndarray], attrs: dict, *, n: int = 5, top_k: int = 10, ap: str = "standard"
+) -> dict[str, Any]:
     """The ``n`` evaluated queries with the lowest score, and their top-``top_k`` items.
 
     The score is AP (``ap`` variant) per query; for ``progressive``, m@B per sketch, the
@@ -63,29 +67,55 @@ def worst_queries_of(arrays: dict[str, np.ndarray], attrs: dict, *, n: int = 5,
     q_path, g_path = attrs.get("query_manifest"), attrs.get("gallery_manifest")
     q_table = _manifest_or_none(q_path, protocol, "query")
     g_table = _manifest_or_none(g_path, protocol, "gallery")
-    embeddings = [(attrs.get(f"{side}_embeddings") or {}).get("path")
-                  for side in ("query", "gallery")]
+    embeddings = [
+        (attrs.get(f"{side}_embeddings") or {}).get("path") for side in ("query", "gallery")
+    ]
     tops = None
-    if q_table is not None and g_table is not None and all(
-            p and Path(p).exists() for p in embeddings):
+    if (
+        q_table is not None
+        and g_table is not None
+        and all(p and Path(p).exists() for p in embeddings)
+    ):
         options = attrs.get("protocol_options") or {}
-        tops = top_items(q_path, g_path, *embeddings, rows[pick], protocol=protocol,
-                         distance=attrs.get("distance", "cosine"), k=top_k,
-                         gap_frames=int(options.get("gap_frames", 1)),
-                         junk_labels=tuple(options.get("junk_labels", ("-1",))))
+        tops = top_items(
+            q_path,
+            g_path,
+            *embeddings,
+            rows[pick],
+            protocol=protocol,
+            distance=attrs.get("distance", "cosine"),
+            k=top_k,
+            gap_frames=int(options.get("gap_frames", 1)),
+            junk_labels=tuple(options.get("junk_labels", ("-1",))),
+        )
     q_folder = Path(q_path).parent if q_table is not None else None
     g_folder = Path(g_path).parent if g_table is not None else None
     queries = []
     for n_, i in enumerate(pick):
         row = int(rows[i])
-        entry = {"query_index": row, **_item(q_table, row, q_folder),
-                 "score": 100.0 * float(score[i]), "rank": int(rank[i]),
-                 "num_relevant": int(relevant[i])}
+        entry = {
+            "query_index": row,
+            **_item(q_table, row, q_folder),
+            "score": 100.0 * float(score[i]),
+            "rank": int(rank[i]),
+            "num_relevant": int(relevant[i]),
+        }
         if table.unit == "sketch" and q_table is not None:
             entry["sketch"] = str(q_table.iloc[row]["sketch"])
-        entry["top"] = None if tops is None else [
-            {"rank": j + 1, "gallery_index": int(g), **_item(g_table, int(g), g_folder),
-             "relevant": bool(rel)}
-            for j, (g, rel) in enumerate(zip(tops[n_]["gallery_index"], tops[n_]["relevant"]))]
+        entry["top"] = (
+            None
+            if tops is None
+            else [
+                {
+                    "rank": j + 1,
+                    "gallery_index": int(g),
+                    **_item(g_table, int(g), g_folder),
+                    "relevant": bool(rel),
+                }
+                for j, (g, rel) in enumerate(
+                    zip(tops[n_]["gallery_index"], tops[n_]["relevant"], strict=True)
+                )
+            ]
+        )
         queries.append(entry)
     return {"score": name, "queries": queries}
