@@ -210,7 +210,7 @@ def test_cmc_agrees_with_rank_k(report):
     for entry in doc["results"]:
         cmc = entry["cmc"]
         assert len(cmc) == 20
-        assert all(a <= b for a, b in zip(cmc, cmc[1:], strict=True))
+        assert all(a <= b for a, b in zip(cmc[:-1], cmc[1:], strict=True))
         prefix = {"recall": "recall@", "progressive": "acc@"}[entry["protocol"]]
         for k in (1, 2, 5):
             assert cmc[k - 1] == pytest.approx(entry["metrics"][f"{prefix}{k}"])

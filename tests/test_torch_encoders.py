@@ -853,6 +853,10 @@ def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_p
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = (tmp_path / "results" / "report.json").read_text()
     assert '"resnet"' in report and '"osnet"' in report
+    provenance = {r["encoder"]: r["provenance"] for r in json.loads(report)["results"]}
+    assert provenance["resnet"]["preprocessing"]["input_size"] == [32, 16]
+    assert provenance["resnet"]["preprocessing"]["flip"] is True
+    assert provenance["osnet"]["preprocessing"]["input_size"] == [64, 32]
     for encoder, dim in (("resnet", 512), ("osnet", 512)):
         store = tmp_path / "results" / "embeddings" / "market" / encoder / "query.zarr"
         attrs = embeddings_attrs(store)

@@ -89,6 +89,9 @@ def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
             "gallery_manifest": raw.get("gallery_manifest"),
         },
         "raw": raw,
+        # torch kinds record the preprocessing they applied (size, interpolation, mean/std,
+        # channel order, flip, device); other kinds have none
+        **({"preprocessing": qe["preprocessing"]} if qe.get("preprocessing") else {}),
     }
 
 
