@@ -12,6 +12,7 @@ import pandas as pd
 from .errors import RankwiseError
 from .inputs import open_inputs
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
+from .options import GALLERY_CHUNK, JUNK_LABELS, KS, QUERY_BLOCK
 from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
 
 REPORT_KEYS = (
@@ -96,9 +97,9 @@ def rank(
     protocol: str = "recall",
     distance: str = "cosine",
     gap_frames: int = 1,
-    junk_labels: Iterable[str] = ("-1",),
-    query_block: int = 1024,
-    gallery_chunk: int = 8192,
+    junk_labels: Iterable[str] = JUNK_LABELS.default,
+    query_block: int = QUERY_BLOCK.default,
+    gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
     scheduler=None,
     progress: bool = False,
@@ -131,12 +132,12 @@ def evaluate(
     *,
     protocol: str = "recall",
     distance: str = "cosine",
-    ks: Iterable[int] | str = (1, 5, 10),
+    ks: Iterable[int] | str = KS.default,
     gap_frames: int = 1,
-    junk_labels: Iterable[str] = ("-1",),
+    junk_labels: Iterable[str] = JUNK_LABELS.default,
     ap: str = "standard",
-    query_block: int = 1024,
-    gallery_chunk: int = 8192,
+    query_block: int = QUERY_BLOCK.default,
+    gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
     scheduler=None,
     memory_limit_mb: float | None = None,

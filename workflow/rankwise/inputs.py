@@ -23,6 +23,7 @@ import pandas as pd
 
 from .embeddings import EmbeddingSource, check_same_dim, open_embeddings
 from .manifest import read_manifest
+from .options import JUNK_LABELS
 from .protocols import Problem, build_problem
 
 
@@ -45,7 +46,9 @@ class Inputs:
     gallery_embeddings: EmbeddingSource
     names: tuple[str, str]
 
-    def problem(self, *, gap_frames: int = 1, junk_labels: tuple[str, ...] = ("-1",)) -> Problem:
+    def problem(
+        self, *, gap_frames: int = 1, junk_labels: tuple[str, ...] = JUNK_LABELS.default
+    ) -> Problem:
         """The protocol applied to the manifests (:func:`rankwise.protocols.build_problem`)."""
         return build_problem(
             self.query,

@@ -28,7 +28,6 @@ completion curve (:func:`completion_curve`) live here too.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .errors import RankwiseError
+from .options import KS
 from .registry import REGISTRY, get_protocol
 
 _AT_K = {"recall@": "recall", "rank": "rank", "acc@": "acc"}
@@ -44,20 +44,11 @@ AP_VARIANTS = ("standard", "trapezoid")
 
 
 def parse_ks(text: str | Iterable[int]) -> tuple[int, ...]:
-    """``"1,5,10"`` or an iterable -> sorted unique positive ints, else a clear error."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    ks = []
-    for item in items:
-        token = str(item).strip()
-        if not re.fullmatch(r"\+?\d+", token) or int(token) < 1:
-            raise RankwiseError(
-                f"--ks must be positive integers separated by commas "
-                f"(e.g. 1,5,10); got {token!r} in {text!r}"
-            )
-        ks.append(int(token))
-    if not ks:
-        raise RankwiseError("--ks is empty; give at least one cutoff, e.g. 1,5,10")
-    return tuple(sorted(set(ks)))
+    """``"1,5,10"`` or an iterable -> sorted unique positive ints, else a clear error
+    naming ``ks`` (the option spec's parser; the CLI's message names ``--ks``)."""
+    from .options import parse_cutoffs
+
+    return parse_cutoffs(text if isinstance(text, str) else list(text), "ks")
 
 
 def _families(protocol: str, *, strict: bool = True) -> tuple[str, ...]:
@@ -359,7 +350,7 @@ def compute_metrics(
     arrays: dict[str, np.ndarray],
     attrs: dict,
     *,
-    ks: Iterable[int] = (1, 5, 10),
+    ks: Iterable[int] = KS.default,
     ap: str = "standard",
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """All metrics of the protocol in ``attrs`` as percentages (the means of
@@ -373,7 +364,7 @@ def unit_scores(
     arrays: dict[str, np.ndarray],
     attrs: dict,
     *,
-    ks: Iterable[int] = (1, 5, 10),
+    ks: Iterable[int] = KS.default,
     ap: str = "standard",
 ) -> dict[str, np.ndarray]:
     """The per-unit table as named columns (``rankwise scores``), as fractions.

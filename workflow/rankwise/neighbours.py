@@ -13,6 +13,7 @@ import numpy as np
 from . import kernels
 from .errors import RankwiseError
 from .inputs import Inputs, open_inputs
+from .options import GALLERY_CHUNK
 from .ranking import check_distance, prepare_chunk
 
 
@@ -28,7 +29,7 @@ def top_items(
     k: int = 10,
     gap_frames: int = 1,
     junk_labels=("-1",),
-    chunk: int = 8192,
+    chunk: int = GALLERY_CHUNK.default,
 ) -> list[dict]:
     """For each query row, its ``k`` nearest valid gallery items.
 
@@ -61,7 +62,7 @@ def nearest_items(
     k: int = 10,
     gap_frames: int = 1,
     junk_labels=("-1",),
-    chunk: int = 8192,
+    chunk: int = GALLERY_CHUNK.default,
 ) -> list[dict]:
     """:func:`top_items` of inputs already opened by :func:`rankwise.inputs.open_inputs`.
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
-from .options import GAP_FRAMES
+from .options import GAP_FRAMES, JUNK_LABELS
 from .registry import get_protocol
 
 
@@ -140,7 +140,7 @@ def build_problem(
     protocol: str,
     *,
     gap_frames: int = 1,
-    junk_labels: tuple[str, ...] = ("-1",),
+    junk_labels: tuple[str, ...] = JUNK_LABELS.default,
     names: tuple[str, str] = ("query manifest", "gallery manifest"),
 ) -> Problem:
     """Apply ``protocol`` to validated manifests (see :func:`rankwise.manifest.read_manifest`).

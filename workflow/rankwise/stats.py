@@ -56,6 +56,7 @@ import numpy as np
 
 from .errors import RankwiseError
 from .metrics import AP_VARIANTS, UnitTable, metric_names, parse_ks, parse_metric, per_unit
+from .options import KS
 from .registry import get_protocol
 
 BY = ("query", "identity")
@@ -75,14 +76,13 @@ _REL_TOL = 1e-9
 
 
 def _check_options(resamples: int, seed: int, confidence: float, by: str) -> None:
-    if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) or resamples < 1:
-        raise RankwiseError(f"--resamples must be a positive integer, got {resamples!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise RankwiseError(f"--seed must be a non-negative integer, got {seed!r}")
-    if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
-        raise RankwiseError(f"--confidence must be between 0 and 1 (e.g. 0.95), got {confidence!r}")
-    if by not in BY:
-        raise RankwiseError(f"--by must be one of {', '.join(BY)}, got {by!r}")
+    """The option specs' checks; messages name the parameter (the CLI names the flag)."""
+    from . import options
+
+    options.RESAMPLES.check(resamples)
+    options.SEED.check(seed)
+    options.CONFIDENCE.check(confidence)
+    options.BY.check(by)
 
 
 def ci_key(confidence: float = 0.95) -> str:
@@ -114,7 +114,7 @@ def _unit_table(
 
 
 def resolve_metrics(
-    protocol: str, metrics: str | Iterable[str] | None, ks: Iterable[int] | str = (1, 5, 10)
+    protocol: str, metrics: str | Iterable[str] | None, ks: Iterable[int] | str = KS.default
 ) -> list[str]:
     """The metric names to compare: ``metrics`` (``"map,rank1"`` or a list), else all
     the protocol's metrics for ``ks``; unknown names raise, listing the valid ones."""
@@ -152,8 +152,9 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
         path = attrs.get("query_manifest")
         if not path:
             raise RankwiseError(
-                "--by identity needs the query labels: this ranks store does "
-                "not name its query manifest; pass --labels QUERY.csv"
+                "by='identity' needs the query labels: this ranks store does "
+                "not name its query manifest; pass labels= (on the command line: "
+                "--labels QUERY.csv)"
             )
         if not os.path.isfile(path):
             raise RankwiseError(
@@ -280,7 +281,7 @@ def metric_cis(
     arrays: dict[str, np.ndarray],
     attrs: dict,
     *,
-    ks: Iterable[int] | str = (1, 5, 10),
+    ks: Iterable[int] | str = KS.default,
     metrics=None,
     ap: str = "standard",
     resamples: int = DEFAULT_RESAMPLES,
@@ -381,15 +382,9 @@ def sign_flip_test(
 
 
 def _check_exact(exact_max: int) -> int:
-    if (
-        isinstance(exact_max, bool)
-        or not isinstance(exact_max, (int, np.integer))
-        or not 0 <= exact_max <= 20
-    ):
-        raise RankwiseError(
-            f"--exact-max must be an integer in 0..20 (2^n flips are enumerated), got {exact_max!r}"
-        )
-    return int(exact_max)
+    from . import options
+
+    return int(options.EXACT_MAX.check(exact_max))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -459,7 +454,7 @@ def compare_ranks(
     arrays_b: dict[str, np.ndarray],
     attrs_b: dict,
     *,
-    ks: Iterable[int] | str = (1, 5, 10),
+    ks: Iterable[int] | str = KS.default,
     metrics=None,
     ap: str = "standard",
     resamples: int = DEFAULT_RESAMPLES,

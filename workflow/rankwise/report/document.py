@@ -21,9 +21,9 @@ from .. import __version__
 from ..errors import RankwiseError
 from ..metrics import cmc
 from ..registry import get_protocol
-from ..stats import BY, DEFAULT_RESAMPLES, metric_cis
+from ..stats import DEFAULT_RESAMPLES, metric_cis
 from .comparisons import ap_variant, compare_encoders
-from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE, WORST_ENCODERS
+from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE
 from .curves import progressive_curve
 from .worst import worst_queries_of
 
@@ -38,29 +38,15 @@ def _check_options(
     worst_encoders: str,
     top_k: int,
 ) -> None:
-    def integer_at_least(value, minimum):
-        return (
-            not isinstance(value, bool)
-            and isinstance(value, (int, np.integer))
-            and value >= minimum
-        )
+    from .. import options
 
-    checks = [
-        (cmc_max_rank, 1, "--cmc-max-rank", "at least 1"),
-        (resamples, 0, "--resamples", "a non-negative integer (0: no intervals or tests)"),
-        (seed, 0, "--seed", "a non-negative integer"),
-        (worst_queries, 0, "--worst-queries", "a non-negative integer (0: none)"),
-        (top_k, 1, "--top-k", "at least 1"),
-    ]
-    for value, minimum, name, what in checks:
-        if not integer_at_least(value, minimum):
-            raise RankwiseError(f"{name} must be {what}, got {value!r}")
-    if by not in BY:
-        raise RankwiseError(f"--by must be one of {', '.join(BY)}, got {by!r}")
-    if worst_encoders not in WORST_ENCODERS:
-        raise RankwiseError(
-            f"--worst-encoders must be one of {', '.join(WORST_ENCODERS)}, got {worst_encoders!r}"
-        )
+    options.CMC_MAX_RANK.check(cmc_max_rank)
+    options.REPORT_RESAMPLES.check(resamples)
+    options.SEED.check(seed)
+    options.WORST_QUERIES.check(worst_queries)
+    options.TOP_K.check(top_k)
+    options.BY.check(by)
+    options.WORST_ENCODERS.check(worst_encoders)
 
 
 def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
