@@ -709,3 +709,63 @@ def test_cli_writes_csv_and_tex(results, tmp_path):
     assert (tmp_path / "r.csv").read_text() == render_csv(doc)
     assert (tmp_path / "r.tex").read_text() == render_latex(doc)
     assert not (tmp_path / "report.html").exists()
+
+
+def _rows(names, values, protocol="reid"):
+    return [
+        {"encoder": n, "protocol": protocol, "metrics": {"rank1": v, "map": v / 2}}
+        for n, v in zip(names, values, strict=True)
+    ]
+
+
+def test_sweep_positions_are_the_numbers_in_the_checkpoint_names():
+    from rankwise.report.view import sweep_positions
+
+    rows = _rows(["r50@epoch_2", "r50@epoch_10", "r50@epoch_60"], [1, 2, 3])
+    assert sweep_positions(rows) == [2, 10, 60]
+    assert sweep_positions(_rows(["osnet@model-5", "osnet@model-20"], [1, 2])) == [5, 20]
+    # not one sweep, a name without a number, or out of order: no numeric axis
+    assert sweep_positions(_rows(["a@epoch_1", "b@epoch_2"], [1, 2])) is None
+    assert sweep_positions(_rows(["r50@epoch_1", "r50@final"], [1, 2])) is None
+    assert sweep_positions(_rows(["r50@epoch_9", "r50@epoch_3"], [1, 2])) is None
+    assert sweep_positions(_rows(["pixels", "hog"], [1, 2])) is None
+
+
+def test_best_row_is_the_highest_headline_metric_first_on_ties():
+    from rankwise.report.view import best_row
+
+    assert best_row(_rows(["a", "b", "c"], [50.0, 70.0, 60.0])) == 1
+    assert best_row(_rows(["a", "b", "c"], [70.0, 70.0, 60.0])) == 0
+    recall = [
+        {"encoder": n, "protocol": "recall", "metrics": {"recall@1": v, "map": 100 - v}}
+        for n, v in (("a", 10.0), ("b", 30.0))
+    ]
+    assert best_row(recall) == 1
+
+
+def test_trend_chart_draws_sweeps_as_lines_and_other_encoders_as_points(monkeypatch):
+    import rankwise.report.plots as plots
+
+    drawn = []
+    real = plots._figure
+
+    def spy(*args, **kwargs):
+        fig, ax = real(*args, **kwargs)
+        drawn.append(ax)
+        return fig, ax
+
+    monkeypatch.setattr(plots, "_figure", spy)
+    plots.trend_chart(_rows(["r@epoch_1", "r@epoch_5", "r@epoch_9"], [10.0, 30.0, 20.0]))
+    plots.trend_chart(_rows(["pixels", "hog", "color"], [10.0, 30.0, 20.0]))
+    sweep, unordered = drawn
+    lines = [ln for ln in sweep.get_lines() if ln.get_label() in ("rank1", "map")]
+    assert [list(ln.get_xdata()) for ln in lines] == [[1, 5, 9], [1, 5, 9]]
+    assert all(ln.get_linestyle() == "-" for ln in lines)
+    ringed = next(ln for ln in sweep.get_lines() if ln.get_label() == "best (rank1)")
+    assert list(ringed.get_xdata()) == [5] and list(ringed.get_ydata()) == [30.0]
+    points = [c for c in unordered.containers if c.get_label() in ("rank1", "map")]
+    assert len(points) == 2  # errorbar containers: markers, never joined by a line
+    assert all(c.lines[0].get_linestyle() == "None" for c in points)
+    # equal values of two metrics sit side by side, not on top of each other
+    assert list(points[0].lines[0].get_xdata()) != list(points[1].lines[0].get_xdata())
+    assert sweep.get_xlabel().startswith("checkpoint")

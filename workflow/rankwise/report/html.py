@@ -242,8 +242,12 @@ def render_html(doc: dict[str, Any]) -> str:
                 _figure_html(
                     trend_chart(rows),
                     f"metrics across encoders on {dataset}",
-                    "Each metric across the encoders in config order "
-                    f"(e.g. epochs); band: {conf} interval",
+                    (
+                        "Each metric across the checkpoints of the sweep (x: the number "
+                        f"in each file name); band: {conf} interval; ringed: the best"
+                        if view.sweep_positions(rows) is not None
+                        else f"Each metric per encoder; bars: {conf} interval; ringed: the best"
+                    ),
                 )
             ]
         else:

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .view import ci, metric_names
+from .document import headline_names
+from .view import best_row, ci, metric_names, sweep_positions
 
 
 def _png(fig) -> str:
@@ -78,28 +79,74 @@ def bar_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str:
 
 
 def trend_chart(rows: list[dict[str, Any]]) -> str:
-    """Every metric (colour) across the encoders in order (x: checkpoints, e.g. epochs),
-    shaded by its 95% interval; base64 PNG."""
+    """Every metric (colour) across the encoders of a dataset, with its 95% interval;
+    base64 PNG.
+
+    A checkpoint sweep (:func:`~rankwise.report.view.sweep_positions`) is drawn as lines
+    over the number in each checkpoint's name (e.g. the epoch), shaded by the interval;
+    other encoders have no order, so they are points with interval bars, never joined.
+    The best encoder (first headline metric) is ringed.
+    """
     names = metric_names(rows)
     colors = _colors(names)
     fig, ax = _figure(3.8, 2.8)
-    x = np.arange(len(rows))
+    positions = sweep_positions(rows)
+    x = np.array(positions if positions is not None else range(len(rows)), dtype=float)
     low, high = 100.0, 0.0
-    for n in names:
+    for j, n in enumerate(names):
         values = np.array([r["metrics"].get(n, np.nan) for r in rows])
-        ax.plot(x, values, color=colors[n], lw=1.6, marker="o", ms=3, label=n)
         cis = [ci(r, n) for r in rows]
+        if positions is not None:
+            ax.plot(x, values, color=colors[n], lw=1.6, marker="o", ms=3, label=n)
+            if all(cis):
+                lo, hi = np.array(cis).T
+                ax.fill_between(x, lo, hi, color=colors[n], alpha=0.15, lw=0)
+        else:
+            # side by side within each encoder, so equal values stay distinguishable
+            shift = (j - (len(names) - 1) / 2) * min(0.12, 0.6 / max(1, len(names)))
+            err = None
+            if all(cis):
+                lo, hi = np.array(cis).T
+                err = np.vstack([values - lo, hi - values])
+            ax.errorbar(
+                x + shift,
+                values,
+                yerr=err,
+                color=colors[n],
+                fmt="o",
+                ms=3.5,
+                lw=1.0,
+                capsize=2,
+                label=n,
+            )
         if all(cis):
             lo, hi = np.array(cis).T
-            ax.fill_between(x, lo, hi, color=colors[n], alpha=0.15, lw=0)
             low, high = min(low, lo.min()), max(high, hi.max())
         low, high = min(low, np.nanmin(values)), max(high, np.nanmax(values))
+    head = (headline_names(rows) or [""])[0]
+    if head in names:
+        b = best_row(rows)
+        ax.plot(
+            [x[b]],
+            [rows[b]["metrics"][head]],
+            marker="o",
+            ms=10,
+            mfc="none",
+            mec="black",
+            mew=1.2,
+            ls="none",
+            label=f"best ({head})",
+        )
     pad = max(2.0, 0.06 * (high - low))
     ax.set_ylim(max(0.0, low - pad), min(100.0, high + pad) + 0.5)
-    labels = [r["encoder"] for r in rows]
-    long = sum(len(e) for e in labels) > 36
-    ax.set_xticks(x, labels, rotation=25 if long else 0, ha="right" if long else "center")
-    ax.set_xlim(-0.25, len(rows) - 0.75)
+    if positions is not None:
+        ax.set_xlabel("checkpoint (number in its file name)", fontsize=8)
+        ax.margins(x=0.05)
+    else:
+        labels = [r["encoder"] for r in rows]
+        long = sum(len(e) for e in labels) > 36
+        ax.set_xticks(x, labels, rotation=25 if long else 0, ha="right" if long else "center")
+        ax.set_xlim(-0.5, len(rows) - 0.5)
     ax.set_ylabel("%", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(

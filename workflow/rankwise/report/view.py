@@ -10,6 +10,8 @@ decides the markup.
 
 from __future__ import annotations
 
+import itertools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +114,30 @@ def worst_caption(entry: dict[str, Any]) -> str:
 
 def by_dataset(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
     return [(d, [r for r in doc["results"] if r["dataset"] == d]) for d in doc["datasets"]]
+
+
+def sweep_positions(rows: list[dict[str, Any]]) -> list[int] | None:
+    """The x positions of a checkpoint sweep: when every encoder of the dataset is
+    ``<entry>@<name>`` of one entry and each name holds a number, the last number of each
+    name (``r50@epoch_60`` -> 60), increasing; else ``None`` (encoders without an order).
+    """
+    entries, numbers = set(), []
+    for row in rows:
+        entry, at, name = str(row["encoder"]).partition("@")
+        found = re.findall(r"\d+", name)
+        if not at or not found:
+            return None
+        entries.add(entry)
+        numbers.append(int(found[-1]))
+    ordered = all(a < b for a, b in itertools.pairwise(numbers))
+    return numbers if len(entries) == 1 and ordered else None
+
+
+def best_row(rows: list[dict[str, Any]]) -> int:
+    """Index of the row with the highest first headline metric (the first on ties)."""
+    name = (headline_names(rows) or [""])[0]
+    values = [r["metrics"].get(name, float("-inf")) for r in rows]
+    return max(range(len(rows)), key=lambda i: (values[i], -i))
 
 
 def metric_names(rows: list[dict[str, Any]]) -> list[str]:
