@@ -768,4 +768,7 @@ def test_trend_chart_draws_sweeps_as_lines_and_other_encoders_as_points(monkeypa
     assert all(c.lines[0].get_linestyle() == "None" for c in points)
     # equal values of two metrics sit side by side, not on top of each other
     assert list(points[0].lines[0].get_xdata()) != list(points[1].lines[0].get_xdata())
+    ring = next(ln for ln in unordered.get_lines() if ln.get_label() == "best (rank1)")
+    rank1 = next(c for c in points if c.get_label() == "rank1").lines[0]
+    assert list(ring.get_xdata()) == [rank1.get_xdata()[1]]  # on hog's rank1 point
     assert sweep.get_xlabel().startswith("checkpoint")

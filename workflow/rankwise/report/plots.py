@@ -126,8 +126,12 @@ def trend_chart(rows: list[dict[str, Any]]) -> str:
     head = (headline_names(rows) or [""])[0]
     if head in names:
         b = best_row(rows)
+        shift = 0.0
+        if positions is None:  # the headline metric's point sits at its own offset
+            j = names.index(head)
+            shift = (j - (len(names) - 1) / 2) * min(0.12, 0.6 / max(1, len(names)))
         ax.plot(
-            [x[b]],
+            [x[b] + shift],
             [rows[b]["metrics"][head]],
             marker="o",
             ms=10,
@@ -168,15 +172,31 @@ def _percent_axes(ax, xlabel: str, ylabel: str, legend_loc: str) -> None:
     ax.legend(fontsize="x-small", loc=legend_loc)
 
 
+_DASHES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
 def cmc_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str | None:
     """CMC curves, one per encoder; base64 PNG (None without curves)."""
     rows = [r for r in rows if r["cmc"]]
     if not rows:
         return None
     fig, ax = _figure(3.2, 2.8)
-    for r in rows:
+    # Equal curves (two encoders at 100% from rank 1) must not hide each other: each
+    # encoder also has its own dash pattern and marker.
+    for i, r in enumerate(rows):
         ks = np.arange(1, len(r["cmc"]) + 1)
-        ax.plot(ks, r["cmc"], label=r["encoder"], color=colors[r["encoder"]], lw=1.6)
+        ax.plot(
+            ks,
+            r["cmc"],
+            label=r["encoder"],
+            color=colors[r["encoder"]],
+            lw=1.6,
+            ls=_DASHES[i % len(_DASHES)],
+            marker=_MARKERS[i % len(_MARKERS)],
+            ms=3.5,
+            markevery=(i % 3, 3) if len(ks) > 10 else None,
+        )
     # Stop where every curve has reached 100% (at least rank 10): the rest is flat.
     full = [
         int(np.argmax(np.asarray(r["cmc"]) >= 100.0)) + 1
