@@ -772,3 +772,11 @@ def test_trend_chart_draws_sweeps_as_lines_and_other_encoders_as_points(monkeypa
     rank1 = next(c for c in points if c.get_label() == "rank1").lines[0]
     assert list(ring.get_xdata()) == [rank1.get_xdata()[1]]  # on hog's rank1 point
     assert sweep.get_xlabel().startswith("checkpoint")
+
+
+def test_metric_colours_never_reuse_encoder_colours():
+    from rankwise.report.plots import _colors, _metric_colors
+
+    encoders = set(_colors([f"e{i}" for i in range(20)]).values())
+    metrics = list(_metric_colors(["rank1", "rank5", "rank10", "map", "minp", "mrr"]).values())
+    assert len(set(metrics)) == 6 and not encoders & set(metrics)

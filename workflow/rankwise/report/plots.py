@@ -47,6 +47,15 @@ def _colors(names: list[str]) -> dict[str, Any]:
     return {e: cmap(i % cmap.N) for i, e in enumerate(names)}
 
 
+def _metric_colors(names: list[str]) -> dict[str, Any]:
+    """Metric colours, from a palette the encoder colours (:func:`_colors`, tab10/tab20)
+    never use, so a colour means a metric in one chart and an encoder in another."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    return {n: cmap(0.9 * i / max(1, len(names) - 1)) for i, n in enumerate(names)}
+
+
 def bar_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str:
     """Grouped bars: each metric (x) for each encoder (colour), with 95% error bars."""
     names = metric_names(rows)
@@ -88,7 +97,7 @@ def trend_chart(rows: list[dict[str, Any]]) -> str:
     The best encoder (first headline metric) is ringed.
     """
     names = metric_names(rows)
-    colors = _colors(names)
+    colors = _metric_colors(names)
     fig, ax = _figure(3.8, 2.8)
     positions = sweep_positions(rows)
     x = np.array(positions if positions is not None else range(len(rows)), dtype=float)
