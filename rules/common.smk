@@ -135,6 +135,13 @@ def dataset_options(wildcards):
     return json.dumps(options, sort_keys=True)
 
 
+def same_camera_flag(wildcards):
+    """The reid camera rule of the dataset as a `rankwise rank` flag."""
+    if DATASETS[wildcards.dataset]["exclude_same_camera"]:
+        return "--exclude-same-camera"
+    return "--keep-same-camera"
+
+
 def comma_list(key):
     """A param function giving datasets.{dataset}.{key} joined by commas (ks, junk_labels)."""
     return lambda wildcards: ",".join(map(str, DATASETS[wildcards.dataset][key]))

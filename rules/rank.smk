@@ -18,7 +18,9 @@ rule rank:
         protocol=dataset_value("protocol"),
         distance=dataset_value("distance"),
         gap_frames=dataset_value("gap_frames"),
+        query_stride=dataset_value("query_stride"),
         junk_labels=comma_list("junk_labels"),
+        same_camera=same_camera_flag,
         engine=engine_args,
     threads: ENGINE["threads"]
     conda:
@@ -30,6 +32,7 @@ rule rank:
         " --query-embeddings {input.query_embeddings:q}"
         " --gallery-embeddings {input.gallery_embeddings:q}"
         " --protocol {params.protocol} --distance {params.distance}"
-        " --gap-frames {params.gap_frames} --junk-labels {params.junk_labels:q}"
+        " --gap-frames {params.gap_frames} --query-stride {params.query_stride}"
+        " --junk-labels {params.junk_labels:q} {params.same_camera}"
         " {params.engine} --out {output.ranks:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

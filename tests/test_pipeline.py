@@ -203,7 +203,13 @@ def test_new_ap_variant_reruns_only_metrics(workdir):
 
 
 @pytest.mark.parametrize(
-    "option", [{"distance": "cosine"}, {"junk_labels": []}, {"protocol": "recall"}]
+    "option",
+    [
+        {"distance": "cosine"},
+        {"junk_labels": []},
+        {"exclude_same_camera": False},
+        {"protocol": "recall"},
+    ],
 )
 def test_new_protocol_options_rerun_rank(workdir, option):
     assert planned(workdir, changed(**option)) == {"rank": 2, "metrics": 2, "report": 1, "all": 1}

@@ -131,7 +131,9 @@ def test_schema_errors_are_one_line_with_the_key_path(mutate, message):
 
 def test_unknown_key_without_a_close_match_lists_the_valid_keys():
     text = _error(lambda c: c["datasets"]["market"].update(zzz=1))
-    assert "unknown key 'zzz'; valid: ap, distance, encoders, gap_frames" in text
+    assert (
+        "unknown key 'zzz'; valid: ap, distance, encoders, exclude_same_camera, gap_frames" in text
+    )
 
 
 def test_error_names_the_file_and_line_that_set_the_key(tmp_path):

@@ -108,7 +108,10 @@ def test_open_inputs(files):
     assert inputs.gallery_embeddings.attrs[MANIFEST_SHA256]
     # the problem it builds is the one evaluate ranks with
     problem = inputs.problem(junk_labels=("2",))
-    assert problem.num_gallery == 6 and problem.options == {"junk_labels": ["2"]}
+    assert problem.num_gallery == 6 and problem.options == {
+        "junk_labels": ["2"],
+        "exclude_same_camera": True,
+    }
     # the stores and the .npy files give the same numbers
     a = rankwise.evaluate(
         files["q_csv"], files["g_csv"], files["q_store"], files["g_store"], protocol="reid"

@@ -12,7 +12,7 @@ import pandas as pd
 from .errors import RankwiseError
 from .inputs import open_inputs
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
-from .options import GALLERY_CHUNK, JUNK_LABELS, KS, QUERY_BLOCK
+from .options import EXCLUDE_SAME_CAMERA, GALLERY_CHUNK, JUNK_LABELS, KS, QUERY_BLOCK, QUERY_STRIDE
 from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
 
 REPORT_KEYS = (
@@ -97,7 +97,9 @@ def rank(
     protocol: str = "recall",
     distance: str = "cosine",
     gap_frames: int = 1,
+    query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
+    exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
@@ -116,7 +118,12 @@ def rank(
         memory_limit_mb=memory_limit_mb,
     )
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
-    problem = inputs.problem(gap_frames=gap_frames, junk_labels=tuple(junk_labels))
+    problem = inputs.problem(
+        gap_frames=gap_frames,
+        query_stride=query_stride,
+        junk_labels=tuple(junk_labels),
+        exclude_same_camera=exclude_same_camera,
+    )
     q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
@@ -134,7 +141,9 @@ def evaluate(
     distance: str = "cosine",
     ks: Iterable[int] | str = KS.default,
     gap_frames: int = 1,
+    query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
+    exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     ap: str = "standard",
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
@@ -154,7 +163,11 @@ def evaluate(
     distance : ``cosine`` (default) or ``euclidean``.
     ks : cutoffs for ``recall@K`` / ``rankK`` / ``acc@K``.
     gap_frames : reassociation frame gap.
+    query_stride : reassociation, queries only at frames divisible by it (default 1:
+        every frame); other query rows are left out, not counted as skipped.
     junk_labels : reid labels removed from the gallery (default ``-1``).
+    exclude_same_camera : reid, same label AND same camera is not ranked (default);
+        False keeps those items as valid matches (the query's own id stays excluded).
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
@@ -176,7 +189,9 @@ def evaluate(
         protocol=protocol,
         distance=distance,
         gap_frames=gap_frames,
+        query_stride=query_stride,
         junk_labels=junk_labels,
+        exclude_same_camera=exclude_same_camera,
         query_block=query_block,
         gallery_chunk=gallery_chunk,
         workers=workers,

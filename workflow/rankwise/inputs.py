@@ -23,7 +23,7 @@ import pandas as pd
 
 from .embeddings import EmbeddingSource, check_same_dim, open_embeddings
 from .manifest import read_manifest
-from .options import JUNK_LABELS
+from .options import EXCLUDE_SAME_CAMERA, GAP_FRAMES, JUNK_LABELS, QUERY_STRIDE
 from .protocols import Problem, build_problem
 
 
@@ -47,7 +47,12 @@ class Inputs:
     names: tuple[str, str]
 
     def problem(
-        self, *, gap_frames: int = 1, junk_labels: tuple[str, ...] = JUNK_LABELS.default
+        self,
+        *,
+        gap_frames: int = GAP_FRAMES.default,
+        query_stride: int = QUERY_STRIDE.default,
+        junk_labels: tuple[str, ...] = JUNK_LABELS.default,
+        exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     ) -> Problem:
         """The protocol applied to the manifests (:func:`rankwise.protocols.build_problem`)."""
         return build_problem(
@@ -55,7 +60,9 @@ class Inputs:
             self.gallery,
             self.protocol,
             gap_frames=gap_frames,
+            query_stride=query_stride,
             junk_labels=tuple(str(j) for j in junk_labels),
+            exclude_same_camera=exclude_same_camera,
             names=self.names,
         )
 

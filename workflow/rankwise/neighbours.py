@@ -28,7 +28,9 @@ def top_items(
     distance: str = "cosine",
     k: int = 10,
     gap_frames: int = 1,
+    query_stride: int = 1,
     junk_labels=("-1",),
+    exclude_same_camera: bool = True,
     chunk: int = GALLERY_CHUNK.default,
 ) -> list[dict]:
     """For each query row, its ``k`` nearest valid gallery items.
@@ -49,7 +51,9 @@ def top_items(
         distance=distance,
         k=k,
         gap_frames=gap_frames,
+        query_stride=query_stride,
         junk_labels=junk_labels,
+        exclude_same_camera=exclude_same_camera,
         chunk=chunk,
     )
 
@@ -61,7 +65,9 @@ def nearest_items(
     distance: str = "cosine",
     k: int = 10,
     gap_frames: int = 1,
+    query_stride: int = 1,
     junk_labels=("-1",),
+    exclude_same_camera: bool = True,
     chunk: int = GALLERY_CHUNK.default,
 ) -> list[dict]:
     """:func:`top_items` of inputs already opened by :func:`rankwise.inputs.open_inputs`.
@@ -71,7 +77,12 @@ def nearest_items(
     """
     check_distance(distance)
     cosine = distance == "cosine"
-    problem = inputs.problem(gap_frames=gap_frames, junk_labels=tuple(junk_labels))
+    problem = inputs.problem(
+        gap_frames=gap_frames,
+        query_stride=query_stride,
+        junk_labels=tuple(junk_labels),
+        exclude_same_camera=exclude_same_camera,
+    )
     q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
     rows = [int(r) for r in query_rows]
     outside = [r for r in rows if not 0 <= r < q_src.shape[0]]

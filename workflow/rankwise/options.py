@@ -427,8 +427,21 @@ KS = Option("ks", "cutoffs", (1, 5, 10), help="cutoffs of recall@K / rankK / acc
 GAP_FRAMES = Option(
     "gap_frames", "integer", 1, minimum=1, help="reassociation, candidates at frame + gap_frames"
 )
+QUERY_STRIDE = Option(
+    "query_stride",
+    "integer",
+    1,
+    minimum=1,
+    help="reassociation, queries only at frames divisible by query_stride (1 = every frame)",
+)
 JUNK_LABELS = Option(
     "junk_labels", "labels", ("-1",), help="reid, gallery labels removed before ranking"
+)
+EXCLUDE_SAME_CAMERA = Option(
+    "exclude_same_camera",
+    "boolean",
+    True,
+    help="reid, same label AND same camera is not ranked; false keeps those as matches",
 )
 AP = Option(
     "ap",
@@ -440,7 +453,9 @@ AP = Option(
 )
 
 #: The options of a dataset entry in the config that say how it is evaluated.
-EVALUATION = group(PROTOCOL, DISTANCE, KS, GAP_FRAMES, JUNK_LABELS, AP)
+EVALUATION = group(
+    PROTOCOL, DISTANCE, KS, GAP_FRAMES, QUERY_STRIDE, JUNK_LABELS, EXCLUDE_SAME_CAMERA, AP
+)
 
 # ---------------------------------------------------------------- engine
 

@@ -4,9 +4,12 @@
 protocol         valid gallery items for query q               relevant
 ===============  ===========================================  ========================
 recall           all but the item with q's id                  same label
-reid             all but q's id, same label AND same camera,   same label
+reid             all but q's id, same label AND same camera    same label
+                 (unless ``exclude_same_camera=False``),
                  labels in ``junk_labels``
-reassociation    q's sequence at frame q.frame + gap_frames    same label
+reassociation    q's sequence at frame q.frame + gap_frames;   same label
+                 queries only at frames divisible by
+                 ``query_stride``
 progressive      all                                           same label (one target)
 ===============  ===========================================  ========================
 
@@ -17,6 +20,12 @@ dense protocols' validity rule.  Dense protocols (recall, reid, progressive) are
 described by per-row codes that the tile kernel tests; reassociation lists each
 query's candidates explicitly.
 Relevant (or candidate) pairs are found from the manifests alone, no embeddings.
+
+``query_stride`` follows the ``reid`` package's re-association protocol: a query row
+whose frame is not divisible by ``query_stride`` is not a query at all -- it is left
+out of every average and NOT counted in ``num_skipped`` (nor in ``num_queries``);
+only queries at stride frames can be skipped (no candidate gap_frames later, fewer
+than 2 candidates, or none of its label).  The gallery is unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
-from .options import GAP_FRAMES, JUNK_LABELS
+from .options import EXCLUDE_SAME_CAMERA, GAP_FRAMES, JUNK_LABELS, QUERY_STRIDE
 from .registry import get_protocol
 
 
@@ -68,7 +77,7 @@ class Problem:
     num_units: int  # queries, or sketches for progressive
     num_units_skipped: int
     options: dict = field(default_factory=dict)
-    qcam: np.ndarray | None = None  # reid only
+    qcam: np.ndarray | None = None  # reid with exclude_same_camera only
     gcam: np.ndarray | None = None
 
     def valid_relevant(self, q: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
@@ -139,13 +148,18 @@ def build_problem(
     gallery: pd.DataFrame,
     protocol: str,
     *,
-    gap_frames: int = 1,
+    gap_frames: int = GAP_FRAMES.default,
+    query_stride: int = QUERY_STRIDE.default,
     junk_labels: tuple[str, ...] = JUNK_LABELS.default,
+    exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     names: tuple[str, str] = ("query manifest", "gallery manifest"),
 ) -> Problem:
     """Apply ``protocol`` to validated manifests (see :func:`rankwise.manifest.read_manifest`).
 
-    ``names`` (the manifests' file names) are what error messages call them.
+    ``gap_frames``, ``query_stride``: reassociation; ``junk_labels``,
+    ``exclude_same_camera``: reid (each checked, and recorded in ``options``, only by
+    the protocols that take it).  ``names`` (the manifests' file names) are what error
+    messages call them.
     """
     spec = get_protocol(protocol)
     qlab, glab = _codes(query["label"], gallery["label"])
@@ -157,10 +171,11 @@ def build_problem(
     options: dict = {}
     exclude_self = spec.exclude_self
     qcam = gcam = None
+    is_query = np.ones(n_q, dtype=bool)  # rows that are queries at all (query_stride)
 
     if spec.candidates == "sequence_gap":
-        GAP_FRAMES.check(gap_frames)
-        options["gap_frames"] = int(gap_frames)
+        options["gap_frames"] = gap_frames = GAP_FRAMES.check(gap_frames)
+        options["query_stride"] = query_stride = QUERY_STRIDE.check(query_stride)
         qseq, gseq = _codes(query["sequence"], gallery["sequence"])
         qframe = query["frame"].to_numpy(np.int64)
         gframe = gallery["frame"].to_numpy(np.int64)
@@ -170,14 +185,17 @@ def build_problem(
         width = fmax - fmin + 1
         gkey = gseq * width + (gframe - fmin)
         target = qframe + gap_frames
-        qkey = np.where((target >= fmin) & (target <= fmax), qseq * width + (target - fmin), -1)
+        # Like the reid package: only frames divisible by query_stride hold queries.
+        is_query = qframe % query_stride == 0
+        in_range = (target >= fmin) & (target <= fmax) & is_query
+        qkey = np.where(in_range, qseq * width + (target - fmin), -1)
         pair_q, pair_g = _grouped_pairs(qkey, gkey)
         keep = gid[pair_g] != qid[pair_q]
         pair_q, pair_g = pair_q[keep], pair_g[keep]
         pair_rel = glab[pair_g] == qlab[pair_q]
         n_valid = np.bincount(pair_q, minlength=n_q)
         n_rel = np.bincount(pair_q, weights=pair_rel, minlength=n_q)
-        skip = (n_valid < spec.min_candidates) | (n_rel == 0)
+        skip = (n_valid < spec.min_candidates) | (n_rel == 0) | ~is_query
         dense = False
     elif spec.candidates == "all":
         if spec.junk_labels:
@@ -185,7 +203,11 @@ def build_problem(
             options["junk_labels"] = sorted(junk)
             gjunk = gallery["label"].astype(str).isin(junk).to_numpy()
         if spec.exclude_same_camera:
-            qcam, gcam = _codes(query["camera"], gallery["camera"])
+            # No cameras in the problem = no camera rule, in dense_masks and count_tile.
+            exclude = EXCLUDE_SAME_CAMERA.check(exclude_same_camera)
+            options["exclude_same_camera"] = exclude
+            if exclude:
+                qcam, gcam = _codes(query["camera"], gallery["camera"])
         pair_q, pair_g = _grouped_pairs(qlab, glab)  # every same-label pair
         codes = SimpleNamespace(
             qlab=qlab,
@@ -207,20 +229,25 @@ def build_problem(
             f"protocol {protocol!r}: candidate rule {spec.candidates!r} is not implemented"
         )
 
-    num_units, num_skipped = n_q, int(skip.sum())
+    num_units, num_skipped = int(is_query.sum()), int((skip & is_query).sum())
     if spec.unit == "sketch":
         group, step, skip, num_units, num_skipped = _sketches(query, skip, names[0])
     # Only evaluated queries keep pairs: the engine lays thresholds out per evaluated query.
     keep = ~skip[pair_q]
     pair_q, pair_g, pair_rel = pair_q[keep], pair_g[keep], pair_rel[keep]
 
+    if not is_query.any():
+        raise RankwiseError(
+            f"{names[0]}: no query row has a frame divisible by query_stride={query_stride} "
+            f"({n_q} rows); lower query_stride"
+        )
     if skip.all():
         raise RankwiseError(
             f"{names[0]}, {names[1]}: no query has a valid match in the gallery under "
             f"protocol {protocol!r} "
             f"({n_q} queries, {n_g} gallery items): check that query and gallery labels "
             "use the same ids"
-            + (" and that queries have other-camera matches" if spec.exclude_same_camera else "")
+            + (" and that queries have other-camera matches" if qcam is not None else "")
         )
     return Problem(
         protocol=protocol,

@@ -41,11 +41,12 @@ class ProtocolSpec:
     headline : the overview's metrics; ``headline[0]`` picks the best encoder.
     unit, units : what one evaluated unit is called (``query`` / ``sketch``).
     exclude_self : the gallery item with the query's id is never ranked.
-    exclude_same_camera : gallery items with the query's label AND camera are not ranked.
+    exclude_same_camera : gallery items with the query's label AND camera are not ranked
+        (by default; the protocol option ``exclude_same_camera`` can turn it off).
     junk_labels : gallery items whose label is in ``junk_labels`` are not ranked.
     candidates : ``"all"`` (every other gallery item is ranked, counted by the tile
         engine) or ``"sequence_gap"`` (only the query's sequence at frame + ``gap_frames``,
-        listed per query).
+        listed per query; queries only at frames divisible by ``query_stride``).
     options : the protocol options it takes, beside ``distance``.
     min_candidates : a query with fewer valid items is skipped.
     """
@@ -92,7 +93,7 @@ _SPECS = (
         headline=("rank1", "map"),
         exclude_same_camera=True,
         junk_labels=True,
-        options=("junk_labels",),
+        options=("junk_labels", "exclude_same_camera"),
     ),
     ProtocolSpec(
         name="reassociation",
@@ -104,7 +105,7 @@ _SPECS = (
         metric_families=("rankK", "mrr"),
         headline=("rank1", "mrr"),
         candidates="sequence_gap",
-        options=("gap_frames",),
+        options=("gap_frames", "query_stride"),
         min_candidates=2,
     ),
     ProtocolSpec(

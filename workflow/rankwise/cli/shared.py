@@ -79,7 +79,16 @@ inputs = stack(
     ),
     spec.DISTANCE.click(help="cosine (vectors L2-normalised) or euclidean."),
     spec.GAP_FRAMES.click(help="reassociation: candidates are at frame + N."),
+    spec.QUERY_STRIDE.click(
+        help="reassociation: queries only at frames divisible by N (1 = every frame); "
+        "other query rows are left out, not counted as skipped."
+    ),
     spec.JUNK_LABELS.click(help="reid: comma-separated labels removed from the gallery."),
+    spec.EXCLUDE_SAME_CAMERA.click(
+        flag="--exclude-same-camera/--keep-same-camera",
+        help="reid: same label AND same camera is not ranked (default), or kept as a valid "
+        "match; the query's own id is never ranked.",
+    ),
     spec.QUERY_BLOCK.click(help="Queries per tile."),
     spec.GALLERY_CHUNK.click(help="Gallery rows per tile."),
     spec.WORKERS.click(help="Threads (default: all cores)."),
