@@ -90,6 +90,27 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _SIZE_HELP = "[height, width] the images are resized to"
 
 #: kind -> its options (the config schema's ``encoder_<kind>`` fragments).
+# The input normalisation of exported models (onnx, torchscript): ImageNet by default.
+_NORMALISATION = (
+    Option(
+        "mean", "numbers", IMAGENET_MEAN, length=3, help="per-channel mean of x / 255 (ImageNet)"
+    ),
+    Option(
+        "std",
+        "numbers",
+        IMAGENET_STD,
+        length=3,
+        above=0,
+        help="per-channel standard deviation of x / 255 (ImageNet)",
+    ),
+    Option(
+        "channel_order",
+        "enum",
+        "rgb",
+        choices=("rgb", "bgr"),
+        help="channel order the model expects",
+    ),
+)
 _TORCH_COMMON = (
     Option(
         "flip",
@@ -152,28 +173,7 @@ OPTIONS: dict[str, OptionSet] = {
                 nullable=True,
                 help=_SIZE_HELP + "; null = from the model",
             ),
-            Option(
-                "mean",
-                "numbers",
-                IMAGENET_MEAN,
-                length=3,
-                help="per-channel mean of x / 255 (ImageNet)",
-            ),
-            Option(
-                "std",
-                "numbers",
-                IMAGENET_STD,
-                length=3,
-                above=0,
-                help="per-channel standard deviation of x / 255 (ImageNet)",
-            ),
-            Option(
-                "channel_order",
-                "enum",
-                "rgb",
-                choices=("rgb", "bgr"),
-                help="channel order the model expects",
-            ),
+            *_NORMALISATION,
             Option(
                 "layout",
                 "enum",
@@ -289,28 +289,7 @@ OPTIONS: dict[str, OptionSet] = {
         (
             Option("model", "string", required=True, help="a scripted or traced module file"),
             Option("input_size", "size", required=True, help=_SIZE_HELP),
-            Option(
-                "mean",
-                "numbers",
-                IMAGENET_MEAN,
-                length=3,
-                help="per-channel mean of x / 255 (ImageNet)",
-            ),
-            Option(
-                "std",
-                "numbers",
-                IMAGENET_STD,
-                length=3,
-                above=0,
-                help="per-channel standard deviation of x / 255 (ImageNet)",
-            ),
-            Option(
-                "channel_order",
-                "enum",
-                "rgb",
-                choices=("rgb", "bgr"),
-                help="channel order the model expects",
-            ),
+            *_NORMALISATION,
             Option(
                 "interpolation",
                 "enum",
