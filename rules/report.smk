@@ -1,13 +1,15 @@
 # Report: every dataset x encoder in one self-contained HTML page, Markdown, JSON, a tidy
 # CSV and LaTeX tables, with bootstrap intervals, paired tests, CMC curves and the worst
-# queries. Besides the metrics
-# files it reads what their provenance names: the ranks stores (intervals, tests, CMC) and,
-# for the worst queries' nearest items, the manifests (and their images) and embeddings.
+# queries. The intervals, CMC curves and per-query values come from the metrics jobs'
+# statistics summaries; the paired tests are cached per pair (results/cache/pairs). For
+# the worst queries' nearest items it reads what the provenance names: the ranks stores,
+# the manifests (and their images) and the embeddings.
 
 
 rule report:
     input:
         metrics=all_pairs("results/metrics/{dataset}/{encoder}.json"),
+        stats=all_pairs("results/metrics/{dataset}/{encoder}.stats.npz"),
         ranks=all_pairs("results/ranks/{dataset}/{encoder}.zarr"),
         manifests=list(
             dict.fromkeys(
@@ -34,6 +36,8 @@ rule report:
         worst_queries=config["report"]["worst_queries"],
         worst_encoders=config["report"]["worst_encoders"],
         top_k=config["report"]["top_k"],
+        # each paired test, keyed by both evaluations' content (safe to delete)
+        cache="results/cache/pairs",
     threads: 1
     conda:
         CONDA_ENV
@@ -45,5 +49,5 @@ rule report:
         " --seed {params.seed} --by {params.by} --worst-queries {params.worst_queries}"
         " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"
         " --html {output.html:q} --md {output.md:q} --json {output.json:q}"
-        " --csv {output.csv:q} --tex {output.tex:q} > {log:q} 2>&1"
+        " --csv {output.csv:q} --tex {output.tex:q} --cache {params.cache:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

@@ -55,7 +55,8 @@ def test_import_rankwise_is_light_and_the_api_is_lazy():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["[]", "True", "True", "['numpy',", "'pandas']"]
+    # the API module itself needs numpy only: pandas and the engine load when ranking
+    assert proc.stdout.split() == ["[]", "True", "True", "['numpy']"]
     proc = subprocess.run(
         [sys.executable, "-c", "import rankwise; rankwise.nope"],
         capture_output=True,

@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -243,6 +244,63 @@ def test_checkpoint_bytes_not_mtime_decide(workdir):
         model.write_bytes(original)
     # the original bytes back, with yet another mtime -> nothing again
     assert planned(workdir, CONFIG) == {}
+
+
+def test_report_statistics_rerun_metrics_other_report_keys_only_the_report(workdir):
+    # the intervals, CMC and per-query values are computed in the metrics jobs
+    config = copy.deepcopy(CONFIG)
+    config["report"] = {**CONFIG["report"], "resamples": 500}
+    assert planned(workdir, config) == {"metrics": 3, "report": 1, "all": 1}
+    config["report"] = {**CONFIG["report"], "title": "Another title", "top_k": 3}
+    assert planned(workdir, config) == {"report": 1, "all": 1}
+
+
+def test_report_assembles_the_metrics_jobs_statistics(workdir, tmp_path, monkeypatch):
+    from rankwise.report import build_report
+
+    doc = json.loads((workdir / "results/report.json").read_text())
+    assert (
+        "paired tests: 1 computed, 0 extended, 0 reused"
+        in (workdir / "logs/report.log").read_text()
+    )  # market: pixels vs net; sketches has one encoder
+    copies = []
+    for entry in doc["results"]:
+        raw = entry["provenance"]["raw"]
+        assert (workdir / raw["stats"]).is_file()
+        data = json.loads((workdir / entry["source"]).read_text())
+        del data["provenance"]["stats"]  # this copy makes the report read the ranks store
+        copy_path = tmp_path / entry["dataset"] / f"{entry['encoder']}.json"
+        copy_path.parent.mkdir(exist_ok=True)
+        copy_path.write_text(json.dumps(data))
+        copies.append(copy_path)
+    monkeypatch.chdir(workdir)  # the provenance's paths are relative to the run folder
+    stats = doc["statistics"]
+    scratch = build_report(
+        copies,
+        title=CONFIG.get("report", {}).get("title", "rankwise report"),
+        cmc_max_rank=doc["cmc_max_rank"],
+        resamples=stats["resamples"],
+        seed=stats["seed"],
+        by=stats["by"],
+    )
+    for key in ("comparisons", "best"):
+        assert scratch[key] == doc[key], key
+    for ours, theirs in zip(doc["results"], scratch["results"], strict=True):
+        for key in ("metrics", "ci95", "cmc", "progressive", "worst_queries"):
+            assert ours[key] == theirs[key], key
+
+
+def test_new_encoder_computes_only_its_paired_tests(workdir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(workdir, run, symlinks=True)
+    config = copy.deepcopy(CONFIG)
+    config["encoders"]["gray"] = {"kind": "pixels", "options": {"size": [8, 4], "grayscale": True}}
+    snakemake(run, config)
+    log = (run / "logs/report.log").read_text()
+    # market: pixels-gray and net-gray are new; pixels-net is kept (extended to the flips
+    # of the larger report, or reused as it is)
+    assert "paired tests: 2 computed" in log
+    assert "3 results" not in log and "4 results" in log
 
 
 # ---------------------------------------------------------------- numbers

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from .errors import RankwiseError
-from .inputs import open_inputs
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
 from .options import EXCLUDE_SAME_CAMERA, GALLERY_CHUNK, JUNK_LABELS, KS, QUERY_BLOCK, QUERY_STRIDE
-from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
+
+if TYPE_CHECKING:  # the engine (numba) and pandas load only when ranking: `rankwise
+    # metrics` and the report read ranks stores without them
+    from .ranking import RankResult
 
 REPORT_KEYS = (
     "protocol",
@@ -69,10 +70,10 @@ def result_from_ranks(
     ranks: RankResult | tuple[dict, dict], *, ks=(1, 5, 10), ap: str = "standard"
 ) -> EvaluationResult:
     """Metrics of a rank result or of ``(arrays, attrs)`` read from a ranks store."""
-    if isinstance(ranks, RankResult):
-        arrays, attrs = ranks.arrays(), ranks.attrs
-    else:
+    if isinstance(ranks, tuple):
         arrays, attrs = ranks
+    else:
+        arrays, attrs = ranks.arrays(), ranks.attrs
     if ap not in AP_VARIANTS:
         raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
     metrics, pq = compute_metrics(arrays, attrs, ks=parse_ks(ks), ap=ap)
@@ -108,6 +109,9 @@ def rank(
     memory_limit_mb: float | None = None,
 ) -> RankResult:
     """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
+    from .inputs import open_inputs
+    from .ranking import EngineOptions, check_distance, compute_ranks
+
     check_distance(distance)
     options = EngineOptions(
         query_block=query_block,
@@ -217,6 +221,8 @@ def recall_at_k(
     labels compared as strings.  With ids, an item never matches itself; queries whose
     label has no other gallery item are skipped.
     """
+
+    import pandas as pd
 
     def table(labels, ids, prefix):
         labels = np.asarray(labels).astype(str)

@@ -500,6 +500,7 @@ RESAMPLES = Option(
     minimum=1,
     help="bootstrap resamples (and random sign flips)",
 )
+FLIPS = replace(RESAMPLES, name="flips", help="random sign flips of a paired test")
 SEED = Option("seed", "integer", 0, minimum=0, help="seed of the resampling")
 CONFIDENCE = Option(
     "confidence",

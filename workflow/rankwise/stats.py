@@ -99,7 +99,7 @@ def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
 # ---------------------------------------------------------------- per-unit values
 
 
-def _unit_table(
+def unit_table(
     arrays: dict[str, np.ndarray], attrs: dict, metrics: Sequence[str], ap: str
 ) -> UnitTable:
     """:func:`rankwise.metrics.per_unit`, refusing a store with nothing to resample."""
@@ -308,42 +308,97 @@ def metric_cis(
     """
     _check_options(resamples, seed, confidence, by)
     names = resolve_metrics(attrs["protocol"], metrics, ks)
-    table = _unit_table(arrays, attrs, names, ap)
-    cluster = _clusters(table.rows, query_labels(attrs, labels) if by == "identity" else None)
+    table = unit_table(arrays, attrs, names, ap)
+    cluster = clusters_of(table.rows, attrs, by=by, labels=labels)
+    return unit_cis(table, cluster, resamples=resamples, seed=seed, confidence=confidence)
+
+
+def clusters_of(rows: np.ndarray, attrs: dict, *, by: str = "query", labels=None) -> np.ndarray:
+    """Cluster number of every unit (query manifest rows ``rows``) for ``by``."""
+    return _clusters(rows, query_labels(attrs, labels) if by == "identity" else None)
+
+
+def unit_cis(
+    table: UnitTable,
+    cluster: np.ndarray,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, list[float]]:
+    """``{metric: [low, high]}`` (percent): the cluster bootstrap interval of every
+    column of a per-unit table (:func:`metric_cis` from the table itself)."""
     sums, sizes = _cluster_sums(table.values, cluster)
     boot = _bootstrap_means(sums, sizes, resamples, _streams(seed)[0])
     bounds = 100.0 * _percentile_interval(boot, confidence)
-    return {name: [float(bounds[0, j]), float(bounds[1, j])] for j, name in enumerate(names)}
+    return {name: [float(bounds[0, j]), float(bounds[1, j])] for j, name in enumerate(table.names)}
 
 
 # ---------------------------------------------------------------- paired test
 
 
+def _observed(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Observed statistic ``|sum_c D_c|`` per column and the tie tolerance."""
+    return np.abs(sums.sum(axis=0)), _REL_TOL * np.abs(sums).sum(axis=0)
+
+
+def _count_at_or_above(flip: np.ndarray, columns: np.ndarray, observed, tol) -> np.ndarray:
+    """Per column: how many rows of sign flips ``flip`` reach the observed statistic."""
+    return np.array(
+        [
+            np.count_nonzero(np.abs(np.where(flip, -col, col).sum(axis=1)) >= observed[j] - tol[j])
+            for j, col in enumerate(columns)
+        ],
+        np.int64,
+    )
+
+
+def flip_hits(sums: np.ndarray, seed: int, start: int, stop: int) -> np.ndarray:
+    """Random sign flips number ``start .. stop - 1`` of ``seed``'s flip stream that
+    reach the observed statistic, per column of the cluster sums ``(C, m)``.
+
+    The flip stream is one PCG64 sequence (``rng.random(C) < 0.5`` per flip), so the
+    hits of ``0 .. n'`` are the hits of ``0 .. n`` plus those of ``n .. n'``: a cached
+    test is extended to more flips without redoing the first ``n`` (the generator is
+    advanced past them), and the p-value equals the one computed from scratch.
+    """
+    n_clusters, m = sums.shape
+    observed, tol = _observed(sums)
+    columns = np.ascontiguousarray(sums.T)
+    rng = _streams(seed)[1]
+    rng.bit_generator.advance(int(start) * n_clusters)  # one 64-bit draw per double
+    hits = np.zeros(m, np.int64)
+    for rows in _blocks(max(0, int(stop) - int(start)), n_clusters):
+        hits += _count_at_or_above(rng.random((rows, n_clusters)) < 0.5, columns, observed, tol)
+    return hits
+
+
+def exact_pvalues(sums: np.ndarray) -> np.ndarray:
+    """Exact two-sided sign-flip p-values: all ``2^C`` flips enumerated (identity included)."""
+    n_clusters, m = sums.shape
+    observed, tol = _observed(sums)
+    columns = np.ascontiguousarray(sums.T)
+    hits = np.zeros(m, np.int64)
+    total = 1 << n_clusters
+    for start in range(0, total, 1 << 16):
+        codes = np.arange(start, min(total, start + (1 << 16)))
+        flip = ((codes[:, None] >> np.arange(n_clusters)) & 1).astype(bool)
+        hits += _count_at_or_above(flip, columns, observed, tol)
+    return hits / float(total)
+
+
+def monte_carlo_pvalues(hits: np.ndarray, flips: int) -> np.ndarray:
+    """``p = (k + 1) / (B + 1)`` (Phipson & Smyth, 2010)."""
+    return (np.asarray(hits) + 1.0) / (flips + 1.0)
+
+
 def _flip_pvalues(
-    sums: np.ndarray, resamples: int, rng: np.random.Generator, exact_max: int
+    sums: np.ndarray, resamples: int, seed: int, exact_max: int
 ) -> tuple[np.ndarray, str]:
     """Two-sided sign-flip p-value of every column of cluster sums ``(C, m)``."""
-    n_clusters, m = sums.shape
-    observed = np.abs(sums.sum(axis=0))
-    tol = _REL_TOL * np.abs(sums).sum(axis=0)
-    columns = np.ascontiguousarray(sums.T)
-    if n_clusters <= exact_max:
-        hits = np.zeros(m, np.int64)
-        total = 1 << n_clusters
-        for start in range(0, total, 1 << 16):
-            codes = np.arange(start, min(total, start + (1 << 16)))
-            flip = ((codes[:, None] >> np.arange(n_clusters)) & 1).astype(bool)
-            for j, col in enumerate(columns):
-                stat = np.abs(np.where(flip, -col, col).sum(axis=1))
-                hits[j] += np.count_nonzero(stat >= observed[j] - tol[j])
-        return hits / float(total), "exact"
-    hits = np.zeros(m, np.int64)
-    for rows in _blocks(resamples, n_clusters):
-        flip = rng.random((rows, n_clusters)) < 0.5
-        for j, col in enumerate(columns):
-            stat = np.abs(np.where(flip, -col, col).sum(axis=1))
-            hits[j] += np.count_nonzero(stat >= observed[j] - tol[j])
-    return (hits + 1.0) / (resamples + 1.0), "sign-flip"
+    if sums.shape[0] <= exact_max:
+        return exact_pvalues(sums), "exact"
+    return monte_carlo_pvalues(flip_hits(sums, seed, 0, resamples), resamples), "sign-flip"
 
 
 def sign_flip_test(
@@ -377,7 +432,7 @@ def sign_flip_test(
         else np.unique(np.asarray(clusters), return_inverse=True)[1]
     )
     sums, _ = _cluster_sums(d[:, None], cluster)
-    p, _ = _flip_pvalues(sums, resamples, _streams(seed)[1], _check_exact(exact_max))
+    p, _ = _flip_pvalues(sums, resamples, seed, _check_exact(exact_max))
     return float(p[0])
 
 
@@ -465,6 +520,7 @@ def compare_ranks(
     exact_max: int = EXACT_MAX,
     dataset: str | None = None,
     names: tuple[str, str] = ("A", "B"),
+    flips: int | None = None,
 ) -> list[dict[str, Any]]:
     """Paired comparison of encoder B against encoder A on the same queries.
 
@@ -477,6 +533,8 @@ def compare_ranks(
         (labels default to A's query manifest).
     exact_max : enumerate all sign flips when there are at most this many clusters.
     dataset, names : copied into the rows (``dataset``, ``encoder_a``, ``encoder_b``).
+    flips : random sign flips of the test (default: ``resamples``); the bootstrap
+        interval of the difference always uses ``resamples``.
 
     Returns
     -------
@@ -489,24 +547,82 @@ def compare_ranks(
     """
     _check_options(resamples, seed, confidence, by)
     exact_max = _check_exact(exact_max)
+    flips = resamples if flips is None else _check_flips(flips)
     _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names)
     metric_list = resolve_metrics(attrs_a["protocol"], metrics, ks)
-    table_a = _unit_table(arrays_a, attrs_a, metric_list, ap)
-    va, vb = table_a.values, _unit_table(arrays_b, attrs_b, metric_list, ap).values
+    table_a = unit_table(arrays_a, attrs_a, metric_list, ap)
+    va, vb = table_a.values, unit_table(arrays_b, attrs_b, metric_list, ap).values
     rows = table_a.rows
-    cluster = _clusters(rows, query_labels(attrs_a, labels) if by == "identity" else None)
-    boot_rng, flip_rng = _streams(seed)
-    d = vb - va
-    sums, sizes = _cluster_sums(d, cluster)
-    bounds = 100.0 * _percentile_interval(
-        _bootstrap_means(sums, sizes, resamples, boot_rng), confidence
+    cluster = clusters_of(rows, attrs_a, by=by, labels=labels)
+    estimates = paired_estimates(
+        va, vb, cluster, resamples=resamples, seed=seed, confidence=confidence
     )
-    pvalues, test = _flip_pvalues(sums, resamples, flip_rng, exact_max)
+    sums = paired_sums(va, vb, cluster)
+    if len(sums) <= exact_max:
+        pvalues, test = exact_pvalues(sums), "exact"
+    else:
+        pvalues, test = monte_carlo_pvalues(flip_hits(sums, seed, 0, flips), flips), "sign-flip"
+    return comparison_rows(
+        estimates,
+        metric_list,
+        pvalues,
+        test,
+        by=by,
+        confidence=confidence,
+        dataset=dataset,
+        names=names,
+    )
+
+
+def paired_sums(va: np.ndarray, vb: np.ndarray, cluster: np.ndarray) -> np.ndarray:
+    """Cluster sums ``(C, m)`` of the per-unit differences ``vb - va``."""
+    return _cluster_sums(vb - va, cluster)[0]
+
+
+def paired_estimates(
+    va: np.ndarray,
+    vb: np.ndarray,
+    cluster: np.ndarray,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """The estimates of a paired comparison of per-unit values ``(n_units, m)``:
+    ``a``, ``b`` (means, percent), the paired bootstrap interval ``ci`` ``(2, m)`` of
+    ``b - a`` (percentage points; ``resamples`` resamples of the clusters), and the
+    number of units and clusters. Everything but the test, which
+    :func:`exact_pvalues` or :func:`flip_hits` gives."""
+    sums, sizes = _cluster_sums(vb - va, cluster)
+    bounds = 100.0 * _percentile_interval(
+        _bootstrap_means(sums, sizes, resamples, _streams(seed)[0]), confidence
+    )
+    return {
+        "a": [100.0 * float(np.mean(va[:, j])) for j in range(va.shape[1])],
+        "b": [100.0 * float(np.mean(vb[:, j])) for j in range(vb.shape[1])],
+        "ci": bounds.tolist(),
+        "num_units": int(len(va)),
+        "num_clusters": int(len(sizes)),
+    }
+
+
+def comparison_rows(
+    estimates: dict[str, Any],
+    metrics: Sequence[str],
+    pvalues,
+    test: str,
+    *,
+    by: str,
+    confidence: float = 0.95,
+    dataset: str | None = None,
+    names: tuple[str, str] = ("A", "B"),
+) -> list[dict[str, Any]]:
+    """One row per metric (see :func:`compare_ranks`), Holm-adjusted across them."""
     adjusted = holm(pvalues)
     key = ci_key(confidence)
     out = []
-    for j, name in enumerate(metric_list):
-        a, b = 100.0 * float(np.mean(va[:, j])), 100.0 * float(np.mean(vb[:, j]))
+    for j, name in enumerate(metrics):
+        a, b = estimates["a"][j], estimates["b"][j]
         out.append(
             {
                 "dataset": dataset,
@@ -516,16 +632,22 @@ def compare_ranks(
                 "a": a,
                 "b": b,
                 "diff": b - a,
-                key: [float(bounds[0, j]), float(bounds[1, j])],
+                key: [float(estimates["ci"][0][j]), float(estimates["ci"][1][j])],
                 "p_value": float(pvalues[j]),
                 "p_holm": adjusted[j],
                 "test": test,
                 "by": by,
-                "num_units": int(len(rows)),
-                "num_clusters": int(len(sizes)),
+                "num_units": estimates["num_units"],
+                "num_clusters": estimates["num_clusters"],
             }
         )
     return out
+
+
+def _check_flips(flips: int) -> int:
+    from . import options
+
+    return int(options.FLIPS.check(flips))
 
 
 def format_p(p: float) -> str:

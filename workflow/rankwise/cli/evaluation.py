@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from .. import options as spec
 from . import shared
 
 
@@ -139,7 +140,20 @@ def _provenance(path: str) -> dict:
 @click.option(
     "--text-output", type=click.Path(dir_okay=False), help="Write the text report here too."
 )
-def metrics(ranks, ks, ap, output, text_output):
+@click.option(
+    "--stats-output",
+    type=click.Path(dir_okay=False),
+    help="Also write the statistics summary the report reads (.npz): the 95% interval "
+    "of every metric, the CMC curve, the per-query values of the paired tests; "
+    "computed for --resamples, --seed, --by and --cmc-max-rank.",
+)
+@spec.CMC_MAX_RANK.click(help="With --stats-output: the CMC curve covers ranks 1..N.")
+@spec.REPORT_RESAMPLES.click(
+    help="With --stats-output: bootstrap resamples of the intervals (0: none)."
+)
+@spec.SEED.click(help="With --stats-output: seed of the resampling.")
+@spec.BY.click(help="With --stats-output: resample queries, or identities.")
+def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
     """Score a ranks store: print the text report, write the JSON report (+ provenance)."""
     from ..api import REPORT_KEYS, result_from_ranks
     from ..store import read_ranks
@@ -149,4 +163,10 @@ def metrics(ranks, ks, ap, output, text_output):
     assert tuple(report) == REPORT_KEYS
     report["provenance"] = {k: v for k, v in attrs.items() if k not in ("complete", "kind")}
     report["provenance"].update({"ks": list(ks), "ap": ap, "ranks": str(ranks)})
+    if stats_output:
+        from ..summary import summarise, write_summary
+
+        summary = summarise(arrays, attrs, metrics=list(report["metrics"]), ap=ap, **statistics)
+        write_summary(stats_output, summary)
+        report["provenance"]["stats"] = str(stats_output)
     _emit(report, output, text_output)

@@ -67,19 +67,34 @@ from .. import options as spec
     help="Whose worst queries: the best encoder of each dataset, or every one."
 )
 @spec.TOP_K.click(help="Nearest gallery items shown per worst query.")
-def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, **options):
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(file_okay=False),
+    help="Keep each paired test in this folder, keyed by both evaluations' content: "
+    "a report with one new encoder recomputes only the pairs that involve it. "
+    "Safe to delete.",
+)
+def report(
+    metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, cache_dir, **options
+):
     """Compare encoders across datasets from `rankwise metrics` JSON files.
 
     METRICS are the --output files of `rankwise metrics`, named
     <dataset>/<encoder>.json (the pipeline's results/metrics/ layout), given in the
     order the encoders should appear (e.g. epochs). The ranks store, manifests and
     embedding stores each file's provenance names are read for the intervals, the
-    paired tests, the CMC curves and the worst queries.
+    paired tests, the CMC curves and the worst queries, unless the statistics
+    summary each file names (`rankwise metrics --stats-output`) was computed for
+    the same --resamples, --seed, --by and --cmc-max-rank.
     """
     from ..extras import require
 
     require("matplotlib", "rankwise report")  # before the report module imports it
     from ..report import write_report
+    from ..report.pairs import PairCache
+
+    cache = PairCache(cache_dir)
 
     if not (html_path or md_path or json_path):
         out = Path(out_dir)
@@ -95,12 +110,18 @@ def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, 
         json_path=json_path,
         csv_path=csv_path,
         tex_path=tex_path,
+        cache=cache,
         **options,
     )
     for path in (html_path, md_path, json_path, csv_path, tex_path):
         if path:
             click.echo(f"wrote {path}")
     significant = sum(c["significant"] for c in doc["comparisons"])
+    if cache_dir:
+        click.echo(
+            f"paired tests: {cache.computed} computed, {cache.extended} extended, "
+            f"{cache.reused} reused ({cache_dir})"
+        )
     click.echo(
         f"{len(doc['results'])} results: {len(doc['datasets'])} dataset(s) x "
         f"{len(doc['encoders'])} encoder(s); {len(doc['comparisons'])} comparisons, "

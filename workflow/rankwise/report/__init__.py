@@ -9,8 +9,9 @@ and the ranks store's path under ``ranks``).  Names come from the pipeline layou
 the encoder.  Datasets and encoders keep the order in which they are given (the
 pipeline gives them in config order, so a series of checkpoints reads as epochs).
 
-Everything else is read from the ranks store (and, for the worst queries, the
-manifests and embedding stores) that the provenance names; paths are relative to
+Everything else is read from the metrics job's statistics summary or the ranks store
+(and, for the worst queries, the manifests and embedding stores) that the provenance
+names; paths are relative to
 the folder the pipeline runs in.  Per dataset x encoder the report holds:
 
 - the metrics and, for each, its 95% interval ``ci95`` (percentile bootstrap of the
@@ -30,9 +31,17 @@ every metric, of every pair of encoders of a dataset when it has at most
 ``ALL_PAIRS_MAX`` of them, else of each encoder against the previous one and of the best
 one against the others;
 p-values from the paired sign-flip test, adjusted by Holm across every comparison in
-the report; ``significant`` means ``p_holm < ALPHA``.  The tests (and the intervals
-of the differences) use :func:`flip_resamples` resamples: at least ``resamples``, and
-enough that the smallest Monte Carlo p-value can survive Holm's correction.
+the report; ``significant`` means ``p_holm < ALPHA``.  The intervals of the
+differences use ``resamples`` bootstrap resamples; the tests :func:`flip_resamples`
+sign flips: at least ``resamples``, and enough that the smallest Monte Carlo p-value
+can survive Holm's correction.
+
+Incremental: the per-evaluation statistics (intervals, CMC, completion curve, the
+per-query values) come from the statistics summary the metrics job wrote
+(:mod:`rankwise.summary`) when it was computed for the report's settings, else from the
+ranks store; each paired test (and worst-queries list) is kept in a cache keyed by the
+inputs' content (:mod:`.pairs`), so a report with one new encoder computes only the
+pairs that involve it.
 
 Outputs, all rendered from one document (:func:`build_report`, plain data) through
 one view-model of cells and words (:mod:`.view`):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import numpy as np
 
 from ..errors import RankwiseError
+from ..summary import Summary
 from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE
+from .pairs import PairCache
 
 
 def comparison_pairs(encoders: list[str], best: str | None = None) -> list[tuple[str, str]]:
@@ -41,36 +44,85 @@ def flip_resamples(resamples: int, num_tests: int) -> int:
     return max(int(resamples), needed)
 
 
+def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: str) -> None:
+    """The checks of :func:`rankwise.stats.compare_ranks`, on the report's entries."""
+    name_a, source = entry_a["encoder"], entry_b["source"]
+    if ap_variant(entry_a) != ap_variant(entry_b):
+        raise RankwiseError(
+            f"{source}: AP variant {ap_variant(entry_b)!r} differs from {name_a}'s "
+            f"{ap_variant(entry_a)!r} on dataset {dataset!r}; score both with the same --ap"
+        )
+    for key in ("protocol", "num_gallery"):
+        if entry_a[key] != entry_b[key]:
+            raise RankwiseError(
+                f"{source}: {key} {entry_b[key]!r} differs from {name_a}'s "
+                f"{entry_a[key]!r}; compare encoders on the same dataset and protocol options"
+            )
+    options = [e["provenance"]["protocol_options"] for e in (entry_a, entry_b)]
+    if None not in options and _canonical(options[0]) != _canonical(options[1]):
+        raise RankwiseError(
+            f"{source}: protocol_options {options[1]!r} differs from {name_a}'s "
+            f"{options[0]!r}; compare encoders on the same dataset and protocol options"
+        )
+    if not np.array_equal(a.rows, b.rows):
+        raise RankwiseError(
+            f"{source}: its evaluated queries (query_index, {len(b.rows)} queries) "
+            f"differ from {name_a}'s ({len(a.rows)}); a paired comparison needs "
+            "both ranked on the same query and gallery manifests"
+        )
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def compare_encoders(
-    groups, stores, *, resamples: int, seed: int, by: str, best: dict[str, str] | None = None
+    groups,
+    summaries: dict[tuple[str, str], Summary | None],
+    *,
+    resamples: int,
+    seed: int,
+    by: str,
+    best: dict[str, str] | None = None,
+    cache: PairCache | None = None,
 ) -> tuple[list[dict], int]:
     """Every paired comparison, Holm-adjusted together (see the module docstring), and
-    the resamples they used (:func:`flip_resamples`)."""
-    from ..stats import compare_ranks, with_holm
+    the sign flips they used (:func:`flip_resamples`).
 
+    ``summaries``: each evaluation's :class:`~rankwise.summary.Summary` (``None``: not
+    compared). The difference intervals use ``resamples`` bootstrap resamples; the
+    tests ``flip_resamples(resamples, number of tests)`` sign flips. ``cache`` keeps
+    each pair's result (:class:`.pairs.PairCache`)."""
+    from ..stats import EXACT_MAX, comparison_rows, with_holm
+
+    cache = cache or PairCache(None)
     plan = []
     for dataset, entries in groups:
-        by_name = {e["encoder"]: e for e in entries if stores[dataset, e["encoder"]] is not None}
+        by_name = {e["encoder"]: e for e in entries if summaries[dataset, e["encoder"]]}
         for a, b in comparison_pairs(list(by_name), (best or {}).get(dataset)):
-            if ap_variant(by_name[a]) != ap_variant(by_name[b]):
-                raise RankwiseError(
-                    f"{by_name[b]['source']}: AP variant "
-                    f"{ap_variant(by_name[b])!r} differs from {a}'s "
-                    f"{ap_variant(by_name[a])!r} on dataset {dataset!r}; "
-                    "score both with the same --ap"
-                )
+            sa, sb = summaries[dataset, a], summaries[dataset, b]
+            assert sa is not None and sb is not None
+            _check_pair(by_name[a], by_name[b], sa, sb, dataset)
             names = [n for n in by_name[a]["metrics"] if n in by_name[b]["metrics"]]
-            plan.append((dataset, a, b, names, ap_variant(by_name[a])))
-    n_resamples = flip_resamples(resamples, sum(len(p[3]) for p in plan))
+            plan.append((dataset, a, b, names, sa, sb))
+    n_flips = flip_resamples(resamples, sum(len(p[3]) for p in plan))
     rows = []
-    for dataset, a, b, names, ap in plan:
-        rows += compare_ranks(
-            *stores[dataset, a],
-            *stores[dataset, b],
-            metrics=names,
-            ap=ap,
-            resamples=n_resamples,
+    for dataset, a, b, names, sa, sb in plan:
+        estimates, pvalues, test = cache.compare(
+            sa,
+            sb,
+            names,
+            resamples=resamples,
+            flips=n_flips,
             seed=seed,
+            confidence=CONFIDENCE,
+            exact_max=EXACT_MAX,
+        )
+        rows += comparison_rows(
+            estimates,
+            names,
+            pvalues,
+            test,
             by=by,
             confidence=CONFIDENCE,
             dataset=dataset,
@@ -95,4 +147,4 @@ def compare_encoders(
             "num_clusters": row["num_clusters"],
         }
         for row in with_holm(rows)
-    ], n_resamples
+    ], n_flips

@@ -19,12 +19,11 @@ import numpy as np
 
 from .. import __version__
 from ..errors import RankwiseError
-from ..metrics import cmc
 from ..registry import get_protocol
-from ..stats import DEFAULT_RESAMPLES, metric_cis
+from ..stats import DEFAULT_RESAMPLES
 from .comparisons import ap_variant, compare_encoders
 from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE
-from .curves import progressive_curve
+from .pairs import PairCache
 from .worst import worst_queries_of
 
 
@@ -81,11 +80,8 @@ def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _load(metrics_path: str | os.PathLike, cmc_max_rank: int):
-    """``(entry, store)``: the report entry of a metrics JSON and its ranks store
-    ``(arrays, attrs)`` (``None`` when the store it names is not there)."""
-    from ..store import read_ranks
-
+def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
+    """The report entry of a metrics JSON (its statistics are filled in later)."""
     path = Path(metrics_path)
     try:
         data = json.loads(path.read_text())
@@ -100,9 +96,7 @@ def _load(metrics_path: str | os.PathLike, cmc_max_rank: int):
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise RankwiseError(f"{path}: no 'metrics' object; pass the --output of `rankwise metrics`")
     raw = data.get("provenance") or {}
-    ranks = raw.get("ranks")
-    store = read_ranks(ranks) if ranks and Path(ranks).is_dir() else None
-    entry = {
+    return {
         "dataset": path.parent.name,
         "encoder": path.stem,
         **{
@@ -118,13 +112,73 @@ def _load(metrics_path: str | os.PathLike, cmc_max_rank: int):
         },
         "metrics": {k: float(v) for k, v in data["metrics"].items()},
         "ci95": None,
-        "cmc": cmc(*store, cmc_max_rank) if store else None,
+        "cmc": None,
         "progressive": None,
         "worst_queries": None,
         "provenance": _provenance(path.stem, raw),
         "source": str(path),
     }
-    return entry, store
+
+
+class _Stores:
+    """The ranks stores the entries' provenance names, read on first use (most reports
+    read none: the statistics come from the metrics jobs' summaries)."""
+
+    def __init__(self) -> None:
+        self._read: dict[str, Any] = {}
+
+    @staticmethod
+    def exists(entry: dict[str, Any]) -> bool:
+        path = entry["provenance"]["files"]["ranks"]
+        return bool(path) and Path(path).is_dir()
+
+    def get(self, entry: dict[str, Any]):
+        """``(arrays, attrs)`` of the entry's ranks store, or ``None`` when it is not there."""
+        from ..store import read_ranks
+
+        path = entry["provenance"]["files"]["ranks"]
+        if path not in self._read:
+            self._read[path] = read_ranks(path) if self.exists(entry) else None
+        return self._read[path]
+
+
+def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
+    """The entry's statistics: the summary its metrics job wrote when it was computed
+    for these settings, else computed from its ranks store (``None`` without one)."""
+    from ..summary import read_summary, summarise
+
+    wanted = {**settings, "metrics": list(entry["metrics"]), "ap": ap_variant(entry)}
+    path = entry["provenance"]["raw"].get("stats")
+    if path and Path(path).is_file():
+        summary = read_summary(path)
+        if summary.matches(wanted):
+            return summary
+    store = stores.get(entry)
+    if store is None:
+        return None
+    return summarise(*store, **wanted)
+
+
+def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, top_k: int):
+    """The entry's worst queries (:func:`.worst.worst_queries_of`), kept in ``cache``
+    under its ranks store's attributes and per-unit values (the attributes name the
+    embeddings' checkpoint hash, encoder options and manifests' hashes)."""
+
+    def compute():
+        store = stores.get(entry)
+        assert store is not None
+        return worst_queries_of(*store, n=n, top_k=top_k, ap=ap_variant(entry))
+
+    if cache is None or summary is None:
+        return compute()
+    key = {
+        "attrs": entry["provenance"]["raw"],
+        "units": summary.key,
+        "n": n,
+        "top_k": top_k,
+        "ap": ap_variant(entry),
+    }
+    return cache.remember("worst_queries", json.loads(json.dumps(key, default=str)), compute)
 
 
 def headline_names(entries: list[dict[str, Any]]) -> list[str]:
@@ -167,6 +221,7 @@ def build_report(
     worst_queries: int = 5,
     worst_encoders: str = "best",
     top_k: int = 10,
+    cache: PairCache | None = None,
 ) -> dict[str, Any]:
     """The report document (what ``report.json`` holds) for the given metrics files.
 
@@ -180,6 +235,9 @@ def build_report(
     worst_queries : how many worst queries to list per dataset x shown encoder (0: none).
     worst_encoders : ``"best"`` (the best encoder of each dataset) or ``"all"``.
     top_k : gallery items shown per worst query.
+    cache : keeps each paired test (:class:`.pairs.PairCache`, e.g. on a folder), so a
+        report with one new encoder recomputes only the pairs that involve it; it
+        counts what it computed, extended and reused.
 
     Datasets and encoders keep the order in which they first appear.
     """
@@ -192,57 +250,61 @@ def build_report(
         worst_encoders=worst_encoders,
         top_k=top_k,
     )
-    loaded = [_load(p, cmc_max_rank) for p in metrics_paths]
-    if not loaded:
+    results = [_load(p) for p in metrics_paths]
+    if not results:
         raise RankwiseError(
             "no metrics files given; pass the JSON files written by "
             "`rankwise metrics` (e.g. results/metrics/*/*.json)"
         )
-    results = [entry for entry, _ in loaded]
-    stores: dict[tuple[str, str], Any] = {}
     seen: dict[tuple[str, str], str] = {}
-    for entry, store in loaded:
+    for entry in results:
         key = (entry["dataset"], entry["encoder"])
         if key in seen:
             raise RankwiseError(
                 f"{entry['source']}: dataset {key[0]!r} x encoder {key[1]!r} "
                 f"is also given by {seen[key]}; pass each pair once"
             )
-        seen[key], stores[key] = entry["source"], store
+        seen[key] = entry["source"]
     datasets = list(dict.fromkeys(r["dataset"] for r in results))
     encoders = list(dict.fromkeys(r["encoder"] for r in results))
     groups = [(d, [r for r in results if r["dataset"] == d]) for d in datasets]
+    settings = {
+        "resamples": resamples,
+        "seed": seed,
+        "by": by,
+        "confidence": CONFIDENCE,
+        "cmc_max_rank": cmc_max_rank,
+    }
+    stores = _Stores()
+    summaries = {}
     for entry in results:
-        store = stores[entry["dataset"], entry["encoder"]]
-        if store is None:
+        summary = _summary(entry, settings, stores)
+        summaries[entry["dataset"], entry["encoder"]] = summary
+        if summary is None:
             continue
-        if resamples:
-            entry["ci95"] = metric_cis(
-                *store,
-                metrics=list(entry["metrics"]),
-                ap=ap_variant(entry),
-                resamples=resamples,
-                seed=seed,
-                by=by,
-                confidence=CONFIDENCE,
-            )
+        entry["cmc"] = summary.cmc
+        entry["ci95"] = summary.ci95
         if get_protocol(entry["protocol"]).unit == "sketch":
-            entry["progressive"] = progressive_curve(*store, resamples=resamples, seed=seed)
+            entry["progressive"] = summary.progressive
     if worst_queries:
         for _, entries in groups:
-            shown = [e for e in entries if stores[e["dataset"], e["encoder"]] is not None]
+            shown = [e for e in entries if stores.exists(e)]
             if shown and worst_encoders == "best":
                 shown = [e for e in shown if e["encoder"] == best_encoder(shown)]
             for entry in shown:
-                entry["worst_queries"] = worst_queries_of(
-                    *stores[entry["dataset"], entry["encoder"]],
+                entry["worst_queries"] = _worst(
+                    entry,
+                    summaries[entry["dataset"], entry["encoder"]],
+                    stores,
+                    cache,
                     n=worst_queries,
                     top_k=top_k,
-                    ap=ap_variant(entry),
                 )
     best = {dataset: best_encoder(entries) for dataset, entries in groups}
     comparisons, n_test = (
-        compare_encoders(groups, stores, resamples=resamples, seed=seed, by=by, best=best)
+        compare_encoders(
+            groups, summaries, resamples=resamples, seed=seed, by=by, best=best, cache=cache
+        )
         if resamples
         else ([], 0)
     )

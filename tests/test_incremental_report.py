@@ -1,0 +1,212 @@
+"""The incremental report: statistics cached by the metrics jobs, paired tests per pair.
+
+Properties: a report assembled from the metrics jobs' summaries and the pair cache has
+the numbers of one computed from the ranks stores from scratch; a cached test extended
+to more sign flips has the p-value of one run with those flips from the start; adding an
+encoder computes only the pairs that involve it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from test_report import results  # noqa: F401  (the module fixture: 2 datasets x 3 encoders)
+
+from rankwise.cli import main
+from rankwise.errors import RankwiseError
+from rankwise.report import build_report
+from rankwise.report.pairs import PairCache
+from rankwise.stats import _cluster_sums, compare_ranks, flip_hits, paired_sums
+from rankwise.store import read_ranks
+from rankwise.summary import read_summary, summarise, write_summary
+
+OPTIONS = {"cmc_max_rank": 20, "resamples": 200, "seed": 3, "worst_queries": 2, "top_k": 4}
+
+
+def invoke(*args) -> str:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _numbers(doc: dict) -> dict:
+    """What the report says, without where it read it from."""
+    return {
+        "results": [
+            {k: e[k] for k in ("metrics", "ci95", "cmc", "progressive", "worst_queries")}
+            for e in doc["results"]
+        ],
+        "comparisons": doc["comparisons"],
+        "statistics": doc["statistics"],
+        "best": doc["best"],
+    }
+
+
+@pytest.fixture(scope="module")
+def summarised(results, tmp_path_factory):  # noqa: F811
+    """Copies of the metrics files whose metrics jobs also wrote statistics summaries
+    (`rankwise metrics --stats-output`) for OPTIONS."""
+    root, metrics = results
+    out = []
+    for path in metrics:
+        data = json.loads(path.read_text())
+        ranks = data["provenance"]["ranks"]
+        target = tmp_path_factory.mktemp("summaries") / path.parent.name / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        invoke(
+            "metrics",
+            ranks,
+            "--ks",
+            "1,2,5",
+            "--output",
+            target,
+            "--stats-output",
+            target.with_suffix(".stats.npz"),
+            "--cmc-max-rank",
+            OPTIONS["cmc_max_rank"],
+            "--resamples",
+            OPTIONS["resamples"],
+            "--seed",
+            OPTIONS["seed"],
+        )
+        assert json.loads(target.read_text())["provenance"]["stats"] == str(
+            target.with_suffix(".stats.npz")
+        )
+        out.append(target)
+    return out
+
+
+def test_summary_report_equals_report_from_the_stores(results, summarised):  # noqa: F811
+    _, metrics = results
+    scratch = build_report(metrics, **OPTIONS)
+    assembled = build_report(summarised, **OPTIONS)
+    assert _numbers(assembled) == _numbers(scratch)
+
+
+def test_summary_for_other_settings_is_not_used(results, summarised):  # noqa: F811
+    _, metrics = results
+    other = {**OPTIONS, "resamples": 150, "seed": 4, "cmc_max_rank": 10}
+    assert _numbers(build_report(summarised, **other)) == _numbers(build_report(metrics, **other))
+
+
+def test_summary_round_trip_and_key(results, tmp_path):  # noqa: F811
+    _, metrics = results
+    ranks = json.loads(metrics[0].read_text())["provenance"]["ranks"]
+    arrays, attrs = read_ranks(ranks)
+    summary = summarise(arrays, attrs, metrics=["recall@1", "map"], resamples=50, seed=1)
+    write_summary(tmp_path / "s.npz", summary)
+    again = read_summary(tmp_path / "s.npz")
+    assert again.settings == summary.settings and again.ci95 == summary.ci95
+    assert again.cmc == summary.cmc and again.key == summary.key
+    np.testing.assert_array_equal(again.values, summary.values)
+    other = summarise(arrays, attrs, metrics=["recall@1"], resamples=50, seed=1)
+    assert other.key != summary.key  # the key covers the metrics compared
+    (tmp_path / "bad.npz").write_text("not a summary")
+    with pytest.raises(RankwiseError, match=r"bad\.npz: not a statistics summary"):
+        read_summary(tmp_path / "bad.npz")
+
+
+@pytest.mark.parametrize("clusters", [23, 300])
+def test_extended_flips_equal_flips_from_scratch(clusters):
+    rng = np.random.default_rng(clusters)
+    sums = rng.normal(size=(clusters, 3))
+    sums[:, 1] = 0.05 * sums[:, 1] + 0.02  # a small, consistent difference
+    whole = flip_hits(sums, 7, 0, 5000)
+    # split anywhere (also across the generator's internal blocks): the same hits
+    for cut in (1, 999, 3333):
+        np.testing.assert_array_equal(
+            flip_hits(sums, 7, 0, cut) + flip_hits(sums, 7, cut, 5000), whole
+        )
+    assert not np.array_equal(flip_hits(sums, 8, 0, 5000), whole)  # the seed matters
+
+
+def test_pair_cache_extends_and_reuses(results, summarised, tmp_path):  # noqa: F811
+    _, metrics = results
+    path_a, path_b = metrics[0], metrics[1]  # toy: enc-a, enc-b
+    stores = [
+        read_ranks(json.loads(p.read_text())["provenance"]["ranks"]) for p in (path_a, path_b)
+    ]
+    names = ["recall@1", "map"]
+    sa, sb = (summarise(*s, metrics=names, resamples=100, seed=5) for s in stores)
+    cache = PairCache(tmp_path / "pairs")
+    settings = {"resamples": 100, "seed": 5, "confidence": 0.95, "exact_max": 0}
+    for flips, counts in ((300, (1, 0, 0)), (300, (1, 0, 1)), (1200, (1, 1, 1)), (500, (1, 2, 1))):
+        estimates, p, test = cache.compare(sa, sb, names, flips=flips, **settings)
+        assert (cache.computed, cache.extended, cache.reused) == counts
+        rows = compare_ranks(
+            *stores[0], *stores[1], metrics=names, resamples=100, seed=5, exact_max=0, flips=flips
+        )
+        assert test == "sign-flip"
+        assert list(p) == [r["p_value"] for r in rows]
+        assert [estimates["ci"][0][j] for j in range(2)] == [r["ci95"][0] for r in rows]
+    # a damaged entry is recomputed, not trusted
+    for entry in (tmp_path / "pairs").iterdir():
+        entry.write_text("{")
+    fresh = PairCache(tmp_path / "pairs")
+    _, p, _ = fresh.compare(sa, sb, names, flips=500, **settings)
+    assert fresh.computed == 1 and list(p) == [r["p_value"] for r in rows]
+
+
+def test_new_encoder_computes_only_its_pairs(results, summarised, tmp_path):  # noqa: F811
+    # toy and sketchy, each with enc-a, enc-b, enc-c (all pairs: three encoders <= 4)
+    first_two = [p for p in summarised if p.stem != "enc-c"]
+    cache = PairCache(tmp_path / "cache")
+    build_report(first_two, **OPTIONS, cache=cache)
+    assert (cache.computed, cache.extended, cache.reused) == (2, 0, 0)  # a-b per dataset
+    cache = PairCache(tmp_path / "cache")
+    doc = build_report(summarised, **OPTIONS, cache=cache)
+    # a-c and b-c are new; a-b is kept (extended when the larger report needs more flips)
+    assert cache.computed == 4 and cache.extended + cache.reused == 2
+    assert _numbers(doc) == _numbers(build_report(summarised, **OPTIONS))
+    # once more: every test (and every worst-queries list) comes from the cache
+    cache = PairCache(tmp_path / "cache")
+    again = build_report(summarised, **OPTIONS, cache=cache)
+    assert (cache.computed, cache.extended) == (0, 0)
+    assert _numbers(again) == _numbers(doc)
+
+
+def test_report_cli_cache_flag(summarised, tmp_path):
+    out = invoke(
+        "report",
+        *summarised,
+        "--json",
+        tmp_path / "r.json",
+        "--resamples",
+        OPTIONS["resamples"],
+        "--seed",
+        OPTIONS["seed"],
+        "--cmc-max-rank",
+        OPTIONS["cmc_max_rank"],
+        "--cache",
+        tmp_path / "cache",
+    )
+    assert "paired tests: 6 computed, 0 extended, 0 reused" in out
+    first = (tmp_path / "r.json").read_bytes()
+    out = invoke(
+        "report",
+        *summarised,
+        "--json",
+        tmp_path / "r.json",
+        "--resamples",
+        OPTIONS["resamples"],
+        "--seed",
+        OPTIONS["seed"],
+        "--cmc-max-rank",
+        OPTIONS["cmc_max_rank"],
+        "--cache",
+        tmp_path / "cache",
+    )
+    assert "paired tests: 0 computed, 0 extended, 6 reused" in out
+    assert (tmp_path / "r.json").read_bytes() == first  # cached or not: the same bytes
+    shutil.rmtree(tmp_path / "cache")
+
+
+def test_cluster_sums_of_differences():
+    va = np.array([[1.0], [0.0], [1.0]])
+    vb = np.array([[0.0], [1.0], [1.0]])
+    np.testing.assert_array_equal(paired_sums(va, vb, np.array([0, 0, 1])), [[0.0], [0.0]])
+    np.testing.assert_array_equal(_cluster_sums(vb - va, np.array([0, 1, 1]))[0], [[-1.0], [1.0]])

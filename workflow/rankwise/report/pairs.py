@@ -1,0 +1,154 @@
+"""Paired tests of two evaluations, cached per pair and keyed by both inputs' content.
+
+A paired comparison (:func:`rankwise.stats.compare_ranks`) is a function of the two
+evaluations' per-unit values and clusters (their :class:`~rankwise.summary.Summary`
+``key``), the metrics compared and the statistics settings. Its result is kept in
+``<cache>/<sha256>.json``, that sha256 being of all of these: a report with one new
+evaluation recomputes only the pairs that involve it.
+
+The number of random sign flips grows with the number of tests in the report
+(:func:`rankwise.report.comparisons.flip_resamples`). The flips are one seeded stream
+(:func:`rankwise.stats.flip_hits`), so a cached test is *extended*: the hits of flips
+``n .. n'`` are added to those of ``0 .. n`` — the same p-value as from scratch, for
+O(n' - n) work. Fewer flips than cached recompute from the start.
+
+The same folder keeps the worst queries of an evaluation (:meth:`PairCache.remember`),
+keyed by its ranks store's attributes (which name the embeddings' checkpoint hash,
+encoder options and manifest hashes) and per-unit values.
+
+Every file is written atomically; a file that is not a cache entry is ignored and
+rewritten. The folder may be deleted at any time (the next report recomputes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..stats import (
+    exact_pvalues,
+    flip_hits,
+    monte_carlo_pvalues,
+    paired_estimates,
+    paired_sums,
+)
+from ..summary import Summary
+
+_FORMAT = 1
+
+
+def _columns(summary: Summary, metrics: list[str]) -> np.ndarray:
+    names = list(summary.settings["metrics"])
+    return summary.values[:, [names.index(m) for m in metrics]]
+
+
+class PairCache:
+    """Paired tests of summaries, remembered in ``folder`` (``None``: nothing kept).
+
+    ``computed`` / ``reused`` / ``extended`` count what :meth:`compare` did (the report
+    prints them; the benchmarks read them)."""
+
+    def __init__(self, folder: str | os.PathLike | None):
+        self.folder = Path(folder) if folder else None
+        self.computed = self.reused = self.extended = 0
+
+    def _key(self, a: Summary, b: Summary, metrics: list[str], settings: dict) -> str:
+        text = json.dumps(
+            {"a": a.key, "b": b.key, "metrics": metrics, **settings, "format": _FORMAT},
+            sort_keys=True,
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        if self.folder is None:
+            return None
+        try:
+            entry = json.loads((self.folder / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return entry if isinstance(entry, dict) and entry.get("format") == _FORMAT else None
+
+    def _write(self, key: str, entry: dict[str, Any]) -> None:
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{key}.json"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**entry, "format": _FORMAT}))
+        os.replace(tmp, path)
+
+    def remember(self, what: str, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()``, or its result kept under ``what`` and the JSON value ``key``."""
+        text = json.dumps({"what": what, "key": key, "format": _FORMAT}, sort_keys=True)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        entry = self._read(digest)
+        if entry is not None and "value" in entry:
+            return entry["value"]
+        value = compute()
+        self._write(digest, {"value": value})
+        return value
+
+    def compare(
+        self,
+        a: Summary,
+        b: Summary,
+        metrics: list[str],
+        *,
+        resamples: int,
+        flips: int,
+        seed: int,
+        confidence: float,
+        exact_max: int,
+    ) -> tuple[dict[str, Any], np.ndarray, str]:
+        """``(estimates, p-values, test)`` of B against A on ``metrics`` (see
+        :func:`rankwise.stats.paired_estimates`; test ``"exact"`` or ``"sign-flip"``)."""
+        settings = {
+            "resamples": resamples,
+            "seed": seed,
+            "confidence": confidence,
+            "exact_max": exact_max,
+        }
+        key = self._key(a, b, metrics, settings)
+        entry = self._read(key)
+        sums = None
+        if entry is None:
+            va, vb = _columns(a, metrics), _columns(b, metrics)
+            estimates = paired_estimates(
+                va, vb, a.cluster, resamples=resamples, seed=seed, confidence=confidence
+            )
+            sums = paired_sums(va, vb, a.cluster)
+            if len(sums) <= exact_max:
+                entry = {"estimates": estimates, "test": "exact"}
+                entry["pvalues"] = exact_pvalues(sums).tolist()
+            else:
+                entry = {"estimates": estimates, "test": "sign-flip", "flips": 0}
+                entry["hits"] = [0] * len(metrics)
+            self.computed += 1
+        else:
+            self.reused += 1
+        if entry["test"] == "exact":
+            if sums is not None:
+                self._write(key, entry)
+            return entry["estimates"], np.asarray(entry["pvalues"]), "exact"
+        done = int(entry["flips"])
+        if done != flips:
+            if sums is None:
+                sums = paired_sums(_columns(a, metrics), _columns(b, metrics), a.cluster)
+                self.reused -= 1
+                self.extended += 1
+            start = done if done < flips else 0
+            hits = np.asarray(entry["hits"], np.int64) if start else 0
+            entry["hits"] = (hits + flip_hits(sums, seed, start, flips)).tolist()
+            entry["flips"] = flips
+            self._write(key, entry)
+        return (
+            entry["estimates"],
+            monte_carlo_pvalues(np.asarray(entry["hits"]), flips),
+            "sign-flip",
+        )

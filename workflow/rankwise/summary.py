@@ -1,0 +1,219 @@
+"""The statistics summary of one evaluation: what its metrics job caches for the report.
+
+``rankwise metrics --stats-output S`` writes, next to the metrics JSON, for the report's
+statistics settings (``resamples``, ``seed``, ``by``, ``confidence``, ``cmc_max_rank``)
+and the metrics of that JSON:
+
+- ``ci95``: the bootstrap interval of every metric (:func:`rankwise.stats.metric_cis`),
+- ``cmc``: the CMC curve, ranks 1..``cmc_max_rank`` (:func:`rankwise.metrics.cmc`),
+- ``progressive``: the sketch completion curve with its intervals (``progressive`` only),
+- the per-unit values ``(n_units, m)`` in store order (:func:`rankwise.metrics.per_unit`),
+  the units' query manifest rows ``(n_units,)`` and their cluster numbers ``(n_units,)``
+  (for ``by``), from which the report's paired tests are computed without reading the
+  ranks store again,
+- ``key``: sha256 of the per-unit values, rows, clusters and metric names, the cache key
+  of every paired test that involves this evaluation (:mod:`rankwise.report.pairs`).
+
+So the report job only assembles: an evaluation's statistics are computed once, in its
+own metrics job, in parallel with the others. The report uses a summary only when its
+settings equal the report's; otherwise it computes the same functions from the ranks
+store (the same numbers). File format: a NumPy ``.npz`` (arrays ``values``, ``rows``,
+``cluster``; ``meta``, the rest as a JSON string), written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import RankwiseError
+from .options import DEFAULT_RESAMPLES
+from .registry import get_protocol
+
+#: The settings a summary is computed for; the report uses it only when all are equal.
+SETTINGS = ("metrics", "ap", "resamples", "seed", "by", "confidence", "cmc_max_rank")
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One evaluation's statistics (see the module docstring)."""
+
+    settings: dict[str, Any]
+    ci95: dict[str, list[float]] | None
+    cmc: list[float]
+    progressive: dict[str, list] | None
+    values: np.ndarray  # (n_units, m) float64, columns = settings["metrics"]
+    rows: np.ndarray  # (n_units,) int64, query manifest row of each unit
+    cluster: np.ndarray  # (n_units,) int64, resampled cluster of each unit
+
+    @property
+    def key(self) -> str:
+        """sha256 of what a paired test reads of this evaluation."""
+        digest = hashlib.sha256()
+        digest.update(json.dumps(list(self.settings["metrics"])).encode())
+        for array in (self.values, self.rows, self.cluster):
+            array = np.ascontiguousarray(array)
+            digest.update(f"{array.dtype.str}{array.shape}".encode())
+            digest.update(array.tobytes())
+        return digest.hexdigest()
+
+    def matches(self, settings: dict[str, Any]) -> bool:
+        """Whether it was computed for these settings (``SETTINGS`` keys given)."""
+        return all(
+            _canonical(self.settings.get(k)) == _canonical(settings[k])
+            for k in SETTINGS
+            if k in settings
+        )
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def summarise(
+    arrays: dict[str, np.ndarray],
+    attrs: dict,
+    *,
+    metrics: list[str],
+    ap: str = "standard",
+    resamples: int,
+    seed: int = 0,
+    by: str = "query",
+    confidence: float = 0.95,
+    cmc_max_rank: int = 50,
+    labels=None,
+) -> Summary:
+    """The summary of a ranks store ``(arrays, attrs)`` for these settings.
+
+    ``resamples = 0`` leaves out the intervals (``ci95`` and the completion curve's are
+    ``None``), as the report does; the per-unit values are kept.
+    """
+    from . import stats
+    from .metrics import cmc
+
+    table = stats.unit_table(arrays, attrs, metrics, ap)
+    cluster = stats.clusters_of(table.rows, attrs, by=by, labels=labels)
+    ci95 = (
+        stats.unit_cis(table, cluster, resamples=resamples, seed=seed, confidence=confidence)
+        if resamples
+        else None
+    )
+    progressive = (
+        progressive_curve(arrays, attrs, resamples=resamples, seed=seed, confidence=confidence)
+        if get_protocol(attrs["protocol"]).unit == "sketch"
+        else None
+    )
+    settings = {
+        "metrics": list(metrics),
+        "ap": ap,
+        "resamples": int(resamples),
+        "seed": int(seed),
+        "by": by,
+        "confidence": float(confidence),
+        "cmc_max_rank": int(cmc_max_rank),
+    }
+    return Summary(
+        settings=settings,
+        ci95=ci95,
+        cmc=cmc(arrays, attrs, cmc_max_rank),
+        progressive=progressive,
+        values=np.ascontiguousarray(table.values, np.float64),
+        rows=np.asarray(table.rows, np.int64),
+        cluster=np.asarray(cluster, np.int64),
+    )
+
+
+def write_summary(path: str | os.PathLike, summary: Summary) -> None:
+    """Write ``summary`` to ``path`` (``.npz``) atomically: a reader sees the old file or
+    the whole new one."""
+    path = Path(path)
+    meta = {
+        "format": _FORMAT,
+        "settings": summary.settings,
+        "ci95": summary.ci95,
+        "cmc": summary.cmc,
+        "progressive": summary.progressive,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(
+        tmp,
+        values=summary.values,
+        rows=summary.rows,
+        cluster=summary.cluster,
+        meta=np.array(json.dumps(meta)),
+    )
+    os.replace(tmp, path)
+
+
+def read_summary(path: str | os.PathLike) -> Summary:
+    """The summary written by :func:`write_summary`; a file that is not one raises."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            if meta.get("format") != _FORMAT:
+                raise ValueError("format")
+            return Summary(
+                settings=meta["settings"],
+                ci95=meta["ci95"],
+                cmc=[float(x) for x in meta["cmc"]],
+                progressive=meta["progressive"],
+                values=np.asarray(data["values"], np.float64),
+                rows=np.asarray(data["rows"], np.int64),
+                cluster=np.asarray(data["cluster"], np.int64),
+            )
+    except OSError as exc:
+        raise RankwiseError(
+            f"{path}: cannot read the statistics summary ({exc.strerror or exc}); "
+            "run `rankwise metrics --stats-output` again"
+        ) from None
+    except (ValueError, KeyError, TypeError):
+        raise RankwiseError(
+            f"{path}: not a statistics summary written by this rankwise; "
+            "run `rankwise metrics --stats-output` again"
+        ) from None
+
+
+def progressive_curve(
+    arrays: dict[str, np.ndarray],
+    attrs: dict,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, list]:
+    """The target's rank against sketch completion, for a ``progressive`` ranks store.
+
+    A sketch's renderings are ordered by step; rendering t of T is ``100 t / T`` percent
+    complete (grouped into tenths when there are more than 20 distinct levels).
+
+    Returns
+    -------
+    dict of lists, one item per completion level (ascending): ``completion`` (percent),
+    ``num_renderings``, ``mean_reciprocal_rank`` (mean ``1 / r_t`` in percent; m@B is
+    its average over steps), ``median_rank``, ``ci95`` (bootstrap interval of the
+    mean reciprocal rank, sketches resampled; ``None`` when ``resamples`` is 0).
+    """
+    from .metrics import completion_curve, completion_levels
+    from .stats import bootstrap_ci
+
+    out = completion_curve(arrays)
+    out["ci95"] = [
+        [
+            100.0 * x
+            for x in bootstrap_ci(
+                1.0 / r, clusters=sketch, resamples=resamples, seed=seed, confidence=confidence
+            )
+        ]
+        if resamples
+        else None
+        for _, r, sketch in completion_levels(arrays)
+    ]
+    return out
