@@ -21,6 +21,7 @@ rule rank:
         query_stride=dataset_value("query_stride"),
         junk_labels=comma_list("junk_labels"),
         same_camera=same_camera_flag,
+        multi_query=dataset_value("multi_query"),
         engine=engine_args,
     threads: ENGINE["threads"]
     conda:
@@ -34,5 +35,6 @@ rule rank:
         " --protocol {params.protocol} --distance {params.distance}"
         " --gap-frames {params.gap_frames} --query-stride {params.query_stride}"
         " --junk-labels {params.junk_labels:q} {params.same_camera}"
+        " --multi-query {params.multi_query}"
         " {params.engine} --out {output.ranks:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

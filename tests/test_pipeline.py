@@ -208,6 +208,7 @@ def test_new_ap_variant_reruns_only_metrics(workdir):
         {"distance": "cosine"},
         {"junk_labels": []},
         {"exclude_same_camera": False},
+        {"multi_query": "mean"},
         {"protocol": "recall"},
     ],
 )

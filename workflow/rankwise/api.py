@@ -12,7 +12,15 @@ import pandas as pd
 from .errors import RankwiseError
 from .inputs import open_inputs
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
-from .options import EXCLUDE_SAME_CAMERA, GALLERY_CHUNK, JUNK_LABELS, KS, QUERY_BLOCK, QUERY_STRIDE
+from .options import (
+    EXCLUDE_SAME_CAMERA,
+    GALLERY_CHUNK,
+    JUNK_LABELS,
+    KS,
+    MULTI_QUERY,
+    QUERY_BLOCK,
+    QUERY_STRIDE,
+)
 from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
 
 REPORT_KEYS = (
@@ -100,6 +108,7 @@ def rank(
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+    multi_query: str = MULTI_QUERY.default,
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
@@ -118,6 +127,8 @@ def rank(
         memory_limit_mb=memory_limit_mb,
     )
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
+    inputs = inputs.pool(multi_query, distance=distance)
+    pooled = inputs.pooled
     problem = inputs.problem(
         gap_frames=gap_frames,
         query_stride=query_stride,
@@ -128,7 +139,19 @@ def rank(
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
     del inputs
-    return compute_ranks(problem, q_src, g_src, distance=distance, options=options)
+    result = compute_ranks(problem, q_src, g_src, distance=distance, options=options)
+    if pooled is not None:
+        # Pooled query p is reported as its representative's manifest row; its members
+        # are listed beside it.
+        p = result.query_index
+        sizes = np.diff(pooled.offsets)[p]
+        members = [pooled.members[pooled.offsets[i] : pooled.offsets[i + 1]] for i in p]
+        result.query_index = pooled.rows[p]
+        result.extra["members_offsets"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+        result.extra["members"] = (
+            np.concatenate(members).astype(np.int64) if members else np.zeros(0, np.int64)
+        )
+    return result
 
 
 def evaluate(
@@ -144,6 +167,7 @@ def evaluate(
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+    multi_query: str = MULTI_QUERY.default,
     ap: str = "standard",
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
@@ -168,6 +192,10 @@ def evaluate(
     junk_labels : reid labels removed from the gallery (default ``-1``).
     exclude_same_camera : reid, same label AND same camera is not ranked (default);
         False keeps those items as valid matches (the query's own id stays excluded).
+    multi_query : reid, ``none`` (default: every query row is a query), ``mean`` or
+        ``max``: one query per (label, camera) pooling its rows
+        (:mod:`rankwise.multiquery` says exactly how); ``query_index`` is then the
+        representative's row (smallest id) and ``per_query`` counts pooled queries.
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
@@ -192,6 +220,7 @@ def evaluate(
         query_stride=query_stride,
         junk_labels=junk_labels,
         exclude_same_camera=exclude_same_camera,
+        multi_query=multi_query,
         query_block=query_block,
         gallery_chunk=gallery_chunk,
         workers=workers,

@@ -443,6 +443,14 @@ EXCLUDE_SAME_CAMERA = Option(
     True,
     help="reid, same label AND same camera is not ranked; false keeps those as matches",
 )
+MULTI_QUERY = Option(
+    "multi_query",
+    "enum",
+    "none",
+    choices=("none", "mean", "max"),
+    help="reid, one query per (label, camera): the mean or element-wise max of its query "
+    "rows; none = every row is a query",
+)
 AP = Option(
     "ap",
     "enum",
@@ -454,7 +462,15 @@ AP = Option(
 
 #: The options of a dataset entry in the config that say how it is evaluated.
 EVALUATION = group(
-    PROTOCOL, DISTANCE, KS, GAP_FRAMES, QUERY_STRIDE, JUNK_LABELS, EXCLUDE_SAME_CAMERA, AP
+    PROTOCOL,
+    DISTANCE,
+    KS,
+    GAP_FRAMES,
+    QUERY_STRIDE,
+    JUNK_LABELS,
+    EXCLUDE_SAME_CAMERA,
+    MULTI_QUERY,
+    AP,
 )
 
 # ---------------------------------------------------------------- engine

@@ -93,7 +93,7 @@ _SPECS = (
         headline=("rank1", "map"),
         exclude_same_camera=True,
         junk_labels=True,
-        options=("junk_labels", "exclude_same_camera"),
+        options=("junk_labels", "exclude_same_camera", "multi_query"),
     ),
     ProtocolSpec(
         name="reassociation",

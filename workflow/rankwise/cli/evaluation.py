@@ -59,6 +59,7 @@ def _rank(kw: dict, progress: bool):
         query_stride=kw["query_stride"],
         junk_labels=kw["junk_labels"],
         exclude_same_camera=kw["exclude_same_camera"],
+        multi_query=kw["multi_query"],
         query_block=kw["query_block"],
         gallery_chunk=kw["gallery_chunk"],
         workers=kw["workers"],

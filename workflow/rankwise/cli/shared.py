@@ -89,6 +89,11 @@ inputs = stack(
         help="reid: same label AND same camera is not ranked (default), or kept as a valid "
         "match; the query's own id is never ranked.",
     ),
+    spec.MULTI_QUERY.click(
+        help="reid: one query per (label, camera), pooling its query rows (mean: float64 sum "
+        "in id order / n, as float32; max: element-wise), stored rows pooled as they are; "
+        "none: every row is a query."
+    ),
     spec.QUERY_BLOCK.click(help="Queries per tile."),
     spec.GALLERY_CHUNK.click(help="Gallery rows per tile."),
     spec.WORKERS.click(help="Threads (default: all cores)."),
