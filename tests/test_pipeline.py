@@ -209,6 +209,7 @@ def test_new_ap_variant_reruns_only_metrics(workdir):
         {"junk_labels": []},
         {"exclude_same_camera": False},
         {"multi_query": "mean"},
+        {"single_gallery_shot": True},
         {"protocol": "recall"},
     ],
 )

@@ -20,6 +20,9 @@ from .options import (
     MULTI_QUERY,
     QUERY_BLOCK,
     QUERY_STRIDE,
+    SHOT_REPEATS,
+    SHOT_SEED,
+    SINGLE_GALLERY_SHOT,
 )
 from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
 
@@ -109,6 +112,9 @@ def rank(
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     multi_query: str = MULTI_QUERY.default,
+    single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
+    shot_repeats: int | str = SHOT_REPEATS.default,
+    shot_seed: int = SHOT_SEED.default,
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
@@ -134,12 +140,37 @@ def rank(
         query_stride=query_stride,
         junk_labels=tuple(junk_labels),
         exclude_same_camera=exclude_same_camera,
+        single_gallery_shot=single_gallery_shot,
+        shot_repeats=shot_repeats,
+        shot_seed=shot_seed,
     )
     q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
+    shots = None
+    if problem.options.get("single_gallery_shot"):
+        # What the draws are keyed by (single_shot's docstring): query ids, gallery
+        # rows by (label, id).
+        g_label = inputs.gallery["label"].astype(str).to_numpy()
+        g_id = inputs.gallery["id"].astype(str).to_numpy()
+        shots = (inputs.query["id"].astype(str).to_numpy(), np.lexsort((g_id, g_label)))
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
     del inputs
     result = compute_ranks(problem, q_src, g_src, distance=distance, options=options)
+    if shots is not None:
+        from .single_shot import shot_ranks
+
+        result.extra.update(
+            shot_ranks(
+                problem,
+                q_src,
+                g_src,
+                evaluated=result.query_index,
+                query_ids=shots[0],
+                gallery_order=shots[1],
+                cosine=distance == "cosine",
+                query_block=query_block,
+            )
+        )
     if pooled is not None:
         # Pooled query p is reported as its representative's manifest row; its members
         # are listed beside it.
@@ -168,6 +199,9 @@ def evaluate(
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     multi_query: str = MULTI_QUERY.default,
+    single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
+    shot_repeats: int | str = SHOT_REPEATS.default,
+    shot_seed: int = SHOT_SEED.default,
     ap: str = "standard",
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
@@ -196,6 +230,10 @@ def evaluate(
         ``max``: one query per (label, camera) pooling its rows
         (:mod:`rankwise.multiquery` says exactly how); ``query_index`` is then the
         representative's row (smallest id) and ``per_query`` counts pooled queries.
+    single_gallery_shot, shot_repeats, shot_seed : reid, CUHK03's single-gallery-shot
+        CMC: ``rankK`` and ``mrr`` over ``shot_repeats`` seeded draws of one valid gallery
+        item per identity (``"exact"``: the expectation over all draws), ``map`` and
+        ``minp`` on the full list (:mod:`rankwise.single_shot` defines the draws).
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
@@ -221,6 +259,9 @@ def evaluate(
         junk_labels=junk_labels,
         exclude_same_camera=exclude_same_camera,
         multi_query=multi_query,
+        single_gallery_shot=single_gallery_shot,
+        shot_repeats=shot_repeats,
+        shot_seed=shot_seed,
         query_block=query_block,
         gallery_chunk=gallery_chunk,
         workers=workers,

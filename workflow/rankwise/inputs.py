@@ -24,7 +24,15 @@ import pandas as pd
 
 from .embeddings import EmbeddingSource, check_same_dim, open_embeddings
 from .manifest import read_manifest
-from .options import EXCLUDE_SAME_CAMERA, GAP_FRAMES, JUNK_LABELS, QUERY_STRIDE
+from .options import (
+    EXCLUDE_SAME_CAMERA,
+    GAP_FRAMES,
+    JUNK_LABELS,
+    QUERY_STRIDE,
+    SHOT_REPEATS,
+    SHOT_SEED,
+    SINGLE_GALLERY_SHOT,
+)
 from .protocols import Problem, build_problem, check_multi_query
 
 if TYPE_CHECKING:
@@ -83,6 +91,9 @@ class Inputs:
         query_stride: int = QUERY_STRIDE.default,
         junk_labels: tuple[str, ...] = JUNK_LABELS.default,
         exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+        single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
+        shot_repeats: int | str = SHOT_REPEATS.default,
+        shot_seed: int = SHOT_SEED.default,
     ) -> Problem:
         """The protocol applied to the manifests (:func:`rankwise.protocols.build_problem`)."""
         return build_problem(
@@ -95,6 +106,9 @@ class Inputs:
             exclude_same_camera=exclude_same_camera,
             multi_query=self.pooled.pooling if self.pooled else "none",
             members=(self.pooled.offsets, self.pooled.member_ids) if self.pooled else None,
+            single_gallery_shot=single_gallery_shot,
+            shot_repeats=shot_repeats,
+            shot_seed=shot_seed,
             names=self.names,
         )
 

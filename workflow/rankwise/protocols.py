@@ -37,7 +37,16 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
-from .options import EXCLUDE_SAME_CAMERA, GAP_FRAMES, JUNK_LABELS, MULTI_QUERY, QUERY_STRIDE
+from .options import (
+    EXCLUDE_SAME_CAMERA,
+    GAP_FRAMES,
+    JUNK_LABELS,
+    MULTI_QUERY,
+    QUERY_STRIDE,
+    SHOT_REPEATS,
+    SHOT_SEED,
+    SINGLE_GALLERY_SHOT,
+)
 from .registry import get_protocol
 
 
@@ -154,6 +163,9 @@ def build_problem(
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     multi_query: str = MULTI_QUERY.default,
     members: tuple[np.ndarray, np.ndarray] | None = None,
+    single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
+    shot_repeats: int | str = SHOT_REPEATS.default,
+    shot_seed: int = SHOT_SEED.default,
     names: tuple[str, str] = ("query manifest", "gallery manifest"),
 ) -> Problem:
     """Apply ``protocol`` to validated manifests (see :func:`rankwise.manifest.read_manifest`).
@@ -164,10 +176,14 @@ def build_problem(
     ``query`` holds the pooled queries' representative rows and ``members`` =
     ``(offsets, ids)`` lists each pooled query's member ids (CSR,
     :class:`rankwise.multiquery.Pooled`): a gallery item with any member's id is not
-    ranked.  ``names`` (the manifests' file names) are what error messages call them.
+    ranked.  ``single_gallery_shot`` (reid; with ``shot_repeats``, ``shot_seed``, all
+    recorded when it is on): the validity rule is reid's, the CMC is drawn from it by
+    :mod:`rankwise.single_shot`.  ``names`` (the manifests' file names) are what error
+    messages call them.
     """
     spec = get_protocol(protocol)
     multi_query = check_multi_query(multi_query, protocol, query, names[0])
+    shots = _check_single_shot(protocol, single_gallery_shot, shot_repeats, shot_seed)
     qlab, glab = _codes(query["label"], gallery["label"])
     qid, gid = _codes(query["id"], gallery["id"])
     n_q, n_g = len(query), len(gallery)
@@ -229,6 +245,7 @@ def build_problem(
         if multi_query != "none":
             options["multi_query"] = multi_query
             keep &= ~_member_twins(members, gallery["id"], pair_q, pair_g)
+        options.update(shots)
         pair_q, pair_g = pair_q[keep], pair_g[keep]
         pair_rel = np.ones(len(pair_q), dtype=bool)
         skip = np.bincount(pair_q, minlength=n_q) == 0
@@ -300,6 +317,22 @@ def check_multi_query(multi_query: str, protocol: str, query: pd.DataFrame, name
             "camera); add it or use multi_query none"
         )
     return multi_query
+
+
+def _check_single_shot(protocol: str, on: bool, repeats: int | str, seed: int) -> dict:
+    """The single-gallery-shot options to record (``{}`` when off), each checked."""
+    if not SINGLE_GALLERY_SHOT.check(on):
+        return {}
+    if "single_gallery_shot" not in get_protocol(protocol).options:
+        raise RankwiseError(
+            f"single_gallery_shot applies to protocol 'reid' only, not {protocol!r}; "
+            "use protocol reid or turn single_gallery_shot off"
+        )
+    return {
+        "single_gallery_shot": True,
+        "shot_repeats": SHOT_REPEATS.check(repeats),
+        "shot_seed": SHOT_SEED.check(seed),
+    }
 
 
 def _member_twins(members, gallery_ids: pd.Series, pair_q, pair_g) -> np.ndarray:

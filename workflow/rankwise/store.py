@@ -24,6 +24,8 @@ Optional arrays (protocol variants; :data:`OPTIONAL_ARRAYS`), written when prese
     members_offsets  int64 (n_eval + 1)  multi-query: CSR pointers into ``members``
     members          int64 (n_members,)  multi-query: the pooled query's member rows
                                          (query manifest rows, by ascending id)
+    shot_offsets     int64 (n_eval + 1)  single-gallery-shot: CSR pointers into ``shot_pmf``
+    shot_pmf         float64 (nnz,)      P(single-shot rank = k), k = 1.. per query
 """
 
 from __future__ import annotations
@@ -190,7 +192,12 @@ def embeddings_attrs(path: str | os.PathLike) -> dict[str, Any]:
 
 RANK_ARRAYS = ("offsets", "ranks", "query_index", "group", "step")
 #: Arrays a ranks store holds only for some protocol variants: name -> dtype.
-OPTIONAL_ARRAYS = {"members_offsets": np.int64, "members": np.int64}
+OPTIONAL_ARRAYS = {
+    "members_offsets": np.int64,
+    "members": np.int64,
+    "shot_offsets": np.int64,
+    "shot_pmf": np.float64,
+}
 
 
 def write_ranks(
