@@ -336,3 +336,24 @@ def test_schema_fragment():
     assert schema_differences(schema) == []
     node = schema["$defs"]["dataset"]["properties"]["multi_query"]
     assert node["enum"] == ["none", "mean", "max"] and node["default"] == "none"
+
+
+def test_neighbours_compare_the_pooled_query(tmp_path):
+    """The report's top items of a pooled query (rankwise.neighbours) use the pooled
+    vector: its first relevant item sits at the stored first rank."""
+    from rankwise.neighbours import top_items
+
+    query, gallery, qe, ge = multi_case(1, "int")
+    _write(tmp_path, query, gallery, qe, ge)
+    files = [str(tmp_path / f) for f in ("q.csv", "g.csv", "q.npy", "g.npy")]
+    result = rankwise.evaluate(
+        *files, protocol="reid", distance="euclidean", ks=KS, multi_query="mean"
+    )
+    rows = result.per_query["query_index"]
+    tops = top_items(*files, rows, protocol="reid", distance="euclidean", k=60, multi_query="mean")
+    for top, first in zip(tops, result.per_query["first_rank"], strict=True):
+        assert int(np.flatnonzero(top["relevant"])[0]) + 1 == first
+    smallest = query.groupby(["label", "camera"])["id"].transform("min")
+    member = int(np.flatnonzero(query["id"] != smallest)[0])  # not a representative
+    with pytest.raises(RankwiseError, match="not the representative"):
+        top_items(*files, [member], protocol="reid", distance="euclidean", multi_query="mean")
