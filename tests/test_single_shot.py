@@ -339,3 +339,57 @@ def test_schema_fragments():
     props = schema["$defs"]["dataset"]["properties"]
     assert props["single_gallery_shot"]["default"] is False
     assert props["shot_repeats"]["default"] == 10 and props["shot_seed"]["default"] == 0
+
+
+def test_cli_scores_keep_the_probabilities(tmp_path):
+    """`rankwise scores`: hit@K is P(r <= K) (a fraction), whose mean is rankK."""
+    case = cuhk_case(7, "int")
+    out = tmp_path / "ranks.zarr"
+    args = ["--protocol", "reid", "--distance", "euclidean", "--single-gallery-shot"]
+    proc = run_rankwise("rank", *_write(tmp_path, *case), *args, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    csv = tmp_path / "scores.csv"
+    proc = run_rankwise("scores", str(out), "--ks", "1,2", "--output", str(csv))
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(csv)
+    lib = evaluate(case, "euclidean")
+    assert ((table["hit@1"] > 0) & (table["hit@1"] < 1)).any()
+    assert 100 * table["hit@1"].mean() == pytest.approx(lib.metrics["rank1"], abs=1e-6)
+    assert 100 * table["rr"].mean() == pytest.approx(lib.metrics["mrr"], abs=1e-6)
+
+
+@pytest.mark.parametrize("repeats", [5, 1])
+def test_with_multi_query(repeats):
+    """Pooled queries (tests/test_multi_query.py's reference pooling) drawn like any
+    query, keyed by the representative's id."""
+    from test_multi_query import multi_case, pool_reference
+
+    query, gallery, qe, ge = multi_case(0, "int")
+    groups = pool_reference(query, qe, "mean")
+    reps = sorted(v[0] for v in groups.values())
+    vec = {v[0]: v[2] for v in groups.values()}
+    pooled = query.iloc[reps].reset_index(drop=True)
+    ref, skipped = eval_cuhk03_reference(
+        pooled,
+        gallery,
+        np.stack([vec[r] for r in reps]),
+        ge,
+        distance="euclidean",
+        repeats=repeats,
+        seed=1,
+    )
+    ref = [(reps[i], *rest) for i, *rest in ref]  # pooled position -> representative row
+    result = rankwise.evaluate(
+        query,
+        gallery,
+        qe,
+        ge,
+        protocol="reid",
+        distance="euclidean",
+        ks=KS,
+        multi_query="mean",
+        single_gallery_shot=True,
+        shot_repeats=repeats,
+        shot_seed=1,
+    )
+    check(result, ref, skipped)
