@@ -357,3 +357,54 @@ def test_neighbours_compare_the_pooled_query(tmp_path):
     member = int(np.flatnonzero(query["id"] != smallest)[0])  # not a representative
     with pytest.raises(RankwiseError, match="not the representative"):
         top_items(*files, [member], protocol="reid", distance="euclidean", multi_query="mean")
+
+
+def test_market1501_gt_bbox_is_the_multi_query_set(tmp_path):
+    """Market's multi-query setting = the market1501 loader with ``query_folder: gt_bbox``
+    + ``multi_query``: one pooled query per (person, camera) of gt_bbox.  A generated tree
+    in the real naming: query/ holds one image per test (person, camera), gt_bbox/ holds
+    those and more boxes of the same (person, camera), plus a training person."""
+    from PIL import Image
+
+    from rankwise.datasets import prepare_dataset
+
+    root = tmp_path / "Market-1501-v15.09.15"
+
+    def image(folder, name):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.zeros((8, 4, 3), np.uint8)).save(root / folder / name)
+
+    queries = ["0002_c1s1_000451_00.jpg", "0002_c3s1_000800_00.jpg", "0007_c2s2_012345_00.jpg"]
+    for name in queries:
+        image("query", name)
+        image("gt_bbox", name)
+    for name in ["0002_c1s1_000460_00.jpg", "0002_c1s1_000470_00.jpg", "0007_c2s2_012350_00.jpg"]:
+        image("gt_bbox", name)
+    image("gt_bbox", "0001_c1s1_000001_00.jpg")  # a training person: no gallery match
+    gallery = [
+        "0002_c2s1_000500_01.jpg",
+        "0002_c1s1_000465_02.jpg",
+        "0007_c6s4_002201_01.jpg",
+        "0007_c2s2_012340_01.jpg",
+        "0000_c2s1_000100_01.jpg",
+        "-1_c1s1_000200_03.jpg",
+    ]
+    for name in gallery:
+        image("bounding_box_test", name)
+    out = tmp_path / "manifests"
+    prepare_dataset("market1501", {"root": str(root), "query_folder": "gt_bbox"}, out)
+    query = pd.read_csv(out / "query.csv", dtype={"label": str, "id": str})
+    gal = pd.read_csv(out / "gallery.csv", dtype={"label": str, "id": str})
+    assert len(query) == 7
+    rng = np.random.default_rng(0)
+    qe = rng.integers(-2, 3, (len(query), 4)).astype(np.float32)
+    ge = rng.integers(-2, 3, (len(gal), 4)).astype(np.float32)
+    result = rankwise.evaluate(
+        query, gal, qe, ge, protocol="reid", distance="euclidean", ks=KS, multi_query="mean"
+    )
+    # groups: 2@c1 (3 boxes), 2@c3, 7@c2 (2 boxes) = the three query/ images; 1@c1 skipped
+    assert result.num_queries == len(queries) and result.num_skipped == 1
+    reps = query["id"].to_numpy()[result.per_query["query_index"]]
+    assert sorted(reps) == sorted(Path(n).stem for n in queries)
+    ref = brute_multi_query(query, gal, qe, ge, pooling="mean", distance="euclidean")
+    check(result, ref)
