@@ -77,7 +77,7 @@ def pool_queries(
     ids = table["id"].astype(str).to_numpy()
     label = table["label"].astype(str).to_numpy()
     camera = table["camera"].astype(str).to_numpy()
-    # Groups in order of their smallest id; members by id inside each group.
+    # Sorted by (label, camera, id): a group is contiguous, its first member the smallest id.
     by_id = np.lexsort((ids, camera, label))
     lab, cam = label[by_id], camera[by_id]
     starts = np.flatnonzero(np.r_[True, (lab[1:] != lab[:-1]) | (cam[1:] != cam[:-1])])
