@@ -142,6 +142,13 @@ def same_camera_flag(wildcards):
     return "--keep-same-camera"
 
 
+def single_shot_flag(wildcards):
+    """The reid single-gallery-shot CMC of the dataset as a `rankwise rank` flag."""
+    if DATASETS[wildcards.dataset]["single_gallery_shot"]:
+        return "--single-gallery-shot"
+    return "--all-gallery-shots"
+
+
 def comma_list(key):
     """A param function giving datasets.{dataset}.{key} joined by commas (ks, junk_labels)."""
     return lambda wildcards: ",".join(map(str, DATASETS[wildcards.dataset][key]))

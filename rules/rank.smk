@@ -21,6 +21,10 @@ rule rank:
         query_stride=dataset_value("query_stride"),
         junk_labels=comma_list("junk_labels"),
         same_camera=same_camera_flag,
+        multi_query=dataset_value("multi_query"),
+        single_shot=single_shot_flag,
+        shot_repeats=dataset_value("shot_repeats"),
+        shot_seed=dataset_value("shot_seed"),
         engine=engine_args,
     threads: ENGINE["threads"]
     conda:
@@ -34,5 +38,7 @@ rule rank:
         " --protocol {params.protocol} --distance {params.distance}"
         " --gap-frames {params.gap_frames} --query-stride {params.query_stride}"
         " --junk-labels {params.junk_labels:q} {params.same_camera}"
+        " --multi-query {params.multi_query} {params.single_shot}"
+        " --shot-repeats {params.shot_repeats} --shot-seed {params.shot_seed}"
         " {params.engine} --out {output.ranks:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

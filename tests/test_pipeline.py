@@ -209,6 +209,8 @@ def test_new_ap_variant_reruns_only_metrics(workdir):
         {"distance": "cosine"},
         {"junk_labels": []},
         {"exclude_same_camera": False},
+        {"multi_query": "mean"},
+        {"single_gallery_shot": True},
         {"protocol": "recall"},
     ],
 )

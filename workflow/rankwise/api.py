@@ -10,7 +10,18 @@ import numpy as np
 
 from .errors import RankwiseError
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
-from .options import EXCLUDE_SAME_CAMERA, GALLERY_CHUNK, JUNK_LABELS, KS, QUERY_BLOCK, QUERY_STRIDE
+from .options import (
+    EXCLUDE_SAME_CAMERA,
+    GALLERY_CHUNK,
+    JUNK_LABELS,
+    KS,
+    MULTI_QUERY,
+    QUERY_BLOCK,
+    QUERY_STRIDE,
+    SHOT_REPEATS,
+    SHOT_SEED,
+    SINGLE_GALLERY_SHOT,
+)
 
 if TYPE_CHECKING:  # the engine (numba) and pandas load only when ranking: `rankwise
     # metrics` and the report read ranks stores without them
@@ -101,6 +112,10 @@ def rank(
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+    multi_query: str = MULTI_QUERY.default,
+    single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
+    shot_repeats: int | str = SHOT_REPEATS.default,
+    shot_seed: int = SHOT_SEED.default,
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
@@ -122,17 +137,56 @@ def rank(
         memory_limit_mb=memory_limit_mb,
     )
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
+    inputs = inputs.pool(multi_query, distance=distance)
+    pooled = inputs.pooled
     problem = inputs.problem(
         gap_frames=gap_frames,
         query_stride=query_stride,
         junk_labels=tuple(junk_labels),
         exclude_same_camera=exclude_same_camera,
+        single_gallery_shot=single_gallery_shot,
+        shot_repeats=shot_repeats,
+        shot_seed=shot_seed,
     )
     q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
+    shots = None
+    if problem.options.get("single_gallery_shot"):
+        # What the draws are keyed by (single_shot's docstring): query ids, gallery
+        # rows by (label, id).
+        g_label = inputs.gallery["label"].astype(str).to_numpy()
+        g_id = inputs.gallery["id"].astype(str).to_numpy()
+        shots = (inputs.query["id"].astype(str).to_numpy(), np.lexsort((g_id, g_label)))
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
     del inputs
-    return compute_ranks(problem, q_src, g_src, distance=distance, options=options)
+    result = compute_ranks(problem, q_src, g_src, distance=distance, options=options)
+    if shots is not None:
+        from .single_shot import shot_ranks
+
+        result.extra.update(
+            shot_ranks(
+                problem,
+                q_src,
+                g_src,
+                evaluated=result.query_index,
+                query_ids=shots[0],
+                gallery_order=shots[1],
+                cosine=distance == "cosine",
+                query_block=query_block,
+            )
+        )
+    if pooled is not None:
+        # Pooled query p is reported as its representative's manifest row; its members
+        # are listed beside it.
+        p = result.query_index
+        sizes = np.diff(pooled.offsets)[p]
+        members = [pooled.members[pooled.offsets[i] : pooled.offsets[i + 1]] for i in p]
+        result.query_index = pooled.rows[p]
+        result.extra["members_offsets"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+        result.extra["members"] = (
+            np.concatenate(members).astype(np.int64) if members else np.zeros(0, np.int64)
+        )
+    return result
 
 
 def evaluate(
@@ -148,6 +202,10 @@ def evaluate(
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+    multi_query: str = MULTI_QUERY.default,
+    single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
+    shot_repeats: int | str = SHOT_REPEATS.default,
+    shot_seed: int = SHOT_SEED.default,
     ap: str = "standard",
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
@@ -172,6 +230,14 @@ def evaluate(
     junk_labels : reid labels removed from the gallery (default ``-1``).
     exclude_same_camera : reid, same label AND same camera is not ranked (default);
         False keeps those items as valid matches (the query's own id stays excluded).
+    multi_query : reid, ``none`` (default: every query row is a query), ``mean`` or
+        ``max``: one query per (label, camera) pooling its rows
+        (:mod:`rankwise.multiquery` says exactly how); ``query_index`` is then the
+        representative's row (smallest id) and ``per_query`` counts pooled queries.
+    single_gallery_shot, shot_repeats, shot_seed : reid, CUHK03's single-gallery-shot
+        CMC: ``rankK`` and ``mrr`` over ``shot_repeats`` seeded draws of one valid gallery
+        item per identity (``"exact"``: the expectation over all draws), ``map`` and
+        ``minp`` on the full list (:mod:`rankwise.single_shot` defines the draws).
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
@@ -196,6 +262,10 @@ def evaluate(
         query_stride=query_stride,
         junk_labels=junk_labels,
         exclude_same_camera=exclude_same_camera,
+        multi_query=multi_query,
+        single_gallery_shot=single_gallery_shot,
+        shot_repeats=shot_repeats,
+        shot_seed=shot_seed,
         query_block=query_block,
         gallery_chunk=gallery_chunk,
         workers=workers,

@@ -17,14 +17,26 @@ as the rows are read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from .embeddings import EmbeddingSource, check_same_dim, open_embeddings
 from .manifest import read_manifest
-from .options import EXCLUDE_SAME_CAMERA, GAP_FRAMES, JUNK_LABELS, QUERY_STRIDE
-from .protocols import Problem, build_problem
+from .options import (
+    EXCLUDE_SAME_CAMERA,
+    GAP_FRAMES,
+    JUNK_LABELS,
+    QUERY_STRIDE,
+    SHOT_REPEATS,
+    SHOT_SEED,
+    SINGLE_GALLERY_SHOT,
+)
+from .protocols import Problem, build_problem, check_multi_query
+
+if TYPE_CHECKING:
+    from .multiquery import Pooled
 
 
 @dataclass
@@ -37,6 +49,8 @@ class Inputs:
     query, gallery : manifests ``(Q rows)`` / ``(G rows)`` from ``read_manifest``.
     query_embeddings, gallery_embeddings : sources ``(Q, D)`` / ``(G, D)``.
     names : the manifests' file names for messages (``"query table"`` for a DataFrame).
+    pooled : multi-query only (:meth:`pool`): the groups; ``query`` and
+        ``query_embeddings`` then hold the pooled queries ``(P rows)`` / ``(P, D)``.
     """
 
     protocol: str
@@ -45,6 +59,30 @@ class Inputs:
     query_embeddings: EmbeddingSource
     gallery_embeddings: EmbeddingSource
     names: tuple[str, str]
+    pooled: Pooled | None = None
+
+    def pool(self, multi_query: str, *, distance: str) -> Inputs:
+        """These inputs with one pooled query per (label, camera)
+        (:func:`rankwise.multiquery.pool_queries`); themselves for ``"none"``."""
+        multi_query = check_multi_query(multi_query, self.protocol, self.query, self.names[0])
+        if multi_query == "none":
+            return self
+        from .multiquery import pool_queries
+
+        pooled = pool_queries(
+            self.query,
+            self.query_embeddings,
+            multi_query,
+            cosine=distance == "cosine",
+            name=self.names[0],
+        )
+        source = EmbeddingSource(
+            kind="array",
+            shape=pooled.embeddings.shape,
+            name=f"pooled query embeddings ({multi_query} per label and camera)",
+            array=pooled.embeddings,
+        )
+        return replace(self, query=pooled.table, query_embeddings=source, pooled=pooled)
 
     def problem(
         self,
@@ -53,6 +91,9 @@ class Inputs:
         query_stride: int = QUERY_STRIDE.default,
         junk_labels: tuple[str, ...] = JUNK_LABELS.default,
         exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+        single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
+        shot_repeats: int | str = SHOT_REPEATS.default,
+        shot_seed: int = SHOT_SEED.default,
     ) -> Problem:
         """The protocol applied to the manifests (:func:`rankwise.protocols.build_problem`)."""
         return build_problem(
@@ -63,6 +104,11 @@ class Inputs:
             query_stride=query_stride,
             junk_labels=tuple(str(j) for j in junk_labels),
             exclude_same_camera=exclude_same_camera,
+            multi_query=self.pooled.pooling if self.pooled else "none",
+            members=(self.pooled.offsets, self.pooled.member_ids) if self.pooled else None,
+            single_gallery_shot=single_gallery_shot,
+            shot_repeats=shot_repeats,
+            shot_seed=shot_seed,
             names=self.names,
         )
 

@@ -104,6 +104,17 @@ def pair_keys(qrows, grows, pq, pg, cosine):
     return out
 
 
+@njit(cache=True, nogil=True)
+def tile_keys(qrows, grows, cosine):
+    """Per tile: canonical keys of every pair, ``(len(qrows), len(grows))`` float64
+    (single-gallery-shot draws need every valid item's key)."""
+    out = np.empty((qrows.shape[0], grows.shape[0]), dtype=np.float64)
+    for i in range(qrows.shape[0]):
+        for j in range(grows.shape[0]):
+            out[i, j] = _canonical_key(qrows[i], grows[j], cosine)
+    return out
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _count_less(thr, lo, hi, x):
     """Number of ``thr[lo:hi]`` (sorted ascending) strictly below ``x``.

@@ -17,7 +17,11 @@ ranks of its G valid relevant gallery items.  All metrics are percentages.
 ``acc@K``      progressive, fraction of sketches with ``r_T <= K``
 =============  ===============================================================
 
-(m@A / m@B: Bhunia et al., "Sketch Less for More", CVPR 2020.)  Every metric is the
+(m@A / m@B: Bhunia et al., "Sketch Less for More", CVPR 2020.)  Under reid's
+``single_gallery_shot`` (a store with ``shot_pmf``, :mod:`rankwise.single_shot`)
+``rankK`` and ``mrr`` read the single-shot rank r instead of ``r_1``: per query
+``P(r <= K)`` and ``E[1 / r]`` over its draws; ``map`` and ``minp`` read the full list.
+Every metric is the
 mean of a per-*unit* value (a unit is an evaluated query, or a sketch: the protocol
 spec's ``unit``).  :func:`per_unit` is the one place that turns ranks into those
 values (the private ``_per_query_*`` / ``_per_sketch`` functions compute them);
@@ -197,6 +201,10 @@ def per_query(
         "ap": _per_query_ap(offsets, ranks, ap=ap),
         "inp": _per_query_inp(offsets, ranks),
     }
+    if "shot_pmf" in arrays:  # single-gallery-shot: r_1 -> the single-shot rank r
+        shot = (np.asarray(arrays["shot_offsets"]), np.asarray(arrays["shot_pmf"]))
+        out["shot"] = shot
+        out["rr"] = shot_expectation(shot[0], shot[1], lambda r: 1.0 / r)
     if _sketch_units(attrs["protocol"]):
         out["sketches"] = _per_sketch(
             first,
@@ -206,6 +214,20 @@ def per_query(
             attrs["num_gallery"],
         )
     return out
+
+
+def shot_expectation(offsets: np.ndarray, pmf: np.ndarray, f) -> np.ndarray:
+    """Per query ``E[f(r)] = sum_k P(r = k) f(k)`` of the single-shot rank's distribution
+    (CSR ``pmf[offsets[i] + k - 1] = P(r = k)``): ``(n_queries,)`` float64."""
+    if len(offsets) < 2:
+        return np.zeros(0)
+    k = _positions(offsets).astype(np.float64)
+    return np.add.reduceat(pmf * f(k), offsets[:-1])
+
+
+def shot_hits(offsets: np.ndarray, pmf: np.ndarray, k: int) -> np.ndarray:
+    """Per query ``P(r <= k)`` of the single-shot rank (the CMC at k)."""
+    return shot_expectation(offsets, pmf, lambda r: (r <= k).astype(np.float64))
 
 
 # ----------------------------------------------------------------- per unit
@@ -256,7 +278,8 @@ class UnitTable:
         least complete rendering): what ``--by identity`` reads labels of.
     last_rows : ``(n_units,)`` int64, a sketch's complete rendering (``rows`` for queries).
     rank : ``(n_units,)`` int64, the rank that ``hit@K`` and the CMC read: ``r_1``, or
-        the target's ``r_T`` at the complete rendering.
+        the target's ``r_T`` at the complete rendering (single-gallery-shot: ``r_1`` of
+        the full list; ``hit@K`` and the CMC read the single-shot rank's distribution).
     num_relevant : ``(n_units,)`` int64, G (1 for a sketch).
     names : the metric names, one per column of ``values``.
     values : ``(n_units, len(names))`` float64, fractions:
@@ -292,7 +315,7 @@ def per_unit(
     """The per-unit table of ``metrics`` for a ranks store: every "ranks -> per-unit value".
 
     ========================  ==================================================
-    ``recall@K`` / ``rankK``  ``hit@K = [r_1 <= K]``
+    ``recall@K`` / ``rankK``  ``hit@K = [r_1 <= K]`` (single-shot: ``P(r <= K)``)
     ``map`` / ``minp``        AP, ``INP = G / r_G``
     ``mrr``                   ``RR = 1 / r_1``
     ``m@A`` ... ``wm@B``      the sketch's m@A ... wm@B
@@ -328,7 +351,12 @@ def _unit_table(pq: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str]) 
         index = rows = last_rows = np.asarray(pq["query_index"], np.int64)
         rank = np.asarray(pq["first_rank"], np.int64)
         num_relevant = np.asarray(pq["num_relevant"], np.int64)
-    columns = [rank <= k if k is not None else record[family] for _, family, k in parsed]
+    shot = pq.get("shot")
+
+    def hits(k: int) -> np.ndarray:
+        return rank <= k if shot is None else shot_hits(shot[0], shot[1], k)
+
+    columns = [hits(k) if k is not None else record[family] for _, family, k in parsed]
     values = (
         np.stack([np.asarray(c, np.float64) for c in columns], axis=1)
         if columns
@@ -370,9 +398,10 @@ def unit_scores(
     """The per-unit table as named columns (``rankwise scores``), as fractions.
 
     Queries: ``query_index``, ``num_relevant``, ``first_rank``, ``ap``, ``inp``, ``rr``,
-    ``hit@K`` (bool).  Sketches: ``sketch``, ``query_index`` (row of its first
-    rendering), ``m@A``, ``m@B``, ``wm@A``, ``wm@B``, ``last_rank``, ``hit@K``
-    (``last_rank <= K``).  Each ``(n_units,)``; a column's mean x 100 is its metric.
+    ``hit@K`` (bool; single-gallery-shot: ``P(r <= K)``).  Sketches: ``sketch``,
+    ``query_index`` (row of its first rendering), ``m@A``, ``m@B``, ``wm@A``, ``wm@B``,
+    ``last_rank``, ``hit@K`` (``last_rank <= K``).  Each ``(n_units,)``; a column's mean
+    x 100 is its metric.
     """
     ks = parse_ks(ks)
     if _sketch_units(attrs["protocol"]):
@@ -392,7 +421,11 @@ def unit_scores(
             "first_rank": table.rank,
             **{col: table.column(name) for name, col in _QUERY_COLUMNS.items()},
         }
-    out.update({f"hit@{k}": table.rank <= k for k in ks})
+    if "shot_pmf" in arrays:  # the probability of a hit over the draws
+        shot = (np.asarray(arrays["shot_offsets"]), np.asarray(arrays["shot_pmf"]))
+        out.update({f"hit@{k}": shot_hits(*shot, k) for k in ks})
+    else:
+        out.update({f"hit@{k}": table.rank <= k for k in ks})
     return out
 
 
@@ -405,6 +438,9 @@ def cmc(arrays: dict[str, np.ndarray], attrs: dict, max_rank: int = 50) -> list[
     first = per_unit(arrays, attrs).rank
     if len(first) == 0:
         return [0.0] * max_rank
+    if "shot_pmf" in arrays:  # single-gallery-shot: the mean of P(r <= k)
+        shot = (np.asarray(arrays["shot_offsets"]), np.asarray(arrays["shot_pmf"]))
+        return [100.0 * float(np.mean(shot_hits(*shot, k))) for k in range(1, max_rank + 1)]
     counts = np.bincount(np.minimum(first, max_rank + 1), minlength=max_rank + 2)
     return [float(x) for x in 100.0 * np.cumsum(counts)[1 : max_rank + 1] / len(first)]
 

@@ -31,6 +31,7 @@ def top_items(
     query_stride: int = 1,
     junk_labels=("-1",),
     exclude_same_camera: bool = True,
+    multi_query: str = "none",
     chunk: int = GALLERY_CHUNK.default,
 ) -> list[dict]:
     """For each query row, its ``k`` nearest valid gallery items.
@@ -54,6 +55,7 @@ def top_items(
         query_stride=query_stride,
         junk_labels=junk_labels,
         exclude_same_camera=exclude_same_camera,
+        multi_query=multi_query,
         chunk=chunk,
     )
 
@@ -68,15 +70,20 @@ def nearest_items(
     query_stride: int = 1,
     junk_labels=("-1",),
     exclude_same_camera: bool = True,
+    multi_query: str = "none",
     chunk: int = GALLERY_CHUNK.default,
 ) -> list[dict]:
     """:func:`top_items` of inputs already opened by :func:`rankwise.inputs.open_inputs`.
 
+    With ``multi_query`` (reid), ``query_rows`` are pooled queries' representative rows
+    (a ranks store's ``query_index``) and the pooled embedding is what is compared.
     Every row read is checked as the engine checks it: a NaN/inf row, or a zero row
     under cosine, is an error naming the file and the row.
     """
     check_distance(distance)
     cosine = distance == "cosine"
+    manifest_rows = len(inputs.query)
+    inputs = inputs.pool(multi_query, distance=distance)
     problem = inputs.problem(
         gap_frames=gap_frames,
         query_stride=query_stride,
@@ -85,14 +92,24 @@ def nearest_items(
     )
     q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
     rows = [int(r) for r in query_rows]
-    outside = [r for r in rows if not 0 <= r < q_src.shape[0]]
+    outside = [r for r in rows if not 0 <= r < manifest_rows]
     if outside:
         raise RankwiseError(
             f"query_rows: row {outside[0]} is not a row of {inputs.names[0]} "
-            f"(0..{q_src.shape[0] - 1}); pass 0-based manifest rows"
+            f"(0..{manifest_rows - 1}); pass 0-based manifest rows"
         )
+    at = rows  # the rows of the (pooled) query source and problem
+    if inputs.pooled is not None:
+        reps = inputs.pooled.rows
+        at = [int(i) for i in np.searchsorted(reps, rows)]
+        other = [r for r, i in zip(rows, at, strict=True) if i >= len(reps) or reps[i] != r]
+        if other:
+            raise RankwiseError(
+                f"query_rows: row {other[0]} of {inputs.names[0]} is not the representative "
+                "(smallest id) of its multi-query group; pass a ranks store's query_index"
+            )
     qrows = (
-        np.concatenate([prepare_chunk(q_src, r, r + 1, cosine)[0] for r in rows])
+        np.concatenate([prepare_chunk(q_src, r, r + 1, cosine)[0] for r in at])
         if rows
         else np.zeros((0, q_src.shape[1]), np.float32)
     )
@@ -100,7 +117,7 @@ def nearest_items(
     for start in range(0, g_src.shape[0], chunk):
         stop = min(start + chunk, g_src.shape[0])
         grows = prepare_chunk(g_src, start, stop, cosine)[0]
-        for n, r in enumerate(rows):
+        for n, r in enumerate(at):
             valid, relevant = problem.valid_relevant(r, start, stop)
             idx = np.flatnonzero(valid)
             keys = kernels.pair_keys(

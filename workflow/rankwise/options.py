@@ -23,6 +23,7 @@ protocol registry, so ``rankwise --help`` can read it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import re
@@ -82,6 +83,8 @@ class Option:
     of MB``).
     ``schema_default``: write ``default:`` in the schema (the workflow fills some keys in
     itself, e.g. a manifest loader's protocol).
+    ``words``: strings accepted besides the kind's values (``shot_repeats``: an integer
+    or ``"exact"``); give ``rule`` to say so in messages.
     """
 
     name: str
@@ -100,6 +103,7 @@ class Option:
     rule: str | None = None
     unit: str | None = None
     schema_default: bool = True
+    words: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -159,6 +163,8 @@ class Option:
         label = label or self.name
         if value is None and self.nullable:
             return None
+        if isinstance(value, str) and value in self.words:
+            return value
 
         def bad(what: str) -> RankwiseError:
             return RankwiseError(f"{label} must be {what}, got {value!r}")
@@ -268,6 +274,8 @@ class Option:
             node = {"type": "array", "items": {"type": ["string", "integer"]}}
         if self.nullable and kind in ("cutoffs", "labels", "numbers"):
             node = {"anyOf": [{"type": "null"}, node]}
+        if self.words:
+            node = {"anyOf": [node, {"enum": list(self.words)}]}
         if not self.required and self.schema_default:
             node["default"] = _json_value(self.default)
         if self.help:
@@ -297,6 +305,10 @@ class Option:
             metavar = "[" + "|".join(self.choices) + "]"
 
         def callback(ctx, param, raw):
+            if spec.words and isinstance(raw, str) and raw not in spec.words:
+                # e.g. "--shot-repeats 20": the kind's value, given as text
+                with contextlib.suppress(ValueError):
+                    raw = int(raw) if spec.kind == "integer" else float(raw)
             return spec.check(raw, flag)
 
         return click.option(
@@ -304,7 +316,7 @@ class Option:
             self.name,
             default=value,
             show_default=value is not None,
-            type=extra.pop("type", types.get(self.kind)),
+            type=extra.pop("type", click.STRING if self.words else types.get(self.kind)),
             metavar=metavar,
             callback=callback,
             help=help if help is not None else self.help,
@@ -443,6 +455,33 @@ EXCLUDE_SAME_CAMERA = Option(
     True,
     help="reid, same label AND same camera is not ranked; false keeps those as matches",
 )
+MULTI_QUERY = Option(
+    "multi_query",
+    "enum",
+    "none",
+    choices=("none", "mean", "max"),
+    help="reid, one query per (label, camera): the mean or element-wise max of its query "
+    "rows; none = every row is a query",
+)
+SINGLE_GALLERY_SHOT = Option(
+    "single_gallery_shot",
+    "boolean",
+    False,
+    help="reid, CUHK03 single-gallery-shot: rankK and mrr over one random gallery item per "
+    "identity (shot_repeats draws), map and minp on the full list",
+)
+SHOT_REPEATS = Option(
+    "shot_repeats",
+    "integer",
+    10,
+    minimum=1,
+    words=("exact",),
+    rule="a positive integer or 'exact'",
+    help="single_gallery_shot draws per query, or exact = the expectation over all draws",
+)
+SHOT_SEED = Option(
+    "shot_seed", "integer", 0, minimum=0, help="single_gallery_shot, seed of the draws"
+)
 AP = Option(
     "ap",
     "enum",
@@ -454,7 +493,18 @@ AP = Option(
 
 #: The options of a dataset entry in the config that say how it is evaluated.
 EVALUATION = group(
-    PROTOCOL, DISTANCE, KS, GAP_FRAMES, QUERY_STRIDE, JUNK_LABELS, EXCLUDE_SAME_CAMERA, AP
+    PROTOCOL,
+    DISTANCE,
+    KS,
+    GAP_FRAMES,
+    QUERY_STRIDE,
+    JUNK_LABELS,
+    EXCLUDE_SAME_CAMERA,
+    MULTI_QUERY,
+    SINGLE_GALLERY_SHOT,
+    SHOT_REPEATS,
+    SHOT_SEED,
+    AP,
 )
 
 # ---------------------------------------------------------------- engine

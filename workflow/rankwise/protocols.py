@@ -37,7 +37,16 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
-from .options import EXCLUDE_SAME_CAMERA, GAP_FRAMES, JUNK_LABELS, QUERY_STRIDE
+from .options import (
+    EXCLUDE_SAME_CAMERA,
+    GAP_FRAMES,
+    JUNK_LABELS,
+    MULTI_QUERY,
+    QUERY_STRIDE,
+    SHOT_REPEATS,
+    SHOT_SEED,
+    SINGLE_GALLERY_SHOT,
+)
 from .registry import get_protocol
 
 
@@ -152,16 +161,29 @@ def build_problem(
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: tuple[str, ...] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+    multi_query: str = MULTI_QUERY.default,
+    members: tuple[np.ndarray, np.ndarray] | None = None,
+    single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
+    shot_repeats: int | str = SHOT_REPEATS.default,
+    shot_seed: int = SHOT_SEED.default,
     names: tuple[str, str] = ("query manifest", "gallery manifest"),
 ) -> Problem:
     """Apply ``protocol`` to validated manifests (see :func:`rankwise.manifest.read_manifest`).
 
     ``gap_frames``, ``query_stride``: reassociation; ``junk_labels``,
     ``exclude_same_camera``: reid (each checked, and recorded in ``options``, only by
-    the protocols that take it).  ``names`` (the manifests' file names) are what error
+    the protocols that take it).  ``multi_query`` (reid; recorded when not ``"none"``):
+    ``query`` holds the pooled queries' representative rows and ``members`` =
+    ``(offsets, ids)`` lists each pooled query's member ids (CSR,
+    :class:`rankwise.multiquery.Pooled`): a gallery item with any member's id is not
+    ranked.  ``single_gallery_shot`` (reid; with ``shot_repeats``, ``shot_seed``, all
+    recorded when it is on): the validity rule is reid's, the CMC is drawn from it by
+    :mod:`rankwise.single_shot`.  ``names`` (the manifests' file names) are what error
     messages call them.
     """
     spec = get_protocol(protocol)
+    multi_query = check_multi_query(multi_query, protocol, query, names[0])
+    shots = _check_single_shot(protocol, single_gallery_shot, shot_repeats, shot_seed)
     qlab, glab = _codes(query["label"], gallery["label"])
     qid, gid = _codes(query["id"], gallery["id"])
     n_q, n_g = len(query), len(gallery)
@@ -220,6 +242,10 @@ def build_problem(
             gcam=gcam,
         )
         _, keep = dense_masks(codes, pair_q, pair_g)
+        if multi_query != "none":
+            options["multi_query"] = multi_query
+            keep &= ~_member_twins(members, gallery["id"], pair_q, pair_g)
+        options.update(shots)
         pair_q, pair_g = pair_q[keep], pair_g[keep]
         pair_rel = np.ones(len(pair_q), dtype=bool)
         skip = np.bincount(pair_q, minlength=n_q) == 0
@@ -271,6 +297,60 @@ def build_problem(
         qcam=qcam,
         gcam=gcam,
     )
+
+
+def check_multi_query(multi_query: str, protocol: str, query: pd.DataFrame, name: str) -> str:
+    """``multi_query`` checked: a choice of the option, a protocol that takes it (reid),
+    and a query manifest with a ``camera`` column (queries are pooled per label and
+    camera)."""
+    multi_query = MULTI_QUERY.check(multi_query)
+    if multi_query == "none":
+        return multi_query
+    if "multi_query" not in get_protocol(protocol).options:
+        raise RankwiseError(
+            f"multi_query {multi_query!r} applies to protocol 'reid' only, not {protocol!r}; "
+            "use protocol reid or multi_query none"
+        )
+    if "camera" not in query.columns:
+        raise RankwiseError(
+            f"{name}: multi_query needs a 'camera' column (queries are pooled per label and "
+            "camera); add it or use multi_query none"
+        )
+    return multi_query
+
+
+def _check_single_shot(protocol: str, on: bool, repeats: int | str, seed: int) -> dict:
+    """The single-gallery-shot options to record (``{}`` when off), each checked."""
+    if not SINGLE_GALLERY_SHOT.check(on):
+        return {}
+    if "single_gallery_shot" not in get_protocol(protocol).options:
+        raise RankwiseError(
+            f"single_gallery_shot applies to protocol 'reid' only, not {protocol!r}; "
+            "use protocol reid or turn single_gallery_shot off"
+        )
+    return {
+        "single_gallery_shot": True,
+        "shot_repeats": SHOT_REPEATS.check(repeats),
+        "shot_seed": SHOT_SEED.check(seed),
+    }
+
+
+def _member_twins(members, gallery_ids: pd.Series, pair_q, pair_g) -> np.ndarray:
+    """Multi-query: which pairs ``(q, g)`` have a gallery item with the id of one of
+    pooled query q's members (the same item, DESIGN.md: never its own match).
+
+    Same id = same item, so such an item has the group's label: it is a relevant pair,
+    and dropping it from the pairs removes it (the tile engine counts only the
+    non-relevant items, and excludes the representative's id itself).
+    """
+    if members is None:
+        raise RankwiseError("multi_query needs the pooled queries' members (pool_queries)")
+    offsets, ids = members
+    twin = pd.Index(gallery_ids.astype(str)).get_indexer(np.asarray(ids, dtype=str))
+    owner = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+    n_g = len(gallery_ids)
+    twins = owner[twin >= 0] * n_g + twin[twin >= 0]
+    return np.isin(pair_q * n_g + pair_g, twins)
 
 
 def _sketches(query: pd.DataFrame, skip: np.ndarray, name: str = "query manifest"):

@@ -46,6 +46,7 @@ class RankResult:
     """Sorted ranks of the relevant items of every evaluated query (CSR).
 
     ``ranks[offsets[i]:offsets[i+1]]`` belong to query row ``query_index[i]``.
+    ``extra``: the optional arrays of protocol variants (:data:`rankwise.store.OPTIONAL_ARRAYS`).
     """
 
     offsets: np.ndarray
@@ -54,6 +55,7 @@ class RankResult:
     group: np.ndarray
     step: np.ndarray
     attrs: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -62,6 +64,7 @@ class RankResult:
             "query_index": self.query_index,
             "group": self.group,
             "step": self.step,
+            **self.extra,
         }
 
 

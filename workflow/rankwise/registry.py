@@ -93,7 +93,14 @@ _SPECS = (
         headline=("rank1", "map"),
         exclude_same_camera=True,
         junk_labels=True,
-        options=("junk_labels", "exclude_same_camera"),
+        options=(
+            "junk_labels",
+            "exclude_same_camera",
+            "multi_query",
+            "single_gallery_shot",
+            "shot_repeats",
+            "shot_seed",
+        ),
     ),
     ProtocolSpec(
         name="reassociation",

@@ -18,6 +18,14 @@ Ranks store (a Zarr group), one entry per *evaluated* query::
     group        int64 (n_eval,)      progressive: sketch number (0..n_sketches-1), else -1
     step         int64 (n_eval,)      progressive: the rendering's step, else 0
     attrs        protocol, distance, num_queries, num_skipped, num_gallery, ...
+
+Optional arrays (protocol variants; :data:`OPTIONAL_ARRAYS`), written when present::
+
+    members_offsets  int64 (n_eval + 1)  multi-query: CSR pointers into ``members``
+    members          int64 (n_members,)  multi-query: the pooled query's member rows
+                                         (query manifest rows, by ascending id)
+    shot_offsets     int64 (n_eval + 1)  single-gallery-shot: CSR pointers into ``shot_pmf``
+    shot_pmf         float64 (nnz,)      P(single-shot rank = k), k = 1.. per query
 """
 
 from __future__ import annotations
@@ -183,6 +191,13 @@ def embeddings_attrs(path: str | os.PathLike) -> dict[str, Any]:
 # ---------------------------------------------------------------- ranks
 
 RANK_ARRAYS = ("offsets", "ranks", "query_index", "group", "step")
+#: Arrays a ranks store holds only for some protocol variants: name -> dtype.
+OPTIONAL_ARRAYS = {
+    "members_offsets": np.int64,
+    "members": np.int64,
+    "shot_offsets": np.int64,
+    "shot_pmf": np.float64,
+}
 
 
 def write_ranks(
@@ -190,8 +205,10 @@ def write_ranks(
 ) -> None:
     """Write a ranks store (see module docstring) atomically."""
     with atomic_store(path) as group:
-        for name in RANK_ARRAYS:
-            data = np.ascontiguousarray(arrays[name], dtype=np.int64)
+        dtypes = {name: np.int64 for name in RANK_ARRAYS}
+        dtypes.update({k: v for k, v in OPTIONAL_ARRAYS.items() if k in arrays})
+        for name, dtype in dtypes.items():
+            data = np.ascontiguousarray(arrays[name], dtype=dtype)
             group.create_array(name, data=data, chunks=(max(1, min(len(data), 1 << 20)),))
         group.attrs.update(_json_safe({"kind": "ranks", **attrs}))
 
@@ -201,6 +218,8 @@ def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
     group = open_complete_group(path, "ranks")
     try:
         arrays = {name: np.asarray(group[name][...]) for name in RANK_ARRAYS}
+        present = set(group.array_keys())
+        arrays.update({n: np.asarray(group[n][...]) for n in OPTIONAL_ARRAYS if n in present})
     except KeyError as exc:
         raise RankwiseError(
             f"{path}: ranks store lacks array {exc}; delete it and run `rankwise rank` again"

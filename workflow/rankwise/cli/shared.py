@@ -89,6 +89,23 @@ inputs = stack(
         help="reid: same label AND same camera is not ranked (default), or kept as a valid "
         "match; the query's own id is never ranked.",
     ),
+    spec.MULTI_QUERY.click(
+        help="reid: one query per (label, camera), pooling its query rows (mean: float64 sum "
+        "in id order / n, as float32; max: element-wise), stored rows pooled as they are; "
+        "none: every row is a query."
+    ),
+    spec.SINGLE_GALLERY_SHOT.click(
+        flag="--single-gallery-shot/--all-gallery-shots",
+        help="reid: CUHK03's single-gallery-shot CMC: rankK and mrr over one random valid "
+        "gallery item per identity (--shot-repeats draws, seeded by --shot-seed and each "
+        "query's id); map and minp on the full list.",
+    ),
+    spec.SHOT_REPEATS.click(
+        help="--single-gallery-shot: draws per query, or 'exact' (the expectation over all "
+        "draws, no sampling noise).",
+        metavar="N|exact",
+    ),
+    spec.SHOT_SEED.click(help="--single-gallery-shot: seed of the draws."),
     spec.QUERY_BLOCK.click(help="Queries per tile."),
     spec.GALLERY_CHUNK.click(help="Gallery rows per tile."),
     spec.WORKERS.click(help="Threads (default: all cores)."),

@@ -179,7 +179,8 @@ def scores(ranks, ks, ap, output):
     """Per-query scores (per sketch for progressive) of a ranks store, as CSV.
 
     Columns: query_index, num_relevant, first_rank, ap, inp, rr, hit@K (fractions and
-    0/1); progressive: sketch, query_index, m@A, m@B, wm@A, wm@B, last_rank, hit@K.
+    0/1; under --single-gallery-shot, rr and hit@K are over the draws: fractions);
+    progressive: sketch, query_index, m@A, m@B, wm@A, wm@B, last_rank, hit@K.
     """
     import io
 
@@ -192,7 +193,8 @@ def scores(ranks, ks, ap, output):
     arrays, attrs = read_ranks(ranks)
     table = pd.DataFrame(unit_scores(arrays, attrs, ks=ks, ap=ap))
     hits = [c for c in table.columns if c.startswith("hit@")]
-    table[hits] = table[hits].astype(np.int64)
+    if "shot_pmf" not in arrays:  # single-gallery-shot hits are probabilities
+        table[hits] = table[hits].astype(np.int64)
     buffer = io.StringIO()
     table.to_csv(buffer, index=False, float_format="%.10g")
     if output:

@@ -89,6 +89,7 @@ def worst_queries_of(
             query_stride=int(options.get("query_stride", 1)),
             junk_labels=tuple(options.get("junk_labels", ("-1",))),
             exclude_same_camera=bool(options.get("exclude_same_camera", True)),
+            multi_query=str(options.get("multi_query", "none")),
         )
     q_folder = Path(q_path).parent if q_table is not None else None
     g_folder = Path(g_path).parent if g_table is not None else None
