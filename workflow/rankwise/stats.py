@@ -139,13 +139,15 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
 
     ``labels``: ``None`` (read the query manifest named in ``attrs["query_manifest"]``,
     as written by ``rankwise rank``), a manifest path or DataFrame, or a sequence with
-    one label per query manifest row.  When the protocol's queries have a ``sequence``
+    one label per query manifest row.  A manifest is read as it was evaluated
+    (:func:`rankwise.inputs.read_evaluated_manifest`: without the rows an id-keyed
+    store dropped).  When the protocol's queries have a ``sequence``
     column (``reassociation``), a manifest gives ``sequence/label`` (a track): labels
     are reused across sequences.
     """
     import pandas as pd  # heavy, and only --by identity reads a manifest
 
-    from .manifest import read_manifest
+    from .inputs import read_evaluated_manifest
 
     protocol = attrs.get("protocol", "recall")
     if labels is None:
@@ -164,7 +166,12 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
             )
         labels = path
     if isinstance(labels, (str, os.PathLike, pd.DataFrame)):
-        table = read_manifest(labels, protocol=protocol, role="query")
+        table = read_evaluated_manifest(
+            labels,
+            (attrs.get("query_embeddings") or {}).get("path"),
+            protocol=protocol,
+            role="query",
+        )
         out = table["label"].astype(str).to_numpy()
         if "sequence" in get_protocol(protocol).required_columns("query"):
             out = (table["sequence"].astype(str) + "/" + table["label"].astype(str)).to_numpy()

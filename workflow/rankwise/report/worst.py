@@ -16,12 +16,13 @@ _WORST_METRIC = {"query": "map", "sketch": "m@B"}
 _WORST_SCORE = {"query": "ap", "sketch": "m@B"}
 
 
-def _manifest_or_none(path, protocol: str, role: str):
-    from ..manifest import read_manifest
+def _manifest_or_none(path, embeddings, protocol: str, role: str):
+    """The manifest as evaluated (rows an id-keyed store dropped left out), or None."""
+    from ..inputs import read_evaluated_manifest
 
     if not path or not Path(path).is_file():
         return None
-    return read_manifest(path, protocol=protocol, role=role)
+    return read_evaluated_manifest(path, embeddings, protocol=protocol, role=role)
 
 
 def _item(table, row: int, folder: Path | None) -> dict[str, Any]:
@@ -65,11 +66,11 @@ def worst_queries_of(
     relevant = table.num_relevant
     pick = np.lexsort((rows, score))[:n]
     q_path, g_path = attrs.get("query_manifest"), attrs.get("gallery_manifest")
-    q_table = _manifest_or_none(q_path, protocol, "query")
-    g_table = _manifest_or_none(g_path, protocol, "gallery")
     embeddings = [
         (attrs.get(f"{side}_embeddings") or {}).get("path") for side in ("query", "gallery")
     ]
+    q_table = _manifest_or_none(q_path, embeddings[0], protocol, "query")
+    g_table = _manifest_or_none(g_path, embeddings[1], protocol, "gallery")
     tops = None
     if (
         q_table is not None
