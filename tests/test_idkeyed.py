@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +32,12 @@ from conftest import reid_case
 from helpers import run_rankwise
 
 from rankwise import evaluate
+from rankwise.api import rank
 from rankwise.encoders import encode_manifest
 from rankwise.errors import RankwiseError
 from rankwise.feature_ids import align, read_ids
 from rankwise.inputs import open_inputs, read_evaluated_manifest
+from rankwise.report.worst import worst_queries_of
 from rankwise.stats import query_labels
 from rankwise.store import embeddings_attrs
 
@@ -261,9 +264,9 @@ def test_ids_in_manifest_order_change_nothing(tmp_path: Path):
     np.testing.assert_array_equal(_read(keyed), _read(plain))
 
 
-def test_large_features_read_in_several_batches(tmp_path: Path):
-    """More rows than one read batch, from a chunked Zarr group: still exact."""
-    n, dim = 70_000, 2  # batches of 256 MB / (4 * 2) rows would be one: force small ones
+def test_shuffled_rows_across_many_storage_chunks(tmp_path: Path):
+    """A random order across 18 Zarr storage chunks (read chunk by chunk): still exact."""
+    n, dim = 70_000, 2
     ids = np.array([f"x{i}" for i in range(n)])
     pd.DataFrame({"id": ids, "label": np.arange(n) % 5}).to_csv(tmp_path / "m.csv", index=False)
     rng = np.random.default_rng(0)
@@ -439,6 +442,43 @@ def test_readers_by_row_see_the_evaluated_rows(tmp_path: Path):
     # a store without dropped rows: the manifest as it is
     full = read_evaluated_manifest(tmp_path / "q.csv", None, protocol="reid", role="query")
     assert len(full) == len(case.query)
+    # labels given as a sequence: one per evaluated row, never the whole manifest's
+    attrs["query_embeddings"] = embeddings_attrs(store) | {"path": str(store)}
+    n_kept = len(kept["query"])
+    assert len(query_labels(attrs, labels=["a"] * n_kept)) == n_kept
+    with pytest.raises(
+        RankwiseError,
+        match=rf"labels: {len(case.query)} labels, but the query "
+        rf"embeddings hold {n_kept} of the manifest's {len(case.query)} rows",
+    ):
+        query_labels(attrs, labels=case.query["label"].tolist())
+
+
+def test_worst_queries_without_the_store_give_no_manifest_rows(tmp_path: Path):
+    """Rows were dropped and the store saying which is gone: rows, not wrong ids."""
+    case, kept, options = _dropped_case(tmp_path)
+    stores = {
+        s: _encode(tmp_path / f"{s[0]}.csv", {**options, "split": s}, tmp_path / f"{s}.zarr")
+        for s in ("query", "gallery")
+    }
+    result = rank(
+        tmp_path / "q.csv",
+        tmp_path / "g.csv",
+        stores["query"],
+        stores["gallery"],
+        protocol="reid",
+        distance="cosine",
+    )
+    attrs = dict(result.attrs)
+    for side in ("query", "gallery"):
+        attrs[f"{side}_manifest"] = str(tmp_path / f"{side[0]}.csv")
+        attrs[f"{side}_embeddings"] = embeddings_attrs(stores[side]) | {"path": str(stores[side])}
+    label_of = dict(zip(case.query["id"], case.query["label"], strict=True))
+    worst = worst_queries_of(result.arrays(), attrs, n=3)
+    assert all(q["label"] == label_of[q["id"]] and q["top"] for q in worst["queries"])
+    shutil.rmtree(stores["query"])
+    worst = worst_queries_of(result.arrays(), attrs, n=3)
+    assert all(q["id"].startswith("row ") and q["top"] is None for q in worst["queries"])
 
 
 def test_a_store_with_dropped_rows_needs_its_manifest(tmp_path: Path):
@@ -586,3 +626,18 @@ def test_unknown_feature_ids_alone_are_an_error_unless_drop(tmp_path: Path):
     aligned = embeddings_attrs(store)["id_alignment"]
     assert (aligned["dropped_rows"], aligned["ignored_features"]) == (0, 1)
     assert "manifest_row" not in zarr.open_group(str(store), mode="r")
+
+
+def test_readme_example_is_a_valid_encoder_entry():
+    """The README's id-keyed example passes the encoder's option checks as written."""
+    import yaml
+
+    from rankwise.encoders import OPTIONS
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text[text.index("encoders:\n  exported:") :]
+    block = block[: block.index("```")]
+    entry = yaml.safe_load(block)["encoders"]["exported"]
+    assert entry["kind"] == "precomputed"
+    checked = OPTIONS["precomputed"].check(entry["options"])
+    assert checked["on_missing"] == "error" and checked["ids_column"] == "id"

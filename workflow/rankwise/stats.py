@@ -181,6 +181,13 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
         raise RankwiseError(
             f"labels must be one label per query manifest row, got an array of shape {out.shape}"
         )
+    aligned = (attrs.get("query_embeddings") or {}).get("id_alignment") or {}
+    if aligned.get("dropped_rows") and len(out) != aligned.get("kept_rows"):
+        raise RankwiseError(
+            f"labels: {len(out)} labels, but the query embeddings hold {aligned.get('kept_rows')} "
+            f"of the manifest's {aligned.get('manifest_rows')} rows (on_missing: drop); give "
+            "one label per evaluated row, or pass the query manifest (--labels QUERY.csv)"
+        )
     return out.astype(str)
 
 
