@@ -641,3 +641,64 @@ def test_readme_example_is_a_valid_encoder_entry():
     assert entry["kind"] == "precomputed"
     checked = OPTIONS["precomputed"].check(entry["options"])
     assert checked["on_missing"] == "error" and checked["ids_column"] == "id"
+
+
+def test_a_keyed_zarr_group_given_straight_to_ranking(tmp_path: Path):
+    """Its ids are checked row by row: in manifest order it ranks, otherwise one line."""
+    case = _case(tmp_path)
+    ids = case.query["id"].to_numpy()
+    same = _write_features(tmp_path / "same", "query", ids, case.query_emb, "zarr-str")
+    got = evaluate(
+        tmp_path / "q.csv", tmp_path / "g.csv", same["query"], tmp_path / "g.npy", **case.kwargs()
+    )
+    want = evaluate(
+        tmp_path / "q.csv",
+        tmp_path / "g.csv",
+        tmp_path / "q.npy",
+        tmp_path / "g.npy",
+        **case.kwargs(),
+    )
+    assert got.metrics == want.metrics
+    order = np.arange(len(ids))
+    order[[0, 1]] = [1, 0]
+    swapped = _write_features(
+        tmp_path / "swap", "query", ids[order], case.query_emb[order], "zarr-int"
+    )
+    out = tmp_path / "ranks.zarr"
+    proc = run_rankwise(
+        "rank",
+        "--query",
+        tmp_path / "q.csv",
+        "--gallery",
+        tmp_path / "g.csv",
+        "--query-embeddings",
+        swapped["query"],
+        "--gallery-embeddings",
+        tmp_path / "g.npy",
+        "--protocol",
+        "reid",
+        "--out",
+        out,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert re.search(
+        rf"swap/query\.zarr/ids: the features' ids are not the ids of .*q\.csv in order \(row 0 "
+        rf"\(0-based\) has id '{ids[1]}', the manifest '{ids[0]}'\); .*rankwise encode --kind "
+        "precomputed",
+        lines[0],
+    ), lines[0]
+    assert not out.exists()
+
+
+def test_a_nan_feature_names_its_manifest_line_after_drops(tmp_path: Path):
+    case = _case(tmp_path)
+    ids = case.query["id"].to_numpy()
+    keep = np.arange(3, len(ids))  # manifest rows 0-2 have no features
+    vectors = case.query_emb[keep].copy()
+    vectors[2, 0] = np.nan  # manifest row 5: CSV line 7
+    options = _write_features(tmp_path / "f", "query", ids[keep][::-1], vectors[::-1], "txt")
+    options = {"path": options["query"], "ids": options["query_ids"], "on_missing": "drop"}
+    with pytest.raises(RankwiseError, match=rf"q\.csv: row 7 \(id '{ids[5]}'\): .*NaN"):
+        _encode(tmp_path / "q.csv", options, tmp_path / "x.zarr")
+    assert not (tmp_path / "x.zarr").exists()

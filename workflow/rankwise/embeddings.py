@@ -63,6 +63,7 @@ class EmbeddingSource:
     chunk_rows: int | None = None
     attrs: dict | None = None  # a rankwise store's attributes (None for other sources)
     manifest_rows: np.ndarray | None = None  # (N,) when the store holds a subset of rows
+    ids_array: str | None = None  # "ids": a Zarr group (not a rankwise store) keyed by ids
 
     @property
     def num_manifest_rows(self) -> int:
@@ -334,6 +335,8 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
         ) from None
     array_path = None
     attrs = None
+    manifest_rows = None
+    ids_array = None
     if isinstance(node, zarr.Group):
         attrs = dict(node.attrs)
         if attrs.get("kind") == "embeddings" and not attrs.get("complete"):
@@ -345,6 +348,8 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
                 "pass a rankwise embedding store or a Zarr array"
             )
         manifest_rows = _manifest_rows(node, attrs, path)
+        if attrs.get("kind") != "embeddings" and "ids" in node:
+            ids_array = "ids"  # features exported elsewhere, keyed by id
         node = node["embeddings"]
         array_path = "embeddings"
         if manifest_rows is not None and len(manifest_rows) != node.shape[0]:
@@ -352,8 +357,6 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
                 f"{path}: {len(manifest_rows)} manifest rows recorded for {node.shape[0]} "
                 "embedding rows; the store is corrupt: encode again"
             )
-    else:
-        manifest_rows = None
     _check_dtype(node.dtype, name, str(path))
     return EmbeddingSource(
         "zarr",
@@ -364,6 +367,7 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
         chunk_rows=int(node.chunks[0]),
         attrs=attrs if (attrs or {}).get("kind") == "embeddings" else None,
         manifest_rows=manifest_rows,
+        ids_array=ids_array,
     )
 
 

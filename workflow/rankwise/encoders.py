@@ -376,9 +376,13 @@ class _Rows:
     ids: list[str]
     paths: list[str] = field(default_factory=list)
     texts: list[str] | None = None  # the manifest's 'text' column, if any
+    # id-keyed precomputed features: the manifest row and the feature row of each row
+    manifest_rows: np.ndarray | None = None
+    feature_rows: np.ndarray | None = None
 
     def where(self, i: int) -> str:
-        return f"{self.manifest}: row {i + 2} (id {self.ids[i]!r})"
+        row = i if self.manifest_rows is None else int(self.manifest_rows[i])
+        return f"{self.manifest}: row {row + 2} (id {self.ids[i]!r})"
 
     def read(
         self,
@@ -778,50 +782,46 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
             )
     vectors = _open_vectors(source, manifest)
     checkpoint = source if source.is_file() else None
-    alignment: list[Alignment] = []  # set by align(), before the first batch
 
     def align(manifest_ids: list[str]) -> Alignment:
+        """The ids file given, else the Zarr group's ids array, matched to the manifest."""
         from .feature_ids import align as align_ids
         from .feature_ids import read_ids, zarr_ids
 
         if opts[ids_key] is not None:
             ids_file = str(Path(str(opts[ids_key])).expanduser())
             feature_ids = read_ids(ids_file, column=opts["ids_column"])
+        elif vectors.ids_array is not None:
+            ids_file = f"{source}/{vectors.ids_array}"
+            feature_ids = zarr_ids(source)
         else:
-            ids_file = f"{source}/ids"
-            feature_ids = zarr_ids(source) if source.is_dir() else None
-            if feature_ids is None:
-                raise RankwiseError(
-                    f"precomputed: on_missing: drop needs the ids of the rows of {source}; "
-                    f"set options.{ids_key} (or store an 'ids' array in the Zarr group)"
-                )
+            raise RankwiseError(
+                f"precomputed: on_missing: drop needs the ids of the rows of {source}; "
+                f"set options.{ids_key} (or store an 'ids' array in the Zarr group)"
+            )
         if len(feature_ids) != vectors.shape[0]:
             raise RankwiseError(
                 f"{ids_file}: {len(feature_ids)} ids for the {vectors.shape[0]} rows of "
                 f"{source}; give one id per feature row, in the same order"
             )
-        found = align_ids(
+        return align_ids(
             manifest_ids,
             feature_ids,
             on_missing=opts["on_missing"],
             manifest=str(manifest),
             ids=ids_file,
         )
-        alignment.append(found)
-        return found
 
     keyed = (
-        opts[ids_key] is not None
-        or opts["on_missing"] != "error"
-        or (source.is_dir() and zarr_has_ids(source))
+        opts[ids_key] is not None or opts["on_missing"] != "error" or vectors.ids_array is not None
     )
 
     def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         n = len(rows.ids)
-        if alignment:
+        if rows.feature_rows is not None:
             # Feature rows in manifest order: random reads, so large batches (~256 MB)
             # keep the number of times a storage chunk is decoded small.
-            order = alignment[0].feature_rows
+            order = rows.feature_rows
             step = max(batch_size, (256 << 20) // (4 * vectors.shape[1]))
             for start in range(0, n, step):
                 yield vectors.take(order[start : start + step])
@@ -840,17 +840,6 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
             yield vectors.read(start, min(start + step, n))
 
     return _Encoder(opts, checkpoint, batches, needs_images=False, align=align if keyed else None)
-
-
-def zarr_has_ids(path: Path) -> bool:
-    """Whether the Zarr store at ``path`` is a group with an ``ids`` array."""
-    import zarr
-
-    try:
-        node = zarr.open(str(path), mode="r")
-    except Exception:  # open_embeddings has already refused unreadable stores
-        return False
-    return isinstance(node, zarr.Group) and "ids" in node
 
 
 def build_encoder(
@@ -918,6 +907,7 @@ def encode_manifest(
     alignment = encoder.align(rows.ids) if encoder.align is not None else None
     if alignment is not None:
         rows.ids = [rows.ids[i] for i in alignment.manifest_rows]
+        rows.manifest_rows, rows.feature_rows = alignment.manifest_rows, alignment.feature_rows
     if encoder.needs_images:
         if "path" not in table.columns:
             raise RankwiseError(

@@ -139,17 +139,40 @@ def read_ids(path: str | Path, *, column: str = "id") -> np.ndarray:
     return values
 
 
-def zarr_ids(path: str | Path) -> np.ndarray | None:
-    """The array ``ids`` of the Zarr group at ``path`` as strings, or ``None`` if it has none."""
+def zarr_ids(path: str | Path) -> np.ndarray:
+    """The array ``ids`` of the Zarr group at ``path`` (one id per row), as strings ``(N,)``."""
     import zarr
 
+    where = f"{path}/ids"
     try:
-        node = zarr.open(str(path), mode="r")
-    except Exception:  # not a group we can read: open_embeddings names the problem
-        return None
-    if not isinstance(node, zarr.Group) or "ids" not in node:
-        return None
-    return _as_strings(np.asarray(node["ids"][...]), f"{path}/ids")
+        values = np.asarray(zarr.open_group(str(path), mode="r")["ids"][...])
+    except Exception as exc:  # zarr/numcodecs raise many types for bad bytes
+        raise RankwiseError(
+            f"{where}: cannot read the ids ({type(exc).__name__}); write the array again"
+        ) from None
+    return _as_strings(values, where)
+
+
+def check_in_order(feature_ids: np.ndarray, manifest_ids, *, ids: str, manifest: str) -> None:
+    """Refuse features read positionally whose own ids are not the manifest's, in order.
+
+    For a Zarr group with an ``ids`` array given straight to ranking (no encode step to
+    put it in manifest order): ids that agree row by row are fine, anything else is an
+    error pointing at ``rankwise encode --kind precomputed``.
+    """
+    wanted = np.asarray(manifest_ids, dtype=object)
+    if len(feature_ids) == len(wanted):
+        differ = np.flatnonzero(feature_ids != wanted)
+        if not len(differ):
+            return
+        i = int(differ[0])
+        detail = f"row {i} (0-based) has id {feature_ids[i]!r}, the manifest {wanted[i]!r}"
+    else:
+        detail = f"{len(feature_ids)} ids for {len(wanted)} manifest rows"
+    raise RankwiseError(
+        f"{ids}: the features' ids are not the ids of {manifest} in order ({detail}); put "
+        "them in manifest order by id first: rankwise encode --kind precomputed"
+    )
 
 
 def align(

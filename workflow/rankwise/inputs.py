@@ -10,7 +10,9 @@ queries), so each gets the same checks in the same order:
    shape, completeness mark; a store opened with a manifest other than the one it was
    encoded from is refused; rows equal to the manifest's);
 3. query and gallery of the same dimension;
-4. a store encoded from id-keyed features with rows dropped (``on_missing: drop``,
+4. features carrying their own ids (a Zarr group with ``ids``) read as they are: those
+   ids equal the manifest's, row by row (else encode them first, which aligns them);
+5. a store encoded from id-keyed features with rows dropped (``on_missing: drop``,
    :mod:`rankwise.feature_ids`) keeps only its manifest rows (:func:`aligned_table`), so
    every row index downstream (``query_index`` in the ranks store, gallery rows) counts
    rows of the manifest *as evaluated*.  :func:`read_evaluated_manifest` gives the same
@@ -99,6 +101,8 @@ def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *, protoco
         gallery_embeddings, name="gallery embeddings", n_rows=len(g_table), manifest=g_name
     )
     check_same_dim(q_src, g_src)
+    for table, src, name in ((q_table, q_src, q_name), (g_table, g_src, g_name)):
+        _check_keyed(table, src, name)
     return Inputs(
         protocol=protocol,
         query=aligned_table(q_table, q_src),
@@ -106,6 +110,20 @@ def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *, protoco
         query_embeddings=q_src,
         gallery_embeddings=g_src,
         names=(q_name or "query table", g_name or "gallery table"),
+    )
+
+
+def _check_keyed(table: pd.DataFrame, source: EmbeddingSource, manifest: str | None) -> None:
+    """Features keyed by ids (a Zarr group's ``ids``) are read by row: the ids must agree."""
+    if source.ids_array is None:
+        return
+    from .feature_ids import check_in_order, zarr_ids
+
+    check_in_order(
+        zarr_ids(source.path),
+        table["id"].to_numpy(dtype=object),
+        ids=f"{source.path}/{source.ids_array}",
+        manifest=manifest or "the manifest",
     )
 
 
