@@ -702,3 +702,16 @@ def test_a_nan_feature_names_its_manifest_line_after_drops(tmp_path: Path):
     with pytest.raises(RankwiseError, match=rf"q\.csv: row 7 \(id '{ids[5]}'\): .*NaN"):
         _encode(tmp_path / "q.csv", options, tmp_path / "x.zarr")
     assert not (tmp_path / "x.zarr").exists()
+
+
+def test_the_pipeline_tracks_each_splits_ids_file():
+    """encode's input files (existence checked, bytes hashed) include the split's ids."""
+    from rankwise.pipeline_config import encoder_paths
+
+    options = {"query": "q.npy", "query_ids": "q.csv", "gallery": "g.zarr", "gallery_ids": "g.txt"}
+    assert encoder_paths("precomputed", options, "query") == ["q.npy", "q.csv"]
+    assert encoder_paths("precomputed", options, "gallery") == ["g.zarr", "g.txt"]
+    assert encoder_paths("precomputed", {"path": "f.npy", "ids": "f.txt"}, "query") == [
+        "f.npy",
+        "f.txt",
+    ]

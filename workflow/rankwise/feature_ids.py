@@ -18,6 +18,11 @@ a manifest id without a feature row, or a feature id not in the manifest, is an 
 under ``error`` (the default); under ``drop`` the evaluation keeps the ids on both
 sides: manifest rows without features are dropped (counted, one example kept) and
 feature rows for other ids are ignored (counted).
+
+Downstream, a drop is recorded, not rewritten: the embedding store holds the kept rows
+with their manifest rows (``manifest_row``) and stays tied to the whole manifest (its
+sha256); the readers keep those manifest rows (:mod:`rankwise.embeddings`,
+:func:`rankwise.inputs.open_inputs`), so no second manifest file exists to go stale.
 """
 
 from __future__ import annotations

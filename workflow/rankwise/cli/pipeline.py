@@ -95,7 +95,7 @@ def encode(
     threads: int | None,
     progress: bool,
 ) -> None:
-    """Encode a manifest's images (or copy precomputed vectors) into an embedding store."""
+    """Encode a manifest's images (or copy precomputed vectors, by row or by id) into a store."""
     from ..encoders import encode_manifest
 
     info = encode_manifest(
