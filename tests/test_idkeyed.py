@@ -452,6 +452,10 @@ def test_readers_by_row_see_the_evaluated_rows(tmp_path: Path):
         rf"embeddings hold {n_kept} of the manifest's {len(case.query)} rows",
     ):
         query_labels(attrs, labels=case.query["label"].tolist())
+    # the store saying which rows were evaluated is gone: an error, never misaligned labels
+    shutil.rmtree(store)
+    with pytest.raises(RankwiseError, match=r"query\.zarr: query embeddings not found; .*drop"):
+        query_labels(attrs)
 
 
 def test_worst_queries_without_the_store_give_no_manifest_rows(tmp_path: Path):

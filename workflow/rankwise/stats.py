@@ -165,13 +165,16 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
                 "--labels QUERY.csv"
             )
         labels = path
+    store = (attrs.get("query_embeddings") or {}).get("path")
+    aligned = (attrs.get("query_embeddings") or {}).get("id_alignment") or {}
     if isinstance(labels, (str, os.PathLike, pd.DataFrame)):
-        table = read_evaluated_manifest(
-            labels,
-            (attrs.get("query_embeddings") or {}).get("path"),
-            protocol=protocol,
-            role="query",
-        )
+        if aligned.get("dropped_rows") and not (store and os.path.isdir(store)):
+            raise RankwiseError(
+                f"{store}: query embeddings not found; their manifest rows were dropped "
+                "(on_missing: drop) and only the store says which, so the manifest's labels "
+                "cannot be matched to the ranks: restore the store"
+            )
+        table = read_evaluated_manifest(labels, store, protocol=protocol, role="query")
         out = table["label"].astype(str).to_numpy()
         if "sequence" in get_protocol(protocol).required_columns("query"):
             out = (table["sequence"].astype(str) + "/" + table["label"].astype(str)).to_numpy()
@@ -181,7 +184,6 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
         raise RankwiseError(
             f"labels must be one label per query manifest row, got an array of shape {out.shape}"
         )
-    aligned = (attrs.get("query_embeddings") or {}).get("id_alignment") or {}
     if aligned.get("dropped_rows") and len(out) != aligned.get("kept_rows"):
         raise RankwiseError(
             f"labels: {len(out)} labels, but the query embeddings hold {aligned.get('kept_rows')} "
