@@ -18,6 +18,13 @@ or removed, ids edited: anything could have moved a row), it is an error naming
 both files; the store records no ids, so rows are never realigned.  Stores without
 the attribute (written by other tools or older versions) and manifests given as
 tables (no file) are not checked.
+
+A store encoded from id-keyed features with ``on_missing: drop``
+(:mod:`rankwise.feature_ids`) may hold fewer rows than its manifest: it then has an
+int64 array ``manifest_row`` ``(N,)``, the manifest row of each embedding row
+(ascending), and the attribute ``id_alignment`` (counts of kept and dropped rows).
+It opens against the whole manifest (same sha256, ``M`` rows), and
+:func:`rankwise.inputs.open_inputs` keeps only those manifest rows.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ from .errors import RankwiseError
 
 #: Store attribute: sha256 of the bytes of the manifest CSV the store was encoded from.
 MANIFEST_SHA256 = "manifest_csv_sha256"
+#: Store array (only when rows were dropped): the manifest row of each embedding row.
+MANIFEST_ROW = "manifest_row"
+#: Store attribute: how id-keyed features were aligned (rankwise.feature_ids.Alignment.record).
+ID_ALIGNMENT = "id_alignment"
 
 
 @dataclass
@@ -51,6 +62,47 @@ class EmbeddingSource:
     array: np.ndarray | None = None
     chunk_rows: int | None = None
     attrs: dict | None = None  # a rankwise store's attributes (None for other sources)
+    manifest_rows: np.ndarray | None = None  # (N,) when the store holds a subset of rows
+    ids_array: str | None = None  # "ids": a Zarr group (not a rankwise store) keyed by ids
+
+    @property
+    def num_manifest_rows(self) -> int:
+        """Rows of the manifest these embeddings were encoded from (``N`` unless a subset)."""
+        if self.manifest_rows is None:
+            return self.shape[0]
+        return int((self.attrs or {})[ID_ALIGNMENT]["manifest_rows"])
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (any order, no repeats) as float32 ``(len(rows), D)``.
+
+        Read in ascending order (a Zarr storage chunk is decoded once per call), then put
+        back in the order asked; unreadable data raises like :meth:`read`.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        order = np.argsort(rows, kind="stable")
+        ascending = rows[order]
+        out = np.empty((len(rows), self.shape[1]), dtype=np.float32)
+        if not len(rows):
+            return out
+        if self.kind == "array":
+            out[order] = self.array[ascending]
+            return out
+        lo, hi = int(ascending[0]), int(ascending[-1]) + 1
+        try:
+            if self.kind == "npy":
+                data = np.load(self.path, mmap_mode="r")[ascending]
+            else:
+                import zarr
+
+                array = zarr.open_array(self.path, path=self.array_path, mode="r")
+                _check_chunks_present(array, lo, hi, self)
+                data = array.oindex[ascending, :]
+            out[order] = data
+            return out
+        except RankwiseError:
+            raise
+        except Exception:  # zarr/numcodecs/numpy raise many types for bad bytes
+            return self.read(lo, hi)[ascending - lo][np.argsort(order)]  # read() names the rows
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as a float32 array.
@@ -180,7 +232,20 @@ def open_embeddings(
 
 
 def check_rows(src: EmbeddingSource, n_rows: int, manifest=None) -> None:
-    """Refuse embeddings whose row count is not the manifest's ``n_rows``."""
+    """Refuse embeddings whose row count is not the manifest's ``n_rows``.
+
+    A store holding a subset of its manifest's rows (``manifest_row``) must be opened
+    with a manifest of the row count it was encoded from.
+    """
+    if src.manifest_rows is not None:
+        if src.num_manifest_rows != n_rows:
+            raise RankwiseError(
+                f"{src.path}: {src.name} hold {src.shape[0]} of the "
+                f"{src.num_manifest_rows} rows of the manifest they were encoded from, but "
+                f"{manifest or 'the manifest'} has {n_rows} rows; pass that manifest, or "
+                "encode this one"
+            )
+        return
     if src.shape[0] != n_rows:
         where = f" but {manifest or 'the manifest'} has {n_rows} rows"
         raise RankwiseError(
@@ -270,6 +335,8 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
         ) from None
     array_path = None
     attrs = None
+    manifest_rows = None
+    ids_array = None
     if isinstance(node, zarr.Group):
         attrs = dict(node.attrs)
         if attrs.get("kind") == "embeddings" and not attrs.get("complete"):
@@ -280,8 +347,16 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
                 f"{path}: Zarr group has no array 'embeddings'{hint}; "
                 "pass a rankwise embedding store or a Zarr array"
             )
+        manifest_rows = _manifest_rows(node, attrs, path)
+        if attrs.get("kind") != "embeddings" and "ids" in node:
+            ids_array = "ids"  # features exported elsewhere, keyed by id
         node = node["embeddings"]
         array_path = "embeddings"
+        if manifest_rows is not None and len(manifest_rows) != node.shape[0]:
+            raise RankwiseError(
+                f"{path}: {len(manifest_rows)} manifest rows recorded for {node.shape[0]} "
+                "embedding rows; the store is corrupt: encode again"
+            )
     _check_dtype(node.dtype, name, str(path))
     return EmbeddingSource(
         "zarr",
@@ -291,4 +366,24 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
         array_path=array_path,
         chunk_rows=int(node.chunks[0]),
         attrs=attrs if (attrs or {}).get("kind") == "embeddings" else None,
+        manifest_rows=manifest_rows,
+        ids_array=ids_array,
     )
+
+
+def _manifest_rows(group, attrs: dict, path: Path) -> np.ndarray | None:
+    """A rankwise store's ``manifest_row`` array (rows kept from its manifest), or None."""
+    if attrs.get("kind") != "embeddings" or MANIFEST_ROW not in group:
+        return None
+    rows = np.asarray(group[MANIFEST_ROW][...], dtype=np.int64)
+    total = (attrs.get(ID_ALIGNMENT) or {}).get("manifest_rows")
+    if (
+        not isinstance(total, int)
+        or rows.ndim != 1
+        or (len(rows) and (rows[0] < 0 or rows[-1] >= total or (np.diff(rows) <= 0).any()))
+    ):
+        raise RankwiseError(
+            f"{path}: its '{MANIFEST_ROW}' array does not match its '{ID_ALIGNMENT}' "
+            "attribute; the store is corrupt: encode again"
+        )
+    return rows

@@ -12,15 +12,26 @@ thread pool, one batch ahead of the encoder. Store attributes::
     manifest_csv_sha256  sha256 of the manifest CSV's bytes: checked whenever the store
                       is opened with a manifest (rankwise.embeddings.check_manifest)
     manifest          the manifest's path, as given
-    num_rows          N
+    num_rows          N (rows stored: fewer than the manifest's if id-keyed rows were dropped)
+    id_alignment      id-keyed precomputed features only: ids (file), ids_sha256,
+                      on_missing, manifest_rows, kept_rows, dropped_rows,
+                      dropped_example, ignored_features
     rankwise_version  the package version
 
 Kinds (options; defaults after ``=``):
 
-``precomputed`` {query, gallery} or {path}; split=auto
+``precomputed`` {query, gallery} or {path}; split=auto, ids / query_ids / gallery_ids=null,
+ids_column="id", on_missing="error"
     ``.npy`` or Zarr (a group holding ``embeddings``, or an array) per split,
-    ``(N, D)`` and aligned with the manifest.  With {query, gallery} the split is
-    ``split`` or, by default, the manifest's file stem (``query.csv`` -> query).
+    ``(N, D)``.  With {query, gallery} the split is ``split`` or, by default, the
+    manifest's file stem (``query.csv`` -> query).  Without ids the rows are in manifest
+    order.  With ids (the ``ids`` file for {path}, ``query_ids`` / ``gallery_ids`` for
+    {query, gallery}; or a Zarr group's ``ids`` array) the rows are put in manifest order
+    by id, and ids missing on either side are an error, or with ``on_missing: drop``
+    manifest rows without features are dropped and features of other ids ignored
+    (:mod:`rankwise.feature_ids`).  A store with dropped rows records them (array
+    ``manifest_row``, attribute ``id_alignment``); ranking evaluates only those rows,
+    and the report's dataset header says how many were dropped.
 ``python`` {factory: "module:function" or "path/file.py:function", params={},
 checkpoint=null, input_size=null}
     ``factory(**params)`` returns ``fn(images) -> (B, D)`` where ``images`` is a list of
@@ -77,8 +88,16 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from . import __version__
-from .embeddings import MANIFEST_SHA256, EmbeddingSource, check_rows, open_embeddings
+from .embeddings import (
+    ID_ALIGNMENT,
+    MANIFEST_ROW,
+    MANIFEST_SHA256,
+    EmbeddingSource,
+    check_rows,
+    open_embeddings,
+)
 from .errors import RankwiseError
+from .feature_ids import ON_MISSING, Alignment
 from .hashing import file_sha256
 from .manifest import check_nonempty, read_manifest
 from .options import BATCH_SIZE, WORKERS, Option, OptionSet
@@ -146,8 +165,25 @@ OPTIONS: dict[str, OptionSet] = {
                 choices=("auto", "query", "gallery"),
                 help="which of query / gallery this manifest is; auto = its file name",
             ),
+            Option(
+                "ids",
+                "string",
+                None,
+                nullable=True,
+                help="the id of each row of path: .csv (ids_column), .npy or text (one a line)",
+            ),
+            Option("query_ids", "string", None, nullable=True, help="ids of the query rows"),
+            Option("gallery_ids", "string", None, nullable=True, help="ids of the gallery rows"),
+            Option("ids_column", "string", "id", help="the ids' column in a .csv ids file"),
+            Option(
+                "on_missing",
+                "enum",
+                "error",
+                choices=ON_MISSING,
+                help="ids missing on either side: error, or drop (keep the ids both have)",
+            ),
         ),
-        description="{query, gallery}: .npy or Zarr per split; or {path}: one file",
+        description="{query, gallery}: .npy or Zarr per split; or {path}: one file; ids: by id",
     ),
     "python": OptionSet(
         "python",
@@ -340,9 +376,13 @@ class _Rows:
     ids: list[str]
     paths: list[str] = field(default_factory=list)
     texts: list[str] | None = None  # the manifest's 'text' column, if any
+    # id-keyed precomputed features: the manifest row and the feature row of each row
+    manifest_rows: np.ndarray | None = None
+    feature_rows: np.ndarray | None = None
 
     def where(self, i: int) -> str:
-        return f"{self.manifest}: row {i + 2} (id {self.ids[i]!r})"
+        row = i if self.manifest_rows is None else int(self.manifest_rows[i])
+        return f"{self.manifest}: row {row + 2} (id {self.ids[i]!r})"
 
     def read(
         self,
@@ -481,6 +521,8 @@ class _Encoder:
     needs_images: bool = True
     threads: int = 1
     preprocessing: dict[str, Any] | None = None  # recorded in the store when set
+    # id-keyed precomputed features: manifest ids -> the rows kept (before any batch)
+    align: Callable[[list[str]], Alignment] | None = None
 
 
 def _builtin(kind: str, opts: dict[str, Any]) -> _Encoder:
@@ -702,6 +744,7 @@ def _open_vectors(source: Path, manifest: Path) -> EmbeddingSource:
 
 def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
     given = [k for k in ("query", "gallery", "path") if opts[k] is not None]
+    ids_key = "ids"
     if opts["path"] is not None:
         if given != ["path"]:
             raise RankwiseError("precomputed: give either {path} or {query, gallery}, not both")
@@ -726,11 +769,68 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
                 f"{split} manifest {manifest})"
             )
         source = Path(str(opts[split])).expanduser()
+        ids_key = f"{split}_ids"
+    # ids go with their features: ids with {path}; query_ids, gallery_ids with {query, gallery}
+    for key, form, fix in (
+        ("ids", "{query, gallery}", "query_ids / gallery_ids"),
+        ("query_ids", "{path}", "ids"),
+        ("gallery_ids", "{path}", "ids"),
+    ):
+        if opts[key] is not None and (key == "ids") != (ids_key == "ids"):
+            raise RankwiseError(
+                f"precomputed: options.{key} does not go with {form}; use options.{fix}"
+            )
     vectors = _open_vectors(source, manifest)
     checkpoint = source if source.is_file() else None
 
+    def align(manifest_ids: list[str]) -> Alignment:
+        """The ids file given, else the Zarr group's ids array, matched to the manifest."""
+        from .feature_ids import align as align_ids
+        from .feature_ids import read_ids, zarr_ids
+
+        if opts[ids_key] is not None:
+            ids_file = str(Path(str(opts[ids_key])).expanduser())
+            feature_ids = read_ids(ids_file, column=opts["ids_column"])
+        elif vectors.ids_array is not None:
+            ids_file = f"{source}/{vectors.ids_array}"
+            feature_ids = zarr_ids(source)
+        else:
+            raise RankwiseError(
+                f"precomputed: on_missing: drop needs the ids of the rows of {source}; "
+                f"set options.{ids_key} (or store an 'ids' array in the Zarr group)"
+            )
+        if len(feature_ids) != vectors.shape[0]:
+            raise RankwiseError(
+                f"{ids_file}: {len(feature_ids)} ids for the {vectors.shape[0]} rows of "
+                f"{source}; give one id per feature row, in the same order"
+            )
+        return align_ids(
+            manifest_ids,
+            feature_ids,
+            on_missing=opts["on_missing"],
+            manifest=str(manifest),
+            ids=ids_file,
+        )
+
+    keyed = (
+        opts[ids_key] is not None or opts["on_missing"] != "error" or vectors.ids_array is not None
+    )
+
     def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         n = len(rows.ids)
+        if rows.feature_rows is not None:
+            # Feature rows in manifest order: random reads, so large batches (~256 MB)
+            # keep the number of times a storage chunk is decoded small.
+            order = rows.feature_rows
+            step = max(batch_size, (256 << 20) // (4 * vectors.shape[1]))
+            for start in range(0, n, step):
+                yield vectors.take(order[start : start + step])
+            return
+        if vectors.manifest_rows is not None:
+            raise RankwiseError(
+                f"{source}: this store holds {vectors.shape[0]} of its manifest's "
+                f"{vectors.num_manifest_rows} rows; encode from the original features instead"
+            )
         check_rows(vectors, n, rows.manifest)
         # Whole storage chunks per read: no chunk is decoded twice.
         step = max(batch_size, 8192)
@@ -739,7 +839,7 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
         for start in range(0, n, step):
             yield vectors.read(start, min(start + step, n))
 
-    return _Encoder(opts, checkpoint, batches, needs_images=False)
+    return _Encoder(opts, checkpoint, batches, needs_images=False, align=align if keyed else None)
 
 
 def build_encoder(
@@ -804,6 +904,10 @@ def encode_manifest(
     table = read_manifest(manifest, protocol=protocol, role=role)
     encoder = build_encoder(kind, options, manifest=manifest, out=out, threads=workers)
     rows = _Rows(manifest, table["id"].tolist())
+    alignment = encoder.align(rows.ids) if encoder.align is not None else None
+    if alignment is not None:
+        rows.ids = [rows.ids[i] for i in alignment.manifest_rows]
+        rows.manifest_rows, rows.feature_rows = alignment.manifest_rows, alignment.feature_rows
     if encoder.needs_images:
         if "path" not in table.columns:
             raise RankwiseError(
@@ -823,19 +927,29 @@ def encode_manifest(
         "manifest_hash": manifest_sha256,
         MANIFEST_SHA256: manifest_sha256,
         "manifest": str(manifest),
-        "num_rows": len(table),
+        "num_rows": len(rows.ids),
         "rankwise_version": __version__,
     }
     if encoder.preprocessing is not None:
         attrs["preprocessing"] = encoder.preprocessing
-    shape = [len(table), 0]
+    extra = None
+    if alignment is not None:
+        ids_file = Path(alignment.ids)
+        attrs[ID_ALIGNMENT] = {
+            **alignment.record(),
+            "ids_sha256": file_sha256(ids_file) if ids_file.is_file() else None,
+        }
+        if alignment.dropped:
+            extra = {MANIFEST_ROW: alignment.manifest_rows}
+    n_rows = len(rows.ids)
+    shape = [n_rows, 0]
 
     def checked(pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         from tqdm import tqdm
 
         start = 0
         with tqdm(
-            total=len(table),
+            total=n_rows,
             desc=f"encode {kind} {manifest.name}",
             unit="row",
             file=sys.stderr,
@@ -864,7 +978,7 @@ def encode_manifest(
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rankwise-decode") as pool:
         try:
-            write_embeddings(out, checked(pool), len(table), attrs=attrs)
+            write_embeddings(out, checked(pool), n_rows, attrs=attrs, arrays=extra)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise

@@ -9,7 +9,14 @@ queries), so each gets the same checks in the same order:
 2. each embeddings with :func:`rankwise.embeddings.open_embeddings` (file, dtype,
    shape, completeness mark; a store opened with a manifest other than the one it was
    encoded from is refused; rows equal to the manifest's);
-3. query and gallery of the same dimension.
+3. query and gallery of the same dimension;
+4. features carrying their own ids (a Zarr group with ``ids``) read as they are: those
+   ids equal the manifest's, row by row (else encode them first, which aligns them);
+5. a store encoded from id-keyed features with rows dropped (``on_missing: drop``,
+   :mod:`rankwise.feature_ids`) keeps only its manifest rows (:func:`aligned_table`), so
+   every row index downstream (``query_index`` in the ranks store, gallery rows) counts
+   rows of the manifest *as evaluated*.  :func:`read_evaluated_manifest` gives the same
+   table to the commands that re-read a manifest from a ranks store's provenance.
 
 Row values (NaN, zero vectors under cosine, missing or corrupt chunks) are checked
 as the rows are read.
@@ -17,12 +24,19 @@ as the rows are read.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from .embeddings import EmbeddingSource, check_same_dim, open_embeddings
+from .embeddings import (
+    EmbeddingSource,
+    check_manifest,
+    check_rows,
+    check_same_dim,
+    open_embeddings,
+)
 from .manifest import read_manifest
 from .options import (
     EXCLUDE_SAME_CAMERA,
@@ -133,14 +147,57 @@ def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *, protoco
         gallery_embeddings, name="gallery embeddings", n_rows=len(g_table), manifest=g_name
     )
     check_same_dim(q_src, g_src)
+    for table, src, name in ((q_table, q_src, q_name), (g_table, g_src, g_name)):
+        _check_keyed(table, src, name)
     return Inputs(
         protocol=protocol,
-        query=q_table,
-        gallery=g_table,
+        query=aligned_table(q_table, q_src),
+        gallery=aligned_table(g_table, g_src),
         query_embeddings=q_src,
         gallery_embeddings=g_src,
         names=(q_name or "query table", g_name or "gallery table"),
     )
+
+
+def _check_keyed(table: pd.DataFrame, source: EmbeddingSource, manifest: str | None) -> None:
+    """Features keyed by ids (a Zarr group's ``ids``) are read by row: the ids must agree."""
+    if source.ids_array is None:
+        return
+    from .feature_ids import check_in_order, zarr_ids
+
+    check_in_order(
+        zarr_ids(source.path),
+        table["id"].to_numpy(dtype=object),
+        ids=f"{source.path}/{source.ids_array}",
+        manifest=manifest or "the manifest",
+    )
+
+
+def aligned_table(table: pd.DataFrame, source: EmbeddingSource) -> pd.DataFrame:
+    """The manifest rows ``source`` holds (all of them, unless rows were dropped), 0..N-1."""
+    if source.manifest_rows is None:
+        return table
+    return table.iloc[source.manifest_rows].reset_index(drop=True)
+
+
+def read_evaluated_manifest(
+    manifest, embeddings, *, protocol: str, role: str, name: str | None = None
+) -> pd.DataFrame:
+    """A manifest as it was evaluated with ``embeddings`` (a store's path, or None).
+
+    The rows a ranks store's indices count: the whole manifest, or, when ``embeddings``
+    is a store with dropped rows, those it holds (then checked like :func:`open_inputs`:
+    the manifest must be the one the store was encoded from).
+    """
+    table = read_manifest(manifest, protocol=protocol, role=role)
+    if embeddings is None or not os.path.isdir(str(embeddings)):
+        return table
+    source = open_embeddings(embeddings, name=name or f"{role} embeddings")
+    if source.manifest_rows is None:
+        return table
+    check_manifest(source, _name(manifest))
+    check_rows(source, len(table), _name(manifest))
+    return aligned_table(table, source)
 
 
 def _name(source) -> str | None:

@@ -43,7 +43,7 @@ CHECKPOINT_OPTION = {
 ENCODER_FILE_OPTIONS = {
     "python": ("checkpoint", "factory"),
     "onnx": ("model",),
-    "precomputed": ("query", "gallery", "path"),
+    "precomputed": ("query", "gallery", "path", "ids", "query_ids", "gallery_ids"),
     "reid": ("checkpoint",),
     "timm": ("checkpoint",),
     "torchscript": ("model",),
@@ -440,8 +440,10 @@ def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[st
             value = str(value).rpartition(":")[0]
             if not value.endswith(".py"):
                 continue  # module:function, found on sys.path at encode time
-        if kind == "precomputed" and key in SPLITS and split is not None and key != split:
-            continue
+        if kind == "precomputed" and split is not None:
+            key_split = key.removesuffix("_ids")  # query_ids go with query
+            if key_split in SPLITS and key_split != split:
+                continue
         paths.append(str(value))
     return paths
 

@@ -139,13 +139,15 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
 
     ``labels``: ``None`` (read the query manifest named in ``attrs["query_manifest"]``,
     as written by ``rankwise rank``), a manifest path or DataFrame, or a sequence with
-    one label per query manifest row.  When the protocol's queries have a ``sequence``
+    one label per query manifest row.  A manifest is read as it was evaluated
+    (:func:`rankwise.inputs.read_evaluated_manifest`: without the rows an id-keyed
+    store dropped).  When the protocol's queries have a ``sequence``
     column (``reassociation``), a manifest gives ``sequence/label`` (a track): labels
     are reused across sequences.
     """
     import pandas as pd  # heavy, and only --by identity reads a manifest
 
-    from .manifest import read_manifest
+    from .inputs import read_evaluated_manifest
 
     protocol = attrs.get("protocol", "recall")
     if labels is None:
@@ -163,8 +165,16 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
                 "--labels QUERY.csv"
             )
         labels = path
+    store = (attrs.get("query_embeddings") or {}).get("path")
+    aligned = (attrs.get("query_embeddings") or {}).get("id_alignment") or {}
     if isinstance(labels, (str, os.PathLike, pd.DataFrame)):
-        table = read_manifest(labels, protocol=protocol, role="query")
+        if aligned.get("dropped_rows") and not (store and os.path.isdir(store)):
+            raise RankwiseError(
+                f"{store}: query embeddings not found; their manifest rows were dropped "
+                "(on_missing: drop) and only the store says which, so the manifest's labels "
+                "cannot be matched to the ranks: restore the store"
+            )
+        table = read_evaluated_manifest(labels, store, protocol=protocol, role="query")
         out = table["label"].astype(str).to_numpy()
         if "sequence" in get_protocol(protocol).required_columns("query"):
             out = (table["sequence"].astype(str) + "/" + table["label"].astype(str)).to_numpy()
@@ -173,6 +183,12 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     if out.ndim != 1:
         raise RankwiseError(
             f"labels must be one label per query manifest row, got an array of shape {out.shape}"
+        )
+    if aligned.get("dropped_rows") and len(out) != aligned.get("kept_rows"):
+        raise RankwiseError(
+            f"labels: {len(out)} labels, but the query embeddings hold {aligned.get('kept_rows')} "
+            f"of the manifest's {aligned.get('manifest_rows')} rows (on_missing: drop); give "
+            "one label per evaluated row, or pass the query manifest (--labels QUERY.csv)"
         )
     return out.astype(str)
 

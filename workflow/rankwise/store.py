@@ -7,6 +7,7 @@ complete, so a store that exists under its final name is complete.  A leftover
 Embedding store (a Zarr group)::
 
     embeddings   float32 (N, D), chunked along N
+    manifest_row int64 (N,)           only when rows were dropped (id-keyed features)
     attrs        {"kind": "embeddings", "encoder": ..., "checkpoint_hash": ...,
                   "manifest_hash": ..., "rankwise_version": ..., "complete": true}
 
@@ -150,11 +151,13 @@ def write_embeddings(
     *,
     attrs: dict[str, Any],
     chunk_rows: int = 16384,
+    arrays: dict[str, np.ndarray] | None = None,
 ) -> None:
     """Write ``(n_rows, D)`` float32 embeddings batch by batch, atomically.
 
     ``batches`` yields consecutive ``(B, D)`` arrays whose B add up to ``n_rows``.
-    The array is preallocated once D is known (first batch).
+    The array is preallocated once D is known (first batch).  ``arrays``: further
+    1-D int64 arrays of ``n_rows`` values stored beside it (``manifest_row``).
     """
     with atomic_store(path) as group:
         arr = None
@@ -180,6 +183,9 @@ def write_embeddings(
             row += len(batch)
         if arr is None or row != n_rows:
             raise RankwiseError(f"{path}: encoder produced {row} rows for a manifest of {n_rows}")
+        for name, values in (arrays or {}).items():
+            values = np.ascontiguousarray(values, dtype=np.int64)
+            group.create_array(name, data=values, chunks=(max(1, min(len(values), 1 << 20)),))
         group.attrs.update(_json_safe({"kind": "embeddings", **attrs}))
 
 

@@ -95,7 +95,7 @@ def encode(
     threads: int | None,
     progress: bool,
 ) -> None:
-    """Encode a manifest's images (or copy precomputed vectors) into an embedding store."""
+    """Encode a manifest's images (or copy precomputed vectors, by row or by id) into a store."""
     from ..encoders import encode_manifest
 
     info = encode_manifest(
@@ -109,3 +109,11 @@ def encode(
     )
     n, dim = info["shape"]
     click.echo(f"encoded {n} rows x {dim} dims with {kind} -> {out}")
+    aligned = info.get("id_alignment")
+    if aligned and (aligned["dropped_rows"] or aligned["ignored_features"]):
+        example = f" (e.g. id {aligned['dropped_example']!r})" if aligned["dropped_example"] else ""
+        click.echo(
+            f"on_missing drop: {aligned['dropped_rows']} of the {aligned['manifest_rows']} "
+            f"manifest rows have no features and are left out{example}; "
+            f"{aligned['ignored_features']} feature rows of other ids ignored"
+        )

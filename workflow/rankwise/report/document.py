@@ -64,6 +64,8 @@ def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
         "protocol": raw.get("protocol"),
         "distance": raw.get("distance"),
         "protocol_options": raw.get("protocol_options"),
+        # id-keyed precomputed features: rows kept / dropped per split (on_missing)
+        "id_alignment": {"query": qe.get("id_alignment"), "gallery": ge.get("id_alignment")},
         "ks": raw.get("ks"),
         "ap": raw.get("ap"),
         "files": {

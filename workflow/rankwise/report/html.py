@@ -233,6 +233,9 @@ def render_html(doc: dict[str, Any]) -> str:
             f"({_esc(first['num_skipped'])} skipped), "
             f"{_esc(first['num_gallery'])} gallery items</p>",
         ]
+        dropped = view.dropped_rows_note(rows)
+        if dropped:
+            parts.append(f'<p class="meta">{_esc(dropped)}</p>')
         parts.append(_html_table(["encoder"] + [_esc(n) for n in names], _value_rows(table)))
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:

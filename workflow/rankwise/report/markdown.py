@@ -64,6 +64,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"({first['num_skipped']} skipped), {first['num_gallery']} gallery items.",
             "",
         ]
+        dropped = view.dropped_rows_note(rows)
+        if dropped:
+            out += [_escape(dropped), ""]
         out += [_table(["encoder"] + names, _rows(table)), ""]
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:

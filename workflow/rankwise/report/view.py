@@ -264,6 +264,28 @@ def differences(
     ]
 
 
+def dropped_rows_note(rows: list[dict[str, Any]]) -> str | None:
+    """Per encoder whose id-keyed features lacked some manifest rows (``on_missing: drop``),
+    how many query / gallery rows its evaluation left out; ``None`` when none did."""
+    parts = []
+    for r in rows:
+        aligned = r["provenance"].get("id_alignment") or {}
+        counts = {side: aligned.get(side) or {} for side in ("query", "gallery")}
+        if any(c.get("dropped_rows") for c in counts.values()):
+            parts.append(
+                f"{r['encoder']}: "
+                + " and ".join(
+                    f"{c.get('dropped_rows', 0)} of {c.get('manifest_rows', '?')} {side}"
+                    for side, c in counts.items()
+                    if c
+                )
+                + " rows"
+            )
+    if not parts:
+        return None
+    return "Manifest rows without features left out (on_missing: drop): " + "; ".join(parts) + "."
+
+
 def provenance_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     """Per encoder, the provenance columns (:data:`PROVENANCE_HEADER`) as text."""
     out = []

@@ -16,12 +16,21 @@ _WORST_METRIC = {"query": "map", "sketch": "m@B"}
 _WORST_SCORE = {"query": "ap", "sketch": "m@B"}
 
 
-def _manifest_or_none(path, protocol: str, role: str):
-    from ..manifest import read_manifest
+def _manifest_or_none(path, provenance: dict, protocol: str, role: str):
+    """The manifest as evaluated (rows an id-keyed store dropped left out), or None.
+
+    None too when rows were dropped and the store that says which is gone: the
+    manifest's rows would not be the ranks store's rows.
+    """
+    from ..inputs import read_evaluated_manifest
 
     if not path or not Path(path).is_file():
         return None
-    return read_manifest(path, protocol=protocol, role=role)
+    store = provenance.get("path")
+    dropped = (provenance.get("id_alignment") or {}).get("dropped_rows")
+    if dropped and not (store and Path(store).is_dir()):
+        return None
+    return read_evaluated_manifest(path, store, protocol=protocol, role=role)
 
 
 def _item(table, row: int, folder: Path | None) -> dict[str, Any]:
@@ -65,11 +74,10 @@ def worst_queries_of(
     relevant = table.num_relevant
     pick = np.lexsort((rows, score))[:n]
     q_path, g_path = attrs.get("query_manifest"), attrs.get("gallery_manifest")
-    q_table = _manifest_or_none(q_path, protocol, "query")
-    g_table = _manifest_or_none(g_path, protocol, "gallery")
-    embeddings = [
-        (attrs.get(f"{side}_embeddings") or {}).get("path") for side in ("query", "gallery")
-    ]
+    provenance = [attrs.get(f"{side}_embeddings") or {} for side in ("query", "gallery")]
+    embeddings = [p.get("path") for p in provenance]
+    q_table = _manifest_or_none(q_path, provenance[0], protocol, "query")
+    g_table = _manifest_or_none(g_path, provenance[1], protocol, "gallery")
     tops = None
     if (
         q_table is not None
