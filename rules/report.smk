@@ -1,6 +1,6 @@
 # Report: every dataset x encoder in one self-contained HTML page, Markdown, JSON, a tidy
-# CSV and LaTeX tables, with bootstrap intervals, paired tests, CMC curves and the worst
-# queries. Besides the metrics
+# CSV, LaTeX tables and paper figures (SVG, PDF), with bootstrap intervals, paired tests,
+# CMC curves and the worst queries. Besides the metrics
 # files it reads what their provenance names: the ranks stores (intervals, tests, CMC) and,
 # for the worst queries' nearest items, the manifests (and their images) and embeddings.
 
@@ -23,6 +23,8 @@ rule report:
         json="results/report.json",
         csv="results/report.csv",
         tex="results/report.tex",
+        # every chart as SVG and PDF for a paper column: <dataset>-<metrics|cmc|progressive>
+        figures=directory("results/figures"),
     log:
         "logs/report.log",
     params:
@@ -45,5 +47,6 @@ rule report:
         " --seed {params.seed} --by {params.by} --worst-queries {params.worst_queries}"
         " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"
         " --html {output.html:q} --md {output.md:q} --json {output.json:q}"
-        " --csv {output.csv:q} --tex {output.tex:q} > {log:q} 2>&1"
+        " --csv {output.csv:q} --tex {output.tex:q} --figures {output.figures:q}"
+        " > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

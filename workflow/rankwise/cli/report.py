@@ -48,6 +48,14 @@ from .. import options as spec
     type=click.Path(dir_okay=False),
     help="Also write the LaTeX tables (booktabs; a standalone document) here.",
 )
+@click.option(
+    "--figures",
+    "figures_dir",
+    type=click.Path(file_okay=False),
+    help="Also write every chart as SVG and PDF sized for a paper column "
+    "(<dataset>-metrics, -cmc, -progressive) into this folder; the HTML and Markdown "
+    "link them.",
+)
 @spec.TITLE.click(help="Report heading.")
 @spec.CMC_MAX_RANK.click(help="CMC curves cover ranks 1..N.")
 @spec.REPORT_RESAMPLES.click(
@@ -67,7 +75,9 @@ from .. import options as spec
     help="Whose worst queries: the best encoder of each dataset, or every one."
 )
 @spec.TOP_K.click(help="Nearest gallery items shown per worst query.")
-def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, **options):
+def report(
+    metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, figures_dir, **options
+):
     """Compare encoders across datasets from `rankwise metrics` JSON files.
 
     METRICS are the --output files of `rankwise metrics`, named
@@ -95,11 +105,14 @@ def report(metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, 
         json_path=json_path,
         csv_path=csv_path,
         tex_path=tex_path,
+        figures_dir=figures_dir,
         **options,
     )
     for path in (html_path, md_path, json_path, csv_path, tex_path):
         if path:
             click.echo(f"wrote {path}")
+    if figures_dir:
+        click.echo(f"wrote {2 * len(doc['figures'])} figures (SVG, PDF) in {figures_dir}")
     significant = sum(c["significant"] for c in doc["comparisons"])
     click.echo(
         f"{len(doc['results'])} results: {len(doc['datasets'])} dataset(s) x "
