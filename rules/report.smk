@@ -36,6 +36,7 @@ rule report:
         worst_queries=config["report"]["worst_queries"],
         worst_encoders=config["report"]["worst_encoders"],
         top_k=config["report"]["top_k"],
+        figure_formats=config["report"]["figure_formats"],
     threads: 1
     conda:
         CONDA_ENV
@@ -48,5 +49,5 @@ rule report:
         " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"
         " --html {output.html:q} --md {output.md:q} --json {output.json:q}"
         " --csv {output.csv:q} --tex {output.tex:q} --figures {output.figures:q}"
-        " > {log:q} 2>&1"
+        " --figure-formats {params.figure_formats} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

@@ -1,7 +1,7 @@
 """`rankwise report --figures DIR`: every chart of the report as SVG and PDF for a paper
 column: one file per chart kind present, parseable, 3.4 in wide, text at 7-8 pt and never
 rasterised, listed in report.json, linked from the HTML and Markdown, the same bytes on
-every run (whatever the process's hash seed).
+every run (whatever the process's hash seed); `--figure-formats` writes one format only.
 
 The report covers every kind of chart: a recall dataset (three unordered encoders:
 metrics as points, CMC), a progressive one (also the completion curve), a checkpoint
@@ -209,3 +209,44 @@ def test_dataset_names_are_made_safe_for_file_names(metrics, tmp_path):
     with pytest.raises(RankwiseError, match=r"datasets 'a b' and 'a_b' would write the same"):
         write_figures(twin, tmp_path / "figs")
     assert not (tmp_path / "figs").exists()
+
+
+@pytest.mark.parametrize("formats", ["svg", "pdf"])
+def test_one_format_only(metrics, tmp_path, formats):
+    invoke(
+        "report",
+        *metrics[:3],
+        "--out-dir",
+        tmp_path,
+        "--resamples",
+        "0",
+        "--figures",
+        tmp_path / "figures",
+        "--figure-formats",
+        formats,
+    )
+    assert {p.suffix for p in (tmp_path / "figures").iterdir()} == {f".{formats}"}
+    doc = json.loads((tmp_path / "report.json").read_text())
+    other = "pdf" if formats == "svg" else "svg"
+    assert doc["figures"] and all(f[other] is None and f[formats] for f in doc["figures"])
+    html = _links((tmp_path / "report.html").read_text(), r'<a href="([^"]+)">')
+    md = _links((tmp_path / "report.md").read_text(), r"\]\(([^)]+)\)")
+    assert (
+        sorted(html)
+        == sorted(md)
+        == sorted(f"figures/{p.name}" for p in (tmp_path / "figures").iterdir())
+    )
+
+
+def test_bad_formats(metrics, tmp_path):
+    from click.testing import CliRunner
+
+    from rankwise.cli import main
+
+    args = ["report", metrics[0], "--figures", str(tmp_path / "f"), "--figure-formats", "png"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "--figure-formats" in result.output
+    doc = build_report(metrics[:1], resamples=0, worst_queries=0)
+    with pytest.raises(RankwiseError, match="formats must be some of svg, pdf, got png"):
+        write_figures(doc, tmp_path / "f", ("png",))
+    assert not (tmp_path / "f").exists()

@@ -75,8 +75,21 @@ from .. import options as spec
     help="Whose worst queries: the best encoder of each dataset, or every one."
 )
 @spec.TOP_K.click(help="Nearest gallery items shown per worst query.")
+@spec.FIGURE_FORMATS.click(
+    help="The files of each --figures chart: SVG and PDF, or one of them (a PDF takes "
+    "about twice as long: its fonts are embedded)."
+)
 def report(
-    metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, figures_dir, **options
+    metrics,
+    out_dir,
+    html_path,
+    md_path,
+    json_path,
+    csv_path,
+    tex_path,
+    figures_dir,
+    figure_formats,
+    **options,
 ):
     """Compare encoders across datasets from `rankwise metrics` JSON files.
 
@@ -106,13 +119,14 @@ def report(
         csv_path=csv_path,
         tex_path=tex_path,
         figures_dir=figures_dir,
+        figure_formats=tuple(figure_formats.split(",")),
         **options,
     )
     for path in (html_path, md_path, json_path, csv_path, tex_path):
         if path:
             click.echo(f"wrote {path}")
     if figures_dir:
-        click.echo(f"wrote {2 * len(doc['figures'])} figures (SVG, PDF) in {figures_dir}")
+        click.echo(f"wrote {len(doc['figures'])} figures ({figure_formats}) in {figures_dir}")
     significant = sum(c["significant"] for c in doc["comparisons"])
     click.echo(
         f"{len(doc['results'])} results: {len(doc['datasets'])} dataset(s) x "

@@ -113,16 +113,17 @@ def write_report(
     csv_path=None,
     tex_path=None,
     figures_dir=None,
+    figure_formats=("svg", "pdf"),
     **options,
 ) -> dict[str, Any]:
     """Build the report (``options``: those of :func:`build_report`) and write the
     requested files (each atomically), and the paper figures into ``figures_dir``
-    (:mod:`.figures`; listed in ``doc["figures"]``, linked from HTML and Markdown);
-    return the document."""
+    as ``figure_formats`` (:mod:`.figures`; listed in ``doc["figures"]``, linked from
+    HTML and Markdown); return the document."""
     from ..store import write_text_atomic
 
     doc = build_report(metrics_paths, **options)
-    doc["figures"] = write_figures(doc, figures_dir) if figures_dir else []
+    doc["figures"] = write_figures(doc, figures_dir, figure_formats) if figures_dir else []
     if json_path:
         write_text_atomic(json_path, json.dumps(doc, indent=2) + "\n")
     if md_path:

@@ -2,7 +2,7 @@
 
 For each dataset and each of its charts (:func:`.plots.dataset_plots`, the charts of the
 HTML page), in the folder given (``rankwise report --figures DIR``; the pipeline's
-``results/figures``)::
+``results/figures``), as SVG and PDF or one of them (``--figure-formats``)::
 
     <dataset>-metrics.{svg,pdf}      every metric across the encoders (bars for one encoder)
     <dataset>-cmc.{svg,pdf}          the CMC curves
@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,21 @@ def _vector(fig, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def write_figures(doc: dict[str, Any], folder: str | os.PathLike) -> list[dict[str, Any]]:
-    """Draw every chart of ``doc`` for a paper column and write it to ``folder`` as
-    SVG and PDF (each file atomically); return the list for ``doc["figures"]``:
-    ``{"dataset", "kind", "caption", "svg", "pdf"}`` per chart."""
+def write_figures(
+    doc: dict[str, Any], folder: str | os.PathLike, formats: Sequence[str] = FORMATS
+) -> list[dict[str, Any]]:
+    """Draw every chart of ``doc`` for a paper column and write it to ``folder`` in each
+    of ``formats`` (``"svg"``, ``"pdf"``; each file atomically); return the list for
+    ``doc["figures"]``: ``{"dataset", "kind", "caption", "svg", "pdf"}`` per chart (a
+    format not written: ``None``)."""
     from ..store import write_bytes_atomic
     from . import view
     from .plots import PAPER, dataset_plots
 
+    if not formats or set(formats) - set(FORMATS):
+        raise RankwiseError(
+            f"formats must be some of {', '.join(FORMATS)}, got {', '.join(formats) or 'none'}"
+        )
     stems: dict[str, str] = {}
     for dataset in doc["datasets"]:
         stem = figure_stem(dataset, "")
@@ -82,9 +90,11 @@ def write_figures(doc: dict[str, Any], folder: str | os.PathLike) -> list[dict[s
                 "caption": plot.caption,
             }
             for fmt in FORMATS:
-                path = Path(folder) / f"{figure_stem(dataset, plot.kind)}.{fmt}"
-                write_bytes_atomic(path, _vector(fig, fmt))
-                entry[fmt] = str(path)
+                entry[fmt] = None
+                if fmt in formats:
+                    path = Path(folder) / f"{figure_stem(dataset, plot.kind)}.{fmt}"
+                    write_bytes_atomic(path, _vector(fig, fmt))
+                    entry[fmt] = str(path)
             entries.append(entry)
     return entries
 
@@ -97,6 +107,8 @@ def figure_files(
     for entry in doc.get("figures", []):
         if entry["dataset"] == dataset and entry["kind"] == kind:
             return {
-                fmt: Path(os.path.relpath(entry[fmt], links_from)).as_posix() for fmt in FORMATS
+                fmt: Path(os.path.relpath(entry[fmt], links_from)).as_posix()
+                for fmt in FORMATS
+                if entry[fmt]
             }
     return {}

@@ -33,12 +33,16 @@ def _rows(rows: list[view.Row]) -> list[list[str]]:
 
 
 def _figures(doc: dict[str, Any], dataset: str, links_from) -> list[str]:
-    """The dataset's paper figures, shown (SVG) with a link to the PDF, when written."""
+    """The dataset's paper figures, when written: the SVG shown, the PDF linked."""
     out = []
     for entry in doc.get("figures", []):
         if entry["dataset"] == dataset:
             files = figure_files(doc, dataset, entry["kind"], links_from)
-            out += [f"![{entry['caption']}]({files['svg']}) ([PDF]({files['pdf']}))", ""]
+            if "svg" in files:  # shown, with a link to the PDF
+                pdf = f" ([PDF]({files['pdf']}))" if "pdf" in files else ""
+                out += [f"![{entry['caption']}]({files['svg']}){pdf}", ""]
+            else:
+                out += [f"[{entry['caption']} (PDF)]({files['pdf']})", ""]
     return out
 
 
