@@ -122,6 +122,33 @@ def test_files_are_vector_figures_one_column_wide(written, fmt):
         check(path)
 
 
+def test_pdf_figures_go_into_a_latex_paper_column(written, tmp_path):
+    """pdflatex reads every PDF figure, at its natural size, in an IEEE-sized column
+    (3.5 in) without an overfull box: the figure fits the column unscaled."""
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed (Debian: texlive-latex-base)")
+    figures = sorted(p.name for p in (written / "figures").glob("*.pdf"))
+    body = "\n".join(f"\\noindent\\includegraphics{{{name}}}\\par" for name in figures)
+    (tmp_path / "paper.tex").write_text(
+        "\\documentclass{article}\n\\usepackage{graphicx}\n"
+        "\\setlength{\\textwidth}{3.5in}\\setlength{\\hfuzz}{0pt}\n"
+        f"\\begin{{document}}\n{body}\n\\end{{document}}\n"
+    )
+    for name in figures:
+        shutil.copy(written / "figures" / name, tmp_path / name)
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "paper.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    log = (tmp_path / "paper.log").read_text(errors="replace")
+    assert "Overfull \\hbox" not in log, log[-2000:]
+    assert log.count("<use ") == len(figures)  # each figure read (pdfTeX logs its file)
+
+
 def test_paper_charts_use_paper_fonts(written):
     """Every text artist of every paper chart (not only those in the SVG glyph check)."""
     from matplotlib.text import Text
