@@ -199,7 +199,7 @@ def _provenance_html(rows: list[dict[str, Any]]) -> str:
 
 
 def _figure_links(doc: dict[str, Any], dataset: str, kind: str, links_from) -> str:
-    """ " (SVG, PDF)": links to the chart's paper files, when the report wrote them."""
+    """The links to a chart's paper files, `` (SVG, PDF)``; "" when none were written."""
     files = figure_files(doc, dataset, kind, links_from)
     if not files:
         return ""

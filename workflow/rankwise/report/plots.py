@@ -87,8 +87,7 @@ def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]
             Plot(
                 "cmc",
                 f"CMC curves on {dataset}",
-                f"CMC: % of {view.cmc_units(rows[0]['protocol'])} with the first match "
-                "at rank \u2264 k",
+                f"CMC: % of {view.cmc_units(rows[0]['protocol'])} with the first match at rank ≤ k",
                 lambda style: cmc_chart(rows, colors, style),
             )
         )
