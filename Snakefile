@@ -8,7 +8,7 @@
 #   encode   -> results/embeddings/{dataset}/{encoder}/{split}.zarr
 #   rank     -> results/ranks/{dataset}/{encoder}.zarr
 #   metrics  -> results/metrics/{dataset}/{encoder}.{json,txt}
-#   report   -> results/report.{html,md,json,csv,tex}
+#   report   -> results/report.{html,md,json,csv,tex}, results/figures/
 
 import os
 import sys

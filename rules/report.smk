@@ -1,9 +1,9 @@
 # Report: every dataset x encoder in one self-contained HTML page, Markdown, JSON, a tidy
-# CSV and LaTeX tables, with bootstrap intervals, paired tests, CMC curves and the worst
-# queries. The intervals, CMC curves and per-query values come from the metrics jobs'
-# statistics summaries; the paired tests are cached per pair (results/cache/pairs). For
-# the worst queries' nearest items it reads what the provenance names: the ranks stores,
-# the manifests (and their images) and the embeddings.
+# CSV, LaTeX tables and paper figures (SVG, PDF), with bootstrap intervals, paired tests,
+# CMC curves and the worst queries. The intervals, CMC curves and per-query values come
+# from the metrics jobs' statistics summaries; the paired tests are cached per pair
+# (results/cache/pairs). For the worst queries' nearest items it reads what the
+# provenance names: the ranks stores, the manifests (and their images) and the embeddings.
 
 
 rule report:
@@ -25,6 +25,8 @@ rule report:
         json="results/report.json",
         csv="results/report.csv",
         tex="results/report.tex",
+        # every chart as SVG and PDF for a paper column: <dataset>-<metrics|cmc|progressive>
+        figures=directory("results/figures"),
     log:
         "logs/report.log",
     params:
@@ -38,6 +40,7 @@ rule report:
         top_k=config["report"]["top_k"],
         # each paired test, keyed by both evaluations' content (safe to delete)
         cache="results/cache/pairs",
+        figure_formats=config["report"]["figure_formats"],
     threads: 1
     conda:
         CONDA_ENV
@@ -49,5 +52,6 @@ rule report:
         " --seed {params.seed} --by {params.by} --worst-queries {params.worst_queries}"
         " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"
         " --html {output.html:q} --md {output.md:q} --json {output.json:q}"
-        " --csv {output.csv:q} --tex {output.tex:q} --cache {params.cache:q} > {log:q} 2>&1"
+        " --csv {output.csv:q} --tex {output.tex:q} --figures {output.figures:q}"
+        " --figure-formats {params.figure_formats} --cache {params.cache:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

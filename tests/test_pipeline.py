@@ -167,6 +167,14 @@ def test_first_run_writes_every_stage(workdir):
         assert (workdir / "results" / name).is_file()
     doc = json.loads((workdir / "results/report.json").read_text())
     assert [(r["dataset"], r["encoder"]) for r in doc["results"]] == pairs
+    # every chart as a paper figure (SVG, PDF), listed in report.json
+    charts = [(d, k) for d in ("market", "sketches") for k in ("metrics", "cmc")]
+    charts.append(("sketches", "progressive"))
+    written = {p.name for p in (workdir / "results/figures").iterdir()} - {".snakemake_timestamp"}
+    assert written == {f"{d}-{k}.{fmt}" for d, k in charts for fmt in ("svg", "pdf")}
+    assert sorted((f["dataset"], f["kind"], f["pdf"]) for f in doc["figures"]) == sorted(
+        (d, k, f"results/figures/{d}-{k}.pdf") for d, k in charts
+    )
 
 
 def test_lint_is_clean(workdir):

@@ -275,6 +275,52 @@ def test_a_yaml_syntax_error_names_file_and_line(tmp_path):
     assert lines[0].startswith("error: config/config.yaml:4:4: YAML syntax error")
 
 
+BROKEN = "datasets:\n  d:\n    loader: digits\n    ks: [1, 5\n    protocol: recall\n"
+
+
+@pytest.mark.parametrize("flag", ["--configfile", "--configfiles"])
+def test_a_yaml_syntax_error_in_a_configfile_names_file_and_line(tmp_path, flag):
+    """Snakemake parses --configfile before the workflow runs and names neither file nor
+    line; the default profile's logger plugin adds the line that does (the first broken
+    file of several)."""
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BROKEN)
+    proc = snakemake(tmp_path, None, "--dry-run", flag, str(good), str(bad), profile=True)
+    lines = [line for line in error_lines(proc) if not line.startswith("Using workflow")]
+    assert len(lines) <= 3, lines
+    assert any(line.startswith(f"error: {bad}:5:13: YAML syntax error") for line in lines), lines
+
+
+def test_without_the_profile_snakemake_alone_names_no_file(tmp_path):
+    """What the plugin adds: without it (--workflow-profile none) Snakemake's two lines
+    are all there is (README: the same `rankwise` line comes from the default profile)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BROKEN)
+    lines = error_lines(snakemake(tmp_path, None, "--dry-run", "--configfile", str(bad)))
+    assert any("not valid JSON or YAML" in line for line in lines), lines
+    assert not any(str(bad) in line for line in lines), lines
+
+
+def test_the_logger_plugin_is_silent_on_good_configs_and_other_errors(tmp_path):
+    from snakemake_logger_plugin_rankwise import command_line_configfiles, syntax_error
+
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    as_json = tmp_path / "c.json"
+    as_json.write_text('{"report": {"title": "t"}}')
+    assert syntax_error([str(good), str(as_json), str(tmp_path / "missing.yaml")]) is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BROKEN)
+    assert syntax_error([str(good), str(bad)]).startswith(f"error: {bad}:5:13: YAML syntax")
+    # Snakemake's own parser: several files, other options around them (`--config`
+    # shares the prefix)
+    argv = ["-n", "--configfiles", "a.yaml", "b.yaml", "--config", "x=1", "--cores", "2"]
+    assert command_line_configfiles(argv) == ["a.yaml", "b.yaml"]
+    assert command_line_configfiles(["--no-such-option"]) == []
+
+
 # ---------------------------------------------------------------- quiet
 
 

@@ -611,9 +611,26 @@ TOP_K = Option(
     "top_k", "integer", 10, minimum=1, rule="at least 1", help="gallery items shown per worst query"
 )
 
+FIGURE_FORMATS = Option(
+    "figure_formats",
+    "enum",
+    "svg,pdf",
+    choices=("svg,pdf", "svg", "pdf"),
+    help="files of each paper figure (results/figures/); a PDF costs about twice an SVG "
+    "(font embedding)",
+)
+
 #: The config's ``report:`` keys (``rankwise report`` options).
 REPORT = group(
-    TITLE, CMC_MAX_RANK, REPORT_RESAMPLES, SEED, BY, WORST_QUERIES, WORST_ENCODERS, TOP_K
+    TITLE,
+    CMC_MAX_RANK,
+    REPORT_RESAMPLES,
+    SEED,
+    BY,
+    WORST_QUERIES,
+    WORST_ENCODERS,
+    TOP_K,
+    FIGURE_FORMATS,
 )
 
 

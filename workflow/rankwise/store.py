@@ -240,3 +240,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     tmp = final.with_name(final.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, final)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write a binary file via ``<path>.tmp`` + rename: never a half-written file."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(final.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, final)

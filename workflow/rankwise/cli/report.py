@@ -48,6 +48,14 @@ from .. import options as spec
     type=click.Path(dir_okay=False),
     help="Also write the LaTeX tables (booktabs; a standalone document) here.",
 )
+@click.option(
+    "--figures",
+    "figures_dir",
+    type=click.Path(file_okay=False),
+    help="Also write every chart as SVG and PDF sized for a paper column "
+    "(<dataset>-metrics, -cmc, -progressive) into this folder; the HTML and Markdown "
+    "link them.",
+)
 @spec.TITLE.click(help="Report heading.")
 @spec.CMC_MAX_RANK.click(help="CMC curves cover ranks 1..N.")
 @spec.REPORT_RESAMPLES.click(
@@ -75,8 +83,22 @@ from .. import options as spec
     "a report with one new encoder recomputes only the pairs that involve it. "
     "Safe to delete.",
 )
+@spec.FIGURE_FORMATS.click(
+    help="The files of each --figures chart: SVG and PDF, or one of them (a PDF takes "
+    "about twice as long: its fonts are embedded)."
+)
 def report(
-    metrics, out_dir, html_path, md_path, json_path, csv_path, tex_path, cache_dir, **options
+    metrics,
+    out_dir,
+    html_path,
+    md_path,
+    json_path,
+    csv_path,
+    tex_path,
+    figures_dir,
+    figure_formats,
+    cache_dir,
+    **options,
 ):
     """Compare encoders across datasets from `rankwise metrics` JSON files.
 
@@ -111,11 +133,15 @@ def report(
         csv_path=csv_path,
         tex_path=tex_path,
         cache=cache,
+        figures_dir=figures_dir,
+        figure_formats=tuple(figure_formats.split(",")),
         **options,
     )
     for path in (html_path, md_path, json_path, csv_path, tex_path):
         if path:
             click.echo(f"wrote {path}")
+    if figures_dir:
+        click.echo(f"wrote {len(doc['figures'])} figures ({figure_formats}) in {figures_dir}")
     significant = sum(c["significant"] for c in doc["comparisons"])
     if cache_dir:
         click.echo(

@@ -53,7 +53,9 @@ one view-model of cells and words (:mod:`.view`):
 - CSV (tidy, one row per dataset x encoder x metric) and LaTeX (booktabs tables per
   dataset), on request.
 - HTML: one self-contained file (inline CSS, plots and thumbnails as base64 PNG, no
-  external link); long sections are collapsed (``<details>``).
+  external link but to the paper figures); long sections are collapsed (``<details>``).
+- Paper figures (:mod:`.figures`), on request: each chart as SVG and PDF, one paper
+  column wide, listed in ``figures`` and linked from the HTML and Markdown.
 
 Nothing in the output depends on the time or the machine: the same inputs and
 options give the same bytes.
@@ -61,7 +63,7 @@ options give the same bytes.
 Modules: :mod:`.constants` (settings read by all), :mod:`.document` (the document),
 :mod:`.comparisons`, :mod:`.curves`, :mod:`.worst` (its parts), :mod:`.view` (the
 shared view-model), :mod:`.markdown`, :mod:`.html` (+ ``report.css``), :mod:`.plots`,
-:mod:`.thumbnails`.
+:mod:`.figures`, :mod:`.thumbnails`.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ from .constants import (
 from .csv_table import render_csv
 from .curves import cmc_curve, progressive_curve
 from .document import build_report
+from .figures import write_figures
 from .html import render_html
 from .latex import render_latex
 from .markdown import render_markdown
@@ -105,6 +108,7 @@ __all__ = [
     "render_latex",
     "render_markdown",
     "worst_queries_of",
+    "write_figures",
     "write_report",
 ]
 
@@ -117,21 +121,31 @@ def write_report(
     json_path=None,
     csv_path=None,
     tex_path=None,
+    figures_dir=None,
+    figure_formats=("svg", "pdf"),
     **options,
 ) -> dict[str, Any]:
     """Build the report (``options``: those of :func:`build_report`) and write the
-    requested files (each atomically); return the document."""
+    requested files (each atomically), and the paper figures into ``figures_dir``
+    as ``figure_formats`` (:mod:`.figures`; listed in ``doc["figures"]``, linked from
+    HTML and Markdown); return the document."""
     from ..store import write_text_atomic
 
     doc = build_report(metrics_paths, **options)
+    doc["figures"] = write_figures(doc, figures_dir, figure_formats) if figures_dir else []
     if json_path:
         write_text_atomic(json_path, json.dumps(doc, indent=2) + "\n")
     if md_path:
-        write_text_atomic(md_path, render_markdown(doc))
+        write_text_atomic(md_path, render_markdown(doc, links_from=_folder(md_path)))
     if html_path:
-        write_text_atomic(html_path, render_html(doc))
+        write_text_atomic(html_path, render_html(doc, links_from=_folder(html_path)))
     if csv_path:
         write_text_atomic(csv_path, render_csv(doc))
     if tex_path:
         write_text_atomic(tex_path, render_latex(doc))
     return doc
+
+
+def _folder(path: str | os.PathLike) -> str:
+    """The folder a written file's relative links start from."""
+    return os.path.dirname(os.fspath(path)) or "."

@@ -1,16 +1,19 @@
 """The self-contained HTML rendering of the report document: inline CSS (the package's
-``report.css``), plots and thumbnails as base64 PNG, no external link; long sections
-collapsed (``<details>``).  Cells and words come from :mod:`.view`."""
+``report.css``), plots and thumbnails as base64 PNG, no external link but to the paper
+figures' files when they were written; long sections collapsed (``<details>``).  Cells
+and words come from :mod:`.view`."""
 
 from __future__ import annotations
 
 import html
 import json
+import os
 from importlib import resources
 from typing import Any
 
 from . import view
-from .plots import _colors, bar_chart, cmc_chart, progressive_chart, trend_chart
+from .figures import figure_files
+from .plots import SCREEN, dataset_plots, png
 from .thumbnails import Thumbnails
 
 
@@ -195,9 +198,18 @@ def _provenance_html(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def render_html(doc: dict[str, Any]) -> str:
-    """One self-contained HTML page (inline CSS, base64 PNG plots, no external link)."""
-    colors = _colors(doc["encoders"])
+def _figure_links(doc: dict[str, Any], dataset: str, kind: str, links_from) -> str:
+    """The links to a chart's paper files, `` (SVG, PDF)``; "" when none were written."""
+    files = figure_files(doc, dataset, kind, links_from)
+    if not files:
+        return ""
+    links = ", ".join(f'<a href="{_esc(path)}">{fmt.upper()}</a>' for fmt, path in files.items())
+    return f" ({links})"
+
+
+def render_html(doc: dict[str, Any], *, links_from: str | os.PathLike = ".") -> str:
+    """One HTML page (inline CSS, base64 PNG plots); its only links are to the paper
+    figures (``doc["figures"]``), relative to ``links_from``, the page's folder."""
     thumbs = Thumbnails()
     conf = view.confidence_label(doc)
     parts = [
@@ -240,47 +252,14 @@ def render_html(doc: dict[str, Any]) -> str:
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:
             parts += _comparisons_html(doc, comparisons, names)
-        if len(rows) >= 2:
-            figures = [
-                _figure_html(
-                    trend_chart(rows),
-                    f"metrics across encoders on {dataset}",
-                    (
-                        "Each metric across the checkpoints of the sweep (x: the number "
-                        f"in each file name); band: {conf} interval; ringed: the best"
-                        if view.sweep_positions(rows) is not None
-                        else f"Each metric per encoder; bars: {conf} interval; ringed: the best"
-                    ),
-                )
-            ]
-        else:
-            figures = [
-                _figure_html(
-                    bar_chart(rows, colors),
-                    f"metrics on {dataset}",
-                    f"Metrics, with {conf} intervals",
-                )
-            ]
-        cmc = cmc_chart(rows, colors)
-        if cmc:
-            figures.append(
-                _figure_html(
-                    cmc,
-                    f"CMC curves on {dataset}",
-                    f"CMC: % of {view.cmc_units(first['protocol'])} with "
-                    "the first match at rank &le; k",
-                )
+        figures = [
+            _figure_html(
+                png(plot.draw(SCREEN)),
+                plot.alt,
+                _esc(plot.caption) + _figure_links(doc, dataset, plot.kind, links_from),
             )
-        curve = progressive_chart(rows, colors)
-        if curve:
-            figures.append(
-                _figure_html(
-                    curve,
-                    f"rank against completion on {dataset}",
-                    "Target's mean 1/rank against sketch completion "
-                    f"(m@B averages it over steps); band: {conf} interval",
-                )
-            )
+            for plot in dataset_plots(doc, rows)
+        ]
         parts.append('<div class="plots">' + "".join(figures) + "</div>")
         parts += [_worst_html(r, thumbs) for r in rows if r.get("worst_queries")]
         parts.append(_provenance_html(rows))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from . import view
 from .constants import CMC_TABLE_RANKS
+from .figures import figure_files
 
 
 def _table(header: list[str], rows: list[list[str]], align: str = "r") -> str:
@@ -30,9 +32,25 @@ def _rows(rows: list[view.Row]) -> list[list[str]]:
     return [[_escape(name)] + [_value(c) for c in cells] for name, cells in rows]
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
+def _figures(doc: dict[str, Any], dataset: str, links_from) -> list[str]:
+    """The dataset's paper figures, when written: the SVG shown, the PDF linked."""
+    out = []
+    for entry in doc.get("figures", []):
+        if entry["dataset"] == dataset:
+            files = figure_files(doc, dataset, entry["kind"], links_from)
+            if "svg" in files:  # shown, with a link to the PDF
+                pdf = f" ([PDF]({files['pdf']}))" if "pdf" in files else ""
+                out += [f"![{entry['caption']}]({files['svg']}){pdf}", ""]
+            else:
+                out += [f"[{entry['caption']} (PDF)]({files['pdf']})", ""]
+    return out
+
+
+def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".") -> str:
     """The Markdown report: an overview, then per dataset metrics with intervals,
-    differences, CMC, the progressive curve, worst queries and provenance."""
+    differences, CMC, the progressive curve, the paper figures (``doc["figures"]``,
+    linked relative to ``links_from``, the file's folder), worst queries and
+    provenance."""
     out = [
         f"# {doc['title']}",
         "",
@@ -114,6 +132,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 ),
                 "",
             ]
+        out += _figures(doc, dataset, links_from)
         for r in rows:
             if not r.get("worst_queries"):
                 continue

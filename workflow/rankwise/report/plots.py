@@ -1,18 +1,110 @@
-"""The report's charts (matplotlib, imported when drawn), as base64 PNG."""
+"""The report's charts (matplotlib, imported when drawn).
+
+Each chart function draws a matplotlib ``Figure`` in a :class:`Style`: ``SCREEN`` for the
+HTML page (embedded as base64 PNG, :func:`png`), ``PAPER`` for a one-column paper figure
+(written as SVG and PDF by :mod:`.figures`).  :func:`dataset_plots` is the one list of
+which charts a dataset gets, with their captions, for both.
+"""
 
 from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import view
 from .document import headline_names
 from .view import best_row, ci, metric_names, sweep_positions
 
 
-def _png(fig) -> str:
+@dataclass(frozen=True)
+class Style:
+    """Size (inches) and font sizes (points) of a chart.
+
+    ``width``/``height`` ``None``: each chart's own size (the HTML page's charts differ
+    in width); a number: every chart that size.
+    """
+
+    width: float | None
+    height: float | None
+    font: float  # axis labels
+    tick: float  # tick labels
+    legend: float | str  # legend entries (points, or a size relative to the default 10)
+
+
+SCREEN = Style(width=None, height=None, font=8, tick=8, legend="x-small")
+# A one-column figure of a two-column paper (CVPR, IEEE: 3.3-3.5 in), text at 7-8 pt.
+PAPER = Style(width=3.4, height=2.5, font=8, tick=7, legend=7)
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One chart of a dataset: ``kind`` names it in file names (``metrics``, ``cmc``,
+    ``progressive``); ``caption`` is plain text; ``draw(style)`` returns the Figure."""
+
+    kind: str
+    alt: str
+    caption: str
+    draw: Callable[[Style], Any]
+
+
+def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]:
+    """The charts of one dataset's ``rows`` (its results, in encoder order): the metrics
+    (across encoders with two or more, else bars), the CMC curves when any encoder has
+    one, the progressive curve when any has one."""
+    colors = _colors(doc["encoders"])
+    conf = view.confidence_label(doc)
+    dataset = rows[0]["dataset"]
+    if len(rows) >= 2:
+        plots = [
+            Plot(
+                "metrics",
+                f"metrics across encoders on {dataset}",
+                (
+                    "Each metric across the checkpoints of the sweep (x: the number in "
+                    f"each file name); band: {conf} interval; ringed: the best"
+                    if sweep_positions(rows) is not None
+                    else f"Each metric per encoder; bars: {conf} interval; ringed: the best"
+                ),
+                lambda style: trend_chart(rows, style),
+            )
+        ]
+    else:
+        plots = [
+            Plot(
+                "metrics",
+                f"metrics on {dataset}",
+                f"Metrics, with {conf} intervals",
+                lambda style: bar_chart(rows, colors, style),
+            )
+        ]
+    if any(r["cmc"] for r in rows):
+        plots.append(
+            Plot(
+                "cmc",
+                f"CMC curves on {dataset}",
+                f"CMC: % of {view.cmc_units(rows[0]['protocol'])} with the first match at rank ≤ k",
+                lambda style: cmc_chart(rows, colors, style),
+            )
+        )
+    if any(r.get("progressive") for r in rows):
+        plots.append(
+            Plot(
+                "progressive",
+                f"rank against completion on {dataset}",
+                "Target's mean 1/rank against sketch completion (m@B averages it over "
+                f"steps); band: {conf} interval",
+                lambda style: progressive_chart(rows, colors, style),
+            )
+        )
+    return plots
+
+
+def png(fig) -> str:
     """A matplotlib figure as a base64 PNG: 256 colours (a third of the bytes), no
     timestamp or version in the file."""
     from PIL import Image
@@ -29,14 +121,15 @@ def _png(fig) -> str:
     return base64.b64encode(out.getvalue()).decode("ascii")
 
 
-def _figure(width: float = 7.0, height: float = 3.2):
+def _figure(width: float, height: float, style: Style):
+    """A figure of the style's size (else ``width`` x ``height`` inches) and one axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(style.width or width, style.height or height), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.tick_params(labelsize=8)
+    ax.tick_params(labelsize=style.tick)
     return fig, ax
 
 
@@ -56,10 +149,11 @@ def _metric_colors(names: list[str]) -> dict[str, Any]:
     return {n: cmap(0.9 * i / max(1, len(names) - 1)) for i, n in enumerate(names)}
 
 
-def bar_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str:
-    """Grouped bars: each metric (x) for each encoder (colour), with 95% error bars."""
+def bar_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style = SCREEN):
+    """Grouped bars: each metric (x) for each encoder (colour), with 95% error bars;
+    a Figure."""
     names = metric_names(rows)
-    fig, ax = _figure(min(4.6, max(3.2, 0.9 + 0.5 * len(names))), 2.8)
+    fig, ax = _figure(min(4.6, max(3.2, 0.9 + 0.5 * len(names))), 2.8, style)
     width = 0.8 / len(rows)
     x = np.arange(len(names))
     for i, r in enumerate(rows):
@@ -78,18 +172,20 @@ def bar_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str:
             capsize=2,
             error_kw={"lw": 0.8},
         )
-    ax.set_xticks(x, names)
+    # ~14 characters of tick label per inch: slant the names when they would overlap
+    long = sum(len(n) + 1 for n in names) > 14 * fig.get_size_inches()[0] * 0.8
+    ax.set_xticks(x, names, rotation=30 if long else 0, ha="right" if long else "center")
     ax.set_ylim(0, 100)
-    ax.set_ylabel("%", fontsize=8)
+    ax.set_ylabel("%", fontsize=style.font)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.legend(fontsize="x-small", loc="upper right", frameon=False)
-    return _png(fig)
+    ax.legend(fontsize=style.legend, loc="upper right", frameon=False)
+    return fig
 
 
-def trend_chart(rows: list[dict[str, Any]]) -> str:
+def trend_chart(rows: list[dict[str, Any]], style: Style = SCREEN):
     """Every metric (colour) across the encoders of a dataset, with its 95% interval;
-    base64 PNG.
+    a Figure.
 
     A checkpoint sweep (:func:`~rankwise.report.view.sweep_positions`) is drawn as lines
     over the number in each checkpoint's name (e.g. the epoch), shaded by the interval;
@@ -98,7 +194,7 @@ def trend_chart(rows: list[dict[str, Any]]) -> str:
     """
     names = metric_names(rows)
     colors = _metric_colors(names)
-    fig, ax = _figure(3.8, 2.8)
+    fig, ax = _figure(3.8, 2.8, style)
     positions = sweep_positions(rows)
     x = np.array(positions if positions is not None else range(len(rows)), dtype=float)
     low, high = 100.0, 0.0
@@ -153,44 +249,42 @@ def trend_chart(rows: list[dict[str, Any]]) -> str:
     pad = max(2.0, 0.06 * (high - low))
     ax.set_ylim(max(0.0, low - pad), min(100.0, high + pad) + 0.5)
     if positions is not None:
-        ax.set_xlabel("checkpoint (number in its file name)", fontsize=8)
+        ax.set_xlabel("checkpoint (number in its file name)", fontsize=style.font)
         ax.margins(x=0.05)
     else:
         labels = [r["encoder"] for r in rows]
         long = sum(len(e) for e in labels) > 36
         ax.set_xticks(x, labels, rotation=25 if long else 0, ha="right" if long else "center")
         ax.set_xlim(-0.5, len(rows) - 0.5)
-    ax.set_ylabel("%", fontsize=8)
+    ax.set_ylabel("%", fontsize=style.font)
     ax.grid(alpha=0.3)
     ax.legend(
-        fontsize="x-small",
+        fontsize=style.legend,
         loc="center left",
         bbox_to_anchor=(1.0, 0.5),
         frameon=False,
         handlelength=1.2,
     )
-    return _png(fig)
+    return fig
 
 
-def _percent_axes(ax, xlabel: str, ylabel: str, legend_loc: str) -> None:
+def _percent_axes(ax, xlabel: str, ylabel: str, legend_loc: str, style: Style) -> None:
     """The common frame of the curve plots: a 0-100 % y axis, labels, grid, legend."""
     ax.set_ylim(0, 101)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=style.font)
+    ax.set_ylabel(ylabel, fontsize=style.font)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc=legend_loc)
+    ax.legend(fontsize=style.legend, loc=legend_loc)
 
 
 _DASHES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
-def cmc_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str | None:
-    """CMC curves, one per encoder; base64 PNG (None without curves)."""
+def cmc_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style = SCREEN):
+    """CMC curves, one per encoder that has one (at least one must); a Figure."""
     rows = [r for r in rows if r["cmc"]]
-    if not rows:
-        return None
-    fig, ax = _figure(3.2, 2.8)
+    fig, ax = _figure(3.2, 2.8, style)
     # Equal curves (two encoders at 100% from rank 1) must not hide each other: each
     # encoder also has its own dash pattern and marker.
     for i, r in enumerate(rows):
@@ -214,17 +308,16 @@ def cmc_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str | None:
         for r in rows
     ]
     ax.set_xlim(1, max(2, min(len(rows[0]["cmc"]), max(10, *full))))
-    _percent_axes(ax, "rank k", "% matched at rank <= k", "lower right")
-    return _png(fig)
+    _percent_axes(ax, "rank k", "% matched at rank <= k", "lower right", style)
+    return fig
 
 
-def progressive_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str | None:
-    """Mean reciprocal rank of the target (%) against sketch completion, per encoder,
-    shaded by its 95% interval; base64 PNG (None without a progressive curve)."""
+def progressive_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style = SCREEN):
+    """Mean reciprocal rank of the target (%) against sketch completion, per encoder
+    that has a progressive curve (at least one must), shaded by its 95% interval; a
+    Figure."""
     rows = [r for r in rows if r.get("progressive")]
-    if not rows:
-        return None
-    fig, ax = _figure(3.2, 2.8)
+    fig, ax = _figure(3.2, 2.8, style)
     for r in rows:
         curve = r["progressive"]
         x = np.array(curve["completion"])
@@ -241,5 +334,5 @@ def progressive_chart(rows: list[dict[str, Any]], colors: dict[str, Any]) -> str
             lo, hi = np.array(curve["ci95"]).T
             ax.fill_between(x, lo, hi, color=colors[r["encoder"]], alpha=0.15, lw=0)
     ax.set_xlim(0, 102)
-    _percent_axes(ax, "sketch completion (%)", "mean 1 / rank of target (%)", "upper left")
-    return _png(fig)
+    _percent_axes(ax, "sketch completion (%)", "mean 1 / rank of target (%)", "upper left", style)
+    return fig

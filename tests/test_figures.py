@@ -1,0 +1,279 @@
+"""`rankwise report --figures DIR`: every chart of the report as SVG and PDF for a paper
+column: one file per chart kind present, parseable, 3.4 in wide, text at 7-8 pt and never
+rasterised, listed in report.json, linked from the HTML and Markdown, the same bytes on
+every run (whatever the process's hash seed); `--figure-formats` writes one format only.
+
+The report covers every kind of chart: a recall dataset (three unordered encoders:
+metrics as points, CMC), a progressive one (also the completion curve), a checkpoint
+sweep (metrics as lines over the epochs) and a dataset with one encoder (metrics as bars).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from test_report import invoke, results  # noqa: F401  (the results fixture)
+
+from rankwise.errors import RankwiseError
+from rankwise.report import build_report, write_figures
+
+SVG = "{http://www.w3.org/2000/svg}"
+# dataset -> the chart kinds it must have
+KINDS = {
+    "toy": ["metrics", "cmc"],
+    "sketchy": ["metrics", "cmc", "progressive"],
+    "sweep": ["metrics", "cmc"],
+    "single": ["metrics", "cmc"],
+}
+
+
+@pytest.fixture(scope="module")
+def metrics(results):  # noqa: F811
+    """The report fixture's metrics files, plus a sweep and a one-encoder dataset made
+    of copies of toy's (the file stem names the encoder, the folder the dataset)."""
+    root, files = results
+    toy = [f for f in files if f.parent.name == "toy"]
+    extra = []
+    for epoch, source in zip((1, 5, 9), toy, strict=True):
+        extra.append(root / "metrics/sweep" / f"r50@epoch_{epoch}.json")
+        extra[-1].parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, extra[-1])
+    extra.append(root / "metrics/single/enc-a.json")
+    extra[-1].parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(toy[0], extra[-1])
+    return [str(f) for f in files + extra]
+
+
+def report_args(metrics: list[str], out: Path, figures: Path) -> list:
+    return [
+        "report",
+        *metrics,
+        "--out-dir",
+        out,
+        "--resamples",
+        "50",
+        "--worst-queries",
+        "0",
+        "--figures",
+        figures,
+    ]
+
+
+@pytest.fixture(scope="module")
+def written(metrics, tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    invoke(*report_args(metrics, out / "report", out / "report/figures"))
+    return out / "report"
+
+
+def test_one_svg_and_pdf_per_chart_kind(written):
+    expected = {
+        f"{d}-{k}.{fmt}" for d, kinds in KINDS.items() for k in kinds for fmt in ("svg", "pdf")
+    }
+    assert {p.name for p in (written / "figures").iterdir()} == expected
+    doc = json.loads((written / "report.json").read_text())
+    assert [(f["dataset"], f["kind"]) for f in doc["figures"]] == [
+        (d, k) for d, kinds in KINDS.items() for k in kinds
+    ]
+    for entry in doc["figures"]:
+        for fmt in ("svg", "pdf"):
+            name = f"{entry['dataset']}-{entry['kind']}.{fmt}"
+            assert entry[fmt] == str(written / "figures" / name)
+        assert entry["caption"]
+
+
+def _svg_checks(path: Path) -> None:
+    root = ET.parse(path).getroot()
+    assert root.tag == f"{SVG}svg"
+    width, height = (float(root.get(a).removesuffix("pt")) / 72 for a in ("width", "height"))
+    assert 3.3 <= width <= 3.5 and 1.8 <= height <= 3.0, (path.name, width, height)
+    assert not list(root.iter(f"{SVG}image")), "nothing rasterised"
+    assert not list(root.iter(f"{SVG}text")), "text is drawn as outlines"
+    # text-as-path glyphs are scaled by size / 100: every label is 7-8 pt
+    sizes = {
+        round(100 * float(s), 6) for s in re.findall(r"scale\(([\d.]+) -\1\)", path.read_text())
+    }
+    assert sizes and sizes <= {7.0, 8.0}, (path.name, sizes)
+
+
+def _pdf_checks(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")
+    (box,) = re.findall(rb"/MediaBox \[ 0 0 ([\d.]+) ([\d.]+) \]", data)
+    width, height = (float(v) / 72 for v in box)
+    assert 3.3 <= width <= 3.5 and 1.8 <= height <= 3.0, (path.name, width, height)
+    assert b"/Subtype /Image" not in data, "nothing rasterised"
+    assert b"/Type3" not in data and b"/FontFile2" in data  # embedded TrueType text
+    assert b"/CreationDate" not in data and b"Matplotlib" not in data
+
+
+@pytest.mark.parametrize("fmt", ["svg", "pdf"])
+def test_files_are_vector_figures_one_column_wide(written, fmt):
+    check = _svg_checks if fmt == "svg" else _pdf_checks
+    for path in sorted((written / "figures").glob(f"*.{fmt}")):
+        check(path)
+
+
+def test_pdf_figures_go_into_a_latex_paper_column(written, tmp_path):
+    """pdflatex reads every PDF figure, at its natural size, in an IEEE-sized column
+    (3.5 in) without an overfull box: the figure fits the column unscaled."""
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed (Debian: texlive-latex-base)")
+    figures = sorted(p.name for p in (written / "figures").glob("*.pdf"))
+    body = "\n".join(f"\\noindent\\includegraphics{{{name}}}\\par" for name in figures)
+    (tmp_path / "paper.tex").write_text(
+        "\\documentclass{article}\n\\usepackage{graphicx}\n"
+        "\\setlength{\\textwidth}{3.5in}\\setlength{\\hfuzz}{0pt}\n"
+        f"\\begin{{document}}\n{body}\n\\end{{document}}\n"
+    )
+    for name in figures:
+        shutil.copy(written / "figures" / name, tmp_path / name)
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "paper.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    log = (tmp_path / "paper.log").read_text(errors="replace")
+    assert "Overfull \\hbox" not in log, log[-2000:]
+    assert log.count("<use ") == len(figures)  # each figure read (pdfTeX logs its file)
+
+
+def test_paper_charts_use_paper_fonts(written):
+    """Every text artist of every paper chart (not only those in the SVG glyph check)."""
+    from matplotlib.text import Text
+
+    from rankwise.report import view
+    from rankwise.report.plots import PAPER, dataset_plots
+
+    doc = json.loads((written / "report.json").read_text())
+    for _, rows in view.by_dataset(doc):
+        for plot in dataset_plots(doc, rows):
+            fig = plot.draw(PAPER)
+            assert tuple(fig.get_size_inches()) == (PAPER.width, PAPER.height)
+            texts = [t for t in fig.findobj(Text) if t.get_text()]
+            assert texts and {t.get_fontsize() for t in texts} <= {7.0, 8.0}, plot.kind
+
+
+def _links(text: str, pattern: str) -> list[str]:
+    return re.findall(pattern, text)
+
+
+def test_html_and_markdown_link_every_figure(metrics, tmp_path):
+    """Links are relative to each file's own folder, wherever the figures go."""
+    figures = tmp_path / "paper/figs"
+    invoke(
+        "report",
+        *metrics,
+        "--html",
+        tmp_path / "web/r.html",
+        "--md",
+        tmp_path / "r.md",
+        "--json",
+        tmp_path / "r.json",
+        "--resamples",
+        "0",
+        "--worst-queries",
+        "0",
+        "--figures",
+        figures,
+    )
+    files = {p.resolve() for p in figures.iterdir()}
+    html = _links((tmp_path / "web/r.html").read_text(), r'<a href="([^"]+)">')
+    assert {(tmp_path / "web" / link).resolve() for link in html} == files
+    md = _links((tmp_path / "r.md").read_text(), r"\]\(([^)]+\.(?:svg|pdf))\)")
+    assert {(tmp_path / link).resolve() for link in md} == files
+    assert all(not Path(link).is_absolute() for link in html + md)
+
+
+def test_without_figures_nothing_is_linked(metrics, tmp_path):
+    invoke("report", *metrics[:2], "--out-dir", tmp_path, "--resamples", "0")
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["figures"] == []
+    assert "<a href" not in (tmp_path / "report.html").read_text()
+    assert ".svg" not in (tmp_path / "report.md").read_text()
+
+
+def test_same_bytes_on_every_run(metrics, written, tmp_path):
+    """A second run in a fresh process, with another hash seed, writes the same bytes
+    (the paths inside report.json are the same because the folder names are)."""
+    out = tmp_path / "report"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    args = [str(a) for a in report_args(metrics, out, out / "figures")]
+    code = "import sys; from rankwise.cli import main; sys.exit(main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(p.name for p in (written / "figures").iterdir())
+    assert names == sorted(p.name for p in (out / "figures").iterdir())
+    for name in names:
+        assert (written / "figures" / name).read_bytes() == (out / "figures" / name).read_bytes()
+    for name in ("report.html", "report.md"):
+        assert (written / name).read_bytes() == (out / name).read_bytes()
+
+
+def test_dataset_names_are_made_safe_for_file_names(metrics, tmp_path):
+    """A dataset folder name with a space becomes `_` in the file name; two names that
+    would collide are an error naming both, and nothing is written."""
+    from rankwise.report.figures import figure_stem
+
+    assert figure_stem("my data/x", "cmc") == "my_data_x-cmc"
+    doc = build_report(metrics[:1], resamples=0, worst_queries=0)
+    twin = json.loads(json.dumps(doc))
+    twin["datasets"] = ["a b", "a_b"]
+    twin["results"] = [dict(doc["results"][0], dataset=d) for d in twin["datasets"]]
+    with pytest.raises(RankwiseError, match=r"datasets 'a b' and 'a_b' would write the same"):
+        write_figures(twin, tmp_path / "figs")
+    assert not (tmp_path / "figs").exists()
+
+
+@pytest.mark.parametrize("formats", ["svg", "pdf"])
+def test_one_format_only(metrics, tmp_path, formats):
+    invoke(
+        "report",
+        *metrics[:3],
+        "--out-dir",
+        tmp_path,
+        "--resamples",
+        "0",
+        "--figures",
+        tmp_path / "figures",
+        "--figure-formats",
+        formats,
+    )
+    assert {p.suffix for p in (tmp_path / "figures").iterdir()} == {f".{formats}"}
+    doc = json.loads((tmp_path / "report.json").read_text())
+    other = "pdf" if formats == "svg" else "svg"
+    assert doc["figures"] and all(f[other] is None and f[formats] for f in doc["figures"])
+    html = _links((tmp_path / "report.html").read_text(), r'<a href="([^"]+)">')
+    md = _links((tmp_path / "report.md").read_text(), r"\]\(([^)]+)\)")
+    assert (
+        sorted(html)
+        == sorted(md)
+        == sorted(f"figures/{p.name}" for p in (tmp_path / "figures").iterdir())
+    )
+
+
+def test_bad_formats(metrics, tmp_path):
+    from click.testing import CliRunner
+
+    from rankwise.cli import main
+
+    args = ["report", metrics[0], "--figures", str(tmp_path / "f"), "--figure-formats", "png"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "--figure-formats" in result.output
+    doc = build_report(metrics[:1], resamples=0, worst_queries=0)
+    with pytest.raises(RankwiseError, match="formats must be some of svg, pdf, got png"):
+        write_figures(doc, tmp_path / "f", ("png",))
+    assert not (tmp_path / "f").exists()

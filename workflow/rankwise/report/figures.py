@@ -1,0 +1,114 @@
+"""The report's charts as paper figures: SVG and PDF files one paper column wide.
+
+For each dataset and each of its charts (:func:`.plots.dataset_plots`, the charts of the
+HTML page), in the folder given (``rankwise report --figures DIR``; the pipeline's
+``results/figures``), as SVG and PDF or one of them (``--figure-formats``)::
+
+    <dataset>-metrics.{svg,pdf}      every metric across the encoders (bars for one encoder)
+    <dataset>-cmc.{svg,pdf}          the CMC curves
+    <dataset>-progressive.{svg,pdf}  the target's mean 1/rank against sketch completion
+
+(``<dataset>`` with any character outside ``A-Za-z0-9_.+-`` replaced by ``_``).  The names
+do not depend on the number of encoders, so a paper's ``\\includegraphics`` keeps working
+when a checkpoint is added.  Each figure is :data:`.plots.PAPER`: 3.4 x 2.5 in, text at
+7-8 pt, vector throughout (text as paths in SVG; TrueType fonts embedded in PDF, no
+Type 3).  The same inputs give the same bytes: no date or software version in the files,
+SVG ids from a fixed salt.  ``doc["figures"]`` lists the files written (paths as given,
+relative to the working directory like the provenance's).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import RankwiseError
+
+FORMATS = ("svg", "pdf")
+
+# No date, and no software version (a matplotlib upgrade alone would change the bytes).
+_METADATA: dict[str, dict[str, None]] = {
+    "svg": {"Date": None, "Creator": None},
+    "pdf": {"CreationDate": None, "Creator": None, "Producer": None},
+}
+_RC = {
+    "svg.hashsalt": "rankwise",  # clip-path and glyph ids: fixed, not random
+    "svg.fonttype": "path",  # text drawn as outlines: the same in every viewer
+    "pdf.fonttype": 42,  # embedded TrueType; Type 3 fonts are refused by some publishers
+}
+
+
+def figure_stem(dataset: str, kind: str) -> str:
+    """``<dataset>-<kind>``, the dataset name made safe for a file name."""
+    return f"{re.sub(r'[^A-Za-z0-9_.+-]', '_', dataset)}-{kind}"
+
+
+def _vector(fig, fmt: str) -> bytes:
+    import matplotlib
+
+    buffer = io.BytesIO()
+    with matplotlib.rc_context(_RC):
+        fig.savefig(buffer, format=fmt, metadata=_METADATA[fmt])
+    return buffer.getvalue()
+
+
+def write_figures(
+    doc: dict[str, Any], folder: str | os.PathLike, formats: Sequence[str] = FORMATS
+) -> list[dict[str, Any]]:
+    """Draw every chart of ``doc`` for a paper column and write it to ``folder`` in each
+    of ``formats`` (``"svg"``, ``"pdf"``; each file atomically); return the list for
+    ``doc["figures"]``: ``{"dataset", "kind", "caption", "svg", "pdf"}`` per chart (a
+    format not written: ``None``)."""
+    from ..store import write_bytes_atomic
+    from . import view
+    from .plots import PAPER, dataset_plots
+
+    if not formats or set(formats) - set(FORMATS):
+        raise RankwiseError(
+            f"formats must be some of {', '.join(FORMATS)}, got {', '.join(formats) or 'none'}"
+        )
+    stems: dict[str, str] = {}
+    for dataset in doc["datasets"]:
+        stem = figure_stem(dataset, "")
+        if stem in stems:
+            raise RankwiseError(
+                f"datasets {stems[stem]!r} and {dataset!r} would write the same figure "
+                f"files ({stem}*.svg) in {folder}: rename one of them"
+            )
+        stems[stem] = dataset
+    entries = []
+    for dataset, rows in view.by_dataset(doc):
+        for plot in dataset_plots(doc, rows):
+            fig = plot.draw(PAPER)
+            entry: dict[str, Any] = {
+                "dataset": dataset,
+                "kind": plot.kind,
+                "caption": plot.caption,
+            }
+            for fmt in FORMATS:
+                entry[fmt] = None
+                if fmt in formats:
+                    path = Path(folder) / f"{figure_stem(dataset, plot.kind)}.{fmt}"
+                    write_bytes_atomic(path, _vector(fig, fmt))
+                    entry[fmt] = str(path)
+            entries.append(entry)
+    return entries
+
+
+def figure_files(
+    doc: dict[str, Any], dataset: str, kind: str, links_from: str | os.PathLike
+) -> dict[str, str]:
+    """Format -> path (relative to the folder ``links_from``, with ``/``) of the
+    written files of one chart; empty when the report wrote no figures."""
+    for entry in doc.get("figures", []):
+        if entry["dataset"] == dataset and entry["kind"] == kind:
+            return {
+                fmt: Path(os.path.relpath(entry[fmt], links_from)).as_posix()
+                for fmt in FORMATS
+                if entry[fmt]
+            }
+    return {}

@@ -1,0 +1,114 @@
+"""Snakemake logger plugin ``rankwise``: the file, line and column of a YAML syntax error
+in a ``--configfile``.
+
+Snakemake 9 parses every ``--configfile`` itself, before the workflow's Snakefile runs, and
+reports a syntax error only as ``Config file is not valid JSON or YAML`` (no file, no
+line: ``snakemake/common/configfile.py`` drops the parser's message), so no check in the
+workflow can see it. Logger plugins are set up before that parse and receive that error.
+The workflow's default profile (``profiles/default``: ``logger: [rankwise]``) selects this
+one; on that error it re-reads the command line's config files the way Snakemake does
+(JSON, else YAML via ``yte``) and prints, for the first that fails, rankwise's one-line
+message: ``error: my.yaml:12:5: YAML syntax error: ...``. Every other record is ignored;
+Snakemake's own output is unchanged. ``--workflow-profile none`` turns it off.
+
+Installed with rankwise (a top-level package under ``workflow/``); Snakemake finds logger
+plugins by their module name ``snakemake_logger_plugin_<name>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+
+from snakemake_interface_logger_plugins.base import LogHandlerBase
+from snakemake_interface_logger_plugins.settings import LogHandlerSettingsBase
+
+# Snakemake's message for a config file it cannot parse (snakemake/common/configfile.py)
+UNPARSABLE = "Config file is not valid JSON or YAML"
+
+
+@dataclass
+class LogHandlerSettings(LogHandlerSettingsBase):
+    """No settings."""
+
+
+def command_line_configfiles(argv: list[str]) -> list[str]:
+    """The ``--configfile``/``--configfiles`` paths of a Snakemake command line, parsed by
+    Snakemake's own parser (its aliases, options around them); [] when it does not parse
+    (silently). Config files set by a profile are not seen."""
+    import contextlib
+    import io
+
+    from snakemake.cli import get_argument_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text on errors
+            args = get_argument_parser().parse_args(argv)
+    except (Exception, SystemExit):
+        return []
+    return [str(f) for f in args.configfile or []]
+
+
+def syntax_error(paths: list[str]) -> str | None:
+    """rankwise's one-line message for the first file Snakemake cannot parse, else None."""
+    import json
+
+    import yaml
+    import yte
+
+    from rankwise.errors import RankwiseError
+    from rankwise.pipeline_config import load_yaml
+
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                try:
+                    json.load(f)
+                    continue
+                except ValueError:
+                    f.seek(0)
+                yte.process_yaml(f, require_use_yte=True)
+        except yaml.YAMLError:
+            try:
+                load_yaml(path)
+            except RankwiseError as error:
+                return f"error: {error}"
+            return None
+        except Exception:
+            continue  # not ours to explain (a missing file: Snakemake names it)
+    return None
+
+
+class LogHandler(LogHandlerBase):
+    """Adds one line after Snakemake's "not valid JSON or YAML" error; silent otherwise."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < logging.ERROR or UNPARSABLE not in str(record.msg):
+            return
+        try:
+            line = syntax_error(command_line_configfiles(sys.argv[1:]))
+        except Exception:  # a logger must never break the run it reports on
+            return
+        if line:
+            print(line, file=sys.stderr, flush=True)
+
+    @property
+    def writes_to_stream(self) -> bool:
+        return False  # keep Snakemake's own stream handler: this only adds a line
+
+    @property
+    def writes_to_file(self) -> bool:
+        return False
+
+    @property
+    def has_filter(self) -> bool:
+        return True  # every record reaches emit(), which picks its own
+
+    @property
+    def has_formatter(self) -> bool:
+        return True
+
+    @property
+    def needs_rulegraph(self) -> bool:
+        return False
