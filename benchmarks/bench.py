@@ -97,6 +97,20 @@ SCALES = {
         gallery_format="npy",
     ),
 }
+# Data distributions (overrides of a scale's parameters). The counting work grows with the
+# number of non-relevant items near a relevant item's distance, so the engine's cost
+# depends on how good the "model" is:
+#   default  the scale's own parameters (rank-1 60-95 %, mAP 45-75 %);
+#   hard     a weak early checkpoint: many cameras with strong camera offsets and more
+#            noise, so relevant items sit deep in the ranking (mAP ~10-20 %, mINP ~1 %);
+#   easy     a strong model: less noise (mAP ~80 %+).
+# ``noise_scale`` multiplies the scale's noise; ``cam_offset`` is the camera offset's
+# standard deviation relative to an identity centre (0.3 by default).
+DISTRIBUTIONS = {
+    "default": {},
+    "hard": {"n_cams": 15, "cam_offset": 0.7, "noise_scale": 1.1},
+    "easy": {"noise_scale": 0.9},
+}
 SEED = 20240601
 ALL_METHODS = ("matmul", "argsort", "rankwise")
 KS = (1, 5, 10)
@@ -128,10 +142,18 @@ with open(out, "w") as fh:
 # ====================================================================== data
 
 
-def scale_params(scale: str, gallery_format: str | None = None) -> dict:
+def scale_params(
+    scale: str, gallery_format: str | None = None, distribution: str = "default"
+) -> dict:
     p = dict(SCALES[scale])
     if gallery_format:
         p["gallery_format"] = gallery_format
+    overrides = dict(DISTRIBUTIONS[distribution])
+    if "noise_scale" in overrides:
+        p["noise"] = round(p["noise"] * overrides.pop("noise_scale"), 6)
+    p.update(overrides)
+    if distribution != "default":  # the default's cache key is unchanged
+        p["distribution"] = distribution
     p.update(seed=SEED, gen_version=GEN_VERSION, gen_chunk=GEN_CHUNK)
     return p
 
@@ -169,7 +191,7 @@ def _layout(p: dict):
     centres = rng.standard_normal((n_ids + 1, p["dim"]), dtype=np.float32)
     centres /= math.sqrt(p["dim"])
     cam_off = rng.standard_normal((n_cams + 1, p["dim"]), dtype=np.float32)
-    cam_off *= 0.3 / math.sqrt(p["dim"])
+    cam_off *= p.get("cam_offset", 0.3) / math.sqrt(p["dim"])
     return q_lab, q_cam, g_lab, g_cam, centres, cam_off
 
 
@@ -209,7 +231,7 @@ def _write_manifest(path: Path, prefix: str, labels, cams) -> None:
                 "".join(
                     f"{prefix}{i:0{width}d},{lab},{c}\n"
                     for i, lab, c in zip(
-                        range(s, s + step),
+                        range(s, min(s + step, len(labels))),
                         labels[s : s + step].tolist(),
                         cams[s : s + step].tolist(),
                         strict=True,
@@ -265,9 +287,11 @@ def _write_zarr(path: Path, n: int, d: int, chunks, params: dict) -> None:
     os.rename(tmp, path)
 
 
-def ensure_data(scale: str, root: Path, gallery_format: str | None = None) -> tuple[Path, dict]:
-    """Generate (once) and return the data folder of ``scale``."""
-    params = scale_params(scale, gallery_format)
+def ensure_data(
+    scale: str, root: Path, gallery_format: str | None = None, distribution: str = "default"
+) -> tuple[Path, dict]:
+    """Generate (once) and return the data folder of ``scale`` x ``distribution``."""
+    params = scale_params(scale, gallery_format, distribution)
     folder = root / scale / data_key(params)
     if (folder / "DONE").exists():
         return folder, params
@@ -909,6 +933,13 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--scale", choices=sorted(SCALES), default="tiny")
     ap.add_argument(
+        "--distribution",
+        default="default",
+        help="data distribution(s), comma-separated: default, hard (deep relevant items), "
+        "easy (a strong model), or all; each is run and written "
+        "(<scale>-<distribution>.json), then shown side by side",
+    )
+    ap.add_argument(
         "--methods",
         default=",".join(ALL_METHODS),
         help="comma list of matmul,argsort,rankwise (default: all)",
@@ -991,6 +1022,11 @@ def main(argv=None) -> int:
     ap.add_argument("--worker-files", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.command_line = (
+        shlex.join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:])
+        if argv is None
+        else shlex.join(argv)
+    )
 
     if args.worker:
         worker_main(args)
@@ -1013,25 +1049,44 @@ def main(argv=None) -> int:
     bad = sorted(set(methods) - set(ALL_METHODS))
     if bad:
         ap.error(f"unknown methods {bad}; choose from {ALL_METHODS}")
-    folder, params = ensure_data(args.scale, args.data_dir, args.gallery_format)
+    spec = "default,hard,easy" if args.distribution == "all" else args.distribution
+    distributions = [d.strip() for d in spec.split(",") if d.strip()]
+    bad = sorted(set(distributions) - set(DISTRIBUTIONS))
+    if bad or not distributions:
+        ap.error(f"unknown distributions {bad}; choose from {tuple(DISTRIBUTIONS)}")
+    reports = [run_distribution(args, methods, d) for d in distributions]
+    if args.generate_only:
+        return 0
+    if len(reports) > 1:
+        print()
+        print(side_by_side(args.scale, reports))
+    return 0
+
+
+def run_distribution(args, methods: list[str], distribution: str) -> dict:
+    """Every method on one data distribution; writes and prints its report."""
+    folder, params = ensure_data(args.scale, args.data_dir, args.gallery_format, distribution)
     files = data_files(folder)
     if args.generate_only:
         print(folder)
-        return 0
-
+        return {}
+    name = args.scale if distribution == "default" else f"{args.scale}-{distribution}"
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = RESULTS / "runs" / f"{args.scale}-{stamp}"
+    run_dir = RESULTS / "runs" / f"{name}-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    out_path = args.out or RESULTS / f"{args.scale}.json"
+    out_path = (
+        args.out.with_name(f"{args.out.stem}-{distribution}{args.out.suffix}")
+        if args.out and distribution != "default"
+        else args.out or RESULTS / f"{name}.json"
+    )
     info = machine_info()
     print(
-        f"[bench] scale={args.scale} Q={params['n_query']} G={params['n_gallery']} "
-        f"D={params['dim']} methods={methods} workers={args.workers}; "
-        f"cpus={info['cpu_count']} loadavg={info['loadavg']} "
+        f"[bench] scale={args.scale} distribution={distribution} Q={params['n_query']} "
+        f"G={params['n_gallery']} D={params['dim']} methods={methods} "
+        f"workers={args.workers}; cpus={info['cpu_count']} loadavg={info['loadavg']} "
         f"OPENBLAS_CORETYPE={info['env']['OPENBLAS_CORETYPE']}",
         flush=True,
     )
-
     results: dict = {}
     for m in methods:
         if m == "argsort" and not args.force_argsort:
@@ -1068,12 +1123,11 @@ def main(argv=None) -> int:
     tab = table(args.scale, params, summ)
     report = {
         "scale": args.scale,
+        "distribution": distribution,
         "params": params,
         "data_dir": str(folder),
         "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:])
-        if argv is None
-        else shlex.join(argv),
+        "command": args.command_line,
         "workers": args.workers,
         "repeat": args.repeat,
         "methods": methods,
@@ -1090,7 +1144,35 @@ def main(argv=None) -> int:
     out_path.write_text(json.dumps(report, indent=1, default=str))
     print_report(report)
     print(f"wrote {out_path}")
-    return 0
+    return report
+
+
+def side_by_side(scale: str, reports: list[dict]) -> str:
+    """One row per distribution: its metrics and each method's wall time, the ratios to
+    the matmul floor and to full argsort, and peak RSS."""
+    lines = [
+        f"scale `{scale}`, one run: floor / rankwise / full argsort per data distribution",
+        "",
+        "| distribution | rank-1 | mAP | mINP | floor s | rankwise s | rankwise / floor "
+        "| argsort s | argsort / rankwise | rankwise peak RSS MB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for rep in reports:
+        summ = rep["summary"]
+        wall = {m: summ[m]["wall_s"] for m in summ if summ[m].get("status") == "ok"}
+        rw = summ.get("rankwise", {})
+        metrics = ((rw.get("output") or {}).get("metrics") or {}) if rw else {}
+        cell = lambda v, f="{:.2f}": f.format(v) if v is not None else "-"
+        floor, ours, arg = wall.get("matmul"), wall.get("rankwise"), wall.get("argsort")
+        lines.append(
+            f"| {rep['distribution']} | {cell(metrics.get('rank1'), '{:.1f}')} "
+            f"| {cell(metrics.get('map'), '{:.1f}')} | {cell(metrics.get('minp'), '{:.1f}')} "
+            f"| {cell(floor)} | {cell(ours)} "
+            f"| {cell(ours / floor if ours and floor else None)}x "
+            f"| {cell(arg)} | {cell(arg / ours if arg and ours else None)}x "
+            f"| {cell(rw.get('peak_rss_mb'), '{:.0f}')} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
