@@ -96,9 +96,15 @@ def summarise(
     ``None``), as the report does; the per-unit values are kept.
     """
     from . import stats
-    from .metrics import cmc
+    from .metrics import cmc, per_unit
 
-    table = stats.unit_table(arrays, attrs, metrics, ap)
+    # without resampling there is nothing to refuse: a store with no evaluated query
+    # gives an empty table (the intervals need one, and say so)
+    table = (
+        stats.unit_table(arrays, attrs, metrics, ap)
+        if resamples
+        else per_unit(arrays, attrs, metrics, ap=ap)
+    )
     cluster = stats.clusters_of(table.rows, attrs, by=by, labels=labels)
     ci95 = (
         stats.unit_cis(table, cluster, resamples=resamples, seed=seed, confidence=confidence)

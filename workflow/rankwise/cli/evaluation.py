@@ -168,9 +168,13 @@ def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
     report["provenance"] = {k: v for k, v in attrs.items() if k not in ("complete", "kind")}
     report["provenance"].update({"ks": list(ks), "ap": ap, "ranks": str(ranks)})
     if stats_output:
+        from ..errors import RankwiseError
         from ..summary import summarise, write_summary
 
-        summary = summarise(arrays, attrs, metrics=list(report["metrics"]), ap=ap, **statistics)
+        try:
+            summary = summarise(arrays, attrs, metrics=list(report["metrics"]), ap=ap, **statistics)
+        except RankwiseError as exc:
+            raise RankwiseError(f"{ranks}: {exc} (or --resamples 0)") from None
         write_summary(stats_output, summary)
         report["provenance"]["stats"] = str(stats_output)
     _emit(report, output, text_output)
