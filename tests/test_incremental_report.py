@@ -210,3 +210,16 @@ def test_cluster_sums_of_differences():
     vb = np.array([[0.0], [1.0], [1.0]])
     np.testing.assert_array_equal(paired_sums(va, vb, np.array([0, 0, 1])), [[0.0], [0.0]])
     np.testing.assert_array_equal(_cluster_sums(vb - va, np.array([0, 1, 1]))[0], [[-1.0], [1.0]])
+
+
+def test_store_without_evaluated_queries():
+    """Nothing to resample (rank refuses such inputs, a hand-made store can have none):
+    without resampling it still summarises, with resampling it says why not."""
+    arrays = {"query_index": np.zeros(0, np.int64), "offsets": np.zeros(1, np.int64)}
+    arrays["ranks"] = np.zeros(0, np.int64)
+    attrs = {"protocol": "recall", "num_gallery": 5}
+    summary = summarise(arrays, attrs, metrics=["recall@1", "map"], resamples=0)
+    assert summary.values.shape == (0, 2) and summary.ci95 is None
+    assert summary.cmc == [0.0] * 50
+    with pytest.raises(RankwiseError, match="no evaluated query; there is nothing to resample"):
+        summarise(arrays, attrs, metrics=["recall@1", "map"], resamples=10)
