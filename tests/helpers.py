@@ -1,4 +1,5 @@
-"""Helpers shared by the test modules: the console script and Snakemake dry-run parsing."""
+"""Helpers shared by the test modules: the console script, Snakemake runs in a temp folder
+and dry-run parsing."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+SNAKEFILE = ROOT / "Snakefile"
 
 
 def _exe() -> str:
@@ -47,3 +50,41 @@ def planned_jobs(text: str) -> dict[str, int]:
         jobs[match[1]] = int(match[2])
     jobs.pop("total", None)
     return jobs
+
+
+def snakemake(
+    workdir: Path,
+    config: dict | None,
+    *args: str,
+    profile: bool = False,
+    replace: bool = False,
+    configfile: str = "my.yaml",
+) -> subprocess.CompletedProcess:
+    """Snakemake on the repository's Snakefile in ``workdir`` (never raises on failure).
+
+    ``config``: written to ``workdir / configfile`` and passed last with ``--configfile``
+    (it takes every argument after it); ``None``: the workdir's config/config.yaml.
+    ``profile``: keep the workflow's default profile (else ``--workflow-profile none``);
+    ``replace``: ``--replace-workflow-config`` (only ``config``, not merged into the default).
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(SNAKEFILE),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "2",
+        *args,
+    ]
+    if not profile:
+        cmd += ["--workflow-profile", "none"]
+    if config is not None:
+        path = workdir / configfile
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        cmd += ["--configfile", str(path)]
+        if replace:
+            cmd.append("--replace-workflow-config")
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)

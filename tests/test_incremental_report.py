@@ -170,39 +170,29 @@ def test_new_encoder_computes_only_its_pairs(results, summarised, tmp_path):  # 
 
 
 def test_report_cli_cache_flag(summarised, tmp_path):
-    out = invoke(
-        "report",
-        *summarised,
-        "--json",
-        tmp_path / "r.json",
-        "--resamples",
-        OPTIONS["resamples"],
-        "--seed",
-        OPTIONS["seed"],
-        "--cmc-max-rank",
-        OPTIONS["cmc_max_rank"],
-        "--cache",
-        tmp_path / "cache",
-    )
-    assert "paired tests: 6 computed, 0 extended, 0 reused" in out
+    def report() -> str:
+        return invoke(
+            "report",
+            *summarised,
+            "--json",
+            tmp_path / "r.json",
+            "--resamples",
+            OPTIONS["resamples"],
+            "--seed",
+            OPTIONS["seed"],
+            "--cmc-max-rank",
+            OPTIONS["cmc_max_rank"],
+            "--cache",
+            tmp_path / "cache",
+        )
+
+    assert "paired tests: 6 computed, 0 extended, 0 reused" in report()
     first = (tmp_path / "r.json").read_bytes()
-    out = invoke(
-        "report",
-        *summarised,
-        "--json",
-        tmp_path / "r.json",
-        "--resamples",
-        OPTIONS["resamples"],
-        "--seed",
-        OPTIONS["seed"],
-        "--cmc-max-rank",
-        OPTIONS["cmc_max_rank"],
-        "--cache",
-        tmp_path / "cache",
-    )
-    assert "paired tests: 0 computed, 0 extended, 6 reused" in out
+    assert "paired tests: 0 computed, 0 extended, 6 reused" in report()
     assert (tmp_path / "r.json").read_bytes() == first  # cached or not: the same bytes
     shutil.rmtree(tmp_path / "cache")
+    assert "paired tests: 6 computed" in report()  # a deleted cache is simply rebuilt
+    assert (tmp_path / "r.json").read_bytes() == first
 
 
 def test_cluster_sums_of_differences():

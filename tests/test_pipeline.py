@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 import yaml
@@ -98,25 +99,7 @@ def write_model(path: Path, seed: int) -> None:
 
 def snakemake(workdir: Path, config: dict, *args: str, check: bool = True):
     """Run Snakemake on `config` in `workdir`; returns the CompletedProcess."""
-    configfile = workdir / "config.yaml"
-    configfile.write_text(yaml.safe_dump(config, sort_keys=False))
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(SNAKEFILE),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(configfile),
-        "--cores",
-        "2",
-        "--workflow-profile",
-        "none",
-        *args,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = helpers.snakemake(workdir, config, *args, configfile="config.yaml")
     if check and proc.returncode != 0:
         pytest.fail(
             f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 import zarr
 from conftest import reid_case
 from helpers import planned_jobs
@@ -90,26 +88,7 @@ def write_data(root: Path):
 
 
 def snakemake(workdir: Path, config: dict, *args: str):
-    configfile = workdir / "my.yaml"
-    configfile.write_text(yaml.safe_dump(config, sort_keys=False))
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(SNAKEFILE),
-        "--directory",
-        str(workdir),
-        "--cores",
-        "2",
-        "--workflow-profile",
-        "none",
-        *args,
-        "--configfile",
-        str(configfile),
-        "--replace-workflow-config",
-    ]
-    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    return helpers.snakemake(workdir, config, *args, replace=True)
 
 
 def run_ok(workdir: Path, config: dict, *args: str) -> str:

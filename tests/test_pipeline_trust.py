@@ -11,10 +11,9 @@
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 import yaml
@@ -78,25 +77,7 @@ def write_data(root: Path) -> None:
 
 def snakemake(workdir: Path, config: dict | None, *args: str, profile: bool = False):
     """Run Snakemake in `workdir` on `config` (None: the workdir's config/config.yaml)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(SNAKEFILE),
-        "--directory",
-        str(workdir),
-        "--cores",
-        "2",
-        *args,
-    ]
-    if not profile:
-        cmd += ["--workflow-profile", "none"]
-    if config is not None:  # last: --configfile takes every argument after it
-        configfile = workdir / "my.yaml"
-        configfile.write_text(yaml.safe_dump(config, sort_keys=False))
-        cmd += ["--configfile", str(configfile)]
-    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    return helpers.snakemake(workdir, config, *args, profile=profile)
 
 
 def run_ok(workdir: Path, config: dict | None, *args: str) -> str:
