@@ -88,3 +88,26 @@ def snakemake(
         if replace:
             cmd.append("--replace-workflow-config")
     return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+
+
+def write_inputs(folder: Path, query, gallery, qe, ge, *, camera: bool = True) -> list[str]:
+    """Manifests (CSV) and embeddings (.npy) of a case in ``folder``; returns the
+    ``--query ... --gallery-embeddings ...`` arguments of ``rankwise evaluate``/``rank``
+    (``camera=False``: the query manifest without its camera column)."""
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (query if camera else query.drop(columns="camera")).to_csv(folder / "q.csv", index=False)
+    gallery.to_csv(folder / "g.csv", index=False)
+    np.save(folder / "q.npy", qe)
+    np.save(folder / "g.npy", ge)
+    return [
+        "--query",
+        str(folder / "q.csv"),
+        "--gallery",
+        str(folder / "g.csv"),
+        "--query-embeddings",
+        str(folder / "q.npy"),
+        "--gallery-embeddings",
+        str(folder / "g.npy"),
+    ]

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 import zarr
-from helpers import run_rankwise
+from helpers import run_rankwise, write_inputs
 from reference import distance_matrix, market1501_query, protocol_masks, sorted_matches
 
 import rankwise
@@ -259,24 +259,6 @@ def test_library_errors():
         rankwise.evaluate(query, gallery, zero, ge, protocol="reid", multi_query="mean")
 
 
-def _write(folder: Path, query, gallery, qe, ge, *, camera=True) -> list[str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    (query if camera else query.drop(columns="camera")).to_csv(folder / "q.csv", index=False)
-    gallery.to_csv(folder / "g.csv", index=False)
-    np.save(folder / "q.npy", qe)
-    np.save(folder / "g.npy", ge)
-    return [
-        "--query",
-        str(folder / "q.csv"),
-        "--gallery",
-        str(folder / "g.csv"),
-        "--query-embeddings",
-        str(folder / "q.npy"),
-        "--gallery-embeddings",
-        str(folder / "g.npy"),
-    ]
-
-
 @pytest.mark.parametrize(
     ("args", "camera", "needle"),
     [
@@ -286,7 +268,7 @@ def _write(folder: Path, query, gallery, qe, ge, *, camera=True) -> list[str]:
     ],
 )
 def test_cli_errors_are_one_line(tmp_path, args, camera, needle):
-    inputs = _write(tmp_path, *multi_case(0, "int"), camera=camera)
+    inputs = write_inputs(tmp_path, *multi_case(0, "int"), camera=camera)
     out = tmp_path / "ranks.zarr"
     proc = run_rankwise("rank", *inputs, *args, "--out", str(out))
     assert proc.returncode == 2, proc.stderr
@@ -301,7 +283,7 @@ def test_cli_records_multi_query(tmp_path):
     out = tmp_path / "ranks.zarr"
     proc = run_rankwise(
         "rank",
-        *_write(tmp_path, query, gallery, qe, ge),
+        *write_inputs(tmp_path, query, gallery, qe, ge),
         "--protocol",
         "reid",
         "--distance",
@@ -344,7 +326,7 @@ def test_neighbours_compare_the_pooled_query(tmp_path):
     from rankwise.neighbours import top_items
 
     query, gallery, qe, ge = multi_case(1, "int")
-    _write(tmp_path, query, gallery, qe, ge)
+    write_inputs(tmp_path, query, gallery, qe, ge)
     files = [str(tmp_path / f) for f in ("q.csv", "g.csv", "q.npy", "g.npy")]
     result = rankwise.evaluate(
         *files, protocol="reid", distance="euclidean", ks=KS, multi_query="mean"

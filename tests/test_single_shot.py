@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 import zarr
-from helpers import run_rankwise
+from helpers import run_rankwise, write_inputs
 from reference import distance_matrix, protocol_masks
 
 import rankwise
@@ -242,24 +242,6 @@ def test_other_protocols_refuse_it():
         rankwise.evaluate(q, g, qe, ge, protocol="recall", single_gallery_shot=True)
 
 
-def _write(folder: Path, query, gallery, qe, ge) -> list[str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    query.to_csv(folder / "q.csv", index=False)
-    gallery.to_csv(folder / "g.csv", index=False)
-    np.save(folder / "q.npy", qe)
-    np.save(folder / "g.npy", ge)
-    return [
-        "--query",
-        str(folder / "q.csv"),
-        "--gallery",
-        str(folder / "g.csv"),
-        "--query-embeddings",
-        str(folder / "q.npy"),
-        "--gallery-embeddings",
-        str(folder / "g.npy"),
-    ]
-
-
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -271,7 +253,9 @@ def _write(folder: Path, query, gallery, qe, ge) -> list[str]:
 )
 def test_cli_errors_are_one_line(tmp_path, args, needle):
     out = tmp_path / "ranks.zarr"
-    proc = run_rankwise("rank", *_write(tmp_path, *cuhk_case(0, "int")), *args, "--out", str(out))
+    proc = run_rankwise(
+        "rank", *write_inputs(tmp_path, *cuhk_case(0, "int")), *args, "--out", str(out)
+    )
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -285,7 +269,7 @@ def test_cli_records_single_shot(tmp_path, repeats):
     out = tmp_path / "ranks.zarr"
     proc = run_rankwise(
         "rank",
-        *_write(tmp_path, *case),
+        *write_inputs(tmp_path, *case),
         "--protocol",
         "reid",
         "--distance",
@@ -346,7 +330,7 @@ def test_cli_scores_keep_the_probabilities(tmp_path):
     case = cuhk_case(7, "int")
     out = tmp_path / "ranks.zarr"
     args = ["--protocol", "reid", "--distance", "euclidean", "--single-gallery-shot"]
-    proc = run_rankwise("rank", *_write(tmp_path, *case), *args, "--out", str(out))
+    proc = run_rankwise("rank", *write_inputs(tmp_path, *case), *args, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     csv = tmp_path / "scores.csv"
     proc = run_rankwise("scores", str(out), "--ks", "1,2", "--output", str(csv))
