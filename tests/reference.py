@@ -155,6 +155,23 @@ def matlab_trapezoid_ap(raw_cmc: np.ndarray) -> float:
     return ap
 
 
+def pml_query(raw_cmc: np.ndarray, ks) -> dict:
+    """pytorch-metric-learning's ``AccuracyCalculator`` formulas for one query, on its
+    ranked relevance row (``avg_of_avgs=False``, ``k=None``: R = number of relevant items).
+
+    precision@K = (relevant in the top K) / K; R-precision = (relevant in the top R) / R;
+    MAP@R = (1/R) sum_{i <= R, item i relevant} precision@i.
+    """
+    R = int(raw_cmc.sum())
+    top = np.zeros(max(max(ks), R), dtype=np.float64)
+    top[: min(len(top), len(raw_cmc))] = raw_cmc[: len(top)]
+    precision_at_i = np.cumsum(top) / np.arange(1, len(top) + 1)
+    out = {f"precision@{k}": float(top[:k].sum()) / k for k in ks}
+    out["r_precision"] = float(top[:R].sum()) / R
+    out["map@r"] = float((precision_at_i[:R] * top[:R]).sum()) / R
+    return out
+
+
 def first_match_rank(raw_cmc: np.ndarray) -> int:
     """1-based rank of the first match (for MRR and recall@K)."""
     return int(np.flatnonzero(raw_cmc)[0]) + 1
@@ -243,7 +260,7 @@ def evaluate_reference(
         protocol, query, gallery, junk_labels=junk_labels, gap_frames=gap_frames
     )
     max_rank = max(ks)
-    cmcs, aps, inps, rrs, qidx, firsts, all_ranks = [], [], [], [], [], [], []
+    cmcs, aps, inps, rrs, qidx, firsts, all_ranks, pmls = [], [], [], [], [], [], [], []
     skipped = 0
     for i in range(len(query)):
         if protocol == "reassociation" and valid[i].sum() < 2:
@@ -263,6 +280,7 @@ def evaluate_reference(
         firsts.append(r1)
         qidx.append(i)
         all_ranks.append(relevant_ranks(raw_cmc))
+        pmls.append(pml_query(raw_cmc, ks))
     n = len(cmcs)
     key = _rank_key(protocol)
     metrics = {}
@@ -274,6 +292,9 @@ def evaluate_reference(
             metrics["map"] = 100.0 * float(np.mean(aps))
             metrics["minp"] = 100.0 * float(np.mean(inps))
         metrics["mrr"] = 100.0 * float(np.mean(rrs))
+        if protocol == "recall":  # the metric-learning families (PML's definitions)
+            for name in pmls[0]:
+                metrics[name] = 100.0 * float(np.mean([p[name] for p in pmls]))
     if protocol == "reid":
         junk = np.isin(gallery["label"].astype(str).to_numpy(), [str(j) for j in junk_labels])
         num_gallery = int((~junk).sum())

@@ -8,6 +8,8 @@ query (a sketch for ``progressive``), read from :func:`rankwise.metrics.per_unit
 ``map`` / ``minp`` / ``mrr``   AP, ``INP = G / r_G``, ``RR = 1 / r_1``
 ``m@A`` ... ``wm@B``           the sketch's m@A ... wm@B
 ``acc@K``                      ``[r_T <= K]`` of the sketch's complete rendering
+``precision@K``                ``#{i : r_i <= K} / K``
+``r_precision`` / ``map@r``    ``#{i : r_i <= G} / G``, ``(1/G) sum_{r_i <= G} i / r_i``
 =============================  =================================================
 
 so its uncertainty comes from resampling units; this module only resamples
