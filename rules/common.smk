@@ -142,6 +142,14 @@ def same_camera_flag(wildcards):
     return "--keep-same-camera"
 
 
+def rerank_flag(wildcards):
+    """The dataset's k-reciprocal re-ranking as a `rankwise rank` flag ("" = none)."""
+    rerank = DATASETS[wildcards.dataset]["rerank"]
+    if rerank is None:
+        return ""
+    return f"--rerank {rerank['k1']},{rerank['k2']},{rerank['lambda']}"
+
+
 def comma_list(key):
     """A param function giving datasets.{dataset}.{key} joined by commas (ks, junk_labels)."""
     return lambda wildcards: ",".join(map(str, DATASETS[wildcards.dataset][key]))

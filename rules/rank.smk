@@ -1,5 +1,6 @@
 # Ranks: for each query, the ranks of its relevant gallery items (never a Q x G matrix).
-# Depends on the protocol options only; `ks` and `ap` belong to the metrics stage.
+# Depends on the protocol options (re-ranking included) only; `ks` and `ap` belong to the
+# metrics stage.
 
 
 rule rank:
@@ -21,6 +22,7 @@ rule rank:
         query_stride=dataset_value("query_stride"),
         junk_labels=comma_list("junk_labels"),
         same_camera=same_camera_flag,
+        rerank=rerank_flag,
         engine=engine_args,
     threads: ENGINE["threads"]
     conda:
@@ -33,6 +35,6 @@ rule rank:
         " --gallery-embeddings {input.gallery_embeddings:q}"
         " --protocol {params.protocol} --distance {params.distance}"
         " --gap-frames {params.gap_frames} --query-stride {params.query_stride}"
-        " --junk-labels {params.junk_labels:q} {params.same_camera}"
+        " --junk-labels {params.junk_labels:q} {params.same_camera} {params.rerank}"
         " {params.engine} --out {output.ranks:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

@@ -209,6 +209,7 @@ def test_new_ap_variant_reruns_only_metrics(workdir):
         {"junk_labels": []},
         {"exclude_same_camera": False},
         {"protocol": "recall"},
+        {"rerank": {"k1": 6, "k2": 3, "lambda": 0.3}},
     ],
 )
 def test_new_protocol_options_rerun_rank(workdir, option):

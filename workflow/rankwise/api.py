@@ -14,6 +14,7 @@ from .inputs import open_inputs
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
 from .options import EXCLUDE_SAME_CAMERA, GALLERY_CHUNK, JUNK_LABELS, KS, QUERY_BLOCK, QUERY_STRIDE
 from .ranking import EngineOptions, RankResult, check_distance, compute_ranks
+from .registry import get_protocol
 
 REPORT_KEYS = (
     "protocol",
@@ -100,6 +101,7 @@ def rank(
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+    rerank: dict | str | None = None,
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
@@ -108,7 +110,10 @@ def rank(
     memory_limit_mb: float | None = None,
 ) -> RankResult:
     """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
+    from .options import check_rerank
+
     check_distance(distance)
+    rerank = check_rerank(rerank, get_protocol(protocol).name)
     options = EngineOptions(
         query_block=query_block,
         gallery_chunk=gallery_chunk,
@@ -128,7 +133,7 @@ def rank(
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
     del inputs
-    return compute_ranks(problem, q_src, g_src, distance=distance, options=options)
+    return compute_ranks(problem, q_src, g_src, distance=distance, options=options, rerank=rerank)
 
 
 def evaluate(
@@ -144,6 +149,7 @@ def evaluate(
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
+    rerank: dict | str | None = None,
     ap: str = "standard",
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
@@ -168,6 +174,9 @@ def evaluate(
     junk_labels : reid labels removed from the gallery (default ``-1``).
     exclude_same_camera : reid, same label AND same camera is not ranked (default);
         False keeps those items as valid matches (the query's own id stays excluded).
+    rerank : k-reciprocal re-ranking (recall, reid): ``{"k1": 20, "k2": 6, "lambda":
+        0.3}`` (missing keys take these defaults) or ``"20,6,0.3"``; None (default) ranks
+        on the plain distance.  See :mod:`rankwise.rerank`.
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
@@ -192,6 +201,7 @@ def evaluate(
         query_stride=query_stride,
         junk_labels=junk_labels,
         exclude_same_camera=exclude_same_camera,
+        rerank=rerank,
         query_block=query_block,
         gallery_chunk=gallery_chunk,
         workers=workers,

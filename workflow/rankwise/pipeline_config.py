@@ -248,6 +248,21 @@ def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, lis
                 )
 
 
+def check_reranking(datasets: dict) -> None:
+    """``datasets.<name>.rerank``: what the schema cannot say (k2 <= k1, a protocol it
+    applies to), as :func:`rankwise.options.check_rerank`; a partial mapping gets its
+    defaults filled in (in place)."""
+    from .options import check_rerank
+
+    for name, dataset in datasets.items():
+        if dataset.get("rerank") is None:
+            continue
+        try:
+            dataset["rerank"] = check_rerank(dataset["rerank"], dataset["protocol"])
+        except RankwiseError as error:
+            raise ConfigError(["datasets", name], str(error)) from None
+
+
 def check(
     config: dict, schema_path: str | os.PathLike, files: Sequence[str | os.PathLike] = ()
 ) -> None:
@@ -285,6 +300,7 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
         encoders, sweeps = expand_checkpoints(config["encoders"])
         datasets = config["datasets"]
         check_dataset_encoders(datasets, encoders, sweeps)
+        check_reranking(datasets)
         for dataset in datasets.values():
             dataset["encoders"] = expand_names(dataset["encoders"], sweeps)
         check_paths(datasets, encoders, sweeps)

@@ -424,7 +424,8 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
         if (
             key in attrs_a
             and key in attrs_b
-            and _canonical(attrs_a[key]) != _canonical(attrs_b[key])
+            and _canonical(_ranked_set(key, attrs_a[key]))
+            != _canonical(_ranked_set(key, attrs_b[key]))
         ):
             raise RankwiseError(
                 f"{b}: {key} {attrs_b[key]!r} differs from {a}'s "
@@ -443,6 +444,15 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
             f"differ from {a}'s ({len(qa)}); a paired comparison needs "
             "both ranked on the same query and gallery manifests"
         )
+
+
+def _ranked_set(key: str, value):
+    """What must agree between two paired stores: re-ranking changes the distance, not
+    who is ranked, so a re-ranked store pairs with a plain one ("+RK" against the same
+    encoder)."""
+    if key == "protocol_options" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != "rerank"}
+    return value
 
 
 def _canonical(value) -> str:

@@ -48,6 +48,9 @@ def _rank(kw: dict, progress: bool):
     if kw["protocol"] is None:
         note = _reid_hint(kw["query"], kw["gallery"])
         kw["protocol"] = "recall"
+    from ..options import check_rerank
+
+    check_rerank(kw["rerank"], kw["protocol"], "--rerank")  # the message names the flag
     result = rank(
         kw["query"],
         kw["gallery"],
@@ -59,6 +62,7 @@ def _rank(kw: dict, progress: bool):
         query_stride=kw["query_stride"],
         junk_labels=kw["junk_labels"],
         exclude_same_camera=kw["exclude_same_camera"],
+        rerank=kw["rerank"],
         query_block=kw["query_block"],
         gallery_chunk=kw["gallery_chunk"],
         workers=kw["workers"],

@@ -89,6 +89,12 @@ inputs = stack(
         help="reid: same label AND same camera is not ranked (default), or kept as a valid "
         "match; the query's own id is never ranked.",
     ),
+    spec.RERANK.click(
+        default=None,
+        metavar="K1,K2,LAMBDA",
+        help="recall/reid: k-reciprocal re-ranking (Zhong et al. 2017), e.g. 20,6,0.3 "
+        "(k2 <= k1, 0 <= lambda <= 1); default: none.",
+    ),
     spec.QUERY_BLOCK.click(help="Queries per tile."),
     spec.GALLERY_CHUNK.click(help="Gallery rows per tile."),
     spec.WORKERS.click(help="Threads (default: all cores)."),

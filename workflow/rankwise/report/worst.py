@@ -71,12 +71,13 @@ def worst_queries_of(
         (attrs.get(f"{side}_embeddings") or {}).get("path") for side in ("query", "gallery")
     ]
     tops = None
+    options = attrs.get("protocol_options") or {}
     if (
-        q_table is not None
+        not options.get("rerank")  # the top items of a re-ranked store are not the plain ones
+        and q_table is not None
         and g_table is not None
         and all(p and Path(p).exists() for p in embeddings)
     ):
-        options = attrs.get("protocol_options") or {}
         tops = top_items(
             q_path,
             g_path,
