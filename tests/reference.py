@@ -398,73 +398,54 @@ def rerank_input_distances(query_emb, gallery_emb, distance: str):
     return d(q, g), d(q, q), d(g, g)
 
 
-def re_ranking(q_g_dist, q_q_dist, g_g_dist, k1=20, k2=6, lambda_value=0.3):
-    """The published ``re_ranking`` (torchreid ``torchreid/utils/rerank.py``, from
-    zhunzhong07/person-re-ranking), step by step, in float64.
+def re_ranking(q_g_dist, q_q_dist, g_g_dist, k1=20, k2=6, lambda_value=0.3, dtype=np.float64):
+    """k-reciprocal re-ranking as the published ``re_ranking(q_g_dist, q_q_dist,
+    g_g_dist, k1, k2, lambda_value)`` (torchreid ``torchreid/utils/rerank.py``, from
+    zhunzhong07/person-re-ranking) computes it, re-written densely in float64.
 
-    Differences from the original, all of arithmetic only: float64 where it uses float32,
-    and ``np.argsort(kind="stable")`` (exactly tied neighbours in row order) where it
-    uses numpy's default quicksort.
+    Its steps: the (Q+G) x (Q+G) input distances squared and divided by their column
+    maxima, then transposed; each row's neighbours by ``argsort``; k-reciprocal sets
+    R(i, k1) and their expansion by every R(c, round(k1/2)) sharing more than 2/3 of
+    its members with R(i, k1); weights exp(-o) normalised per row; local query
+    expansion (mean over the k2 nearest rows); Jaccard ``1 - m / (2 - m)`` with m the
+    sum of element-wise minima; ``(1 - lambda) J + lambda o``.  Arithmetic only differs:
+    float64 where it uses float32, and a stable argsort (exactly tied neighbours in row
+    order) where it uses numpy's default quicksort.  ``dtype=np.float32`` does the
+    arithmetic in float32 as the original does (benchmarks/bench_rerank.py), to see
+    where that changes the numbers.
     """
-    original_dist = np.concatenate(
-        [
-            np.concatenate([q_q_dist, q_g_dist], axis=1),
-            np.concatenate([q_g_dist.T, g_g_dist], axis=1),
-        ],
-        axis=0,
-    )
-    original_dist = np.power(original_dist, 2).astype(np.float64)
-    original_dist = np.transpose(1.0 * original_dist / np.max(original_dist, axis=0))
-    V = np.zeros_like(original_dist).astype(np.float64)
-    initial_rank = np.argsort(original_dist, kind="stable").astype(np.int32)
+    n_q = q_g_dist.shape[0]
+    dist = np.block([[q_q_dist, q_g_dist], [q_g_dist.T, g_g_dist]]).astype(dtype) ** 2
+    dist = (dist / dist.max(axis=0)).T  # column maxima, then transposed
+    order = np.argsort(dist, axis=1, kind="stable")
+    n = len(dist)
 
-    query_num = q_g_dist.shape[0]
-    gallery_num = q_g_dist.shape[0] + q_g_dist.shape[1]
-    all_num = gallery_num
+    def reciprocal(i, k):
+        ahead = order[i, : k + 1]
+        return ahead[np.array([i in order[j, : k + 1] for j in ahead], dtype=bool)]
 
-    for i in range(all_num):
-        # k-reciprocal neighbours
-        forward_k_neigh_index = initial_rank[i, : k1 + 1]
-        backward_k_neigh_index = initial_rank[forward_k_neigh_index, : k1 + 1]
-        fi = np.where(backward_k_neigh_index == i)[0]
-        k_reciprocal_index = forward_k_neigh_index[fi]
-        k_reciprocal_expansion_index = k_reciprocal_index
-        for j in range(len(k_reciprocal_index)):
-            candidate = k_reciprocal_index[j]
-            half = int(np.around(k1 / 2.0)) + 1
-            candidate_forward_k_neigh_index = initial_rank[candidate, :half]
-            candidate_backward_k_neigh_index = initial_rank[candidate_forward_k_neigh_index, :half]
-            fi_candidate = np.where(candidate_backward_k_neigh_index == candidate)[0]
-            candidate_k_reciprocal_index = candidate_forward_k_neigh_index[fi_candidate]
-            if len(
-                np.intersect1d(candidate_k_reciprocal_index, k_reciprocal_index)
-            ) > 2.0 / 3 * len(candidate_k_reciprocal_index):
-                k_reciprocal_expansion_index = np.append(
-                    k_reciprocal_expansion_index, candidate_k_reciprocal_index
-                )
-        k_reciprocal_expansion_index = np.unique(k_reciprocal_expansion_index)
-        weight = np.exp(-original_dist[i, k_reciprocal_expansion_index])
-        V[i, k_reciprocal_expansion_index] = 1.0 * weight / np.sum(weight)
-    original_dist = original_dist[:query_num,]
+    half = int(np.around(k1 / 2.0))
+    v = np.zeros((n, n), dtype=dtype)
+    for i in range(n):
+        core = reciprocal(i, k1)
+        members = [core]
+        for c in core:
+            extra = reciprocal(c, half)
+            if len(np.intersect1d(extra, core)) > 2.0 / 3 * len(extra):
+                members.append(extra)
+        expanded = np.unique(np.concatenate(members))
+        weight = np.exp(-dist[i, expanded])
+        v[i, expanded] = weight / weight.sum()
     if k2 != 1:
-        V_qe = np.zeros_like(V, dtype=np.float64)
-        for i in range(all_num):
-            V_qe[i, :] = np.mean(V[initial_rank[i, :k2], :], axis=0)
-        V = V_qe
-    invIndex = []
-    for i in range(gallery_num):
-        invIndex.append(np.where(V[:, i] != 0)[0])
-
-    jaccard_dist = np.zeros_like(original_dist, dtype=np.float64)
-    for i in range(query_num):
-        temp_min = np.zeros(shape=[1, gallery_num], dtype=np.float64)
-        indNonZero = np.where(V[i, :] != 0)[0]
-        indImages = [invIndex[ind] for ind in indNonZero]
-        for j in range(len(indNonZero)):
-            temp_min[0, indImages[j]] = temp_min[0, indImages[j]] + np.minimum(
-                V[i, indNonZero[j]], V[indImages[j], indNonZero[j]]
-            )
-        jaccard_dist[i] = 1 - temp_min / (2.0 - temp_min)
-
-    final_dist = jaccard_dist * (1 - lambda_value) + original_dist * lambda_value
-    return final_dist[:query_num, query_num:]
+        v = np.stack([v[order[i, :k2]].mean(axis=0) for i in range(n)])
+    jaccard = np.empty((n_q, n), dtype=dtype)
+    for i in range(n_q):
+        # m accumulated over i's non-zero columns in ascending order, as the original
+        # does: pure-Jaccard scores (lambda = 0) hold many mathematically equal values,
+        # which stay equal only when every pair is summed in the same order
+        shared = np.zeros(n, dtype=dtype)
+        for k in np.flatnonzero(v[i]):
+            shared += np.minimum(v[i, k], v[:, k])
+        jaccard[i] = 1.0 - shared / (2.0 - shared)
+    final = jaccard * (1 - lambda_value) + dist[:n_q] * lambda_value
+    return final[:, n_q:]

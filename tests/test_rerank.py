@@ -406,3 +406,17 @@ def test_re_ranked_store_pairs_with_the_plain_one():
     )
     with pytest.raises(RankwiseError, match="differs"):
         stats.compare_ranks(plain.arrays(), plain.attrs, other.arrays(), other.attrs, resamples=10)
+
+
+def test_float32_reference_differs_from_float64_only_by_rounding():
+    """The original's float32 arithmetic: final distances within ~1e-7 of float64's; ranks
+    can only change between gallery items whose float64 distances are that close."""
+    q, g, qe, ge = market_like(0)
+    inputs = rerank_input_distances(qe, ge, "euclidean")
+    f64 = re_ranking(*inputs, k1=20, k2=6, lambda_value=0.3)
+    f32 = re_ranking(
+        *(x.astype(np.float32) for x in inputs), k1=20, k2=6, lambda_value=0.3, dtype=np.float32
+    )
+    assert f32.dtype == np.float32
+    gap = np.abs(f32.astype(np.float64) - f64)
+    assert 0 < gap.max() < 1e-6
