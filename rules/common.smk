@@ -142,12 +142,16 @@ def same_camera_flag(wildcards):
     return "--keep-same-camera"
 
 
-def rerank_flag(wildcards):
-    """The dataset's k-reciprocal re-ranking as a `rankwise rank` flag ("" = none)."""
-    rerank = DATASETS[wildcards.dataset]["rerank"]
-    if rerank is None:
-        return ""
-    return f"--rerank {rerank['k1']},{rerank['k2']},{rerank['lambda']}"
+def rerank_flags(wildcards):
+    """The dataset's query expansion and re-ranking as `rankwise rank` flags ("" = none)."""
+    dataset = DATASETS[wildcards.dataset]
+    flags = []
+    if dataset["aqe"] is not None:
+        flags.append(f"--aqe {dataset['aqe']['k']},{dataset['aqe']['alpha']}")
+    if dataset["rerank"] is not None:
+        rerank = dataset["rerank"]
+        flags.append(f"--rerank {rerank['k1']},{rerank['k2']},{rerank['lambda']}")
+    return " ".join(flags)
 
 
 def comma_list(key):

@@ -1,6 +1,6 @@
 # Ranks: for each query, the ranks of its relevant gallery items (never a Q x G matrix).
-# Depends on the protocol options (re-ranking included) only; `ks` and `ap` belong to the
-# metrics stage.
+# Depends on the protocol options (query expansion and re-ranking included) only; `ks` and
+# `ap` belong to the metrics stage.
 
 
 rule rank:
@@ -22,7 +22,7 @@ rule rank:
         query_stride=dataset_value("query_stride"),
         junk_labels=comma_list("junk_labels"),
         same_camera=same_camera_flag,
-        rerank=rerank_flag,
+        rerank=rerank_flags,
         engine=engine_args,
     threads: ENGINE["threads"]
     conda:

@@ -449,3 +449,19 @@ def re_ranking(q_g_dist, q_q_dist, g_g_dist, k1=20, k2=6, lambda_value=0.3, dtyp
         jaccard[i] = 1.0 - shared / (2.0 - shared)
     final = jaccard * (1 - lambda_value) + dist[:n_q] * lambda_value
     return final[:, n_q:]
+
+
+def average_query_expansion(query_emb, gallery_emb, k=5, alpha=3.0):
+    """fast-reid's ``aqe`` (one round), densely: every item of query + gallery becomes
+    the mean of its k most cosine-similar items' raw rows, each weighted by
+    ``cos^alpha``; ties in item order.  Rows normalised in float32 as rankwise prepares
+    them; the result as float32 rows (as fast-reid's features are)."""
+    n_q = len(query_emb)
+    raw = np.concatenate([query_emb, gallery_emb]).astype(np.float32).astype(np.float64)
+    unit = (raw / np.sqrt((raw**2).sum(axis=1, keepdims=True))).astype(np.float32)
+    unit = unit.astype(np.float64)
+    sim = np.einsum("ik,jk->ij", unit, unit)
+    nearest = np.argsort(-sim, axis=1, kind="stable")[:, :k]
+    weights = np.take_along_axis(sim, nearest, axis=1) ** alpha
+    expanded = (raw[nearest] * weights[:, :, None]).mean(axis=1).astype(np.float32)
+    return expanded[:n_q], expanded[n_q:]

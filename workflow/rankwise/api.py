@@ -102,6 +102,7 @@ def rank(
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     rerank: dict | str | None = None,
+    aqe: dict | str | None = None,
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
@@ -110,10 +111,11 @@ def rank(
     memory_limit_mb: float | None = None,
 ) -> RankResult:
     """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
-    from .options import check_rerank
+    from .options import AQE, check_rerank
 
     check_distance(distance)
     rerank = check_rerank(rerank, get_protocol(protocol).name)
+    aqe = check_rerank(aqe, protocol, "aqe", AQE)
     options = EngineOptions(
         query_block=query_block,
         gallery_chunk=gallery_chunk,
@@ -133,7 +135,9 @@ def rank(
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
     del inputs
-    return compute_ranks(problem, q_src, g_src, distance=distance, options=options, rerank=rerank)
+    return compute_ranks(
+        problem, q_src, g_src, distance=distance, options=options, rerank=rerank, aqe=aqe
+    )
 
 
 def evaluate(
@@ -150,6 +154,7 @@ def evaluate(
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
     rerank: dict | str | None = None,
+    aqe: dict | str | None = None,
     ap: str = "standard",
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
@@ -177,6 +182,9 @@ def evaluate(
     rerank : k-reciprocal re-ranking (recall, reid): ``{"k1": 20, "k2": 6, "lambda":
         0.3}`` (missing keys take these defaults) or ``"20,6,0.3"``; None (default) ranks
         on the plain distance.  See :mod:`rankwise.rerank`.
+    aqe : average query expansion (recall, reid; fast-reid's AQE, applied before
+        ``rerank``): ``{"k": 5, "alpha": 3.0}`` or ``"5,3"``; None (default): none.
+        See :mod:`rankwise.query_expansion`.
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
@@ -202,6 +210,7 @@ def evaluate(
         junk_labels=junk_labels,
         exclude_same_camera=exclude_same_camera,
         rerank=rerank,
+        aqe=aqe,
         query_block=query_block,
         gallery_chunk=gallery_chunk,
         workers=workers,

@@ -73,9 +73,9 @@ class Option:
     ``size`` (``[height, width]``, positive integers), ``cutoffs`` (positive integers,
     ``"1,5,10"`` on the command line), ``labels`` (strings, ``"-1,0"`` on the command
     line), ``numbers`` (``length`` numbers, each within the bounds), ``object`` (a
-    mapping), ``record`` (named ``fields``, each an option: a mapping in the config,
-    ``"a,b,c"`` in field order on the command line; ``relation`` checks the fields
-    together and returns a message or None). ``minimum`` / ``maximum`` are inclusive,
+    mapping), ``record`` (named ``fields``, each an option: a mapping in the config and
+    the library, or ``"a,b,c"`` in field order as on the command line; ``relation``
+    checks the fields together and returns a message or None). ``minimum`` / ``maximum`` are inclusive,
     ``above`` / ``below`` exclusive.
     ``nullable``: ``None`` is a value (meaning "automatic" / "not given").
     ``required``: no default; a loader / encoder must be given this key.
@@ -248,10 +248,6 @@ class Option:
                     given[name] = int(token) if re.fullmatch(r"[+-]?\d+", token) else float(token)
                 except ValueError:
                     raise bad(form) from None
-        elif isinstance(value, (list, tuple)):
-            if len(value) != len(names):
-                raise bad(form)
-            given = dict(zip(names, value, strict=True))
         elif isinstance(value, dict):
             unknown = sorted(set(map(str, value)) - set(names))
             if unknown:
@@ -525,6 +521,18 @@ RERANK = Option(
     help="recall/reid, k-reciprocal re-ranking (Zhong et al. 2017) with k1, k2, lambda; "
     "null = none",
 )
+AQE = Option(
+    "aqe",
+    "record",
+    None,
+    nullable=True,
+    fields=(
+        Option("k", "integer", 5, minimum=1, help="neighbours averaged (the item itself included)"),
+        Option("alpha", "number", 3.0, minimum=0, help="weight exponent: cos^alpha"),
+    ),
+    help="recall/reid, fast-reid's average query expansion of every embedding with k, "
+    "alpha; null = none",
+)
 
 
 def rerank_applies(protocol: str) -> bool:
@@ -533,16 +541,20 @@ def rerank_applies(protocol: str) -> bool:
     return spec.dense and spec.unit == "query"
 
 
-def check_rerank(value: Any, protocol: str, label: str = "rerank") -> dict[str, Any] | None:
-    """:data:`RERANK` checked (``label`` names it: the parameter, the flag or the config
-    key), and refused for a protocol it does not apply to (:func:`rerank_applies`)."""
-    checked = RERANK.check(value, label)
+def check_rerank(
+    value: Any, protocol: str, label: str = "rerank", spec: Option | None = None
+) -> dict[str, Any] | None:
+    """:data:`RERANK` (or ``spec``: :data:`AQE`) checked (``label`` names it: the
+    parameter, the flag or the config key), and refused for a protocol it does not
+    apply to (:func:`rerank_applies`)."""
+    spec = spec or RERANK
+    checked = spec.check(value, label)
     if checked is not None and not rerank_applies(protocol):
         valid = ", ".join(p for p in PROTOCOLS if rerank_applies(p))
+        what = "k-reciprocal re-ranking" if spec is RERANK else "query expansion"
         raise RankwiseError(
-            f"{label} does not apply to protocol {protocol!r}: k-reciprocal re-ranking "
-            f"needs each query ranked against the whole gallery (protocols {valid}); "
-            f"drop {label}"
+            f"{label} does not apply to protocol {protocol!r}: {what} needs each query "
+            f"ranked against the whole gallery (protocols {valid}); drop {label}"
         )
     return checked
 
@@ -558,7 +570,16 @@ AP = Option(
 
 #: The options of a dataset entry in the config that say how it is evaluated.
 EVALUATION = group(
-    PROTOCOL, DISTANCE, KS, GAP_FRAMES, QUERY_STRIDE, JUNK_LABELS, EXCLUDE_SAME_CAMERA, RERANK, AP
+    PROTOCOL,
+    DISTANCE,
+    KS,
+    GAP_FRAMES,
+    QUERY_STRIDE,
+    JUNK_LABELS,
+    EXCLUDE_SAME_CAMERA,
+    AQE,
+    RERANK,
+    AP,
 )
 
 # ---------------------------------------------------------------- engine

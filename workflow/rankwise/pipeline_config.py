@@ -249,18 +249,21 @@ def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, lis
 
 
 def check_reranking(datasets: dict) -> None:
-    """``datasets.<name>.rerank``: what the schema cannot say (k2 <= k1, a protocol it
-    applies to), as :func:`rankwise.options.check_rerank`; a partial mapping gets its
-    defaults filled in (in place)."""
-    from .options import check_rerank
+    """``datasets.<name>.rerank`` / ``aqe``: what the schema cannot say (k2 <= k1, a
+    protocol they apply to), as :func:`rankwise.options.check_rerank`; a partial
+    mapping gets its defaults filled in (in place)."""
+    from .options import AQE, RERANK, check_rerank
 
     for name, dataset in datasets.items():
-        if dataset.get("rerank") is None:
-            continue
-        try:
-            dataset["rerank"] = check_rerank(dataset["rerank"], dataset["protocol"])
-        except RankwiseError as error:
-            raise ConfigError(["datasets", name], str(error)) from None
+        for spec in (AQE, RERANK):
+            if dataset.get(spec.name) is None:
+                continue
+            try:
+                dataset[spec.name] = check_rerank(
+                    dataset[spec.name], dataset["protocol"], spec.name, spec
+                )
+            except RankwiseError as error:
+                raise ConfigError(["datasets", name], str(error)) from None
 
 
 def check(

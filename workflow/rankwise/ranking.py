@@ -271,6 +271,7 @@ def compute_ranks(
     distance: str,
     options: EngineOptions | None = None,
     rerank: dict[str, Any] | None = None,
+    aqe: dict[str, Any] | None = None,
 ) -> RankResult:
     """Ranks of every evaluated query's relevant items (see module docstring).
 
@@ -282,15 +283,22 @@ def compute_ranks(
     rerank : ``{"k1", "k2", "lambda"}`` (:func:`rankwise.rerank.check_rerank`): rank on
         the k-reciprocal re-ranked distance instead (:mod:`rankwise.rerank`), recorded
         in ``protocol_options``.
+    aqe : ``{"k", "alpha"}`` (:data:`rankwise.options.AQE`): rank the average-query-
+        expanded embeddings (:mod:`rankwise.query_expansion`; before any re-ranking, as
+        fast-reid does), recorded in ``protocol_options``.
     """
     options = options or EngineOptions()
     check_distance(distance)
     cosine = distance == "cosine"
     check_same_dim(query, gallery)
     dim = int(query.shape[1])
+    runner = _Runner(options)
+    if aqe is not None:
+        from .query_expansion import expand
+
+        query, gallery = expand(query, gallery, aqe, options, runner)
     qrows, qsq = prepare_chunk(query, 0, query.shape[0], cosine)
     bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
-    runner = _Runner(options)
     if options.memory_limit_mb is not None:
         chunk = int(np.diff(bounds).max())
         need = estimate_memory_mb(
@@ -326,7 +334,11 @@ def compute_ranks(
         "num_skipped": problem.num_units_skipped,
         "num_gallery": problem.num_gallery,
         "embedding_dim": dim,
-        "protocol_options": dict(problem.options, **({"rerank": dict(rerank)} if rerank else {})),
+        "protocol_options": dict(
+            problem.options,
+            **({"aqe": dict(aqe)} if aqe else {}),
+            **({"rerank": dict(rerank)} if rerank else {}),
+        ),
     }
     return RankResult(
         offsets=np.asarray(offsets, np.int64),

@@ -48,9 +48,11 @@ def _rank(kw: dict, progress: bool):
     if kw["protocol"] is None:
         note = _reid_hint(kw["query"], kw["gallery"])
         kw["protocol"] = "recall"
-    from ..options import check_rerank
+    from ..options import AQE, check_rerank
 
-    check_rerank(kw["rerank"], kw["protocol"], "--rerank")  # the message names the flag
+    # the messages name the flags
+    check_rerank(kw["rerank"], kw["protocol"], "--rerank")
+    check_rerank(kw["aqe"], kw["protocol"], "--aqe", AQE)
     result = rank(
         kw["query"],
         kw["gallery"],
@@ -63,6 +65,7 @@ def _rank(kw: dict, progress: bool):
         junk_labels=kw["junk_labels"],
         exclude_same_camera=kw["exclude_same_camera"],
         rerank=kw["rerank"],
+        aqe=kw["aqe"],
         query_block=kw["query_block"],
         gallery_chunk=kw["gallery_chunk"],
         workers=kw["workers"],
