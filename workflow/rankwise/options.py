@@ -75,8 +75,8 @@ class Option:
     line), ``numbers`` (``length`` numbers, each within the bounds), ``object`` (a
     mapping), ``record`` (named ``fields``, each an option: a mapping in the config and
     the library, or ``"a,b,c"`` in field order as on the command line; ``relation``
-    checks the fields together and returns a message or None). ``minimum`` / ``maximum`` are inclusive,
-    ``above`` / ``below`` exclusive.
+    checks the fields together and returns a message or None). ``minimum`` /
+    ``maximum`` are inclusive, ``above`` / ``below`` exclusive.
     ``nullable``: ``None`` is a value (meaning "automatic" / "not given").
     ``required``: no default; a loader / encoder must be given this key.
     ``noun``: for choices with a name of their own (``protocol``), the message lists
