@@ -420,3 +420,28 @@ def test_float32_reference_differs_from_float64_only_by_rounding():
     assert f32.dtype == np.float32
     gap = np.abs(f32.astype(np.float64) - f64)
     assert 0 < gap.max() < 1e-6
+
+
+@pytest.mark.parametrize("flag,value", [(None, None), ("--rerank", "8,3,0.3"), ("--aqe", "3,3")])
+def test_worst_queries_show_top_items_only_for_the_plain_distance(tmp_path, cli, flag, value):
+    """The report's top items are the plain distance's neighbours: shown for a plain
+    store, left out (None) for a re-ranked or expanded one rather than shown wrong."""
+    from rankwise.report.worst import worst_queries_of
+    from rankwise.store import read_ranks
+
+    q, g, qe, ge = market_like(0)
+    q.to_csv(tmp_path / "q.csv", index=False)
+    g.to_csv(tmp_path / "g.csv", index=False)
+    np.save(tmp_path / "q.npy", qe)
+    np.save(tmp_path / "g.npy", ge)
+    out = tmp_path / "ranks.zarr"
+    extra = [flag, value] if flag else []
+    proc = cli(
+        "rank", "--query", tmp_path / "q.csv", "--gallery", tmp_path / "g.csv",
+        "--query-embeddings", tmp_path / "q.npy", "--gallery-embeddings", tmp_path / "g.npy",
+        "--protocol", "reid", "--distance", "euclidean", *extra, "--out", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    worst = worst_queries_of(*read_ranks(out), n=3, top_k=4)
+    tops = [entry["top"] for entry in worst["queries"]]
+    assert all(t is None for t in tops) if flag else all(len(t) == 4 for t in tops)

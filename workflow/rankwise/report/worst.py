@@ -73,7 +73,8 @@ def worst_queries_of(
     tops = None
     options = attrs.get("protocol_options") or {}
     if (
-        not options.get("rerank")  # the top items of a re-ranked store are not the plain ones
+        # a re-ranked or expanded store's top items are not the plain distance's
+        not (options.get("rerank") or options.get("aqe"))
         and q_table is not None
         and g_table is not None
         and all(p and Path(p).exists() for p in embeddings)
