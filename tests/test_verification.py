@@ -91,3 +91,48 @@ def test_no_negative_pair_is_an_error():
     emb = np.eye(2, dtype=np.float32)
     with pytest.raises(RankwiseError, match="tpr_at_fpr: no negative pair"):
         tpr_at_fpr(q, g, emb[:1], emb, protocol="recall")
+
+
+def _write(tmp_path, q, g, qe, ge) -> list:
+    q.to_csv(tmp_path / "q.csv", index=False)
+    g.to_csv(tmp_path / "g.csv", index=False)
+    np.save(tmp_path / "q.npy", qe)
+    np.save(tmp_path / "g.npy", ge)
+    return [
+        "--query", tmp_path / "q.csv", "--gallery", tmp_path / "g.csv",
+        "--query-embeddings", tmp_path / "q.npy", "--gallery-embeddings", tmp_path / "g.npy",
+    ]  # fmt: skip
+
+
+def test_cli_verify_prints_and_writes_the_library_numbers(tmp_path, cli):
+    import json
+
+    q, g, qe, ge = market_like(0)
+    out = tmp_path / "v.json"
+    proc = cli("verify", *_write(tmp_path, q, g, qe, ge), "--distance", "euclidean",
+               "--fprs", "1e-2,0.1", "--output", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    want = tpr_at_fpr(q, g, qe, ge, distance="euclidean", fprs=(0.01, 0.1))
+    assert json.loads(out.read_text()) == want
+    assert f"TPR@FPR=0.1: {want['tpr@fpr']['0.1']:.2f}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "fprs,message", [("0", "--fprs must be numbers between 0 and 1"), ("x", "--fprs must be")]
+)
+def test_cli_verify_refuses_in_one_line(tmp_path, cli, fprs, message):
+    q, g, qe, ge = market_like(0)
+    out = tmp_path / "v.json"
+    proc = cli("verify", *_write(tmp_path, q, g, qe, ge), "--fprs", fprs, "--output", out)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert not out.exists()
+
+
+def test_cli_verify_without_negative_pairs_exits_2(tmp_path, cli):
+    q = pd.DataFrame({"id": ["q"], "label": ["a"]})
+    g = pd.DataFrame({"id": ["g0", "g1"], "label": ["a", "a"]})
+    emb = np.eye(2, dtype=np.float32)
+    proc = cli("verify", *_write(tmp_path, q, g, emb[:1], emb), "--protocol", "recall")
+    assert proc.returncode == 2 and "no negative pair" in proc.stderr

@@ -35,10 +35,18 @@ from .options import JUNK_LABELS, rerank_applies
 FPRS = (1e-4, 1e-3, 1e-2)
 
 
-def _check_fprs(fprs: Iterable[float]) -> tuple[float, ...]:
-    out = tuple(float(x) for x in fprs)
+def check_fprs(fprs: Iterable[float] | str, label: str = "fprs") -> tuple[float, ...]:
+    """FPR levels (``"1e-4,1e-3"`` or numbers), sorted; ``label`` names the option."""
+    bad = RankwiseError(
+        f"{label} must be numbers between 0 and 1 (exclusive), e.g. 1e-4,1e-3,1e-2; got {fprs!r}"
+    )
+    try:
+        items = fprs.split(",") if isinstance(fprs, str) else list(fprs)
+        out = tuple(float(x) for x in items)
+    except (TypeError, ValueError):
+        raise bad from None
     if not out or any(not (0.0 < x < 1.0) for x in out):
-        raise RankwiseError(f"fprs must be numbers between 0 and 1 (exclusive), got {fprs!r}")
+        raise bad
     return tuple(sorted(set(out)))
 
 
@@ -84,7 +92,7 @@ def tpr_at_fpr(
     from .ranking import check_distance, prepare_chunk
     from .rerank import distance_tile, pair_distances
 
-    fprs = _check_fprs(fprs)
+    fprs = check_fprs(fprs)
     check_distance(distance)
     if not rerank_applies(protocol):  # the same protocols as re-ranking
         raise RankwiseError(
