@@ -445,3 +445,26 @@ def test_worst_queries_show_top_items_only_for_the_plain_distance(tmp_path, cli,
     worst = worst_queries_of(*read_ranks(out), n=3, top_k=4)
     tops = [entry["top"] for entry in worst["queries"]]
     assert all(t is None for t in tops) if flag else all(len(t) == 4 for t in tops)
+
+
+@pytest.mark.parametrize("kind", ["int", "float"])
+@pytest.mark.parametrize("cosine", [True, False])
+@pytest.mark.parametrize("block,chunk,k", [(1, 1, 5), (4, 5, 21), (64, 1000, 9)])
+def test_screened_neighbour_pass_equals_sorting_every_canonical_distance(
+    kind, cosine, block, chunk, k
+):
+    """The BLAS-screened pass keeps exactly the k smallest canonical (d, index) of each
+    row and its max d^2, ties included (integer data: many exact ties)."""
+    from rankwise.kernels import prepare_rows
+    from rankwise.ranking import EngineOptions, _Runner
+    from rankwise.rerank import distance_tile, neighbours
+
+    case = reid_case(distance="euclidean", kind=kind, seed=1)
+    rows, sq, bad, _ = prepare_rows(np.concatenate([case.query_emb, case.gallery_emb]), cosine)
+    assert bad < 0
+    full = distance_tile(rows, rows, cosine)
+    want = np.argsort(full, axis=1, kind="stable")[:, :k]
+    runner = _Runner(EngineOptions(workers=2))
+    nn, row_max = neighbours(rows, sq, k, block, chunk, cosine, runner)
+    np.testing.assert_array_equal(nn, want)
+    np.testing.assert_array_equal(row_max, (full**2).max(axis=1))

@@ -41,32 +41,19 @@ def expand(
     aqe : ``{"k", "alpha"}`` (:data:`rankwise.options.AQE`).
     options, runner : :class:`rankwise.ranking.EngineOptions` and its runner.
     """
-    from .ranking import _key_maker, prepare_chunk
-    from .rerank import neighbour_task
+    from .ranking import prepare_chunk
+    from .rerank import neighbours
 
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     raw = np.concatenate([query.read(0, n_query), gallery.read(0, n_gallery)]).astype(np.float32)
-    unit = np.concatenate(
-        [prepare_chunk(query, 0, n_query, True)[0], prepare_chunk(gallery, 0, n_gallery, True)[0]]
+    (qu, qsq), (gu, gsq) = (
+        prepare_chunk(query, 0, n_query, True),
+        prepare_chunk(gallery, 0, n_gallery, True),
     )
+    unit, sq = np.concatenate([qu, gu]), np.concatenate([qsq, gsq])
     n_all = len(raw)
     k = min(int(aqe["k"]), n_all)
-    shared = runner.put(unit)
-    key = _key_maker()
-    starts = list(range(0, n_all, options.query_block))
-    graph = {
-        key("nn", lo): (
-            neighbour_task,
-            shared,
-            lo,
-            min(lo + options.query_block, n_all),
-            k,
-            options.gallery_chunk,
-            True,
-        )
-        for lo in starts
-    }
-    nn = np.concatenate([part[0] for part in runner.get(graph, [key("nn", lo) for lo in starts])])
+    nn, _ = neighbours(unit, sq, k, options.query_block, options.gallery_chunk, True, runner)
     rows = np.repeat(np.arange(n_all, dtype=np.int64), k)
     sim = -pair_keys(unit, unit, rows, nn.ravel(), True)  # canonical cos(i, j)
     weights = np.power(sim, float(aqe["alpha"])).reshape(n_all, k)

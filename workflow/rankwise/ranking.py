@@ -321,7 +321,14 @@ def compute_ranks(
         from .rerank import rerank_ranks
 
         offsets, ranks = rerank_ranks(
-            problem, qrows, gallery, cosine=cosine, rerank=rerank, options=options, runner=runner
+            problem,
+            qrows,
+            qsq,
+            gallery,
+            cosine=cosine,
+            rerank=rerank,
+            options=options,
+            runner=runner,
         )
     else:
         offsets, ranks = _plain_ranks(

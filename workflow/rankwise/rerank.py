@@ -30,15 +30,16 @@ float64 rounding); its ``np.argsort`` (quicksort) orders exactly tied neighbours
 arbitrarily, which can change F at the k1 + 1 / h + 1 / k2 boundaries; pairs sharing
 no neighbour have J = 1 in both.  Older copies (float16 V) differ more.
 
-Out of core: (1) per block of item rows, canonical distance tiles against column
-chunks keep the top (k1 + 1) neighbours by (d, index) and M_i, never the N x N
-matrix; (2) the k-reciprocal sets and V are sparse rows (O(k1) non-zeros), V' has at
-most k2 times as many; (3) per block of queries, m (via the inverted index of the
-gallery rows of V') and o against the whole gallery give ``final`` for that block
-only, and the ranks of its relevant items are counted there.  Memory: the prepared
-rows (N x D float32), the neighbour lists, V and V' (~N k2 |E| x 12 bytes) and one
-(block x G) float64 tile per worker.  Tiles are computed by compiled loops, not BLAS:
-exact and tile-independent, but ~20x slower than the plain engine's float32 BLAS.
+Out of core: (1) per block of item rows, float32 BLAS tiles against column chunks
+screen the pairs and canonical distances decide the top (k1 + 1) neighbours by (d,
+index) and M_i exactly (:func:`neighbour_task`), never the N x N matrix; (2) the
+k-reciprocal sets and V are sparse rows (O(k1) non-zeros), V' has at most k2 times as
+many; (3) per block of queries, m (via the inverted index of the gallery rows of V')
+and o against the whole gallery give ``final`` for that block only, and the ranks of
+its relevant items are counted there.  Memory: the prepared rows (N x D float32), the
+neighbour lists, V and V' (~N k2 |E| x 12 bytes) and a few tiles of ~2M float64 values
+per worker.  Stage (3) computes the canonical d of every query-gallery pair with
+compiled loops (Q G D multiply-adds, no BLAS): the slowest part at scale.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from .options import rerank_applies
 from .protocols import Problem, dense_masks
 
 #: Largest (query block x gallery) tile of the final stage, in float64 values.
-_TILE_VALUES = 1 << 22
+_TILE_VALUES = 1 << 21
 
 
 # ----------------------------------------------------------------- compiled kernels
@@ -83,33 +84,37 @@ def pair_distances(x, pi, pj, cosine):
 
 
 @njit(cache=True, nogil=True)
-def merge_neighbours(tile, col0, best_d, best_i, count, row_max):
-    """Per tile: fold columns ``col0 + c`` of ``tile`` into each row's sorted top list.
+def merge_neighbours(rows, cols, dist, near, best_d, best_i, count, row_max):
+    """Per tile: fold the screened pairs ``(rows[t], cols[t])`` with canonical d
+    ``dist[t]`` into each row's sorted top list and ``max d^2``.
 
-    ``best_d``/``best_i`` ``(b, K)`` hold the K nearest so far by (d, index); chunks come
-    in ascending column order, so a new column never precedes an equal-d one already
-    held.  ``row_max`` keeps ``max d^2``.
+    ``best_d``/``best_i`` ``(b, K)`` hold the K nearest so far by (d, index).  Pairs come
+    row by row, columns ascending, and chunks in ascending column order, so a new
+    column never precedes an equal-d one already held.  Only pairs with ``near[t]``
+    may enter the list; every pair updates ``row_max``.
     """
     k = best_d.shape[1]
-    for r in range(tile.shape[0]):
-        for c in range(tile.shape[1]):
-            d = tile[r, c]
-            if d * d > row_max[r]:
-                row_max[r] = d * d
-            n = count[r]
-            if n == k:
-                if not d < best_d[r, k - 1]:
-                    continue
-                p = k - 1
-            else:
-                p = n
-                count[r] = n + 1
-            while p > 0 and best_d[r, p - 1] > d:
-                best_d[r, p] = best_d[r, p - 1]
-                best_i[r, p] = best_i[r, p - 1]
-                p -= 1
-            best_d[r, p] = d
-            best_i[r, p] = col0 + c
+    for t in range(rows.shape[0]):
+        r = rows[t]
+        d = dist[t]
+        if d * d > row_max[r]:
+            row_max[r] = d * d
+        if not near[t]:
+            continue
+        n = count[r]
+        if n == k:
+            if not d < best_d[r, k - 1]:
+                continue
+            p = k - 1
+        else:
+            p = n
+            count[r] = n + 1
+        while p > 0 and best_d[r, p - 1] > d:
+            best_d[r, p] = best_d[r, p - 1]
+            best_i[r, p] = best_i[r, p - 1]
+            p -= 1
+        best_d[r, p] = d
+        best_i[r, p] = cols[t]
 
 
 @njit(cache=True, nogil=True)
@@ -135,16 +140,46 @@ def min_sums(rows, ptr, idx, val, cptr, crow, cval, n_gallery):
 # ----------------------------------------------------------------- task functions
 
 
-def neighbour_task(x, lo, hi, k, chunk, cosine):
-    """Per row block: the ``k`` nearest items of rows ``[lo, hi)`` and their ``M_i``."""
-    n = x.shape[0]
-    best_d = np.full((hi - lo, k), np.inf)
-    best_i = np.full((hi - lo, k), -1, dtype=np.int64)
-    count = np.zeros(hi - lo, dtype=np.int64)
-    row_max = np.zeros(hi - lo)
+def neighbour_task(x, sq, lo, hi, k, chunk, cosine):
+    """Per row block: the ``k`` nearest items of rows ``[lo, hi)`` by canonical
+    (d, index), and ``M_i = max_j d(i, j)^2``.
+
+    The float32 BLAS tile screens the pairs: its d is within ``eps`` (the bound of
+    :mod:`rankwise.kernels`) of the canonical one, so a pair with ``approx - eps`` above
+    an upper bound of the row's final k-th distance cannot be among the k, and one with
+    ``approx + eps`` below ``max approx - max eps`` cannot be the row's maximum; the
+    canonical d of the others decides.  Exact, and the same for every tile shape.
+    """
+    from .kernels import error_bound_factor, pair_keys
+
+    n, rows = x.shape[0], hi - lo
+    bound = error_bound_factor(x.shape[1])
+    a, an = x[lo:hi], np.sqrt(sq[lo:hi])
+    best_d = np.full((rows, k), np.inf)
+    best_i = np.full((rows, k), -1, dtype=np.int64)
+    count = np.zeros(rows, dtype=np.int64)
+    row_max = np.zeros(rows)
     for c0 in range(0, n, chunk):
-        tile = distance_tile(x[lo:hi], x[c0 : min(c0 + chunk, n)], cosine)
-        merge_neighbours(tile, c0, best_d, best_i, count, row_max)
+        c1 = min(c0 + chunk, n)
+        b, bn = x[c0:c1], np.sqrt(sq[c0:c1])
+        s = (a @ b.T).astype(np.float64)
+        if cosine:
+            approx = 1.0 - s
+            eps = bound * an[:, None] * bn[None, :]
+        else:
+            approx = sq[lo:hi, None] + sq[None, c0:c1] - 2.0 * s
+            eps = bound * (an[:, None] + bn[None, :]) ** 2
+        kk = min(k, c1 - c0)
+        tile_kth = np.partition(approx, kk - 1, axis=1)[:, kk - 1]
+        slack = eps.max(axis=1)
+        held = np.where(count == k, best_d[:, k - 1], np.inf)
+        upper = np.minimum(held, tile_kth + slack)  # >= the row's final k-th distance
+        near = approx - eps <= upper[:, None]
+        top = approx + eps >= (approx.max(axis=1) - slack)[:, None]
+        r, c = np.nonzero(near | top)
+        keys = pair_keys(a, b, r, c, cosine)
+        d = keys + 1.0 if cosine else keys
+        merge_neighbours(r, c + c0, d, near[r, c], best_d, best_i, count, row_max)
     return best_i, row_max
 
 
@@ -173,6 +208,32 @@ def final_task(rows, x, n_query, codes, sparse, row_max, lam, chunk, cosine):
         ahead = np.sort(final[b][valid[b] & ~relevant[b]])
         out.append(1 + np.searchsorted(ahead, thr, side="right") + np.arange(len(thr)))
     return out
+
+
+def neighbours(x, sq, k, block, chunk, cosine, runner) -> tuple[np.ndarray, np.ndarray]:
+    """``(nn, row_max)``: every item's ``k`` nearest (``(N, k)`` int64) and ``M_i``, by
+    row blocks of at most ``block`` rows (fewer when a tile would pass ~4M values)."""
+    from .ranking import _key_maker
+
+    rows = max(1, min(block, _TILE_VALUES // max(min(chunk, len(x)), 1)))
+    shared_x, shared_sq = runner.put(x), runner.put(sq)
+    key = _key_maker()
+    starts = list(range(0, len(x), rows))
+    graph = {
+        key("nn", lo): (
+            neighbour_task,
+            shared_x,
+            shared_sq,
+            lo,
+            min(lo + rows, len(x)),
+            k,
+            chunk,
+            cosine,
+        )
+        for lo in starts
+    }
+    parts = runner.get(graph, [key("nn", lo) for lo in starts])
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 # ----------------------------------------------------------------- sparse stages
@@ -266,6 +327,7 @@ def _inverted(v, n_query: int, n_all: int):
 def rerank_ranks(
     problem: Problem,
     qrows: np.ndarray,
+    qsq: np.ndarray,
     gallery: EmbeddingSource,
     *,
     cosine: bool,
@@ -278,7 +340,8 @@ def rerank_ranks(
     Parameters
     ----------
     problem : a protocol re-ranking applies to (:func:`rankwise.options.rerank_applies`).
-    qrows : ``(Q, D)`` float32 prepared query rows; gallery: source ``(G, D)``.
+    qrows, qsq : ``(Q, D)`` float32 prepared query rows and their float64 squared norms
+        (:func:`rankwise.kernels.prepare_rows`); gallery: source ``(G, D)``.
     cosine : the distance is ``cosine`` (else ``euclidean``).
     rerank : ``{"k1", "k2", "lambda"}`` (:func:`rankwise.options.check_rerank`).
     options, runner : :class:`rankwise.ranking.EngineOptions` and its runner (threads or
@@ -293,29 +356,15 @@ def rerank_ranks(
     if not rerank_applies(problem.protocol):  # the API checks first; this guards direct calls
         raise RankwiseError(f"rerank does not apply to protocol {problem.protocol!r}")
     n_query = len(qrows)
-    x = np.concatenate([qrows, prepare_chunk(gallery, 0, gallery.shape[0], cosine)[0]])
+    grows, gsq = prepare_chunk(gallery, 0, gallery.shape[0], cosine)
+    x = np.concatenate([qrows, grows])
+    sq = np.concatenate([qsq, gsq])
     n_all, n_gallery = len(x), len(x) - n_query
     k1, k2, lam = int(rerank["k1"]), int(rerank["k2"]), float(rerank["lambda"])
     keep = min(k1 + 1, n_all)
     shared = runner.put(x)
     block, chunk = options.query_block, options.gallery_chunk
-
-    key = _key_maker()
-    graph: dict = {}
-    starts = list(range(0, n_all, block))
-    for lo in starts:
-        graph[key("nn", lo)] = (
-            neighbour_task,
-            shared,
-            lo,
-            min(lo + block, n_all),
-            keep,
-            chunk,
-            cosine,
-        )
-    parts = runner.get(graph, [key("nn", lo) for lo in starts])
-    nn = np.concatenate([p[0] for p in parts])
-    row_max = np.concatenate([p[1] for p in parts])
+    nn, row_max = neighbours(x, sq, keep, block, chunk, cosine, runner)
 
     v = _weights(x, _expansion_sets(nn, k1), row_max, cosine)
     v = _expand(v, nn, min(k2, keep))
