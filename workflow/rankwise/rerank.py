@@ -38,8 +38,9 @@ many; (3) per block of queries, m (via the inverted index of the gallery rows of
 and o against the whole gallery give ``final`` for that block only, and the ranks of
 its relevant items are counted there.  Memory: the prepared rows (N x D float32), the
 neighbour lists, V and V' (~N k2 |E| x 12 bytes) and a few tiles of ~2M float64 values
-per worker.  Stage (3) computes the canonical d of every query-gallery pair with
-compiled loops (Q G D multiply-adds, no BLAS): the slowest part at scale.
+per worker.  Stage (3) takes o from float32 BLAS tiles too, and canonical d only
+for the relevant pairs and for pairs whose final is within its error bound of a
+relevant one (:func:`final_task`), as the plain engine does.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from numba import njit
 
 from .embeddings import EmbeddingSource
 from .errors import RankwiseError
-from .kernels import _canonical_key
+from .kernels import _canonical_key, pair_keys
 from .options import rerank_applies
 from .protocols import Problem, dense_masks
 
@@ -183,29 +184,72 @@ def neighbour_task(x, sq, lo, hi, k, chunk, cosine):
     return best_i, row_max
 
 
-def final_task(rows, x, n_query, codes, sparse, row_max, lam, chunk, cosine):
+def _final(jaccard, d, scale, lam):
+    """``(1 - lambda) J + lambda o`` with ``o = d^2 / M`` (0 when M = 0): one formula for
+    every pair, so that a recomputed pair gets the same bits."""
+    original = np.divide(d * d, scale, out=np.zeros_like(d), where=scale > 0)
+    return jaccard * (1.0 - lam) + original * lam
+
+
+def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine):
     """Per query block: ``final`` against every gallery item, then the sorted ranks of
     each query's valid relevant items (DESIGN.md: ties count against the query).
 
+    J is exact (sparse); o comes from the float32 BLAS tile, within a bound of the
+    canonical o (``|d_a^2 - d^2| <= eps (2 |d_a| + eps)``).  The relevant items' finals
+    use canonical d; a non-relevant item whose approximate final lies within its bound
+    of one of them is recomputed with canonical d, any other sits on the same side of
+    every threshold either way -- so the counts are those of canonical d everywhere.
+
     Returns a list of ``(n_relevant,)`` int64 rank arrays, one per row of ``rows``.
     """
+    from .kernels import error_bound_factor
+
     ptr, idx, val = sparse["ptr"], sparse["idx"], sparse["val"]
     cptr, crow, cval = sparse["cptr"], sparse["crow"], sparse["cval"]
     n_gallery = x.shape[0] - n_query
+    bound = error_bound_factor(x.shape[1])
     m = min_sums(rows, ptr, idx, val, cptr, crow, cval, n_gallery)
     jaccard = 1.0 - m / (2.0 - m)
+    a, an = x[rows], np.sqrt(sq[rows])
     d = np.empty_like(m)
+    eps = np.empty_like(m)
     for c0 in range(0, n_gallery, chunk):
         c1 = min(c0 + chunk, n_gallery)
-        d[:, c0:c1] = distance_tile(x[rows], x[n_query + c0 : n_query + c1], cosine)
+        g, gsq = x[n_query + c0 : n_query + c1], sq[n_query + c0 : n_query + c1]
+        s = (a @ g.T).astype(np.float64)
+        if cosine:
+            d[:, c0:c1] = 1.0 - s
+            eps[:, c0:c1] = bound * an[:, None] * np.sqrt(gsq)[None, :]
+        else:
+            d[:, c0:c1] = sq[rows][:, None] + gsq[None, :] - 2.0 * s
+            eps[:, c0:c1] = bound * (an[:, None] + np.sqrt(gsq)[None, :]) ** 2
     scale = row_max[rows][:, None]
-    original = np.divide(d * d, scale, out=np.zeros_like(d), where=scale > 0)
-    final = jaccard * (1.0 - lam) + original * lam
+    final = _final(jaccard, d, scale, lam)
+    # the bound on final, plus float64 rounding of the formula itself
+    err = np.divide(
+        lam * eps * (2.0 * np.abs(d) + eps), scale, out=np.zeros_like(d), where=scale > 0
+    )
+    err += 1e-13 * (1.0 + np.abs(final))
     valid, relevant = dense_masks(codes, rows[:, None], np.arange(n_gallery)[None, :])
     out = []
     for b in range(len(rows)):
-        thr = np.sort(final[b][relevant[b]])
-        ahead = np.sort(final[b][valid[b] & ~relevant[b]])
+
+        def exact(cols, b=b):
+            """Canonical finals of query ``rows[b]`` against gallery ``cols``."""
+            query = np.full(len(cols), rows[b], dtype=np.int64)
+            keys = pair_keys(x, x, query, cols + n_query, cosine)
+            dist = keys + 1.0 if cosine else keys
+            return _final(jaccard[b, cols], dist, scale[b], lam)
+
+        thr = np.sort(exact(np.flatnonzero(relevant[b])))
+        others = np.flatnonzero(valid[b] & ~relevant[b])
+        approx, slack = final[b, others], err[b, others]
+        near = np.searchsorted(thr, approx - slack, "left") < np.searchsorted(
+            thr, approx + slack, "right"
+        )
+        approx[near] = exact(others[near])
+        ahead = np.sort(approx)
         out.append(1 + np.searchsorted(ahead, thr, side="right") + np.arange(len(thr)))
     return out
 
@@ -382,11 +426,13 @@ def rerank_ranks(
     graph = {}
     spans = list(range(0, len(evaluated), rows_per_task))
     sparse_shared, max_shared = runner.put(sparse), runner.put(row_max)
+    sq_shared = runner.put(sq)
     for lo in spans:
         graph[key("final", lo)] = (
             final_task,
             evaluated[lo : lo + rows_per_task],
             shared,
+            sq_shared,
             n_query,
             problem,
             sparse_shared,
