@@ -147,6 +147,16 @@ def single_shot_flag(wildcards):
     if DATASETS[wildcards.dataset]["single_gallery_shot"]:
         return "--single-gallery-shot"
     return "--all-gallery-shots"
+def rerank_flags(wildcards):
+    """The dataset's query expansion and re-ranking as `rankwise rank` flags ("" = none)."""
+    dataset = DATASETS[wildcards.dataset]
+    flags = []
+    if dataset["aqe"] is not None:
+        flags.append(f"--aqe {dataset['aqe']['k']},{dataset['aqe']['alpha']}")
+    if dataset["rerank"] is not None:
+        rerank = dataset["rerank"]
+        flags.append(f"--rerank {rerank['k1']},{rerank['k2']},{rerank['lambda']}")
+    return " ".join(flags)
 
 
 def comma_list(key):

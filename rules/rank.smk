@@ -1,5 +1,6 @@
 # Ranks: for each query, the ranks of its relevant gallery items (never a Q x G matrix).
-# Depends on the protocol options only; `ks` and `ap` belong to the metrics stage.
+# Depends on the protocol options (query expansion and re-ranking included) only; `ks` and
+# `ap` belong to the metrics stage.
 
 
 rule rank:
@@ -25,6 +26,7 @@ rule rank:
         single_shot=single_shot_flag,
         shot_repeats=dataset_value("shot_repeats"),
         shot_seed=dataset_value("shot_seed"),
+        rerank=rerank_flags,
         engine=engine_args,
     threads: ENGINE["threads"]
     conda:
@@ -37,7 +39,7 @@ rule rank:
         " --gallery-embeddings {input.gallery_embeddings:q}"
         " --protocol {params.protocol} --distance {params.distance}"
         " --gap-frames {params.gap_frames} --query-stride {params.query_stride}"
-        " --junk-labels {params.junk_labels:q} {params.same_camera}"
+        " --junk-labels {params.junk_labels:q} {params.same_camera} {params.rerank}"
         " --multi-query {params.multi_query} {params.single_shot}"
         " --shot-repeats {params.shot_repeats} --shot-seed {params.shot_seed}"
         " {params.engine} --out {output.ranks:q} > {log:q} 2>&1"

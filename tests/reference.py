@@ -155,6 +155,23 @@ def matlab_trapezoid_ap(raw_cmc: np.ndarray) -> float:
     return ap
 
 
+def pml_query(raw_cmc: np.ndarray, ks) -> dict:
+    """pytorch-metric-learning's ``AccuracyCalculator`` formulas for one query, on its
+    ranked relevance row (``avg_of_avgs=False``, ``k=None``: R = number of relevant items).
+
+    precision@K = (relevant in the top K) / K; R-precision = (relevant in the top R) / R;
+    MAP@R = (1/R) sum_{i <= R, item i relevant} precision@i.
+    """
+    R = int(raw_cmc.sum())
+    top = np.zeros(max(max(ks), R), dtype=np.float64)
+    top[: min(len(top), len(raw_cmc))] = raw_cmc[: len(top)]
+    precision_at_i = np.cumsum(top) / np.arange(1, len(top) + 1)
+    out = {f"precision@{k}": float(top[:k].sum()) / k for k in ks}
+    out["r_precision"] = float(top[:R].sum()) / R
+    out["map@r"] = float((precision_at_i[:R] * top[:R]).sum()) / R
+    return out
+
+
 def first_match_rank(raw_cmc: np.ndarray) -> int:
     """1-based rank of the first match (for MRR and recall@K)."""
     return int(np.flatnonzero(raw_cmc)[0]) + 1
@@ -232,18 +249,24 @@ def evaluate_reference(
     gap_frames=1,
     junk_labels=("-1",),
     ap="standard",
+    dist=None,
 ) -> Reference:
-    """Brute-force evaluation for every protocol (metrics as percentages)."""
+    """Brute-force evaluation for every protocol (metrics as percentages).
+
+    ``dist``: a ``(n_queries, n_gallery)`` distance matrix to rank by instead of the
+    embeddings' (e.g. the re-ranked one of :func:`re_ranking`).
+    """
     if protocol == "progressive":
         return progressive_reference(
             query, gallery, query_emb, gallery_emb, distance=distance, ks=ks
         )
-    dist = distance_matrix(query_emb, gallery_emb, distance)
+    if dist is None:
+        dist = distance_matrix(query_emb, gallery_emb, distance)
     valid, relevant = protocol_masks(
         protocol, query, gallery, junk_labels=junk_labels, gap_frames=gap_frames
     )
     max_rank = max(ks)
-    cmcs, aps, inps, rrs, qidx, firsts, all_ranks = [], [], [], [], [], [], []
+    cmcs, aps, inps, rrs, qidx, firsts, all_ranks, pmls = [], [], [], [], [], [], [], []
     skipped = 0
     for i in range(len(query)):
         if protocol == "reassociation" and valid[i].sum() < 2:
@@ -263,6 +286,7 @@ def evaluate_reference(
         firsts.append(r1)
         qidx.append(i)
         all_ranks.append(relevant_ranks(raw_cmc))
+        pmls.append(pml_query(raw_cmc, ks))
     n = len(cmcs)
     key = _rank_key(protocol)
     metrics = {}
@@ -274,6 +298,9 @@ def evaluate_reference(
             metrics["map"] = 100.0 * float(np.mean(aps))
             metrics["minp"] = 100.0 * float(np.mean(inps))
         metrics["mrr"] = 100.0 * float(np.mean(rrs))
+        if protocol == "recall":  # the metric-learning families (PML's definitions)
+            for name in pmls[0]:
+                metrics[name] = 100.0 * float(np.mean([p[name] for p in pmls]))
     if protocol == "reid":
         junk = np.isin(gallery["label"].astype(str).to_numpy(), [str(j) for j in junk_labels])
         num_gallery = int((~junk).sum())
@@ -346,3 +373,95 @@ def progressive_reference(
         int(np.asarray(gallery_emb).shape[1]),
         metrics,
     )
+
+
+# ---------------------------------------------------------------------------
+# k-reciprocal re-ranking (Zhong et al., CVPR 2017)
+# ---------------------------------------------------------------------------
+
+
+def rerank_input_distances(query_emb, gallery_emb, distance: str):
+    """``(q_g, q_q, g_g)``: what torchreid hands ``re_ranking`` -- squared L2
+    (``euclidean``) or ``1 - cos`` (``cosine``, rows L2-normalised in float32 first, as
+    rankwise prepares them) -- in float64 from the float32 rows."""
+    q = np.asarray(query_emb, np.float32).astype(np.float64)
+    g = np.asarray(gallery_emb, np.float32).astype(np.float64)
+    if distance == "cosine":
+        q = (q / np.sqrt((q**2).sum(axis=1, keepdims=True))).astype(np.float32).astype(np.float64)
+        g = (g / np.sqrt((g**2).sum(axis=1, keepdims=True))).astype(np.float32).astype(np.float64)
+
+    def d(a, b):
+        if distance == "cosine":
+            return 1.0 - np.einsum("ik,jk->ij", a, b)
+        return ((a[:, None, :] - b[None, :, :]) ** 2).sum(axis=2)
+
+    return d(q, g), d(q, q), d(g, g)
+
+
+def re_ranking(q_g_dist, q_q_dist, g_g_dist, k1=20, k2=6, lambda_value=0.3, dtype=np.float64):
+    """k-reciprocal re-ranking as the published ``re_ranking(q_g_dist, q_q_dist,
+    g_g_dist, k1, k2, lambda_value)`` (torchreid ``torchreid/utils/rerank.py``, from
+    zhunzhong07/person-re-ranking) computes it, re-written densely in float64.
+
+    Its steps: the (Q+G) x (Q+G) input distances squared and divided by their column
+    maxima, then transposed; each row's neighbours by ``argsort``; k-reciprocal sets
+    R(i, k1) and their expansion by every R(c, round(k1/2)) sharing more than 2/3 of
+    its members with R(i, k1); weights exp(-o) normalised per row; local query
+    expansion (mean over the k2 nearest rows); Jaccard ``1 - m / (2 - m)`` with m the
+    sum of element-wise minima; ``(1 - lambda) J + lambda o``.  Arithmetic only differs:
+    float64 where it uses float32, and a stable argsort (exactly tied neighbours in row
+    order) where it uses numpy's default quicksort.  ``dtype=np.float32`` does the
+    arithmetic in float32 as the original does (benchmarks/bench_rerank.py), to see
+    where that changes the numbers.
+    """
+    n_q = q_g_dist.shape[0]
+    dist = np.block([[q_q_dist, q_g_dist], [q_g_dist.T, g_g_dist]]).astype(dtype) ** 2
+    dist = (dist / dist.max(axis=0)).T  # column maxima, then transposed
+    order = np.argsort(dist, axis=1, kind="stable")
+    n = len(dist)
+
+    def reciprocal(i, k):
+        ahead = order[i, : k + 1]
+        return ahead[np.array([i in order[j, : k + 1] for j in ahead], dtype=bool)]
+
+    half = int(np.around(k1 / 2.0))
+    v = np.zeros((n, n), dtype=dtype)
+    for i in range(n):
+        core = reciprocal(i, k1)
+        members = [core]
+        for c in core:
+            extra = reciprocal(c, half)
+            if len(np.intersect1d(extra, core)) > 2.0 / 3 * len(extra):
+                members.append(extra)
+        expanded = np.unique(np.concatenate(members))
+        weight = np.exp(-dist[i, expanded])
+        v[i, expanded] = weight / weight.sum()
+    if k2 != 1:
+        v = np.stack([v[order[i, :k2]].mean(axis=0) for i in range(n)])
+    jaccard = np.empty((n_q, n), dtype=dtype)
+    for i in range(n_q):
+        # m accumulated over i's non-zero columns in ascending order, as the original
+        # does: pure-Jaccard scores (lambda = 0) hold many mathematically equal values,
+        # which stay equal only when every pair is summed in the same order
+        shared = np.zeros(n, dtype=dtype)
+        for k in np.flatnonzero(v[i]):
+            shared += np.minimum(v[i, k], v[:, k])
+        jaccard[i] = 1.0 - shared / (2.0 - shared)
+    final = jaccard * (1 - lambda_value) + dist[:n_q] * lambda_value
+    return final[:, n_q:]
+
+
+def average_query_expansion(query_emb, gallery_emb, k=5, alpha=3.0):
+    """fast-reid's ``aqe`` (one round), densely: every item of query + gallery becomes
+    the mean of its k most cosine-similar items' raw rows, each weighted by
+    ``cos^alpha``; ties in item order.  Rows normalised in float32 as rankwise prepares
+    them; the result as float32 rows (as fast-reid's features are)."""
+    n_q = len(query_emb)
+    raw = np.concatenate([query_emb, gallery_emb]).astype(np.float32).astype(np.float64)
+    unit = (raw / np.sqrt((raw**2).sum(axis=1, keepdims=True))).astype(np.float32)
+    unit = unit.astype(np.float64)
+    sim = np.einsum("ik,jk->ij", unit, unit)
+    nearest = np.argsort(-sim, axis=1, kind="stable")[:, :k]
+    weights = np.take_along_axis(sim, nearest, axis=1) ** alpha
+    expanded = (raw[nearest] * weights[:, :, None]).mean(axis=1).astype(np.float32)
+    return expanded[:n_q], expanded[n_q:]

@@ -61,3 +61,15 @@ def test_unreachable_scheduler_is_a_clear_error(tmp_path):
     files = _reid_files(tmp_path, seed=4)
     with pytest.raises(rankwise.RankwiseError, match="cannot reach the Dask scheduler"):
         rankwise.evaluate(*files, protocol="reid", scheduler="tcp://127.0.0.1:9")
+
+
+@pytest.mark.parametrize("options", [{"rerank": "10,4,0.3"}, {"aqe": "3,3", "rerank": "6,2,0.5"}])
+def test_reranking_on_a_cluster_matches_threads(tmp_path, cluster, options):
+    """Re-ranking and query expansion: the cluster's numbers are the threads' (integer
+    data with exact duplicates: ties across chunks and tasks)."""
+    files = _reid_files(tmp_path, seed=5, n_g=300)
+    kwargs = dict(protocol="reid", distance="euclidean", query_block=17, gallery_chunk=64)
+    threaded = rankwise.rank(*files, workers=2, **kwargs, **options)
+    on_cluster = rankwise.rank(*files, scheduler=cluster, **kwargs, **options)
+    for key in ("offsets", "ranks", "query_index"):
+        np.testing.assert_array_equal(getattr(on_cluster, key), getattr(threaded, key))

@@ -157,7 +157,7 @@ def _check_accepts(option: Option, value) -> bool:
 @pytest.mark.parametrize("where, option", ALL, ids=[w for w, _ in ALL])
 def test_library_check_and_schema_agree(where, option):
     probes = PROBES + list(option.choices) + [options._json_value(option.default)]
-    if option.kind in ("cutoffs", "labels"):  # the command line's "1,5,10" form
+    if option.kind in ("cutoffs", "labels", "record"):  # the command line's "1,5,10" form
         probes = [p for p in probes if not isinstance(p, str)]
     if option.kind == "cutoffs":  # the library collapses repeated cutoffs; the config
         probes = [

@@ -203,6 +203,8 @@ def test_new_ap_variant_reruns_only_metrics(workdir):
         {"multi_query": "mean"},
         {"single_gallery_shot": True},
         {"protocol": "recall"},
+        {"rerank": {"k1": 6, "k2": 3, "lambda": 0.3}},
+        {"aqe": {"k": 3, "alpha": 3.0}},
     ],
 )
 def test_new_protocol_options_rerun_rank(workdir, option):

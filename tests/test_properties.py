@@ -103,10 +103,18 @@ def reference(q, g, qe, ge, protocol, distance, ks=KS, gap_frames=1):
         "mrr": 100.0 * np.mean(1.0 / first),
         "minp": 100.0 * inp.mean(),
     }
-    # DESIGN.md key order: recall -> recall@K, map, mrr, minp; reid -> rankK, map, minp, mrr;
-    # reassociation -> rankK, mrr
+    if protocol == "recall":  # metric-learning families: precision@K, R-precision, MAP@R
+        rs = [per_query[i] for i in idx]
+        for k in ks:
+            tail[f"precision@{k}"] = 100.0 * np.mean([np.sum(r <= k) / k for r in rs])
+        tail["r_precision"] = 100.0 * np.mean([np.sum(r <= len(r)) / len(r) for r in rs])
+        tail["map@r"] = 100.0 * np.mean(
+            [np.sum((np.arange(1, len(r) + 1) / r)[r <= len(r)]) / len(r) for r in rs]
+        )
+    # DESIGN.md key order: recall -> recall@K, map, mrr, minp (then precision@K,
+    # r_precision, map@r); reid -> rankK, map, minp, mrr; reassociation -> rankK, mrr
     for name in {
-        "recall": ("map", "mrr", "minp"),
+        "recall": ("map", "mrr", "minp", *[f"precision@{k}" for k in ks], "r_precision", "map@r"),
         "reid": ("map", "minp", "mrr"),
         "reassociation": ("mrr",),
     }[protocol]:

@@ -57,6 +57,15 @@ def test_seed_worked_example(protocol):
         *_worked_example(), protocol=protocol, distance="euclidean", ks=(1, 5, 10)
     )
     key = "rank{}" if protocol == "reid" else "recall@{}"
+    # recall adds the metric-learning metrics: 6 of the top 10 are matches; R = 7 and
+    # the top 7 hold 6 matches, each at precision 1 (MAP@R = 6/7)
+    recall_only = {
+        "precision@1": 100,
+        "precision@5": 100,
+        "precision@10": 60,
+        "r_precision": 100 * 6 / 7,
+        "map@r": 100 * 6 / 7,
+    }
     _check(
         res.metrics,
         {
@@ -66,6 +75,7 @@ def test_seed_worked_example(protocol):
             "map": AP_EXAMPLE,
             "minp": INP_EXAMPLE,
             "mrr": 100,
+            **(recall_only if protocol == "recall" else {}),
         },
     )
     assert round(res.metrics["map"], 1) == 87.1
@@ -100,6 +110,12 @@ CONST_EXPECTED = {
     "map": 100 * (AP_A + AP_B + AP_A) / 3,
     "minp": 100 * (2 / 8 + 3 / 8 + 2 / 8) / 3,
     "mrr": 100 * (1 / 7 + 1 / 6 + 1 / 7) / 3,
+    "precision@1": 0.0,
+    "precision@5": 0.0,
+    "precision@6": 100 * (0 + 1 / 6 + 0) / 3,  # b: rank 6
+    "precision@7": 100 * (1 / 7 + 2 / 7 + 1 / 7) / 3,  # a, c: rank 7; b: ranks 6, 7
+    "r_precision": 0.0,  # no query has a match within its top G
+    "map@r": 0.0,
 }
 
 
@@ -172,6 +188,20 @@ def test_constant_encoder_reid():
 # ---------------------------------------------------------------------------
 
 
+#: recall, one match at rank 2, ks (1, 2).
+ONE_MATCH_AT_RANK_2 = {
+    "recall@1": 0,
+    "recall@2": 100,
+    "map": 50,
+    "minp": 50,
+    "mrr": 50,
+    "precision@1": 0,
+    "precision@2": 50,
+    "r_precision": 0,  # R = 1
+    "map@r": 0,
+}
+
+
 @pytest.mark.parametrize("order", [["rel", "non"], ["non", "rel"]])
 @pytest.mark.parametrize("distance", ["cosine", "euclidean"])
 def test_tie_between_relevant_and_nonrelevant_counts_against(order, distance):
@@ -182,7 +212,7 @@ def test_tie_between_relevant_and_nonrelevant_counts_against(order, distance):
     res = rankwise.evaluate(
         q, g, np.array([[1, 1]], np.float32), ge, protocol="recall", distance=distance, ks=(1, 2)
     )
-    _check(res.metrics, {"recall@1": 0, "recall@2": 100, "map": 50, "minp": 50, "mrr": 50})
+    _check(res.metrics, ONE_MATCH_AT_RANK_2)
 
 
 def test_tie_among_relevant_items_costs_nothing():
@@ -192,7 +222,18 @@ def test_tie_among_relevant_items_costs_nothing():
     res = rankwise.evaluate(
         q, g, np.array([[0, 0]], np.float32), ge, protocol="recall", distance="euclidean", ks=(1,)
     )
-    _check(res.metrics, {"recall@1": 100, "map": 100, "minp": 100, "mrr": 100})
+    _check(
+        res.metrics,
+        {
+            "recall@1": 100,
+            "map": 100,
+            "minp": 100,
+            "mrr": 100,
+            "precision@1": 100,
+            "r_precision": 100,
+            "map@r": 100,
+        },
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -214,9 +255,18 @@ def test_perfect_ranking_recall_and_reid(distance):
     q = _frame(id=_ids("q", 4), label=q_labels, camera=q_cams)
     for protocol, key in (("recall", "recall@{}"), ("reid", "rank{}")):
         res = rankwise.evaluate(q, g, qe, ge, protocol=protocol, distance=distance, ks=(1, 5))
+        # recall: G = 2, 3, 1, 1 relevant items, so precision@5 is (2 + 3 + 1 + 1) / 20
+        recall_only = {"precision@1": 100, "precision@5": 35, "r_precision": 100, "map@r": 100}
         _check(
             res.metrics,
-            {key.format(1): 100, key.format(5): 100, "map": 100, "minp": 100, "mrr": 100},
+            {
+                key.format(1): 100,
+                key.format(5): 100,
+                "map": 100,
+                "minp": 100,
+                "mrr": 100,
+                **(recall_only if protocol == "recall" else {}),
+            },
         )
         assert res.num_queries == 4
 
@@ -358,7 +408,7 @@ def test_labels_compared_as_strings_in_csv(tmp_path):
         distance="euclidean",
         ks=(1, 2),
     )
-    _check(res.metrics, {"recall@1": 0, "recall@2": 100, "map": 50, "minp": 50, "mrr": 50})
+    _check(res.metrics, ONE_MATCH_AT_RANK_2)
 
 
 # ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .options import (
     SHOT_SEED,
     SINGLE_GALLERY_SHOT,
 )
+from .registry import get_protocol
 
 if TYPE_CHECKING:  # the engine (numba) and pandas load only when ranking: `rankwise
     # metrics` and the report read ranks stores without them
@@ -116,6 +117,8 @@ def rank(
     single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
     shot_repeats: int | str = SHOT_REPEATS.default,
     shot_seed: int = SHOT_SEED.default,
+    rerank: dict | str | None = None,
+    aqe: dict | str | None = None,
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
@@ -125,9 +128,13 @@ def rank(
 ) -> RankResult:
     """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
     from .inputs import open_inputs
+    from .options import AQE, check_rerank, check_rerank_alone
     from .ranking import EngineOptions, check_distance, compute_ranks
 
     check_distance(distance)
+    rerank = check_rerank(rerank, get_protocol(protocol).name)
+    aqe = check_rerank(aqe, protocol, "aqe", AQE)
+    check_rerank_alone(rerank, aqe, multi_query, single_gallery_shot)
     options = EngineOptions(
         query_block=query_block,
         gallery_chunk=gallery_chunk,
@@ -159,7 +166,9 @@ def rank(
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
     del inputs
-    result = compute_ranks(problem, q_src, g_src, distance=distance, options=options)
+    result = compute_ranks(
+        problem, q_src, g_src, distance=distance, options=options, rerank=rerank, aqe=aqe
+    )
     if shots is not None:
         from .single_shot import shot_ranks
 
@@ -206,6 +215,8 @@ def evaluate(
     single_gallery_shot: bool = SINGLE_GALLERY_SHOT.default,
     shot_repeats: int | str = SHOT_REPEATS.default,
     shot_seed: int = SHOT_SEED.default,
+    rerank: dict | str | None = None,
+    aqe: dict | str | None = None,
     ap: str = "standard",
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
@@ -238,6 +249,12 @@ def evaluate(
         CMC: ``rankK`` and ``mrr`` over ``shot_repeats`` seeded draws of one valid gallery
         item per identity (``"exact"``: the expectation over all draws), ``map`` and
         ``minp`` on the full list (:mod:`rankwise.single_shot` defines the draws).
+    rerank : k-reciprocal re-ranking (recall, reid): ``{"k1": 20, "k2": 6, "lambda":
+        0.3}`` (missing keys take these defaults) or ``"20,6,0.3"``; None (default) ranks
+        on the plain distance.  See :mod:`rankwise.rerank`.
+    aqe : average query expansion (recall, reid; fast-reid's AQE, applied before
+        ``rerank``): ``{"k": 5, "alpha": 3.0}`` or ``"5,3"``; None (default): none.
+        See :mod:`rankwise.query_expansion`.
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
@@ -266,6 +283,8 @@ def evaluate(
         single_gallery_shot=single_gallery_shot,
         shot_repeats=shot_repeats,
         shot_seed=shot_seed,
+        rerank=rerank,
+        aqe=aqe,
         query_block=query_block,
         gallery_chunk=gallery_chunk,
         workers=workers,

@@ -15,10 +15,19 @@ ranks of its G valid relevant gallery items.  All metrics are percentages.
 ``m@B``        progressive, per sketch ``mean_t 1 / r_t``
 ``wm@A/wm@B``  the same weighted by ``w_t = exp(1 - t/T) / e``
 ``acc@K``      progressive, fraction of sketches with ``r_T <= K``
+``precision@K`` protocol ``recall``: mean ``#{i : r_i <= K} / K``
+``r_precision`` protocol ``recall``: mean ``#{i : r_i <= G} / G``
+``map@r``      protocol ``recall``: mean ``(1/G) sum_{i : r_i <= G} i / r_i`` (MAP@R)
 =============  ===============================================================
 
-(m@A / m@B: Bhunia et al., "Sketch Less for More", CVPR 2020.)  Under reid's
-``single_gallery_shot`` (a store with ``shot_pmf``, :mod:`rankwise.single_shot`)
+(m@A / m@B: Bhunia et al., "Sketch Less for More", CVPR 2020.  precision@K,
+R-precision and MAP@R: Musgrave et al., "A Metric Learning Reality Check", ECCV 2020,
+as pytorch-metric-learning's ``AccuracyCalculator`` computes them with its defaults
+``avg_of_avgs=False`` and ``k=None`` (R = G, every relevant item counted): queries
+without a relevant item are left out (PML's "lone" queries, our skipped ones), and
+the mean is over queries, not over classes.  PML breaks distance ties by whatever its
+k-NN search returns; here ties count against the query, as for every metric.)  Under
+reid's ``single_gallery_shot`` (a store with ``shot_pmf``, :mod:`rankwise.single_shot`)
 ``rankK`` and ``mrr`` read the single-shot rank r instead of ``r_1``: per query
 ``P(r <= K)`` and ``E[1 / r]`` over its draws; ``map`` and ``minp`` read the full list.
 Every metric is the
@@ -42,8 +51,8 @@ from .errors import RankwiseError
 from .options import KS
 from .registry import REGISTRY, get_protocol
 
-_AT_K = {"recall@": "recall", "rank": "rank", "acc@": "acc"}
-_PLAIN = ("map", "minp", "mrr", "m@A", "m@B", "wm@A", "wm@B")
+_AT_K = {"recall@": "recall", "rank": "rank", "acc@": "acc", "precision@": "precision"}
+_PLAIN = ("map", "minp", "mrr", "m@A", "m@B", "wm@A", "wm@B", "r_precision", "map@r")
 AP_VARIANTS = ("standard", "trapezoid")
 
 
@@ -122,6 +131,33 @@ def _per_query_inp(offsets, ranks) -> np.ndarray:
     return np.diff(offsets) / ranks[offsets[1:] - 1]
 
 
+def _per_query_hits(offsets, ranks, cutoff: np.ndarray | int) -> np.ndarray:
+    """``#{i : r_i <= cutoff}`` per query (``cutoff`` a scalar or ``(n_queries,)``)."""
+    cut = np.repeat(np.broadcast_to(cutoff, (len(offsets) - 1,)), np.diff(offsets))
+    return np.add.reduceat((ranks <= cut).astype(np.int64), offsets[:-1])
+
+
+def _per_query_precision_at(offsets, ranks, k: int) -> np.ndarray:
+    """precision@K = ``#{i : r_i <= K} / K`` per query (PML ``precision_at_k``)."""
+    return _per_query_hits(offsets, ranks, k) / float(k)
+
+
+def _per_query_r_precision(offsets, ranks) -> np.ndarray:
+    """R-precision = ``#{i : r_i <= G} / G`` per query (R = G, the query's relevant items)."""
+    g = np.diff(offsets)
+    return _per_query_hits(offsets, ranks, g) / g
+
+
+def _per_query_ap_at_r(offsets, ranks) -> np.ndarray:
+    """MAP@R's per-query value ``(1/G) sum_{i : r_i <= G} i / r_i``: precision@r_i
+    (= i / r_i, ranks sorted) at each relevant item within the top R = G."""
+    g = np.diff(offsets)
+    i = _positions(offsets).astype(np.float64)
+    r = ranks.astype(np.float64)
+    terms = np.where(ranks <= np.repeat(g, g), i / r, 0.0)
+    return np.add.reduceat(terms, offsets[:-1]) / g
+
+
 def _per_query_first(offsets, ranks) -> np.ndarray:
     """r_1 per query."""
     return ranks[offsets[:-1]]
@@ -187,7 +223,8 @@ def per_query(
     :attr:`rankwise.api.EvaluationResult.per_query`).
 
     Returns ``query_index``, ``first_rank`` (r_1), ``num_relevant`` (G), ``rr``, ``ap``,
-    ``inp`` (fractions), each ``(n_queries,)``; with sketch units also ``sketches``:
+    ``inp``, ``r_precision``, ``ap_at_r`` (fractions), each ``(n_queries,)``; with sketch
+    units also ``sketches``:
     per sketch ``sketch``, ``m@A``, ``m@B``, ``wm@A``, ``wm@B``, ``last_rank`` (r_T),
     ``query_index`` / ``last_query_index`` (rows of its first / complete rendering).
     """
@@ -200,6 +237,8 @@ def per_query(
         "rr": 1.0 / first,
         "ap": _per_query_ap(offsets, ranks, ap=ap),
         "inp": _per_query_inp(offsets, ranks),
+        "r_precision": _per_query_r_precision(offsets, ranks),
+        "ap_at_r": _per_query_ap_at_r(offsets, ranks),
     }
     if "shot_pmf" in arrays:  # single-gallery-shot: r_1 -> the single-shot rank r
         shot = (np.asarray(arrays["shot_offsets"]), np.asarray(arrays["shot_pmf"]))
@@ -232,8 +271,11 @@ def shot_hits(offsets: np.ndarray, pmf: np.ndarray, k: int) -> np.ndarray:
 
 # ----------------------------------------------------------------- per unit
 
-#: Per-query column of each query-unit family (hit families read ``rank <= K``).
+#: Per-query column of each query-unit family (hit families read ``rank <= K``;
+#: ``precision@K`` reads the ranks).  :func:`unit_scores` lists these columns.
 _QUERY_COLUMNS = {"map": "ap", "minp": "inp", "mrr": "rr"}
+#: Per-query columns of the metric-learning families (protocol ``recall``).
+_RECALL_COLUMNS = {"r_precision": "r_precision", "map@r": "ap_at_r"}
 
 
 def _unit_families(unit: str) -> tuple[str, ...]:
@@ -320,6 +362,9 @@ def per_unit(
     ``mrr``                   ``RR = 1 / r_1``
     ``m@A`` ... ``wm@B``      the sketch's m@A ... wm@B
     ``acc@K``                 ``[r_T <= K]``, r_T the complete rendering's rank
+    ``precision@K``           ``#{i : r_i <= K} / K``
+    ``r_precision``           ``#{i : r_i <= G} / G``
+    ``map@r``                 ``(1/G) sum_{i : r_i <= G} i / r_i``
     ========================  ==================================================
 
     Parameters
@@ -332,11 +377,14 @@ def per_unit(
     -------
     :class:`UnitTable`, units in store order (sketches: ascending sketch number).
     """
-    return _unit_table(per_query(arrays, attrs, ap=ap), attrs, metrics)
+    return _unit_table(per_query(arrays, attrs, ap=ap), attrs, metrics, arrays)
 
 
-def _unit_table(pq: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str]) -> UnitTable:
-    """:func:`per_unit` from the per-query record ``pq`` of :func:`per_query`."""
+def _unit_table(
+    pq: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str], arrays: dict[str, np.ndarray]
+) -> UnitTable:
+    """:func:`per_unit` from the per-query record ``pq`` of :func:`per_query` (and the
+    store's ``arrays`` for ``precision@K``)."""
     unit = get_protocol(attrs["protocol"]).unit
     parsed = [(name, *_parse_unit_metric(name, unit)) for name in metrics]
     if unit == "sketch":
@@ -347,16 +395,21 @@ def _unit_table(pq: dict[str, np.ndarray], attrs: dict, metrics: Iterable[str]) 
         rank = np.asarray(record["last_rank"], np.int64)
         num_relevant = np.ones(len(index), np.int64)
     else:
-        record = {key: pq[col] for key, col in _QUERY_COLUMNS.items()}  # type: ignore[assignment]
+        named = {**_QUERY_COLUMNS, **_RECALL_COLUMNS}
+        record = {key: pq[col] for key, col in named.items()}  # type: ignore[assignment]
         index = rows = last_rows = np.asarray(pq["query_index"], np.int64)
         rank = np.asarray(pq["first_rank"], np.int64)
         num_relevant = np.asarray(pq["num_relevant"], np.int64)
     shot = pq.get("shot")
 
-    def hits(k: int) -> np.ndarray:
+    def column(family: str, k: int | None) -> np.ndarray:
+        if family == "precision":
+            return _per_query_precision_at(arrays["offsets"], arrays["ranks"], int(k or 0))
+        if k is None:
+            return record[family]
         return rank <= k if shot is None else shot_hits(shot[0], shot[1], k)
 
-    columns = [hits(k) if k is not None else record[family] for _, family, k in parsed]
+    columns = [column(family, k) for _, family, k in parsed]
     values = (
         np.stack([np.asarray(c, np.float64) for c in columns], axis=1)
         if columns
@@ -385,7 +438,7 @@ def compute_metrics(
     :func:`per_unit`), and the per-query record (:func:`per_query`)."""
     ks = parse_ks(ks) if not isinstance(ks, tuple) else ks
     pq = per_query(arrays, attrs, ap=ap)
-    return _unit_table(pq, attrs, metric_names(attrs["protocol"], ks)).means(), pq
+    return _unit_table(pq, attrs, metric_names(attrs["protocol"], ks), arrays).means(), pq
 
 
 def unit_scores(

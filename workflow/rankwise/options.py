@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import RankwiseError
-from .registry import PROTOCOLS
+from .registry import PROTOCOLS, get_protocol
 
 #: Bootstrap resamples (and random sign flips) of every interval and paired test, in
 #: ``rankwise ci``, ``compare`` and ``report`` and their library functions.
@@ -49,6 +49,7 @@ _KINDS = (
     "labels",
     "numbers",
     "object",
+    "record",
 )
 
 
@@ -73,7 +74,10 @@ class Option:
     ``size`` (``[height, width]``, positive integers), ``cutoffs`` (positive integers,
     ``"1,5,10"`` on the command line), ``labels`` (strings, ``"-1,0"`` on the command
     line), ``numbers`` (``length`` numbers, each within the bounds), ``object`` (a
-    mapping). ``minimum`` / ``maximum`` are inclusive, ``above`` / ``below`` exclusive.
+    mapping), ``record`` (named ``fields``, each an option: a mapping in the config and
+    the library, or ``"a,b,c"`` in field order as on the command line; ``relation``
+    checks the fields together and returns a message or None). ``minimum`` /
+    ``maximum`` are inclusive, ``above`` / ``below`` exclusive.
     ``nullable``: ``None`` is a value (meaning "automatic" / "not given").
     ``required``: no default; a loader / encoder must be given this key.
     ``noun``: for choices with a name of their own (``protocol``), the message lists
@@ -104,6 +108,8 @@ class Option:
     unit: str | None = None
     schema_default: bool = True
     words: tuple[str, ...] = ()
+    fields: tuple[Option, ...] = ()
+    relation: Callable[[dict[str, Any]], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -217,6 +223,8 @@ class Option:
             if not isinstance(value, dict):
                 raise bad("an object")
             return value
+        if kind == "record":
+            return self._check_record(value, label, bad)
         if kind == "cutoffs":
             return parse_cutoffs(value, label)
         # labels
@@ -227,6 +235,42 @@ class Option:
         ):
             raise bad("a list of labels")
         return tuple(str(v) for v in value)
+
+    def _check_record(self, value: Any, label: str, bad: Callable) -> dict[str, Any]:
+        """A ``record``: ``{field: value}`` in field order, each field checked (the
+        message names ``<label> <field>``), then ``relation``."""
+        names = [f.name for f in self.fields]
+        form = (
+            f"{','.join(names)} (e.g. {','.join(_fmt(f.default) for f in self.fields)}) "
+            f"or a mapping with keys {', '.join(names)}"
+        )
+        if isinstance(value, str):
+            tokens = [t.strip() for t in value.split(",")]
+            if len(tokens) != len(names):
+                raise bad(form)
+            given: dict[str, Any] = {}
+            for name, token in zip(names, tokens, strict=True):
+                try:
+                    given[name] = int(token) if re.fullmatch(r"[+-]?\d+", token) else float(token)
+                except ValueError:
+                    raise bad(form) from None
+        elif isinstance(value, dict):
+            unknown = sorted(set(map(str, value)) - set(names))
+            if unknown:
+                raise RankwiseError(
+                    f"{label}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(names)}"
+                )
+            given = {f.name: value.get(f.name, f.default) for f in self.fields}
+        else:
+            raise bad(form)
+        out = {}
+        for f in self.fields:
+            checked = f.check(given[f.name], f"{label} {f.name}")
+            out[f.name] = float(checked) if f.kind == "number" else checked
+        message = self.relation(out) if self.relation else None
+        if message:
+            raise RankwiseError(f"{label}: {message}")
+        return out
 
     # ------------------------------------------------------------ schema
 
@@ -263,6 +307,14 @@ class Option:
                 "minItems": self.length,
                 "maxItems": self.length,
             }
+        elif kind == "record":
+            node = {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {f.name: f.schema() for f in self.fields},
+            }
+            if self.nullable:
+                node = {"anyOf": [{"type": "null"}, node]}
         elif kind == "cutoffs":
             node = {
                 "type": "array",
@@ -298,6 +350,8 @@ class Option:
         spec = self if default is ... else replace(self, nullable=self.nullable or default is None)
         value = self.default if default is ... else default
         types = {"integer": click.INT, "number": click.FLOAT, "boolean": click.BOOL}
+        if self.kind == "record" and isinstance(value, dict):
+            value = ",".join(str(v) for v in value.values())
         if self.kind in ("cutoffs", "labels") and isinstance(value, (list, tuple)):
             value = ",".join(str(v) for v in value)
         metavar = extra.pop("metavar", None)
@@ -482,6 +536,90 @@ SHOT_REPEATS = Option(
 SHOT_SEED = Option(
     "shot_seed", "integer", 0, minimum=0, help="single_gallery_shot, seed of the draws"
 )
+
+
+def _k2_within_k1(values: dict[str, Any]) -> str | None:
+    if values["k2"] > values["k1"]:
+        return f"k2 must be at most k1, got k2={values['k2']} > k1={values['k1']}"
+    return None
+
+
+RERANK = Option(
+    "rerank",
+    "record",
+    None,
+    nullable=True,
+    fields=(
+        Option("k1", "integer", 20, minimum=1, help="k-reciprocal neighbours"),
+        Option("k2", "integer", 6, minimum=1, help="local query expansion (1 = none); <= k1"),
+        Option(
+            "lambda", "number", 0.3, minimum=0, maximum=1, help="weight of the original distance"
+        ),
+    ),
+    relation=_k2_within_k1,
+    help="recall/reid, k-reciprocal re-ranking (Zhong et al. 2017) with k1, k2, lambda; "
+    "null = none",
+)
+AQE = Option(
+    "aqe",
+    "record",
+    None,
+    nullable=True,
+    fields=(
+        Option("k", "integer", 5, minimum=1, help="neighbours averaged (the item itself included)"),
+        Option("alpha", "number", 3.0, minimum=0, help="weight exponent: cos^alpha"),
+    ),
+    help="recall/reid, fast-reid's average query expansion of every embedding with k, "
+    "alpha; null = none",
+)
+
+
+def rerank_applies(protocol: str) -> bool:
+    """Whether re-ranking applies: one query per unit, every gallery item a candidate."""
+    spec = get_protocol(protocol)
+    return spec.dense and spec.unit == "query"
+
+
+def check_rerank(
+    value: Any, protocol: str, label: str = "rerank", spec: Option | None = None
+) -> dict[str, Any] | None:
+    """:data:`RERANK` (or ``spec``: :data:`AQE`) checked (``label`` names it: the
+    parameter, the flag or the config key), and refused for a protocol it does not
+    apply to (:func:`rerank_applies`)."""
+    spec = spec or RERANK
+    checked = spec.check(value, label)
+    if checked is not None and not rerank_applies(protocol):
+        valid = ", ".join(p for p in PROTOCOLS if rerank_applies(p))
+        what = "k-reciprocal re-ranking" if spec is RERANK else "query expansion"
+        raise RankwiseError(
+            f"{label} does not apply to protocol {protocol!r}: {what} needs each query "
+            f"ranked against the whole gallery (protocols {valid}); drop {label}"
+        )
+    return checked
+
+
+def check_rerank_alone(
+    rerank: Any, aqe: Any, multi_query: Any = "none", single_gallery_shot: Any = False
+) -> None:
+    """Re-ranking and query expansion are not combined with ``multi_query`` or
+    ``single_gallery_shot`` (yet): the pooled queries were never tested through the
+    k-reciprocal sets, and the single-shot draws rank on the plain distance."""
+    used = [n for n, v in (("rerank", rerank), ("aqe", aqe)) if v is not None]
+    variant = [
+        n
+        for n, on in (
+            ("multi_query", multi_query not in (None, "none")),
+            ("single_gallery_shot", single_gallery_shot is True),
+        )
+        if on
+    ]
+    if used and variant:
+        raise RankwiseError(
+            f"{' and '.join(used)} do not combine with {' and '.join(variant)} (not "
+            "supported yet: each is exact alone); evaluate them separately"
+        )
+
+
 AP = Option(
     "ap",
     "enum",
@@ -504,6 +642,8 @@ EVALUATION = group(
     SINGLE_GALLERY_SHOT,
     SHOT_REPEATS,
     SHOT_SEED,
+    AQE,
+    RERANK,
     AP,
 )
 

@@ -248,6 +248,30 @@ def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, lis
                 )
 
 
+def check_reranking(datasets: dict) -> None:
+    """``datasets.<name>.rerank`` / ``aqe``: what the schema cannot say (k2 <= k1, a
+    protocol they apply to), as :func:`rankwise.options.check_rerank`; a partial
+    mapping gets its defaults filled in (in place)."""
+    from .options import AQE, RERANK, check_rerank, check_rerank_alone
+
+    for name, dataset in datasets.items():
+        try:
+            for spec in (AQE, RERANK):
+                if dataset.get(spec.name) is None:
+                    continue
+                dataset[spec.name] = check_rerank(
+                    dataset[spec.name], dataset["protocol"], spec.name, spec
+                )
+            check_rerank_alone(
+                dataset.get("rerank"),
+                dataset.get("aqe"),
+                dataset.get("multi_query", "none"),
+                dataset.get("single_gallery_shot", False),
+            )
+        except RankwiseError as error:
+            raise ConfigError(["datasets", name], str(error)) from None
+
+
 def check(
     config: dict, schema_path: str | os.PathLike, files: Sequence[str | os.PathLike] = ()
 ) -> None:
@@ -285,6 +309,7 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
         encoders, sweeps = expand_checkpoints(config["encoders"])
         datasets = config["datasets"]
         check_dataset_encoders(datasets, encoders, sweeps)
+        check_reranking(datasets)
         for dataset in datasets.values():
             dataset["encoders"] = expand_names(dataset["encoders"], sweeps)
         check_paths(datasets, encoders, sweeps)

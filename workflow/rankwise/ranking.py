@@ -273,6 +273,8 @@ def compute_ranks(
     *,
     distance: str,
     options: EngineOptions | None = None,
+    rerank: dict[str, Any] | None = None,
+    aqe: dict[str, Any] | None = None,
 ) -> RankResult:
     """Ranks of every evaluated query's relevant items (see module docstring).
 
@@ -281,17 +283,25 @@ def compute_ranks(
     problem : from :func:`rankwise.protocols.build_problem`.
     query, gallery : embedding sources, ``(Q, D)`` and ``(G, D)``.
     distance : ``"cosine"`` or ``"euclidean"``.
+    rerank : ``{"k1", "k2", "lambda"}`` (:func:`rankwise.rerank.check_rerank`): rank on
+        the k-reciprocal re-ranked distance instead (:mod:`rankwise.rerank`), recorded
+        in ``protocol_options``.
+    aqe : ``{"k", "alpha"}`` (:data:`rankwise.options.AQE`): rank the average-query-
+        expanded embeddings (:mod:`rankwise.query_expansion`; before any re-ranking, as
+        fast-reid does), recorded in ``protocol_options``.
     """
-    from threadpoolctl import threadpool_limits
-
     options = options or EngineOptions()
     check_distance(distance)
     cosine = distance == "cosine"
     check_same_dim(query, gallery)
     dim = int(query.shape[1])
+    runner = _Runner(options)
+    if aqe is not None:
+        from .query_expansion import expand
+
+        query, gallery = expand(query, gallery, aqe, options, runner)
     qrows, qsq = prepare_chunk(query, 0, query.shape[0], cosine)
     bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
-    runner = _Runner(options)
     if options.memory_limit_mb is not None:
         chunk = int(np.diff(bounds).max())
         need = estimate_memory_mb(
@@ -309,6 +319,51 @@ def compute_ranks(
                 f"{dim} dims, tiles {options.query_block} x {chunk}, {runner.workers} "
                 "workers); lower --query-block, --gallery-chunk or --workers, or raise the limit"
             )
+    evaluated = np.flatnonzero(~problem.skip)
+    if rerank is not None:
+        from .rerank import rerank_ranks
+
+        offsets, ranks = rerank_ranks(
+            problem,
+            qrows,
+            qsq,
+            gallery,
+            cosine=cosine,
+            rerank=rerank,
+            options=options,
+            runner=runner,
+        )
+    else:
+        offsets, ranks = _plain_ranks(
+            problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options
+        )
+    attrs = {
+        "protocol": problem.protocol,
+        "distance": distance,
+        "num_queries": problem.num_units - problem.num_units_skipped,
+        "num_skipped": problem.num_units_skipped,
+        "num_gallery": problem.num_gallery,
+        "embedding_dim": dim,
+        "protocol_options": dict(
+            problem.options,
+            **({"aqe": dict(aqe)} if aqe else {}),
+            **({"rerank": dict(rerank)} if rerank else {}),
+        ),
+    }
+    return RankResult(
+        offsets=np.asarray(offsets, np.int64),
+        ranks=np.asarray(ranks, np.int64),
+        query_index=evaluated.astype(np.int64),
+        group=problem.group[evaluated],
+        step=problem.step[evaluated],
+        attrs=attrs,
+    )
+
+
+def _plain_ranks(problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options):
+    """The two passes of the module docstring: ``(offsets, ranks)``."""
+    from threadpoolctl import threadpool_limits
+
     with threadpool_limits(1):
         keys = _pass_thresholds(problem, qrows, gallery, bounds, cosine, runner)
         evaluated = np.flatnonzero(~problem.skip)
@@ -337,23 +392,7 @@ def compute_ranks(
         else:
             cand_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             offsets, ranks = kernels.rank_candidates(cand_off, keys, problem.pair_rel)
-    attrs = {
-        "protocol": problem.protocol,
-        "distance": distance,
-        "num_queries": problem.num_units - problem.num_units_skipped,
-        "num_skipped": problem.num_units_skipped,
-        "num_gallery": problem.num_gallery,
-        "embedding_dim": dim,
-        "protocol_options": dict(problem.options),
-    }
-    return RankResult(
-        offsets=np.asarray(offsets, np.int64),
-        ranks=np.asarray(ranks, np.int64),
-        query_index=evaluated.astype(np.int64),
-        group=problem.group[evaluated],
-        step=problem.step[evaluated],
-        attrs=attrs,
-    )
+    return offsets, ranks
 
 
 def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -> np.ndarray:

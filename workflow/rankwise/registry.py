@@ -82,8 +82,8 @@ _SPECS = (
         name="recall",
         summary="all gallery items but the query's own id are ranked; same label is relevant",
         columns={"query": ("id", "label"), "gallery": ("id", "label")},
-        metric_families=("recall@K", "map", "mrr", "minp"),
-        headline=("recall@1", "map"),
+        metric_families=("recall@K", "map", "mrr", "minp", "precision@K", "r_precision", "map@r"),
+        headline=("recall@1", "map@r", "map"),
     ),
     ProtocolSpec(
         name="reid",

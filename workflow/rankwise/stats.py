@@ -8,6 +8,8 @@ query (a sketch for ``progressive``), read from :func:`rankwise.metrics.per_unit
 ``map`` / ``minp`` / ``mrr``   AP, ``INP = G / r_G``, ``RR = 1 / r_1``
 ``m@A`` ... ``wm@B``           the sketch's m@A ... wm@B
 ``acc@K``                      ``[r_T <= K]`` of the sketch's complete rendering
+``precision@K``                ``#{i : r_i <= K} / K``
+``r_precision`` / ``map@r``    ``#{i : r_i <= G} / G``, ``(1/G) sum_{r_i <= G} i / r_i``
 =============================  =================================================
 
 so its uncertainty comes from resampling units; this module only resamples
@@ -493,7 +495,8 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
         if (
             key in attrs_a
             and key in attrs_b
-            and _canonical(attrs_a[key]) != _canonical(attrs_b[key])
+            and _canonical(ranked_set(key, attrs_a[key]))
+            != _canonical(ranked_set(key, attrs_b[key]))
         ):
             raise RankwiseError(
                 f"{b}: {key} {attrs_b[key]!r} differs from {a}'s "
@@ -512,6 +515,15 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
             f"differ from {a}'s ({len(qa)}); a paired comparison needs "
             "both ranked on the same query and gallery manifests"
         )
+
+
+def ranked_set(key: str, value):
+    """What must agree between two paired stores: re-ranking changes the distance, not
+    who is ranked, so a re-ranked store pairs with a plain one ("+RK" against the same
+    encoder)."""
+    if key == "protocol_options" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != "rerank"}
+    return value
 
 
 def _canonical(value) -> str:

@@ -47,6 +47,7 @@ for _command in (
     evaluation.evaluate,
     evaluation.rank,
     evaluation.metrics,
+    evaluation.verify,
     statistics.compare,
     statistics.ci,
     statistics.scores,

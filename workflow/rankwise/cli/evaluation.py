@@ -49,6 +49,11 @@ def _rank(kw: dict, progress: bool):
     if kw["protocol"] is None:
         note = _reid_hint(kw["query"], kw["gallery"])
         kw["protocol"] = "recall"
+    from ..options import AQE, check_rerank
+
+    # the messages name the flags
+    check_rerank(kw["rerank"], kw["protocol"], "--rerank")
+    check_rerank(kw["aqe"], kw["protocol"], "--aqe", AQE)
     result = rank(
         kw["query"],
         kw["gallery"],
@@ -64,6 +69,8 @@ def _rank(kw: dict, progress: bool):
         single_gallery_shot=kw["single_gallery_shot"],
         shot_repeats=kw["shot_repeats"],
         shot_seed=kw["shot_seed"],
+        rerank=kw["rerank"],
+        aqe=kw["aqe"],
         query_block=kw["query_block"],
         gallery_chunk=kw["gallery_chunk"],
         workers=kw["workers"],
@@ -98,6 +105,61 @@ def evaluate(ks, ap, output, **kw):
     _emit(result_from_ranks(ranks, ks=ks, ap=ap).to_json(), output)
     if note:
         click.echo(note, err=True)
+
+
+@click.command()
+@click.option(
+    "--query", required=True, type=click.Path(dir_okay=False), help="Query manifest (CSV)."
+)
+@click.option(
+    "--gallery", required=True, type=click.Path(dir_okay=False), help="Gallery manifest (CSV)."
+)
+@click.option("--query-embeddings", required=True, type=click.Path(), help="Query embeddings.")
+@click.option("--gallery-embeddings", required=True, type=click.Path(), help="Gallery embeddings.")
+@click.option(
+    "--protocol",
+    type=click.Choice(["recall", "reid"]),
+    default="reid",
+    show_default=True,
+    help="Which pairs are valid, and which are positive (same label).",
+)
+@shared.spec.DISTANCE.click(help="cosine (vectors L2-normalised) or euclidean.")
+@shared.spec.JUNK_LABELS.click(help="reid: comma-separated labels removed from the gallery.")
+@shared.spec.EXCLUDE_SAME_CAMERA.click(
+    flag="--exclude-same-camera/--keep-same-camera",
+    help="reid: same label AND same camera is not a pair (default), or a positive one.",
+)
+@click.option(
+    "--fprs", default="1e-4,1e-3,1e-2", show_default=True, help="FPR levels, comma-separated."
+)
+@shared.spec.QUERY_BLOCK.click(default=256, help="Queries per tile.")
+@shared.spec.GALLERY_CHUNK.click(help="Gallery rows per tile.")
+@shared.output
+def verify(fprs, output, **kw):
+    """TPR at fixed FPR over every valid query-gallery pair (exact; see
+    rankwise.verification); print it, write the JSON."""
+    from ..verification import check_fprs, tpr_at_fpr
+
+    levels = check_fprs(fprs, "--fprs")  # the message names the flag
+    result = tpr_at_fpr(
+        kw["query"],
+        kw["gallery"],
+        kw["query_embeddings"],
+        kw["gallery_embeddings"],
+        protocol=kw["protocol"],
+        distance=kw["distance"],
+        fprs=levels,
+        junk_labels=kw["junk_labels"],
+        exclude_same_camera=kw["exclude_same_camera"],
+        query_block=kw["query_block"],
+        gallery_chunk=kw["gallery_chunk"],
+    )
+    for level, tpr in result["tpr@fpr"].items():
+        click.echo(f"TPR@FPR={level}: {tpr:.2f}")
+    click.echo(
+        f"{result['num_positive_pairs']} positive, {result['num_negative_pairs']} negative pairs"
+    )
+    shared.write_json(output, result)
 
 
 @click.command(name="rank")

@@ -106,6 +106,18 @@ inputs = stack(
         metavar="N|exact",
     ),
     spec.SHOT_SEED.click(help="--single-gallery-shot: seed of the draws."),
+    spec.RERANK.click(
+        default=None,
+        metavar="K1,K2,LAMBDA",
+        help="recall/reid: k-reciprocal re-ranking (Zhong et al. 2017), e.g. 20,6,0.3 "
+        "(k2 <= k1, 0 <= lambda <= 1); default: none.",
+    ),
+    spec.AQE.click(
+        default=None,
+        metavar="K,ALPHA",
+        help="recall/reid: fast-reid's average query expansion of every embedding, e.g. "
+        "5,3 (before --rerank); default: none.",
+    ),
     spec.QUERY_BLOCK.click(help="Queries per tile."),
     spec.GALLERY_CHUNK.click(help="Gallery rows per tile."),
     spec.WORKERS.click(help="Threads (default: all cores)."),

@@ -58,8 +58,12 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
                 f"{source}: {key} {entry_b[key]!r} differs from {name_a}'s "
                 f"{entry_a[key]!r}; compare encoders on the same dataset and protocol options"
             )
+    from ..stats import ranked_set
+
     options = [e["provenance"]["protocol_options"] for e in (entry_a, entry_b)]
-    if None not in options and _canonical(options[0]) != _canonical(options[1]):
+    if None not in options and _canonical(ranked_set("protocol_options", options[0])) != (
+        _canonical(ranked_set("protocol_options", options[1]))
+    ):
         raise RankwiseError(
             f"{source}: protocol_options {options[1]!r} differs from {name_a}'s "
             f"{options[0]!r}; compare encoders on the same dataset and protocol options"

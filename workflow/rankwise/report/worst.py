@@ -79,12 +79,14 @@ def worst_queries_of(
     q_table = _manifest_or_none(q_path, provenance[0], protocol, "query")
     g_table = _manifest_or_none(g_path, provenance[1], protocol, "gallery")
     tops = None
+    options = attrs.get("protocol_options") or {}
     if (
-        q_table is not None
+        # a re-ranked or expanded store's top items are not the plain distance's
+        not (options.get("rerank") or options.get("aqe"))
+        and q_table is not None
         and g_table is not None
         and all(p and Path(p).exists() for p in embeddings)
     ):
-        options = attrs.get("protocol_options") or {}
         tops = top_items(
             q_path,
             g_path,

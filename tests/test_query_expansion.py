@@ -1,0 +1,125 @@
+"""Average query expansion (``aqe``, fast-reid's AQE) against a dense brute force
+(tests/reference.py), alone and before k-reciprocal re-ranking; invariances; bad input."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from reference import (
+    average_query_expansion,
+    evaluate_reference,
+    re_ranking,
+    rerank_input_distances,
+)
+from test_rerank import market_like
+
+import rankwise
+from rankwise.errors import RankwiseError
+
+TOL = 1e-6  # percentage points
+
+
+def _check(got, ref):
+    assert (got.num_queries, got.num_skipped) == (ref.num_queries, ref.num_skipped)
+    assert set(got.metrics) == set(ref.metrics)
+    for name, value in ref.metrics.items():
+        assert got.metrics[name] == pytest.approx(value, abs=TOL), name
+
+
+@pytest.mark.parametrize("k,alpha", [(5, 3.0), (2, 0.0), (10, 1.5)])
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("protocol", ["reid", "recall"])
+def test_equals_the_dense_brute_force(protocol, distance, k, alpha):
+    q, g, qe, ge = market_like(4, distance)
+    if protocol == "recall":
+        q, g = q.drop(columns="camera"), g.drop(columns="camera")
+    got = rankwise.evaluate(
+        q, g, qe, ge, protocol=protocol, distance=distance, aqe={"k": k, "alpha": alpha}
+    )
+    eq, eg = average_query_expansion(qe, ge, k, alpha)
+    _check(got, evaluate_reference(q, g, eq, eg, protocol=protocol, distance=distance))
+    plain = rankwise.evaluate(q, g, qe, ge, protocol=protocol, distance=distance)
+    assert got.metrics != plain.metrics
+
+
+def test_before_reranking_as_fast_reid_does():
+    q, g, qe, ge = market_like(5)
+    got = rankwise.evaluate(
+        q, g, qe, ge, protocol="reid", distance="euclidean", aqe="3,3", rerank="10,4,0.3"
+    )
+    eq, eg = average_query_expansion(qe, ge, 3, 3.0)
+    final = re_ranking(*rerank_input_distances(eq, eg, "euclidean"), 10, 4, 0.3)
+    ref = evaluate_reference(q, g, eq, eg, protocol="reid", distance="euclidean", dist=final)
+    _check(got, ref)
+
+
+def test_one_neighbour_under_cosine_is_the_plain_ranking():
+    """k = 1: each row becomes cos(i, i)^alpha x(i), a rescaling cosine ignores."""
+    q, g, qe, ge = market_like(6, "cosine")
+    plain = rankwise.rank(q, g, qe, ge, protocol="reid", distance="cosine")
+    one = rankwise.rank(q, g, qe, ge, protocol="reid", distance="cosine", aqe="1,3")
+    np.testing.assert_array_equal(plain.ranks, one.ranks)
+    assert one.attrs["protocol_options"]["aqe"] == {"k": 1, "alpha": 3.0}
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [{"query_block": 1, "gallery_chunk": 2, "workers": 1}, {"query_block": 7, "workers": 2}],
+)
+def test_tiles_and_workers_never_change_a_number(engine):
+    q, g, qe, ge = market_like(7)
+    base = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean", aqe="5,3")
+    other = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean", aqe="5,3", **engine)
+    np.testing.assert_array_equal(base.ranks, other.ranks)
+    np.testing.assert_array_equal(base.offsets, other.offsets)
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("0,3", r"aqe k must be a positive integer, got 0"),
+        ("5,-1", r"aqe alpha must be a non-negative number, got -1"),
+        ("5", r"aqe must be k,alpha \(e.g. 5,3\)"),
+    ],
+)
+def test_library_refuses_bad_settings(value, message):
+    q, g, qe, ge = market_like(0)
+    with pytest.raises(RankwiseError, match=message):
+        rankwise.rank(q, g, qe, ge, protocol="reid", aqe=value)
+
+
+def test_progressive_refuses(make_case):
+    case = make_case("progressive")
+    with pytest.raises(RankwiseError, match="aqe does not apply to protocol 'progressive'"):
+        rankwise.rank(*case.args(), protocol="progressive", aqe="5,3")
+
+
+@pytest.mark.parametrize(
+    "protocol,value,message",
+    [
+        ("reid", "0,3", r"--aqe k must be a positive integer, got 0"),
+        ("reassociation", "5,3", r"--aqe does not apply to protocol 'reassociation'"),
+    ],
+)
+def test_cli_refuses_in_one_line_and_writes_nothing(
+    tmp_path, make_case, cli, protocol, value, message
+):
+    inputs = make_case(protocol).write(tmp_path)
+    out = tmp_path / "ranks.zarr"
+    proc = cli("rank", "--protocol", protocol, "--aqe", value, "--out", out, options=inputs)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), proc.stderr
+    assert not list(tmp_path.glob("ranks.zarr*"))
+
+
+def test_config_checks_and_fills_aqe():
+    from rankwise import pipeline_config as pc
+
+    datasets = {"m": {"protocol": "recall", "aqe": {"alpha": 1}}}
+    pc.check_reranking(datasets)
+    assert datasets["m"]["aqe"] == {"k": 5, "alpha": 1.0}
+    with pytest.raises(RankwiseError, match=r"^datasets\.s: aqe does not apply to protocol"):
+        pc.check_reranking({"s": {"protocol": "reassociation", "aqe": {}}})

@@ -1,0 +1,487 @@
+"""k-reciprocal re-ranking (``rerank``) against a float64 port of the published
+``re_ranking`` (tests/reference.py), plus invariances and bad input.
+
+The port ranks by its dense (Q x G) re-ranked matrix with DESIGN.md's tie rule
+(``evaluate_reference(dist=...)``); rankwise never holds that matrix.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+from conftest import recall_case, reid_case
+from reference import evaluate_reference, re_ranking, rerank_input_distances
+
+import rankwise
+from rankwise.errors import RankwiseError
+
+TOL = 1e-6  # percentage points
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = [(20, 6, 0.3), (5, 3, 0.5), (7, 1, 0.1), (4, 4, 0.0), (12, 2, 1.0)]
+
+
+def market_like(seed: int, distance: str = "euclidean"):
+    """Persons with several cameras, distractors ("0"), junk ("-1"), skipped queries;
+    continuous embeddings with no exact ties (no copied rows)."""
+    rng = np.random.default_rng(seed)
+    dim = 8
+    q_rows, g_rows, q_emb, g_emb = [], [], [], []
+    for person in range(1, 16):
+        centre = rng.normal(size=dim)
+        for _ in range(rng.integers(1, 6)):
+            g_rows.append((f"g{len(g_rows)}", str(person), int(rng.integers(1, 5))))
+            g_emb.append(centre + 0.7 * rng.normal(size=dim))
+        for _ in range(rng.integers(0, 3)):
+            q_rows.append((f"q{len(q_rows)}", str(person), int(rng.integers(1, 5))))
+            q_emb.append(centre + 0.7 * rng.normal(size=dim))
+    for label, n in (("0", 15), ("-1", 6)):
+        for _ in range(n):
+            g_rows.append((f"g{len(g_rows)}", label, int(rng.integers(1, 5))))
+            g_emb.append(rng.normal(size=dim))
+    q_rows.append((f"q{len(q_rows)}", "99", 1))  # absent from the gallery: skipped
+    q_emb.append(rng.normal(size=dim))
+    frame = lambda rows: pd.DataFrame(rows, columns=["id", "label", "camera"])
+    qp, gp = rng.permutation(len(q_rows)), rng.permutation(len(g_rows))
+    return (
+        frame(q_rows).iloc[qp].reset_index(drop=True),
+        frame(g_rows).iloc[gp].reset_index(drop=True),
+        np.asarray(q_emb, np.float32)[qp],
+        np.asarray(g_emb, np.float32)[gp],
+    )
+
+
+def _reference(q, g, qe, ge, protocol, distance, setting, ks=(1, 5, 10)):
+    k1, k2, lam = setting
+    final = re_ranking(*rerank_input_distances(qe, ge, distance), k1=k1, k2=k2, lambda_value=lam)
+    return evaluate_reference(q, g, qe, ge, protocol=protocol, distance=distance, ks=ks, dist=final)
+
+
+def _check(got, ref):
+    assert (got.num_queries, got.num_skipped, got.num_gallery) == (
+        ref.num_queries,
+        ref.num_skipped,
+        ref.num_gallery,
+    )
+    np.testing.assert_array_equal(got.per_query["query_index"], ref.query_index)
+    offsets = np.r_[0, np.cumsum(got.per_query["num_relevant"])]
+    assert set(got.metrics) == set(ref.metrics)
+    for name, value in ref.metrics.items():
+        assert got.metrics[name] == pytest.approx(value, abs=TOL), name
+    return offsets
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(map(str, s)))
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reid_equals_the_reference_port(seed, distance, setting):
+    q, g, qe, ge = market_like(seed, distance)
+    k1, k2, lam = setting
+    rerank = {"k1": k1, "k2": k2, "lambda": lam}
+    got = rankwise.rank(q, g, qe, ge, protocol="reid", distance=distance, rerank=rerank)
+    ref = _reference(q, g, qe, ge, "reid", distance, setting)
+    result = rankwise.api.result_from_ranks(got, ks=(1, 5, 10))
+    _check(result, ref)
+    # the ranks themselves, query by query
+    lists = np.split(got.ranks, got.offsets[1:-1])
+    for mine, theirs in zip(lists, ref.ranks, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert got.attrs["protocol_options"]["rerank"] == rerank
+
+
+@pytest.mark.parametrize("setting", [(20, 6, 0.3), (6, 3, 0.0)])
+@pytest.mark.parametrize("maker,protocol", [(reid_case, "reid"), (recall_case, "recall")])
+def test_shared_test_cases_with_exact_duplicates_equal_the_port(maker, protocol, setting):
+    """conftest's cases hold exact duplicates (distance-0 junk and distractors, shared
+    query/gallery items, one-ulp-free copies): exactly tied neighbours are taken in
+    item order in both, and the ranks still agree."""
+    case = maker(distance="euclidean", kind="float", seed=0)
+    k1, k2, lam = setting
+    ks = case.options["ks"]
+    got = rankwise.evaluate(
+        *case.args(),
+        protocol=protocol,
+        distance="euclidean",
+        ks=ks,
+        rerank={"k1": k1, "k2": k2, "lambda": lam},
+    )
+    _check(got, _reference(*case.args(), protocol, "euclidean", setting, ks=ks))
+
+
+def test_lambda_one_is_the_plain_ranking():
+    """lambda = 1 leaves o(q, g) = d^2 / M_q, which orders like d: the plain ranks."""
+    q, g, qe, ge = market_like(3)
+    plain = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean")
+    reranked = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean", rerank="9,3,1")
+    for key in ("offsets", "ranks", "query_index"):
+        np.testing.assert_array_equal(getattr(plain, key), getattr(reranked, key))
+
+
+def test_reranking_changes_the_numbers():
+    q, g, qe, ge = market_like(0)
+    plain = rankwise.evaluate(q, g, qe, ge, protocol="reid", distance="euclidean")
+    reranked = rankwise.evaluate(
+        q, g, qe, ge, protocol="reid", distance="euclidean", rerank="20,6,0.3"
+    )
+    assert reranked.metrics["map"] != plain.metrics["map"]
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        {"query_block": 1, "gallery_chunk": 1, "workers": 1},
+        {"query_block": 3, "gallery_chunk": 7, "workers": 2},
+        {"query_block": 1000, "gallery_chunk": 1000, "workers": 2},
+    ],
+)
+def test_tiles_and_workers_never_change_a_number(engine):
+    q, g, qe, ge = market_like(1, "cosine")
+    base = rankwise.rank(q, g, qe, ge, protocol="reid", distance="cosine", rerank="8,4,0.3")
+    other = rankwise.rank(
+        q, g, qe, ge, protocol="reid", distance="cosine", rerank="8,4,0.3", **engine
+    )
+    for key in ("offsets", "ranks", "query_index"):
+        np.testing.assert_array_equal(getattr(base, key), getattr(other, key))
+
+
+@pytest.mark.parametrize("perm_seed", [0, 1])
+def test_gallery_and_query_row_order_never_change_a_number(perm_seed):
+    """Without exactly tied neighbours, the item order only renumbers the items."""
+    q, g, qe, ge = market_like(2)
+    rng = np.random.default_rng(perm_seed)
+    qp, gp = rng.permutation(len(q)), rng.permutation(len(g))
+    kwargs = {"protocol": "reid", "distance": "euclidean", "rerank": "10,5,0.3"}
+    base = rankwise.rank(q, g, qe, ge, **kwargs)
+    moved = rankwise.rank(
+        q.iloc[qp].reset_index(drop=True),
+        g.iloc[gp].reset_index(drop=True),
+        qe[qp],
+        ge[gp],
+        **kwargs,
+    )
+    mine = dict(zip(base.query_index, np.split(base.ranks, base.offsets[1:-1]), strict=True))
+    theirs = np.split(moved.ranks, moved.offsets[1:-1])
+    assert len(theirs) == len(mine)
+    for row, ranks in zip(qp[moved.query_index], theirs, strict=True):
+        np.testing.assert_array_equal(ranks, mine[row])
+
+
+# ------------------------------------------------------------------ bad input
+
+BAD = [
+    ({"k1": 0, "k2": 1, "lambda": 0.3}, "rerank k1 must be a positive integer, got 0"),
+    ({"k1": 5, "k2": 6, "lambda": 0.3}, "rerank: k2 must be at most k1, got k2=6 > k1=5"),
+    ({"k1": 5, "k2": 2, "lambda": 1.5}, r"rerank lambda must be a number >= 0 and <= 1, got 1.5"),
+    ({"k1": 5, "k2": 2, "lambda": -0.1}, r"rerank lambda must be a number >= 0 and <= 1"),
+    ("20,6", r"rerank must be k1,k2,lambda \(e.g. 20,6,0.3\)"),
+    ({"k3": 1}, r"rerank: unknown key\(s\) k3; valid keys: k1, k2, lambda"),
+]
+
+
+@pytest.mark.parametrize("value,message", BAD)
+def test_library_refuses_bad_settings(value, message):
+    q, g, qe, ge = market_like(0)
+    with pytest.raises(RankwiseError, match=message):
+        rankwise.rank(q, g, qe, ge, protocol="reid", rerank=value)
+
+
+@pytest.mark.parametrize("protocol", ["reassociation", "progressive"])
+def test_protocols_without_a_whole_gallery_ranking_refuse(make_case, protocol):
+    case = make_case(protocol)
+    with pytest.raises(RankwiseError, match=f"rerank does not apply to protocol '{protocol}'"):
+        rankwise.rank(*case.args(), protocol=protocol, rerank="5,2,0.3")
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"rerank": "5,2,0.3", "multi_query": "mean"}, "rerank do not combine with multi_query"),
+        ({"aqe": "3,3", "single_gallery_shot": True}, "aqe do not combine with single_gallery"),
+        (
+            {"rerank": "5,2,0.3", "aqe": "3,3", "multi_query": "max", "single_gallery_shot": True},
+            "rerank and aqe do not combine with multi_query and single_gallery_shot",
+        ),
+    ],
+)
+def test_not_combined_with_multi_query_or_single_gallery_shot(options, message):
+    q, g, qe, ge = market_like(0)
+    with pytest.raises(RankwiseError, match=message):
+        rankwise.rank(q, g, qe, ge, protocol="reid", **options)
+
+
+@pytest.mark.parametrize(
+    "protocol,value,message",
+    [
+        ("reid", "0,1,0.3", r"--rerank k1 must be a positive integer, got 0"),
+        ("reid", "5,6,0.3", r"--rerank: k2 must be at most k1"),
+        ("reid", "5,2,2", r"--rerank lambda must be a number >= 0 and <= 1, got 2"),
+        ("progressive", "5,2,0.3", r"--rerank does not apply to protocol 'progressive'"),
+        ("reassociation", "5,2,0.3", r"--rerank does not apply to protocol 'reassociation'"),
+    ],
+)
+def test_cli_refuses_in_one_line_and_writes_nothing(
+    tmp_path, make_case, cli, protocol, value, message
+):
+    case = make_case(protocol)
+    inputs = case.write(tmp_path)
+    out = tmp_path / "ranks.zarr"
+    proc = cli("rank", "--protocol", protocol, "--rerank", value, "--out", out, options=inputs)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert not out.exists() and not list(tmp_path.glob("ranks.zarr*"))
+
+
+def test_cli_records_rerank_in_the_store_and_the_report(tmp_path, cli):
+    q, g, qe, ge = market_like(0)
+    q.to_csv(tmp_path / "q.csv", index=False)
+    g.to_csv(tmp_path / "g.csv", index=False)
+    np.save(tmp_path / "q.npy", qe)
+    np.save(tmp_path / "g.npy", ge)
+    inputs = {
+        "--query": tmp_path / "q.csv",
+        "--gallery": tmp_path / "g.csv",
+        "--query-embeddings": tmp_path / "q.npy",
+        "--gallery-embeddings": tmp_path / "g.npy",
+    }
+    out = tmp_path / "ranks.zarr"
+    proc = cli(
+        "rank",
+        "--protocol",
+        "reid",
+        "--distance",
+        "euclidean",
+        "--rerank",
+        "20,6,0.3",
+        "--out",
+        out,
+        options=inputs,
+    )
+    assert proc.returncode == 0, proc.stderr
+    attrs = dict(zarr.open_group(out, mode="r").attrs)
+    assert attrs["protocol_options"]["rerank"] == {"k1": 20, "k2": 6, "lambda": 0.3}
+    proc = cli("metrics", out, "--output", tmp_path / "m.json")
+    assert proc.returncode == 0, proc.stderr
+    report = pd.read_json(tmp_path / "m.json", typ="series")
+    want = rankwise.evaluate(q, g, qe, ge, protocol="reid", distance="euclidean", rerank="20,6,0.3")
+    assert report["metrics"] == pytest.approx(want.metrics, abs=1e-12)
+    assert report["provenance"]["protocol_options"]["rerank"]["k1"] == 20
+
+
+# ------------------------------------------------------------------ the pipeline
+
+
+def test_config_checks_what_the_schema_cannot():
+    from rankwise import pipeline_config as pc
+
+    datasets = {"m": {"protocol": "reid", "rerank": {"k1": 10}}, "n": {"protocol": "recall"}}
+    pc.check_reranking(datasets)
+    assert datasets["m"]["rerank"] == {"k1": 10, "k2": 6, "lambda": 0.3}  # defaults filled
+    with pytest.raises(
+        RankwiseError, match=r"^datasets\.m: rerank: k2 must be at most k1, got k2=6 > k1=5$"
+    ):
+        pc.check_reranking({"m": {"protocol": "reid", "rerank": {"k1": 5}}})
+    with pytest.raises(
+        RankwiseError, match=r"^datasets\.s: rerank does not apply to protocol 'progressive'"
+    ):
+        pc.check_reranking({"s": {"protocol": "progressive", "rerank": {}}})
+
+
+def test_schema_refuses_out_of_range_values():
+    import yaml
+
+    from rankwise import pipeline_config as pc
+
+    schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
+    config = {
+        "datasets": {
+            "m": {"loader": "demo-market", "protocol": "reid", "rerank": {"k1": 20, "lambda": 2}}
+        },
+        "encoders": {"pixels": {"kind": "pixels"}},
+    }
+    with pytest.raises(RankwiseError, match=r"datasets\.m\.rerank"):
+        pc.check_config(config, schema)
+
+
+def _snakemake(workdir, config, *args):
+    import subprocess
+    import sys
+
+    import yaml
+
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(workdir / "config.yaml"),
+        "--cores",
+        "2",
+        "--workflow-profile",
+        "none",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def test_pipeline_reranks_in_the_rank_stage(tmp_path):
+    """A real Snakemake run: the report's numbers are rankwise.evaluate's with the same
+    rerank; a new rerank setting reruns rank (and what follows), nothing else."""
+    import json
+
+    from helpers import planned_jobs
+
+    options = {
+        "seed": 1,
+        "identities": 8,
+        "cameras": 3,
+        "images_per_camera": 2,
+        "queries_per_identity": 1,
+        "distractors": 6,
+        "junk": 4,
+        "height": 16,
+        "width": 8,
+    }
+    config = {
+        "datasets": {
+            "market": {
+                "loader": "demo-market",
+                "options": options,
+                "protocol": "reid",
+                "distance": "euclidean",
+                "ks": [1, 5],
+                "rerank": {"k1": 6, "k2": 3, "lambda": 0.3},
+            }
+        },
+        "encoders": {"pixels": {"kind": "pixels", "options": {"size": [16, 8]}}},
+        "engine": {"threads": 1, "query_block": 5, "gallery_chunk": 7, "batch_size": 4},
+    }
+    proc = _snakemake(tmp_path, config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "results/report.json").read_text())
+    (entry,) = doc["results"]
+    embeddings = [
+        zarr.open_group(str(tmp_path / f"results/embeddings/market/pixels/{s}.zarr"), mode="r")[
+            "embeddings"
+        ][...]
+        for s in ("query", "gallery")
+    ]
+    manifests = [str(tmp_path / f"results/manifests/market/{s}.csv") for s in ("query", "gallery")]
+    want = rankwise.evaluate(
+        *manifests, *embeddings, protocol="reid", distance="euclidean", ks=(1, 5), rerank="6,3,0.3"
+    )
+    plain = rankwise.evaluate(
+        *manifests, *embeddings, protocol="reid", distance="euclidean", ks=(1, 5)
+    )
+    assert entry["metrics"] == pytest.approx(want.metrics, abs=1e-9)
+    assert entry["metrics"] != pytest.approx(plain.metrics, abs=1e-9)
+    config["datasets"]["market"]["rerank"] = {"k1": 8, "k2": 3, "lambda": 0.3}
+    proc = _snakemake(tmp_path, config, "--dry-run")
+    assert planned_jobs(proc.stdout + proc.stderr) == {
+        "rank": 1,
+        "metrics": 1,
+        "report": 1,
+        "all": 1,
+    }
+    config["datasets"]["market"]["protocol"] = "recall"
+    config["datasets"]["market"]["rerank"] = {"k1": 8, "k2": 9}
+    proc = _snakemake(tmp_path, config, "--dry-run")
+    assert proc.returncode != 0
+    assert "datasets.market: rerank: k2 must be at most k1, got k2=9 > k1=8" in proc.stderr
+
+
+def test_re_ranked_store_pairs_with_the_plain_one():
+    """ "+RK" against the same encoder: a paired comparison and intervals work on it; a
+    different protocol option still refuses."""
+    from rankwise import stats
+
+    q, g, qe, ge = market_like(0)
+    plain = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean")
+    rk = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean", rerank="20,6,0.3")
+    rows = stats.compare_ranks(
+        plain.arrays(), plain.attrs, rk.arrays(), rk.attrs, metrics="map,rank1", resamples=200
+    )
+    by_name = {row["metric"]: row for row in rows}
+    want = rankwise.api.result_from_ranks(rk).metrics["map"]
+    have = rankwise.api.result_from_ranks(plain).metrics["map"]
+    assert by_name["map"]["diff"] == pytest.approx(want - have, abs=1e-9)
+    assert by_name["map"]["b"] == pytest.approx(want, abs=1e-9)
+    cis = stats.metric_cis(rk.arrays(), rk.attrs, metrics="map", resamples=200)
+    assert cis["map"][0] <= want <= cis["map"][1]
+    other = rankwise.rank(
+        q, g, qe, ge, protocol="reid", distance="euclidean", junk_labels=(), rerank="20,6,0.3"
+    )
+    with pytest.raises(RankwiseError, match="differs"):
+        stats.compare_ranks(plain.arrays(), plain.attrs, other.arrays(), other.attrs, resamples=10)
+
+
+def test_float32_reference_differs_from_float64_only_by_rounding():
+    """The original's float32 arithmetic: final distances within ~1e-7 of float64's; ranks
+    can only change between gallery items whose float64 distances are that close."""
+    q, g, qe, ge = market_like(0)
+    inputs = rerank_input_distances(qe, ge, "euclidean")
+    f64 = re_ranking(*inputs, k1=20, k2=6, lambda_value=0.3)
+    f32 = re_ranking(
+        *(x.astype(np.float32) for x in inputs), k1=20, k2=6, lambda_value=0.3, dtype=np.float32
+    )
+    assert f32.dtype == np.float32
+    gap = np.abs(f32.astype(np.float64) - f64)
+    assert 0 < gap.max() < 1e-6
+
+
+@pytest.mark.parametrize("flag,value", [(None, None), ("--rerank", "8,3,0.3"), ("--aqe", "3,3")])
+def test_worst_queries_show_top_items_only_for_the_plain_distance(tmp_path, cli, flag, value):
+    """The report's top items are the plain distance's neighbours: shown for a plain
+    store, left out (None) for a re-ranked or expanded one rather than shown wrong."""
+    from rankwise.report.worst import worst_queries_of
+    from rankwise.store import read_ranks
+
+    q, g, qe, ge = market_like(0)
+    q.to_csv(tmp_path / "q.csv", index=False)
+    g.to_csv(tmp_path / "g.csv", index=False)
+    np.save(tmp_path / "q.npy", qe)
+    np.save(tmp_path / "g.npy", ge)
+    out = tmp_path / "ranks.zarr"
+    extra = [flag, value] if flag else []
+    proc = cli(
+        "rank", "--query", tmp_path / "q.csv", "--gallery", tmp_path / "g.csv",
+        "--query-embeddings", tmp_path / "q.npy", "--gallery-embeddings", tmp_path / "g.npy",
+        "--protocol", "reid", "--distance", "euclidean", *extra, "--out", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    worst = worst_queries_of(*read_ranks(out), n=3, top_k=4)
+    tops = [entry["top"] for entry in worst["queries"]]
+    assert all(t is None for t in tops) if flag else all(len(t) == 4 for t in tops)
+
+
+@pytest.mark.parametrize("kind", ["int", "float"])
+@pytest.mark.parametrize("cosine", [True, False])
+@pytest.mark.parametrize("block,chunk,k", [(1, 1, 5), (4, 5, 21), (64, 1000, 9)])
+def test_screened_neighbour_pass_equals_sorting_every_canonical_distance(
+    kind, cosine, block, chunk, k
+):
+    """The BLAS-screened pass keeps exactly the k smallest canonical (d, index) of each
+    row and its max d^2, ties included (integer data: many exact ties)."""
+    from rankwise.kernels import prepare_rows
+    from rankwise.ranking import EngineOptions, _Runner
+    from rankwise.rerank import distance_tile, neighbours
+
+    case = reid_case(distance="euclidean", kind=kind, seed=1)
+    rows, sq, bad, _ = prepare_rows(np.concatenate([case.query_emb, case.gallery_emb]), cosine)
+    assert bad < 0
+    full = distance_tile(rows, rows, cosine)
+    want = np.argsort(full, axis=1, kind="stable")[:, :k]
+    runner = _Runner(EngineOptions(workers=2))
+    nn, row_max = neighbours(rows, sq, k, block, chunk, cosine, runner)
+    np.testing.assert_array_equal(nn, want)
+    np.testing.assert_array_equal(row_max, (full**2).max(axis=1))

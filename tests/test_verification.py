@@ -1,0 +1,138 @@
+"""TPR at fixed FPR over all valid query-gallery pairs: against scikit-learn's ROC curve
+(every threshold) and a sorted brute force, on generated Market-like data; ties by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from reference import distance_matrix, protocol_masks
+from test_rerank import market_like
+
+from rankwise.errors import RankwiseError
+from rankwise.verification import tpr_at_fpr
+
+FPRS = (1e-4, 1e-3, 1e-2, 0.05, 0.3)
+
+
+def _brute_force(d, valid, relevant, x):
+    negatives = np.sort(d[valid & ~relevant])
+    v = negatives[math.floor(x * len(negatives))]
+    return 100.0 * np.mean(d[relevant] < v)
+
+
+def _sklearn(d, valid, relevant, x):
+    """Max TPR over ROC points with FPR <= x (scores: -distance; every threshold)."""
+    roc_curve = pytest.importorskip("sklearn.metrics").roc_curve
+    fpr, tpr, _ = roc_curve(relevant[valid], -d[valid], drop_intermediate=False)
+    return 100.0 * tpr[fpr <= x].max()
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_equals_the_roc_curve_and_a_sorted_brute_force(seed, distance):
+    q, g, qe, ge = market_like(seed, distance)
+    got = tpr_at_fpr(q, g, qe, ge, protocol="reid", distance=distance, fprs=FPRS)
+    d = distance_matrix(qe, ge, distance)
+    valid, relevant = protocol_masks("reid", q, g)
+    assert got["num_positive_pairs"] == relevant.sum()
+    assert got["num_negative_pairs"] == (valid & ~relevant).sum()
+    for x in FPRS:
+        want = _brute_force(d, valid, relevant, x)
+        assert got["tpr@fpr"][f"{x:g}"] == pytest.approx(want, abs=1e-9)
+        assert want == pytest.approx(_sklearn(d, valid, relevant, x), abs=1e-9)
+    assert len(set(got["tpr@fpr"].values())) > 1  # the levels differ on this data
+
+
+@pytest.mark.parametrize("block,chunk", [(1, 1), (3, 5), (1000, 1000)])
+def test_tiles_never_change_a_number(block, chunk):
+    q, g, qe, ge = market_like(2)
+    base = tpr_at_fpr(q, g, qe, ge, distance="euclidean", fprs=FPRS)
+    other = tpr_at_fpr(
+        q, g, qe, ge, distance="euclidean", fprs=FPRS, query_block=block, gallery_chunk=chunk
+    )
+    assert other == base
+
+
+def test_ties_at_the_threshold_count_against_the_encoder():
+    # one query at 0; gallery on a line: negatives at 1, 2, 3, 4 and positives at 1, 5.
+    # FPR 0.3: m = floor(1.2) = 1 -> threshold below n_2 = 2: the positive at 1 is in,
+    # TPR 50 %.  FPR 0.2: m = 0 -> below n_1 = 1: the positive tied with it is out, 0 %.
+    q = pd.DataFrame({"id": ["q"], "label": ["a"]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(6)], "label": list("bbbbaa")})
+    ge = np.array([[1.0], [2.0], [3.0], [4.0], [1.0], [5.0]], np.float32)
+    got = tpr_at_fpr(
+        q, g, np.zeros((1, 1), np.float32), ge, protocol="recall", distance="euclidean",
+        fprs=(0.2, 0.3, 0.5, 0.99),
+    )  # fmt: skip
+    assert got["tpr@fpr"] == {"0.2": 0.0, "0.3": 50.0, "0.5": 50.0, "0.99": 50.0}
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"fprs": (0.0,)}, "fprs must be numbers between 0 and 1"),
+        ({"fprs": (1.0,)}, "fprs must be numbers between 0 and 1"),
+        ({"protocol": "progressive"}, "tpr_at_fpr does not apply to protocol 'progressive'"),
+    ],
+)
+def test_bad_input(make_case, kwargs, message):
+    protocol = kwargs.get("protocol", "reid")
+    case = make_case(protocol)
+    with pytest.raises(RankwiseError, match=message):
+        tpr_at_fpr(*case.args(), **{"protocol": protocol, **kwargs})
+
+
+def test_no_negative_pair_is_an_error():
+    q = pd.DataFrame({"id": ["q"], "label": ["a"]})
+    g = pd.DataFrame({"id": ["g0", "g1"], "label": ["a", "a"]})
+    emb = np.eye(2, dtype=np.float32)
+    with pytest.raises(RankwiseError, match="tpr_at_fpr: no negative pair"):
+        tpr_at_fpr(q, g, emb[:1], emb, protocol="recall")
+
+
+def _write(tmp_path, q, g, qe, ge) -> list:
+    q.to_csv(tmp_path / "q.csv", index=False)
+    g.to_csv(tmp_path / "g.csv", index=False)
+    np.save(tmp_path / "q.npy", qe)
+    np.save(tmp_path / "g.npy", ge)
+    return [
+        "--query", tmp_path / "q.csv", "--gallery", tmp_path / "g.csv",
+        "--query-embeddings", tmp_path / "q.npy", "--gallery-embeddings", tmp_path / "g.npy",
+    ]  # fmt: skip
+
+
+def test_cli_verify_prints_and_writes_the_library_numbers(tmp_path, cli):
+    import json
+
+    q, g, qe, ge = market_like(0)
+    out = tmp_path / "v.json"
+    proc = cli("verify", *_write(tmp_path, q, g, qe, ge), "--distance", "euclidean",
+               "--fprs", "1e-2,0.1", "--output", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    want = tpr_at_fpr(q, g, qe, ge, distance="euclidean", fprs=(0.01, 0.1))
+    assert json.loads(out.read_text()) == want
+    assert f"TPR@FPR=0.1: {want['tpr@fpr']['0.1']:.2f}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "fprs,message", [("0", "--fprs must be numbers between 0 and 1"), ("x", "--fprs must be")]
+)
+def test_cli_verify_refuses_in_one_line(tmp_path, cli, fprs, message):
+    q, g, qe, ge = market_like(0)
+    out = tmp_path / "v.json"
+    proc = cli("verify", *_write(tmp_path, q, g, qe, ge), "--fprs", fprs, "--output", out)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert not out.exists()
+
+
+def test_cli_verify_without_negative_pairs_exits_2(tmp_path, cli):
+    q = pd.DataFrame({"id": ["q"], "label": ["a"]})
+    g = pd.DataFrame({"id": ["g0", "g1"], "label": ["a", "a"]})
+    emb = np.eye(2, dtype=np.float32)
+    proc = cli("verify", *_write(tmp_path, q, g, emb[:1], emb), "--protocol", "recall")
+    assert proc.returncode == 2 and "no negative pair" in proc.stderr

@@ -1,0 +1,67 @@
+"""Average query expansion (AQE) out of core: embeddings -> expanded embeddings.
+
+fast-reid's ``aqe`` (``fastreid/evaluation/query_expansion.py``, one expansion round,
+after Chum et al., ICCV 2007), over the N = Q + G items (every query row, then every
+gallery row) with raw rows ``x`` and cosine similarities ``s`` of the L2-normalised
+rows:
+
+    N(i)   = the k items most similar to i (i itself first; ties in item order)
+    x'(i)  = (1/k) sum_{j in N(i)} s(i, j)^alpha x(j)
+
+Queries and gallery are both expanded; ranking then uses ``x'`` under the dataset's
+distance, like any embeddings (rows stored as float32, as fast-reid's features are).
+``s`` is the canonical float64 dot product of :mod:`rankwise.kernels`; fast-reid takes
+it from a float32 matrix product and its ``np.argpartition`` orders exactly tied
+neighbours arbitrarily.  The neighbour lists come from the tiled pass of
+:mod:`rankwise.rerank` (never the N x N matrix); memory is ``x`` and ``x'`` (N x D).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .embeddings import EmbeddingSource, open_embeddings
+from .kernels import pair_keys
+
+
+def expand(
+    query: EmbeddingSource,
+    gallery: EmbeddingSource,
+    aqe: dict[str, Any],
+    options,
+    runner,
+) -> tuple[EmbeddingSource, EmbeddingSource]:
+    """The expanded query and gallery embeddings (module docstring) as in-memory sources.
+
+    Parameters
+    ----------
+    query, gallery : sources ``(Q, D)`` / ``(G, D)``.
+    aqe : ``{"k", "alpha"}`` (:data:`rankwise.options.AQE`).
+    options, runner : :class:`rankwise.ranking.EngineOptions` and its runner.
+    """
+    from .ranking import prepare_chunk
+    from .rerank import neighbours
+
+    n_query, n_gallery = query.shape[0], gallery.shape[0]
+    raw = np.concatenate([query.read(0, n_query), gallery.read(0, n_gallery)]).astype(np.float32)
+    (qu, qsq), (gu, gsq) = (
+        prepare_chunk(query, 0, n_query, True),
+        prepare_chunk(gallery, 0, n_gallery, True),
+    )
+    unit, sq = np.concatenate([qu, gu]), np.concatenate([qsq, gsq])
+    n_all = len(raw)
+    k = min(int(aqe["k"]), n_all)
+    nn, _ = neighbours(unit, sq, k, options.query_block, options.gallery_chunk, True, runner)
+    rows = np.repeat(np.arange(n_all, dtype=np.int64), k)
+    sim = -pair_keys(unit, unit, rows, nn.ravel(), True)  # canonical cos(i, j)
+    weights = np.power(sim, float(aqe["alpha"])).reshape(n_all, k)
+    expanded = np.zeros(raw.shape, dtype=np.float64)
+    for t in range(k):  # sum over the k neighbours in their order, then the mean
+        expanded += raw[nn[:, t]].astype(np.float64) * weights[:, t : t + 1]
+    expanded = (expanded / k).astype(np.float32)
+    return (
+        open_embeddings(expanded[:n_query], name=f"{query.name} (expanded)"),
+        open_embeddings(expanded[n_query:], name=f"{gallery.name} (expanded)"),
+    )

@@ -1,0 +1,448 @@
+"""k-reciprocal re-ranking (Zhong et al., CVPR 2017) out of core: embeddings -> ranks.
+
+The numbers are those of the published ``re_ranking(q_g_dist, q_q_dist, g_g_dist, k1,
+k2, lambda_value)`` that torchreid (``torchreid/utils/rerank.py``) and fast-reid use,
+computed in float64.  Over the N = Q + G items (every query row, then every gallery
+row), with d the input distance:
+
+    o(i, j)   = d(i, j)^2 / M_i,  M_i = max_j d(i, j)^2      (the reference squares d and
+                                                            divides by column maxima)
+    F(i, k)   = the k items nearest to i by o(i, .)         (``initial_rank[i, :k]``)
+    R(i, k)   = {j in F(i, k + 1) : i in F(j, k + 1)}       (k-reciprocal neighbours)
+    E(i)      = R(i, k1) U every R(c, h), c in R(i, k1), with
+                |R(c, h) n R(i, k1)| > 2/3 |R(c, h)|,  h = round(k1 / 2) (numpy's around)
+    V(i, j)   = exp(-o(i, j)) / sum_{j' in E(i)} exp(-o(i, j'))  on E(i), else 0
+    V'(i)     = mean of V(j) over j in F(i, k2)             (local query expansion; k2 = 1: V)
+    J(q, g)   = 1 - m / (2 - m),  m = sum_k min(V'(q, k), V'(g, k))
+    final(q, g) = (1 - lambda) J(q, g) + lambda o(q, g)
+
+d is what torchreid hands ``re_ranking``: ``euclidean`` -> squared L2 (its
+``euclidean_squared_distance``), ``cosine`` -> ``1 - cos``; each pair's d is the
+canonical float64 sum over the float32 rows of :mod:`rankwise.kernels` (symmetric, so
+column and row maxima agree).  Neighbour lists order ties by item index (numpy's
+stable sort); a row whose distances are all 0 has o = 0.  Ranks then follow
+DESIGN.md on ``final`` with the protocol's validity rule (``dense_masks``).
+
+Where the reference's own output differs (it works in float32): o, V, V', m, J and
+final are float32 there, so final distances carry relative errors of ~1e-7 and two
+gallery items closer than that can swap or tie in its ranking (never here, up to
+float64 rounding); its ``np.argsort`` (quicksort) orders exactly tied neighbours
+arbitrarily, which can change F at the k1 + 1 / h + 1 / k2 boundaries; pairs sharing
+no neighbour have J = 1 in both.  Older copies (float16 V) differ more.
+
+Out of core: (1) per block of item rows, float32 BLAS tiles against column chunks
+screen the pairs and canonical distances decide the top (k1 + 1) neighbours by (d,
+index) and M_i exactly (:func:`neighbour_task`), never the N x N matrix; (2) the
+k-reciprocal sets and V are sparse rows (O(k1) non-zeros), V' has at most k2 times as
+many; (3) per block of queries, m (via the inverted index of the gallery rows of V')
+and o against the whole gallery give ``final`` for that block only, and the ranks of
+its relevant items are counted there.  Memory: the prepared rows (N x D float32), the
+neighbour lists, V and V' (~N k2 |E| x 12 bytes) and a few tiles of ~2M float64 values
+per worker.  Stage (3) takes o from float32 BLAS tiles too, and canonical d only
+for the relevant pairs and for pairs whose final is within its error bound of a
+relevant one (:func:`final_task`), as the plain engine does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from .embeddings import EmbeddingSource
+from .errors import RankwiseError
+from .kernels import _canonical_key, pair_keys
+from .options import rerank_applies
+from .protocols import Problem, dense_masks
+
+#: Largest (query block x gallery) tile of the final stage, in float64 values.
+_TILE_VALUES = 1 << 21
+
+
+# ----------------------------------------------------------------- compiled kernels
+
+
+@njit(cache=True, nogil=True)
+def distance_tile(a, b, cosine):
+    """Per tile: ``(len(a), len(b))`` float64 input distances d (module docstring)."""
+    out = np.empty((a.shape[0], b.shape[0]), dtype=np.float64)
+    for i in range(a.shape[0]):
+        for j in range(b.shape[0]):
+            key = _canonical_key(a[i], b[j], cosine)
+            out[i, j] = 1.0 + key if cosine else key
+    return out
+
+
+@njit(cache=True, nogil=True)
+def pair_distances(x, pi, pj, cosine):
+    """d of the pairs ``(x[pi[t]], x[pj[t]])``."""
+    out = np.empty(pi.shape[0], dtype=np.float64)
+    for t in range(pi.shape[0]):
+        key = _canonical_key(x[pi[t]], x[pj[t]], cosine)
+        out[t] = 1.0 + key if cosine else key
+    return out
+
+
+@njit(cache=True, nogil=True)
+def merge_neighbours(rows, cols, dist, near, best_d, best_i, count, row_max):
+    """Per tile: fold the screened pairs ``(rows[t], cols[t])`` with canonical d
+    ``dist[t]`` into each row's sorted top list and ``max d^2``.
+
+    ``best_d``/``best_i`` ``(b, K)`` hold the K nearest so far by (d, index).  Pairs come
+    row by row, columns ascending, and chunks in ascending column order, so a new
+    column never precedes an equal-d one already held.  Only pairs with ``near[t]``
+    may enter the list; every pair updates ``row_max``.
+    """
+    k = best_d.shape[1]
+    for t in range(rows.shape[0]):
+        r = rows[t]
+        d = dist[t]
+        if d * d > row_max[r]:
+            row_max[r] = d * d
+        if not near[t]:
+            continue
+        n = count[r]
+        if n == k:
+            if not d < best_d[r, k - 1]:
+                continue
+            p = k - 1
+        else:
+            p = n
+            count[r] = n + 1
+        while p > 0 and best_d[r, p - 1] > d:
+            best_d[r, p] = best_d[r, p - 1]
+            best_i[r, p] = best_i[r, p - 1]
+            p -= 1
+        best_d[r, p] = d
+        best_i[r, p] = cols[t]
+
+
+@njit(cache=True, nogil=True)
+def min_sums(rows, ptr, idx, val, cptr, crow, cval, n_gallery):
+    """Per query block: ``m[b, g] = sum_k min(V'(rows[b], k), V'(g, k))``.
+
+    ``ptr/idx/val``: V' as CSR (all N rows); ``cptr/crow/cval``: its gallery rows by
+    column (the inverted index), ``crow`` numbering gallery rows from 0.  Terms are added
+    in ascending k, as the reference does.
+    """
+    out = np.zeros((rows.shape[0], n_gallery), dtype=np.float64)
+    for b in range(rows.shape[0]):
+        i = rows[b]
+        for p in range(ptr[i], ptr[i + 1]):
+            k = idx[p]
+            v = val[p]
+            for t in range(cptr[k], cptr[k + 1]):
+                w = cval[t]
+                out[b, crow[t]] += v if v < w else w
+    return out
+
+
+# ----------------------------------------------------------------- task functions
+
+
+def neighbour_task(x, sq, lo, hi, k, chunk, cosine):
+    """Per row block: the ``k`` nearest items of rows ``[lo, hi)`` by canonical
+    (d, index), and ``M_i = max_j d(i, j)^2``.
+
+    The float32 BLAS tile screens the pairs: its d is within ``eps`` (the bound of
+    :mod:`rankwise.kernels`) of the canonical one, so a pair with ``approx - eps`` above
+    an upper bound of the row's final k-th distance cannot be among the k, and one with
+    ``approx + eps`` below ``max approx - max eps`` cannot be the row's maximum; the
+    canonical d of the others decides.  Exact, and the same for every tile shape.
+    """
+    from .kernels import error_bound_factor, pair_keys
+
+    n, rows = x.shape[0], hi - lo
+    bound = error_bound_factor(x.shape[1])
+    a, an = x[lo:hi], np.sqrt(sq[lo:hi])
+    best_d = np.full((rows, k), np.inf)
+    best_i = np.full((rows, k), -1, dtype=np.int64)
+    count = np.zeros(rows, dtype=np.int64)
+    row_max = np.zeros(rows)
+    for c0 in range(0, n, chunk):
+        c1 = min(c0 + chunk, n)
+        b, bn = x[c0:c1], np.sqrt(sq[c0:c1])
+        s = (a @ b.T).astype(np.float64)
+        if cosine:
+            approx = 1.0 - s
+            eps = bound * an[:, None] * bn[None, :]
+        else:
+            approx = sq[lo:hi, None] + sq[None, c0:c1] - 2.0 * s
+            eps = bound * (an[:, None] + bn[None, :]) ** 2
+        kk = min(k, c1 - c0)
+        tile_kth = np.partition(approx, kk - 1, axis=1)[:, kk - 1]
+        slack = eps.max(axis=1)
+        held = np.where(count == k, best_d[:, k - 1], np.inf)
+        upper = np.minimum(held, tile_kth + slack)  # >= the row's final k-th distance
+        near = approx - eps <= upper[:, None]
+        top = approx + eps >= (approx.max(axis=1) - slack)[:, None]
+        r, c = np.nonzero(near | top)
+        keys = pair_keys(a, b, r, c, cosine)
+        d = keys + 1.0 if cosine else keys
+        merge_neighbours(r, c + c0, d, near[r, c], best_d, best_i, count, row_max)
+    return best_i, row_max
+
+
+def _final(jaccard, d, scale, lam):
+    """``(1 - lambda) J + lambda o`` with ``o = d^2 / M`` (0 when M = 0): one formula for
+    every pair, so that a recomputed pair gets the same bits."""
+    original = np.divide(d * d, scale, out=np.zeros_like(d), where=scale > 0)
+    return jaccard * (1.0 - lam) + original * lam
+
+
+def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine):
+    """Per query block: ``final`` against every gallery item, then the sorted ranks of
+    each query's valid relevant items (DESIGN.md: ties count against the query).
+
+    J is exact (sparse); o comes from the float32 BLAS tile, within a bound of the
+    canonical o (``|d_a^2 - d^2| <= eps (2 |d_a| + eps)``).  The relevant items' finals
+    use canonical d; a non-relevant item whose approximate final lies within its bound
+    of one of them is recomputed with canonical d, any other sits on the same side of
+    every threshold either way -- so the counts are those of canonical d everywhere.
+
+    Returns a list of ``(n_relevant,)`` int64 rank arrays, one per row of ``rows``.
+    """
+    from .kernels import error_bound_factor
+
+    ptr, idx, val = sparse["ptr"], sparse["idx"], sparse["val"]
+    cptr, crow, cval = sparse["cptr"], sparse["crow"], sparse["cval"]
+    n_gallery = x.shape[0] - n_query
+    bound = error_bound_factor(x.shape[1])
+    m = min_sums(rows, ptr, idx, val, cptr, crow, cval, n_gallery)
+    jaccard = 1.0 - m / (2.0 - m)
+    a, an = x[rows], np.sqrt(sq[rows])
+    d = np.empty_like(m)
+    eps = np.empty_like(m)
+    for c0 in range(0, n_gallery, chunk):
+        c1 = min(c0 + chunk, n_gallery)
+        g, gsq = x[n_query + c0 : n_query + c1], sq[n_query + c0 : n_query + c1]
+        s = (a @ g.T).astype(np.float64)
+        if cosine:
+            d[:, c0:c1] = 1.0 - s
+            eps[:, c0:c1] = bound * an[:, None] * np.sqrt(gsq)[None, :]
+        else:
+            d[:, c0:c1] = sq[rows][:, None] + gsq[None, :] - 2.0 * s
+            eps[:, c0:c1] = bound * (an[:, None] + np.sqrt(gsq)[None, :]) ** 2
+    scale = row_max[rows][:, None]
+    final = _final(jaccard, d, scale, lam)
+    # the bound on final, plus float64 rounding of the formula itself
+    err = np.divide(
+        lam * eps * (2.0 * np.abs(d) + eps), scale, out=np.zeros_like(d), where=scale > 0
+    )
+    err += 1e-13 * (1.0 + np.abs(final))
+    valid, relevant = dense_masks(codes, rows[:, None], np.arange(n_gallery)[None, :])
+    out = []
+    for b in range(len(rows)):
+
+        def exact(cols, b=b):
+            """Canonical finals of query ``rows[b]`` against gallery ``cols``."""
+            query = np.full(len(cols), rows[b], dtype=np.int64)
+            keys = pair_keys(x, x, query, cols + n_query, cosine)
+            dist = keys + 1.0 if cosine else keys
+            return _final(jaccard[b, cols], dist, scale[b], lam)
+
+        thr = np.sort(exact(np.flatnonzero(relevant[b])))
+        others = np.flatnonzero(valid[b] & ~relevant[b])
+        approx, slack = final[b, others], err[b, others]
+        near = np.searchsorted(thr, approx - slack, "left") < np.searchsorted(
+            thr, approx + slack, "right"
+        )
+        approx[near] = exact(others[near])
+        ahead = np.sort(approx)
+        out.append(1 + np.searchsorted(ahead, thr, side="right") + np.arange(len(thr)))
+    return out
+
+
+def neighbours(x, sq, k, block, chunk, cosine, runner) -> tuple[np.ndarray, np.ndarray]:
+    """``(nn, row_max)``: every item's ``k`` nearest (``(N, k)`` int64) and ``M_i``, by
+    row blocks of at most ``block`` rows (fewer when a tile would pass ~4M values)."""
+    from .ranking import _key_maker
+
+    rows = max(1, min(block, _TILE_VALUES // max(min(chunk, len(x)), 1)))
+    shared_x, shared_sq = runner.put(x), runner.put(sq)
+    key = _key_maker()
+    starts = list(range(0, len(x), rows))
+    graph = {
+        key("nn", lo): (
+            neighbour_task,
+            shared_x,
+            shared_sq,
+            lo,
+            min(lo + rows, len(x)),
+            k,
+            chunk,
+            cosine,
+        )
+        for lo in starts
+    }
+    parts = runner.get(graph, [key("nn", lo) for lo in starts])
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+# ----------------------------------------------------------------- sparse stages
+
+
+def _reciprocal(nn: np.ndarray, k: int, block: int = 4096) -> list[np.ndarray]:
+    """R(i, k) for every i: members of F(i, k + 1) whose own F(j, k + 1) holds i
+    (in F's order)."""
+    forward = nn[:, : k + 1]
+    out = []
+    for lo in range(0, len(nn), block):
+        f = forward[lo : lo + block]
+        back = nn[f, : k + 1]
+        here = np.arange(lo, lo + len(f))[:, None, None]
+        mask = (back == here).any(axis=2)
+        out += [row[keep] for row, keep in zip(f, mask, strict=True)]
+    return out
+
+
+def _expansion_sets(nn: np.ndarray, k1: int) -> list[np.ndarray]:
+    """E(i): R(i, k1) plus each candidate's R(c, h) sharing more than 2/3 of it."""
+    half = int(np.around(k1 / 2.0))
+    full, small = _reciprocal(nn, k1), _reciprocal(nn, half)
+    sets = []
+    for members in full:
+        mine = set(members.tolist())
+        parts = [members]
+        for c in members:
+            theirs = small[c]
+            # the reference's test, in its own float arithmetic
+            if len(mine.intersection(theirs.tolist())) > 2.0 / 3 * len(theirs):
+                parts.append(theirs)
+        sets.append(np.unique(np.concatenate(parts)))
+    return sets
+
+
+def _weights(x, sets, row_max, cosine) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """V as CSR ``(ptr, idx, val)``: ``exp(-o)`` over E(i), normalised per row."""
+    sizes = np.array([len(s) for s in sets], dtype=np.int64)
+    ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    idx = np.concatenate(sets).astype(np.int64) if len(sets) else np.zeros(0, np.int64)
+    rows = np.repeat(np.arange(len(sets), dtype=np.int64), sizes)
+    d = pair_distances(x, rows, idx, cosine)
+    scale = row_max[rows]
+    o = np.divide(d * d, scale, out=np.zeros_like(d), where=scale > 0)
+    w = np.exp(-o)
+    val = w / np.bincount(rows, weights=w, minlength=len(sets))[rows]
+    return ptr, idx, val
+
+
+def _expand(v, nn, k2, block: int = 8192):
+    """V' as CSR: row i is the mean of V's rows F(i, k2) (k2 = 1: V itself)."""
+    ptr, idx, val = v
+    if k2 == 1:
+        return v
+    sizes = np.diff(ptr)
+    out_ptr, out_idx, out_val = [np.zeros(1, np.int64)], [], []
+    total = 0
+    for lo in range(0, len(nn), block):
+        src = nn[lo : lo + block, :k2]  # (b, k2) rows to average
+        flat = src.ravel()
+        n = sizes[flat]
+        owner = np.repeat(np.repeat(np.arange(lo, lo + len(src)), k2), n)
+        at = np.repeat(ptr[flat], n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
+        col, value = idx[at], val[at]
+        order = np.lexsort((col, owner))
+        owner, col, value = owner[order], col[order], value[order]
+        start = np.flatnonzero(np.r_[True, (owner[1:] != owner[:-1]) | (col[1:] != col[:-1])])
+        out_idx.append(col[start])
+        out_val.append(np.add.reduceat(value, start) / k2)
+        counts = np.bincount(owner[start] - lo, minlength=len(src))
+        out_ptr.append(total + np.cumsum(counts))
+        total += int(counts.sum())
+    return np.concatenate(out_ptr), np.concatenate(out_idx), np.concatenate(out_val)
+
+
+def _inverted(v, n_query: int, n_all: int):
+    """The gallery rows of V' by column: ``(cptr, crow, cval)``, rows counted from 0."""
+    ptr, idx, val = v
+    lo = ptr[n_query]
+    rows = np.repeat(np.arange(n_all - n_query, dtype=np.int64), np.diff(ptr[n_query:]))
+    cols, vals = idx[lo:], val[lo:]
+    order = np.argsort(cols, kind="stable")
+    cptr = np.concatenate([[0], np.cumsum(np.bincount(cols, minlength=n_all))]).astype(np.int64)
+    return cptr, rows[order], vals[order]
+
+
+# ----------------------------------------------------------------- the stage
+
+
+def rerank_ranks(
+    problem: Problem,
+    qrows: np.ndarray,
+    qsq: np.ndarray,
+    gallery: EmbeddingSource,
+    *,
+    cosine: bool,
+    rerank: dict[str, Any],
+    options,
+    runner,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks of every evaluated query on the re-ranked distance (module docstring).
+
+    Parameters
+    ----------
+    problem : a protocol re-ranking applies to (:func:`rankwise.options.rerank_applies`).
+    qrows, qsq : ``(Q, D)`` float32 prepared query rows and their float64 squared norms
+        (:func:`rankwise.kernels.prepare_rows`); gallery: source ``(G, D)``.
+    cosine : the distance is ``cosine`` (else ``euclidean``).
+    rerank : ``{"k1", "k2", "lambda"}`` (:func:`rankwise.options.check_rerank`).
+    options, runner : :class:`rankwise.ranking.EngineOptions` and its runner (threads or
+        a cluster); tiling and workers never change a number.
+
+    Returns
+    -------
+    ``(offsets, ranks)``: CSR over the evaluated queries, ascending query row.
+    """
+    from .ranking import _key_maker, prepare_chunk
+
+    if not rerank_applies(problem.protocol):  # the API checks first; this guards direct calls
+        raise RankwiseError(f"rerank does not apply to protocol {problem.protocol!r}")
+    n_query = len(qrows)
+    grows, gsq = prepare_chunk(gallery, 0, gallery.shape[0], cosine)
+    x = np.concatenate([qrows, grows])
+    sq = np.concatenate([qsq, gsq])
+    n_all, n_gallery = len(x), len(x) - n_query
+    k1, k2, lam = int(rerank["k1"]), int(rerank["k2"]), float(rerank["lambda"])
+    keep = min(k1 + 1, n_all)
+    shared = runner.put(x)
+    block, chunk = options.query_block, options.gallery_chunk
+    nn, row_max = neighbours(x, sq, keep, block, chunk, cosine, runner)
+
+    v = _weights(x, _expansion_sets(nn, k1), row_max, cosine)
+    v = _expand(v, nn, min(k2, keep))
+    sparse = dict(
+        zip(
+            ("ptr", "idx", "val", "cptr", "crow", "cval"),
+            (*v, *_inverted(v, n_query, n_all)),
+            strict=True,
+        )
+    )
+
+    evaluated = np.flatnonzero(~problem.skip).astype(np.int64)
+    rows_per_task = max(1, min(block, _TILE_VALUES // max(n_gallery, 1)))
+    key = _key_maker()
+    graph = {}
+    spans = list(range(0, len(evaluated), rows_per_task))
+    sparse_shared, max_shared = runner.put(sparse), runner.put(row_max)
+    sq_shared = runner.put(sq)
+    for lo in spans:
+        graph[key("final", lo)] = (
+            final_task,
+            evaluated[lo : lo + rows_per_task],
+            shared,
+            sq_shared,
+            n_query,
+            problem,
+            sparse_shared,
+            max_shared,
+            lam,
+            chunk,
+            cosine,
+        )
+    lists = [r for part in runner.get(graph, [key("final", lo) for lo in spans]) for r in part]
+    counts = np.array([len(r) for r in lists], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    ranks = np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, np.int64)
+    return offsets, ranks
