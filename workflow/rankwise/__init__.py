@@ -2,18 +2,11 @@
 
 ``rankwise.evaluate``, ``rank``, ``recall_at_k`` and ``EvaluationResult`` are loaded on
 first use (module ``__getattr__``): importing the package, and so ``rankwise --help``,
-does not import numpy, pandas, numba, dask or zarr.
+does not import numpy, pandas, numba, dask or zarr.  ``__version__`` too: reading the
+installed package's metadata costs ~40 ms, paid by every pipeline job that never asks.
 """
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _version
-
 from .errors import RankwiseError
-
-try:
-    __version__ = _version("rankwise")
-except PackageNotFoundError:  # running from a source tree without installation
-    __version__ = "0.0.0+unknown"
 
 #: public name -> the module that defines it, imported on first access
 _LAZY = {"EvaluationResult": "api", "evaluate": "api", "rank": "api", "recall_at_k": "api"}
@@ -21,7 +14,19 @@ _LAZY = {"EvaluationResult": "api", "evaluate": "api", "rank": "api", "recall_at
 __all__ = ["EvaluationResult", "RankwiseError", "__version__", "evaluate", "rank", "recall_at_k"]
 
 
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rankwise")
+    except PackageNotFoundError:  # running from a source tree without installation
+        return "0.0.0+unknown"
+
+
 def __getattr__(name: str):
+    if name == "__version__":
+        globals()[name] = value = _package_version()
+        return value
     if name in _LAZY:
         from importlib import import_module
 
@@ -32,4 +37,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})
