@@ -26,11 +26,13 @@ Measured once on the shared 2-core development machine (noisy; k1, k2, lambda = 
 scale    Q x G x D                    plain           rerank            dense (float32)
 =======  ===========================  ==============  ================  =================
 small    1,000 x 6,000 x 128          1.2 s / 226 MB  3.4 s / 503 MB    25 s / 1.4 GB
-market   3,368 x 15,913 x 512         1.5 s / 360 MB  11 s / 618 MB     stopped at 6 GB
+market   3,368 x 15,913 x 512         1.6 s / 330 MB  9.8 s / 596 MB    125 s / 9.9 GB (*)
 msmt     11,659 x 82,161 x 512        9.3 s / 399 MB  249 s / 1.0 GB    (~35 GB: not run)
 =======  ===========================  ==============  ================  =================
 
-rerank and dense gave identical metrics at small (and tiny) scale.  The synthetic data
+(*) measured alone on the quiet machine (the other rows while other jobs ran); the largest
+scale the dense reference fits in this machine's 24 GB.  rerank and dense gave identical
+metrics at tiny, small and market scale.  The synthetic data
 are easy at 512 dimensions (rank-1 100 %); the noise level is not tuned per scale.
 """
 
