@@ -213,3 +213,23 @@ def test_store_without_evaluated_queries():
     assert summary.cmc == [0.0] * 50
     with pytest.raises(RankwiseError, match="no evaluated query; there is nothing to resample"):
         summarise(arrays, attrs, metrics=["recall@1", "map"], resamples=10)
+
+
+def test_worst_queries_recomputed_when_an_embedding_store_is_written_again(summarised, tmp_path):
+    import os
+
+    cache_dir = tmp_path / "cache"
+    doc = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
+    before = set(cache_dir.iterdir())
+    assert _numbers(build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))) == _numbers(
+        doc
+    )
+    assert set(cache_dir.iterdir()) == before  # everything reused
+    # a store of a shown encoder written again (same ranks): its worst queries are new entries
+    shown = [e for e in doc["results"] if e["worst_queries"]]
+    store = shown[0]["provenance"]["files"]["query_embeddings"]
+    stamp = os.stat(store).st_mtime_ns + 10**9
+    os.utime(store, ns=(stamp, stamp))
+    again = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
+    assert len(set(cache_dir.iterdir()) - before) == 1
+    assert _numbers(again) == _numbers(doc)

@@ -161,10 +161,19 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
     return summarise(*store, **wanted)
 
 
+def _stamp(path) -> list | None:
+    """``[path, mtime_ns]`` of a file or folder (``None`` when there is none)."""
+    try:
+        return [str(path), os.stat(path).st_mtime_ns] if path else None
+    except OSError:
+        return None
+
+
 def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, top_k: int):
     """The entry's worst queries (:func:`.worst.worst_queries_of`), kept in ``cache``
-    under its ranks store's attributes and per-unit values (the attributes name the
-    embeddings' checkpoint hash, encoder options and manifests' hashes)."""
+    under its ranks store's attributes (which name the embeddings' checkpoint hash,
+    encoder options and manifests' hashes), its per-unit values and its embedding
+    stores' modification times."""
 
     def compute():
         store = stores.get(entry)
@@ -173,8 +182,12 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
 
     if cache is None or summary is None:
         return compute()
+    files = entry["provenance"]["files"]
     key = {
         "attrs": entry["provenance"]["raw"],
+        # the nearest items come from the embedding stores: a store written again (even
+        # one whose ranks came out the same) is a new key
+        "stores": [_stamp(files[f"{side}_embeddings"]) for side in ("query", "gallery")],
         "units": summary.key,
         "n": n,
         "top_k": top_k,

@@ -14,7 +14,7 @@ O(n' - n) work. Fewer flips than cached recompute from the start.
 
 The same folder keeps the worst queries of an evaluation (:meth:`PairCache.remember`),
 keyed by its ranks store's attributes (which name the embeddings' checkpoint hash,
-encoder options and manifest hashes) and per-unit values.
+encoder options and manifest hashes), per-unit values and embedding stores' mtimes.
 
 Every file is written atomically; a file that is not a cache entry is ignored and
 rewritten. The folder may be deleted at any time (the next report recomputes).
