@@ -233,3 +233,29 @@ def test_worst_queries_recomputed_when_an_embedding_store_is_written_again(summa
     again = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
     assert len(set(cache_dir.iterdir()) - before) == 1
     assert _numbers(again) == _numbers(doc)
+
+
+def test_unpairable_evaluations_are_refused_in_one_line(results, summarised, tmp_path):  # noqa: F811
+    """The report and `compare_ranks` share one check (stats.check_pairable)."""
+    _, metrics = results
+    by_name = {(p.parent.name, p.stem): p for p in summarised}
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    # a progressive evaluation filed under the recall dataset
+    shutil.copy(by_name["toy", "enc-a"], folder / "enc-a.json")
+    shutil.copy(by_name["sketchy", "enc-b"], folder / "enc-b.json")
+    with pytest.raises(RankwiseError, match=r"enc-b\.json: protocol 'progressive' differs from "):
+        build_report([folder / "enc-a.json", folder / "enc-b.json"], **OPTIONS)
+    stores = {
+        (p.parent.name, p.stem): read_ranks(json.loads(p.read_text())["provenance"]["ranks"])
+        for p in metrics
+    }
+    arrays, attrs = stores["toy", "enc-b"]
+    fewer = {**arrays, "query_index": arrays["query_index"][:-1]}
+    with pytest.raises(
+        RankwiseError, match=r"^B: its evaluated queries \(query_index, 7 queries\)"
+    ):
+        compare_ranks(*stores["toy", "enc-a"], fewer, attrs, resamples=10)
+    other = {**attrs, "num_gallery": attrs["num_gallery"] + 1}
+    with pytest.raises(RankwiseError, match=r"^B: num_gallery \d+ differs from A's"):
+        compare_ranks(*stores["toy", "enc-a"], arrays, other, resamples=10)

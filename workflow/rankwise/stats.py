@@ -485,34 +485,48 @@ def with_holm(rows: Sequence[dict]) -> list[dict]:
 
 
 def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
-    a, b = names
-    if attrs_a["protocol"] != attrs_b["protocol"]:
+    def side(arrays, attrs) -> dict[str, Any]:
+        units = [arrays["query_index"]]
+        if get_protocol(attrs["protocol"]).unit == "sketch":
+            units += [arrays["group"], arrays["step"]]
+        keys = ("protocol", "num_gallery", "protocol_options")
+        return {**{k: attrs[k] for k in keys if k in attrs}, "units": units}
+
+    check_pairable(side(arrays_a, attrs_a), side(arrays_b, attrs_b), names)
+
+
+def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> None:
+    """Whether two evaluations can be compared pair by pair, else one line naming B.
+
+    ``a``, ``b``: ``protocol``; optionally ``num_gallery`` and ``protocol_options``
+    (compared when both have them; re-ranking aside, :func:`ranked_set`); ``units``,
+    arrays that must be equal (the evaluated queries' manifest rows first)."""
+    name_a, name_b = names
+    if a["protocol"] != b["protocol"]:
         raise RankwiseError(
-            f"{b}: protocol {attrs_b['protocol']!r} differs from {a}'s "
-            f"{attrs_a['protocol']!r}; compare stores of the same protocol"
+            f"{name_b}: protocol {b['protocol']!r} differs from {name_a}'s "
+            f"{a['protocol']!r}; compare stores of the same protocol"
         )
     for key in ("num_gallery", "protocol_options"):
         if (
-            key in attrs_a
-            and key in attrs_b
-            and _canonical(ranked_set(key, attrs_a[key]))
-            != _canonical(ranked_set(key, attrs_b[key]))
+            key in a
+            and key in b
+            and _canonical(ranked_set(key, a[key])) != _canonical(ranked_set(key, b[key]))
         ):
             raise RankwiseError(
-                f"{b}: {key} {attrs_b[key]!r} differs from {a}'s "
-                f"{attrs_a[key]!r}; compare encoders on the same dataset "
+                f"{name_b}: {key} {b[key]!r} differs from {name_a}'s "
+                f"{a[key]!r}; compare encoders on the same dataset "
                 "and protocol options"
             )
-    qa, qb = np.asarray(arrays_a["query_index"]), np.asarray(arrays_b["query_index"])
-    same = qa.shape == qb.shape and np.array_equal(qa, qb)
-    if same and get_protocol(attrs_a["protocol"]).unit == "sketch":
-        same = np.array_equal(arrays_a["group"], arrays_b["group"]) and np.array_equal(
-            arrays_a["step"], arrays_b["step"]
-        )
+    ua, ub = a["units"], b["units"]
+    same = len(ua) == len(ub) and all(
+        np.asarray(x).shape == np.asarray(y).shape and np.array_equal(x, y)
+        for x, y in zip(ua, ub, strict=True)
+    )
     if not same:
         raise RankwiseError(
-            f"{b}: its evaluated queries (query_index, {len(qb)} queries) "
-            f"differ from {a}'s ({len(qa)}); a paired comparison needs "
+            f"{name_b}: its evaluated queries (query_index, {len(ub[0])} queries) "
+            f"differ from {name_a}'s ({len(ua[0])}); a paired comparison needs "
             "both ranked on the same query and gallery manifests"
         )
 

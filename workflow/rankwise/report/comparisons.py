@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
 import numpy as np
@@ -45,39 +44,27 @@ def flip_resamples(resamples: int, num_tests: int) -> int:
 
 
 def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: str) -> None:
-    """The checks of :func:`rankwise.stats.compare_ranks`, on the report's entries."""
+    """The checks of :func:`rankwise.stats.compare_ranks` on the report's entries, and
+    the same AP variant."""
+    from ..stats import check_pairable
+
     name_a, source = entry_a["encoder"], entry_b["source"]
     if ap_variant(entry_a) != ap_variant(entry_b):
         raise RankwiseError(
             f"{source}: AP variant {ap_variant(entry_b)!r} differs from {name_a}'s "
             f"{ap_variant(entry_a)!r} on dataset {dataset!r}; score both with the same --ap"
         )
-    for key in ("protocol", "num_gallery"):
-        if entry_a[key] != entry_b[key]:
-            raise RankwiseError(
-                f"{source}: {key} {entry_b[key]!r} differs from {name_a}'s "
-                f"{entry_a[key]!r}; compare encoders on the same dataset and protocol options"
-            )
-    from ..stats import ranked_set
 
-    options = [e["provenance"]["protocol_options"] for e in (entry_a, entry_b)]
-    if None not in options and _canonical(ranked_set("protocol_options", options[0])) != (
-        _canonical(ranked_set("protocol_options", options[1]))
-    ):
-        raise RankwiseError(
-            f"{source}: protocol_options {options[1]!r} differs from {name_a}'s "
-            f"{options[0]!r}; compare encoders on the same dataset and protocol options"
-        )
-    if not np.array_equal(a.rows, b.rows):
-        raise RankwiseError(
-            f"{source}: its evaluated queries (query_index, {len(b.rows)} queries) "
-            f"differ from {name_a}'s ({len(a.rows)}); a paired comparison needs "
-            "both ranked on the same query and gallery manifests"
-        )
+    def side(entry: dict, summary: Summary) -> dict[str, Any]:
+        options = entry["provenance"]["protocol_options"]
+        return {
+            "protocol": entry["protocol"],
+            "num_gallery": entry["num_gallery"],
+            **({"protocol_options": options} if options is not None else {}),
+            "units": [summary.rows],
+        }
 
-
-def _canonical(value) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
+    check_pairable(side(entry_a, a), side(entry_b, b), (name_a, source))
 
 
 def compare_encoders(

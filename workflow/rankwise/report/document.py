@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..api import REPORT_KEYS
 from ..errors import RankwiseError
 from ..registry import get_protocol
 from ..stats import DEFAULT_RESAMPLES
@@ -101,17 +102,7 @@ def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
     return {
         "dataset": path.parent.name,
         "encoder": path.stem,
-        **{
-            key: data.get(key)
-            for key in (
-                "protocol",
-                "distance",
-                "num_queries",
-                "num_skipped",
-                "num_gallery",
-                "embedding_dim",
-            )
-        },
+        **{key: data.get(key) for key in REPORT_KEYS if key != "metrics"},
         "metrics": {k: float(v) for k, v in data["metrics"].items()},
         "ci95": None,
         "cmc": None,
