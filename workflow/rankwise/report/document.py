@@ -184,7 +184,7 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
         "top_k": top_k,
         "ap": ap_variant(entry),
     }
-    return cache.remember("worst_queries", json.loads(json.dumps(key, default=str)), compute)
+    return cache.remember("worst_queries", key, compute)
 
 
 def headline_names(entries: list[dict[str, Any]]) -> list[str]:

@@ -84,8 +84,11 @@ class PairCache:
         os.replace(tmp, path)
 
     def remember(self, what: str, key: Any, compute: Callable[[], Any]) -> Any:
-        """``compute()``, or its result kept under ``what`` and the JSON value ``key``."""
-        text = json.dumps({"what": what, "key": key, "format": _FORMAT}, sort_keys=True)
+        """``compute()``, or its result kept under ``what`` and ``key`` (JSON; other
+        values as their ``str``)."""
+        text = json.dumps(
+            {"what": what, "key": key, "format": _FORMAT}, sort_keys=True, default=str
+        )
         digest = hashlib.sha256(text.encode()).hexdigest()
         entry = self._read(digest)
         if entry is not None and "value" in entry:
