@@ -35,6 +35,7 @@ include: "rules/common.smk"
 include: "rules/encode.smk"
 include: "rules/rank.smk"
 include: "rules/metrics.smk"
+include: "rules/verify.smk"
 include: "rules/report.smk"
 
 

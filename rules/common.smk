@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import sys
 from functools import lru_cache
 
@@ -157,6 +158,32 @@ def rerank_flags(wildcards):
         rerank = dataset["rerank"]
         flags.append(f"--rerank {rerank['k1']},{rerank['k2']},{rerank['lambda']}")
     return " ".join(flags)
+
+
+def verification_pairs(pattern):
+    """`pattern` formatted for every (dataset, encoder) pair whose dataset asks for
+    verification metrics (`verification:` not null)."""
+    return [
+        pattern.format(dataset=d, encoder=e)
+        for d in DATASETS
+        if DATASETS[d]["verification"] is not None
+        for e in dataset_encoders(d)
+    ]
+
+
+def verification_value(key):
+    """A param function giving datasets.{dataset}.verification.{key} (lists comma-joined)."""
+
+    def value(wildcards):
+        item = DATASETS[wildcards.dataset]["verification"][key]
+        return ",".join(map(str, item)) if isinstance(item, (list, tuple)) else item
+
+    return value
+
+
+def verification_flags(wildcards, input):
+    """`--verification FILE` for each verification result the report reads."""
+    return " ".join(f"--verification {shlex.quote(str(p))}" for p in input.verification)
 
 
 def comma_list(key):

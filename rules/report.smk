@@ -19,6 +19,8 @@ rule report:
         ),
         embeddings=all_pairs("results/embeddings/{dataset}/{encoder}/query.zarr")
         + all_pairs("results/embeddings/{dataset}/{encoder}/gallery.zarr"),
+        # TPR@FPR, ROC curves and distance histograms (datasets with `verification:`)
+        verification=verification_pairs("results/verification/{dataset}/{encoder}.json"),
     output:
         html="results/report.html",
         md="results/report.md",
@@ -41,6 +43,7 @@ rule report:
         # each paired test, keyed by both evaluations' content (safe to delete)
         cache="results/cache/pairs",
         figure_formats=config["report"]["figure_formats"],
+        verification=verification_flags,
     threads: 1
     conda:
         CONDA_ENV
@@ -53,5 +56,6 @@ rule report:
         " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"
         " --html {output.html:q} --md {output.md:q} --json {output.json:q}"
         " --csv {output.csv:q} --tex {output.tex:q} --figures {output.figures:q}"
-        " --figure-formats {params.figure_formats} --cache {params.cache:q} > {log:q} 2>&1"
+        " --figure-formats {params.figure_formats} --cache {params.cache:q}"
+        " {params.verification} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

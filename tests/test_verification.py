@@ -11,8 +11,9 @@ import pytest
 from reference import distance_matrix, protocol_masks
 from test_rerank import market_like
 
+from rankwise import verification
 from rankwise.errors import RankwiseError
-from rankwise.verification import tpr_at_fpr
+from rankwise.verification import ROC_FPRS, tpr_at_fpr
 
 FPRS = (1e-4, 1e-3, 1e-2, 0.05, 0.3)
 
@@ -44,6 +45,94 @@ def test_equals_the_roc_curve_and_a_sorted_brute_force(seed, distance):
         assert got["tpr@fpr"][f"{x:g}"] == pytest.approx(want, abs=1e-9)
         assert want == pytest.approx(_sklearn(d, valid, relevant, x), abs=1e-9)
     assert len(set(got["tpr@fpr"].values())) > 1  # the levels differ on this data
+
+
+def _canonical_distances(qe, ge, distance):
+    """Pair distances as rankwise defines them: float32 rows (cosine: normalised in
+    float64, stored float32), products and sums in float64."""
+    q = np.asarray(qe, np.float64)
+    g = np.asarray(ge, np.float64)
+    if distance == "cosine":
+        q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32).astype(np.float64)
+        g = (g / np.linalg.norm(g, axis=1, keepdims=True)).astype(np.float32).astype(np.float64)
+        return 1.0 - q @ g.T
+    return np.sqrt(((q[:, None, :] - g[None, :, :]) ** 2).sum(axis=2))
+
+
+def _check_everything(got, qe, ge, valid, relevant, distance):
+    """ROC at every level, thresholds and both histograms against brute force."""
+    d = _canonical_distances(qe, ge, distance)
+    negatives = np.sort(d[valid & ~relevant])
+    positives = d[relevant]
+    assert got["num_negative_pairs"] == len(negatives)
+    assert got["num_positive_pairs"] == len(positives)
+    for x, tpr in zip(got["roc"]["fpr"], got["roc"]["tpr"], strict=True):
+        v = negatives[math.floor(x * len(negatives))]
+        assert tpr == pytest.approx(100.0 * np.mean(positives < v), abs=1e-9), x
+    for level, threshold in got["threshold@fpr"].items():
+        want = negatives[math.floor(float(level) * len(negatives))]
+        assert threshold == pytest.approx(want, rel=1e-9, abs=1e-9)
+    hist = got["histogram"]
+    edges = np.array(hist["edges"])
+    assert edges[0] <= min(negatives[0], positives.min()) + 1e-9
+    assert edges[-1] >= max(negatives[-1], positives.max()) - 1e-9
+    for values, counts in ((negatives, hist["negative"]), (positives, hist["positive"])):
+        b = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, len(edges) - 2)
+        assert counts == np.bincount(b, minlength=len(edges) - 1).tolist()
+    # the curve is a staircase envelope: never decreasing
+    assert np.all(np.diff(got["roc"]["tpr"]) >= 0)
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_roc_curve_thresholds_and_histograms_equal_brute_force(distance):
+    q, g, qe, ge = market_like(3, distance)
+    got = tpr_at_fpr(q, g, qe, ge, protocol="reid", distance=distance, fprs=FPRS, bins=17)
+    valid, relevant = protocol_masks("reid", q, g)
+    _check_everything(got, qe, ge, valid, relevant, distance)
+    assert len(got["histogram"]["edges"]) == 18
+    n = got["num_negative_pairs"]
+    assert got["roc"]["fpr"] == [x for x in sorted(set(FPRS) | set(ROC_FPRS)) if x * n >= 1]
+
+
+def _many_pairs(seed, distance, quantised):
+    """~200 x 3000 recall pairs, overlapping classes; ``quantised``: integer
+    embeddings with duplicated gallery rows, so distances tie in bulk and many sit on a
+    bracket or bin edge."""
+    rng = np.random.default_rng(seed)
+    n_q, n_g, dim, n_cls = 200, 3000, 6, 25
+    centres = rng.normal(size=(n_cls, dim))
+    ql, gl = rng.integers(0, n_cls, n_q), rng.integers(0, n_cls, n_g)
+    qe = centres[ql] + 1.2 * rng.normal(size=(n_q, dim))
+    ge = centres[gl] + 1.2 * rng.normal(size=(n_g, dim))
+    if quantised:
+        qe, ge = np.round(qe), np.round(ge)
+        ge[1::3] = ge[::3][: len(ge[1::3])]  # copied rows: exact ties
+        gl[1::3] = gl[::3][: len(gl[1::3])]
+        qe[qe.sum(axis=1) == 0, 0] = 1.0  # no zero vector under cosine
+        ge[ge.sum(axis=1) == 0, 0] = 1.0
+        qe[np.all(qe == 0, axis=1), 0] = 1.0
+        ge[np.all(ge == 0, axis=1), 0] = 1.0
+    q = pd.DataFrame({"id": [f"q{i}" for i in range(n_q)], "label": ql.astype(str)})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(n_g)], "label": gl.astype(str)})
+    return q, g, qe.astype(np.float32), ge.astype(np.float32)
+
+
+@pytest.mark.parametrize("fine_bins", [None, 2, 7])
+@pytest.mark.parametrize("quantised", [False, True])
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_many_pairs_and_bulk_ties_equal_brute_force(distance, quantised, fine_bins, monkeypatch):
+    # a coarse first-pass histogram makes wide brackets (2 bins: open-ended ones):
+    # the exact selection must not depend on it
+    if fine_bins is not None:
+        monkeypatch.setattr(verification, "FINE_BINS", fine_bins)
+    q, g, qe, ge = _many_pairs(4, distance, quantised)
+    got = tpr_at_fpr(
+        q, g, qe, ge, protocol="recall", distance=distance, fprs=(1e-5, 1e-3, 0.2),
+        query_block=64, gallery_chunk=1000,
+    )  # fmt: skip
+    valid, relevant = protocol_masks("recall", q, g)
+    _check_everything(got, qe, ge, valid, relevant, distance)
+    assert len(set(got["roc"]["tpr"])) > 5  # a real curve
 
 
 @pytest.mark.parametrize("block,chunk", [(1, 1), (3, 5), (1000, 1000)])
@@ -113,7 +202,17 @@ def test_cli_verify_prints_and_writes_the_library_numbers(tmp_path, cli):
                "--fprs", "1e-2,0.1", "--output", out)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     want = tpr_at_fpr(q, g, qe, ge, distance="euclidean", fprs=(0.01, 0.1))
-    assert json.loads(out.read_text()) == want
+    got = json.loads(out.read_text())
+    assert got.pop("inputs") == {
+        "query_manifest": str(tmp_path / "q.csv"),
+        "gallery_manifest": str(tmp_path / "g.csv"),
+        "query_embeddings": str(tmp_path / "q.npy"),
+        "gallery_embeddings": str(tmp_path / "g.npy"),
+        "protocol": "reid",
+        "junk_labels": ["-1"],
+        "exclude_same_camera": True,
+    }
+    assert got == json.loads(json.dumps(want))
     assert f"TPR@FPR=0.1: {want['tpr@fpr']['0.1']:.2f}" in proc.stdout
 
 

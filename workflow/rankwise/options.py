@@ -213,11 +213,12 @@ class Option:
         if kind == "numbers":
             if not (
                 isinstance(value, (list, tuple))
-                and len(value) == self.length
+                and (len(value) == self.length if self.length else len(value) >= 1)
                 and all(_is_number(v) and self._in_bounds(float(v)) for v in value)
             ):
-                each = "" if self.above is None else f" (each > {_fmt(self.above)})"
-                raise bad(f"a list of {self.length} numbers{each}")
+                each = self.rule or ("" if self.above is None else f"each > {_fmt(self.above)}")
+                count = f"{self.length} " if self.length else ""
+                raise bad(f"a list of {count}numbers" + (f" ({each})" if each else ""))
             return tuple(value)
         if kind == "object":
             if not isinstance(value, dict):
@@ -240,11 +241,15 @@ class Option:
         """A ``record``: ``{field: value}`` in field order, each field checked (the
         message names ``<label> <field>``), then ``relation``."""
         names = [f.name for f in self.fields]
+        # a field holding a list (verification's fprs) has no "a,b,c" form
+        scalar = all(not isinstance(f.default, (list, tuple)) for f in self.fields)
         form = (
             f"{','.join(names)} (e.g. {','.join(_fmt(f.default) for f in self.fields)}) "
             f"or a mapping with keys {', '.join(names)}"
+            if scalar
+            else f"a mapping with keys {', '.join(names)}"
         )
-        if isinstance(value, str):
+        if isinstance(value, str) and scalar:
             tokens = [t.strip() for t in value.split(",")]
             if len(tokens) != len(names):
                 raise bad(form)
@@ -298,15 +303,17 @@ class Option:
             )
         elif kind == "numbers":
             item: dict[str, Any] = {"type": "number"}
-            for key, bound in (("minimum", self.minimum), ("exclusiveMinimum", self.above)):
+            for key, bound in (
+                ("minimum", self.minimum),
+                ("maximum", self.maximum),
+                ("exclusiveMinimum", self.above),
+                ("exclusiveMaximum", self.below),
+            ):
                 if bound is not None:
                     item[key] = bound
-            node = {
-                "type": "array",
-                "items": item,
-                "minItems": self.length,
-                "maxItems": self.length,
-            }
+            node = {"type": "array", "items": item, "minItems": self.length or 1}
+            if self.length:
+                node["maxItems"] = self.length
         elif kind == "record":
             node = {
                 "type": "object",
@@ -620,6 +627,49 @@ def check_rerank_alone(
         )
 
 
+VERIFICATION = Option(
+    "verification",
+    "record",
+    None,
+    nullable=True,
+    fields=(
+        Option(
+            "fprs",
+            "numbers",
+            (1e-4, 1e-3, 1e-2),
+            above=0,
+            below=1,
+            rule="each between 0 and 1 (exclusive)",
+            help="FPR levels of TPR@FPR",
+        ),
+        Option("bins", "integer", 60, minimum=1, help="bins of the distance histograms"),
+    ),
+    help="recall/reid, TPR@FPR, the ROC curve and the positive/negative distance histograms "
+    "over all query-gallery pairs (the encoder's distances, before AQE/re-ranking) in the "
+    "report; null = none",
+)
+
+
+def check_verification(value: Any, protocol: str, multi_query: Any = "none") -> dict | None:
+    """:data:`VERIFICATION` checked, and refused where it does not apply: a protocol that
+    does not pair every query with the whole gallery, or pooled queries."""
+    checked = VERIFICATION.check(value)
+    if checked is None:
+        return None
+    if not rerank_applies(protocol):
+        valid = ", ".join(p for p in PROTOCOLS if rerank_applies(p))
+        raise RankwiseError(
+            f"verification does not apply to protocol {protocol!r}: it needs every query "
+            f"paired with the whole gallery (protocols {valid}); drop verification"
+        )
+    if multi_query not in (None, "none"):
+        raise RankwiseError(
+            "verification does not combine with multi_query (its pairs are the single "
+            "queries'); evaluate it in a dataset entry without multi_query"
+        )
+    return checked
+
+
 AP = Option(
     "ap",
     "enum",
@@ -644,6 +694,7 @@ EVALUATION = group(
     SHOT_SEED,
     AQE,
     RERANK,
+    VERIFICATION,
     AP,
 )
 

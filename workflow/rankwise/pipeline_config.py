@@ -249,13 +249,20 @@ def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, lis
 
 
 def check_reranking(datasets: dict) -> None:
-    """``datasets.<name>.rerank`` / ``aqe``: what the schema cannot say (k2 <= k1, a
-    protocol they apply to), as :func:`rankwise.options.check_rerank`; a partial
-    mapping gets its defaults filled in (in place)."""
-    from .options import AQE, RERANK, check_rerank, check_rerank_alone
+    """``datasets.<name>.rerank`` / ``aqe`` / ``verification``: what the schema cannot say
+    (k2 <= k1, a protocol they apply to), as :func:`rankwise.options.check_rerank` and
+    :func:`~rankwise.options.check_verification`; a partial mapping gets its defaults
+    filled in (in place)."""
+    from .options import AQE, RERANK, check_rerank, check_rerank_alone, check_verification
 
     for name, dataset in datasets.items():
         try:
+            if dataset.get("verification") is not None:
+                dataset["verification"] = check_verification(
+                    dataset["verification"],
+                    dataset["protocol"],
+                    dataset.get("multi_query", "none"),
+                )
             for spec in (AQE, RERANK):
                 if dataset.get(spec.name) is None:
                     continue

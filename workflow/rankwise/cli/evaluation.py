@@ -132,15 +132,20 @@ def evaluate(ks, ap, output, **kw):
 @click.option(
     "--fprs", default="1e-4,1e-3,1e-2", show_default=True, help="FPR levels, comma-separated."
 )
+@click.option(
+    "--bins", default=60, show_default=True, type=int, help="Bins of the distance histograms."
+)
 @shared.spec.QUERY_BLOCK.click(default=256, help="Queries per tile.")
 @shared.spec.GALLERY_CHUNK.click(help="Gallery rows per tile.")
 @shared.output
-def verify(fprs, output, **kw):
-    """TPR at fixed FPR over every valid query-gallery pair (exact; see
-    rankwise.verification); print it, write the JSON."""
-    from ..verification import check_fprs, tpr_at_fpr
+def verify(fprs, bins, output, **kw):
+    """TPR at fixed FPR, the ROC curve and the positive/negative distance histograms over
+    every valid query-gallery pair (exact; see rankwise.verification); print the TPRs,
+    write everything as JSON (with the inputs it read, for the report)."""
+    from ..verification import check_bins, check_fprs, tpr_at_fpr
 
-    levels = check_fprs(fprs, "--fprs")  # the message names the flag
+    levels = check_fprs(fprs, "--fprs")  # the messages name the flag
+    check_bins(bins, "--bins")
     result = tpr_at_fpr(
         kw["query"],
         kw["gallery"],
@@ -149,11 +154,21 @@ def verify(fprs, output, **kw):
         protocol=kw["protocol"],
         distance=kw["distance"],
         fprs=levels,
+        bins=bins,
         junk_labels=kw["junk_labels"],
         exclude_same_camera=kw["exclude_same_camera"],
         query_block=kw["query_block"],
         gallery_chunk=kw["gallery_chunk"],
     )
+    result["inputs"] = {
+        "query_manifest": str(kw["query"]),
+        "gallery_manifest": str(kw["gallery"]),
+        "query_embeddings": str(kw["query_embeddings"]),
+        "gallery_embeddings": str(kw["gallery_embeddings"]),
+        "protocol": kw["protocol"],
+        "junk_labels": list(kw["junk_labels"]),
+        "exclude_same_camera": kw["exclude_same_camera"],
+    }
     for level, tpr in result["tpr@fpr"].items():
         click.echo(f"TPR@FPR={level}: {tpr:.2f}")
     click.echo(

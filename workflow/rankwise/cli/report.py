@@ -76,6 +76,14 @@ from .. import options as spec
 )
 @spec.TOP_K.click(help="Nearest gallery items shown per worst query.")
 @click.option(
+    "--verification",
+    "verification",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A `rankwise verify` JSON, <dataset>/<encoder>.json (repeatable): its TPR@FPR, "
+    "ROC curve and distance histograms join that result.",
+)
+@click.option(
     "--cache",
     "cache_dir",
     type=click.Path(file_okay=False),

@@ -2,7 +2,8 @@
 
 Columns: ``dataset``, ``encoder``, ``checkpoint`` (the checkpoint file, empty for a
 weight-free encoder), ``metric``, ``value``, ``ci_low``, ``ci_high`` (the interval;
-empty without statistics), ``num_queries``, ``num_skipped``.  Values are percentages
+empty without statistics), ``num_queries``, ``num_skipped``.  A result with verification
+metrics adds a row per ``tpr@fpr=<level>`` (no interval).  Values are percentages
 written at full precision (``repr``): read back, they are the numbers of report.json.
 """
 
@@ -43,6 +44,20 @@ def render_csv(doc: dict[str, Any]) -> str:
                     name,
                     repr(value),
                     *(repr(x) if x != "" else "" for x in interval),
+                    entry["num_queries"],
+                    entry["num_skipped"],
+                ]
+            )
+        for level, value in ((entry.get("verification") or {}).get("tpr@fpr") or {}).items():
+            writer.writerow(
+                [
+                    entry["dataset"],
+                    entry["encoder"],
+                    entry["provenance"]["checkpoint"] or "",
+                    f"tpr@fpr={level}",
+                    repr(value),
+                    "",
+                    "",
                     entry["num_queries"],
                     entry["num_skipped"],
                 ]

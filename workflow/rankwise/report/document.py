@@ -108,9 +108,54 @@ def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
         "cmc": None,
         "progressive": None,
         "worst_queries": None,
+        "verification": None,
         "provenance": _provenance(path.stem, raw),
         "source": str(path),
     }
+
+
+def _attach_verification(results: list[dict[str, Any]], paths) -> None:
+    """Each ``rankwise verify`` JSON (``<dataset>/<encoder>.json``) joins the result of
+    the same dataset and encoder, when it was computed from that result's embeddings."""
+    by_key = {(r["dataset"], r["encoder"]): r for r in results}
+    for item in paths:
+        path = Path(item)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise RankwiseError(
+                f"{path}: cannot read the verification file ({exc.strerror}); "
+                "run `rankwise verify --output` first"
+            ) from None
+        except ValueError:
+            raise RankwiseError(
+                f"{path}: not a JSON file; pass the --output of `rankwise verify`"
+            ) from None
+        if not isinstance(data, dict) or not isinstance(data.get("tpr@fpr"), dict):
+            raise RankwiseError(
+                f"{path}: no 'tpr@fpr' object; pass the --output of `rankwise verify`"
+            )
+        key = (path.parent.name, path.stem)
+        entry = by_key.get(key)
+        if entry is None:
+            raise RankwiseError(
+                f"{path}: no metrics file of dataset {key[0]!r} x encoder {key[1]!r} is "
+                "given; name it <dataset>/<encoder>.json like the metrics file it belongs to"
+            )
+        files = entry["provenance"]["files"]
+        for split in ("query_embeddings", "gallery_embeddings"):
+            mine, theirs = (data.get("inputs") or {}).get(split), files.get(split)
+            if mine and theirs and os.path.abspath(mine) != os.path.abspath(theirs):
+                raise RankwiseError(
+                    f"{path}: computed from {split} {mine}, but {entry['source']} from "
+                    f"{theirs}; run `rankwise verify` on the same embeddings"
+                )
+        if data.get("distance") not in (None, entry["distance"]):
+            raise RankwiseError(
+                f"{path}: distance {data.get('distance')!r}, but {entry['source']} ranks by "
+                f"{entry['distance']!r}; run `rankwise verify --distance {entry['distance']}`"
+            )
+        entry["verification"] = data
 
 
 class _Stores:
@@ -228,6 +273,7 @@ def build_report(
     worst_encoders: str = "best",
     top_k: int = 10,
     cache: PairCache | None = None,
+    verification: Iterable[str | os.PathLike] = (),
 ) -> dict[str, Any]:
     """The report document (what ``report.json`` holds) for the given metrics files.
 
@@ -244,6 +290,8 @@ def build_report(
     cache : keeps each paired test (:class:`.pairs.PairCache`, e.g. on a folder), so a
         report with one new encoder recomputes only the pairs that involve it; it
         counts what it computed, extended and reused.
+    verification : ``rankwise verify`` JSON files, ``<dataset>/<encoder>.json``: each
+        joins the result of that dataset and encoder (``entry["verification"]``).
 
     Datasets and encoders keep the order in which they first appear.
     """
@@ -271,6 +319,7 @@ def build_report(
                 f"is also given by {seen[key]}; pass each pair once"
             )
         seen[key] = entry["source"]
+    _attach_verification(results, verification)
     datasets = list(dict.fromkeys(r["dataset"] for r in results))
     encoders = list(dict.fromkeys(r["encoder"] for r in results))
     groups = [(d, [r for r in results if r["dataset"] == d]) for d in datasets]

@@ -252,6 +252,12 @@ def render_html(doc: dict[str, Any], *, links_from: str | os.PathLike = ".") -> 
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:
             parts += _comparisons_html(doc, comparisons, names)
+        if view.verification_rows(rows):
+            levels, table = view.verification_table(rows)
+            parts += [
+                f'<p class="meta">{_esc(view.verification_caption(rows))}</p>',
+                _html_table(["encoder"] + [_esc(x) for x in levels], _value_rows(table)),
+            ]
         figures = [
             _figure_html(
                 png(plot.draw(SCREEN)),

@@ -100,6 +100,14 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
                 ),
                 "",
             ]
+        if view.verification_rows(rows):
+            levels, table = view.verification_table(rows)
+            out += [
+                view.verification_caption(rows),
+                "",
+                _table(["encoder"] + levels, _rows(table)),
+                "",
+            ]
         cmc_rows = [r for r in rows if r["cmc"]]
         if cmc_rows:
             ks = [k for k in CMC_TABLE_RANKS if k <= doc["cmc_max_rank"]]

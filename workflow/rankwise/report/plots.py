@@ -101,6 +101,28 @@ def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]
                 lambda style: progressive_chart(rows, colors, style),
             )
         )
+    verified = view.verification_rows(rows)
+    if verified:
+        plots.append(
+            Plot(
+                "roc",
+                f"ROC curves on {dataset}",
+                "ROC over every valid query-gallery pair: TPR at the largest threshold "
+                "with FPR <= x (exact at each marked level)",
+                lambda style: roc_chart(verified, colors, style),
+            )
+        )
+        drawn = view.histogram_rows(rows)
+        plots.append(
+            Plot(
+                "distances",
+                f"distance histograms on {dataset}",
+                "Distances of positive (same label, solid) and negative (dashed) pairs, "
+                "each normalised to unit area"
+                + ("" if len(drawn) == len(verified) else f" ({drawn[0]['encoder']}: the best)"),
+                lambda style: distance_chart(drawn, colors, style),
+            )
+        )
     return plots
 
 
@@ -335,4 +357,54 @@ def progressive_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style:
             ax.fill_between(x, lo, hi, color=colors[r["encoder"]], alpha=0.15, lw=0)
     ax.set_xlim(0, 102)
     _percent_axes(ax, "sketch completion (%)", "mean 1 / rank of target (%)", "upper left", style)
+    return fig
+
+
+def roc_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style = SCREEN):
+    """ROC curves (log FPR, TPR %) of the rows' verification results; a Figure."""
+    fig, ax = _figure(3.2, 2.8, style)
+    for i, r in enumerate(rows):
+        roc = r["verification"]["roc"]
+        ax.plot(
+            roc["fpr"],
+            roc["tpr"],
+            label=r["encoder"],
+            color=colors[r["encoder"]],
+            lw=1.6,
+            ls=_DASHES[i % len(_DASHES)],
+            marker=_MARKERS[i % len(_MARKERS)],
+            ms=3,
+        )
+    ax.set_xscale("log")
+    _percent_axes(ax, "false positive rate", "true positive rate (%)", "upper left", style)
+    return fig
+
+
+def distance_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style = SCREEN):
+    """Positive (solid) and negative (dashed) pair-distance densities, one panel per row
+    (encoders' distances differ in scale); a Figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(rows)
+    fig = Figure(figsize=(style.width or 3.2, style.height or 1.2 + 0.9 * n), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n, 1, squeeze=False)[:, 0]
+    for ax, r in zip(axes, rows, strict=True):
+        ax.tick_params(labelsize=style.tick)
+        hist = r["verification"]["histogram"]
+        edges = np.asarray(hist["edges"])
+        width = np.diff(edges)
+        width[width == 0] = 1.0  # every distance equal: one spike, not a division by 0
+        for kind, ls in (("positive", "-"), ("negative", "--")):
+            counts = np.asarray(hist[kind], dtype=float)
+            density = counts / max(counts.sum(), 1.0) / width
+            ax.stairs(density, edges, color=colors[r["encoder"]], ls=ls, lw=1.4, label=kind)
+        ax.set_yticks([])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=style.legend, loc="upper right", title=r["encoder"],
+                  title_fontsize=style.legend)  # fmt: skip
+    axes[-1].set_xlabel(
+        f"{rows[0]['verification'].get('distance', '')} distance", fontsize=style.font
+    )
     return fig

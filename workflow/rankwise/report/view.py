@@ -304,3 +304,71 @@ def provenance_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
             }
         )
     return out
+
+
+# ---------------------------------------------------------------- verification
+
+#: Encoders whose distance histograms are drawn at most (then: the best one only).
+HISTOGRAM_ENCODERS_MAX = 3
+
+
+def verification_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The dataset's results that carry verification metrics."""
+    return [r for r in rows if r.get("verification")]
+
+
+def verification_levels(rows: list[dict[str, Any]]) -> list[str]:
+    """The FPR levels of the rows' TPR@FPR, ascending (as written: ``"0.001"``)."""
+    levels = {x for r in verification_rows(rows) for x in r["verification"]["tpr@fpr"]}
+    return sorted(levels, key=float)
+
+
+def verification_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[Row]]:
+    """TPR@FPR per encoder, best per column marked: header (after ``encoder``) and rows."""
+    shown = verification_rows(rows)
+    levels = verification_levels(rows)
+    body: list[Row] = []
+    for r in shown:
+        cells = []
+        for x in levels:
+            present = [t for s in shown if (t := s["verification"]["tpr@fpr"].get(x)) is not None]
+            top = max(present) if len(present) > 1 else None
+            value = r["verification"]["tpr@fpr"].get(x)
+            cells.append(ValueCell(value, value is not None and value == top))
+        body.append((r["encoder"], cells))
+    return [f"TPR@FPR={x}" for x in levels], body
+
+
+def verification_caption(rows: list[dict[str, Any]]) -> str:
+    """What the verification table counts, in one sentence with the pair counts."""
+    shown = verification_rows(rows)
+    counts = {
+        (r["verification"]["num_positive_pairs"], r["verification"]["num_negative_pairs"])
+        for r in shown
+    }
+    first = shown[0]["verification"]
+    pairs = (
+        f"{first['num_positive_pairs']:,} positive and "
+        f"{first['num_negative_pairs']:,} negative pairs"
+        if len(counts) == 1
+        else "; ".join(
+            f"{r['encoder']}: {r['verification']['num_positive_pairs']:,} positive, "
+            f"{r['verification']['num_negative_pairs']:,} negative pairs"
+            for r in shown
+        )
+    )
+    return (
+        f"Verification over every valid query-gallery pair ({pairs}; the encoder's "
+        f"{first.get('distance', '')} distances, before query expansion or re-ranking): "
+        "TPR (%) at the largest distance threshold whose FPR is at most the level; a "
+        "negative tied with a positive at the threshold rejects both."
+    )
+
+
+def histogram_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results whose distance histograms are drawn: all, up to
+    :data:`HISTOGRAM_ENCODERS_MAX`, else the best one (by the first headline metric)."""
+    shown = verification_rows(rows)
+    if len(shown) <= HISTOGRAM_ENCODERS_MAX:
+        return shown
+    return [shown[best_row(shown)]]
