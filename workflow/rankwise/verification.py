@@ -44,8 +44,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from .errors import RankwiseError
+from .kernels import _canonical_key
 from .options import JUNK_LABELS, rerank_applies
 
 #: The FPR levels fast-reid reports.
@@ -227,9 +229,9 @@ class _Pairs:
         )
 
     def tiles(self):
-        """Per tile: its gallery rows, query rows ``i`` and gallery columns ``j``
-        (tile-local) of the valid negatives, their tile keys ``k~``, and the chunk's
-        positives' canonical keys."""
+        """Per tile: its gallery rows and squared norms, first query row ``r0``, the
+        float32 similarities, the valid-negative mask (:func:`dense_masks`, the one
+        statement of the rule) and the chunk's positives' canonical keys."""
         from . import kernels
         from .protocols import dense_masks
 
@@ -249,27 +251,17 @@ class _Pairs:
                 valid, relevant = dense_masks(
                     problem, np.arange(r0, r1, dtype=np.int64)[:, None], cols
                 )
-                i, j = np.nonzero(valid & ~relevant)
-                s = sim[i, j].astype(np.float64)
-                approx = -s if self.cosine else self.qsq[r0 + i] + gsq[j] - 2.0 * s
-                yield grows, r0, i, j, approx, positives
+                yield grows, gsq, r0, sim, valid & ~relevant, positives
                 positives = positives[:0]  # once per chunk
-
-    def exact(self, grows, r0, i, j) -> np.ndarray:
-        """Canonical keys of the tile's pairs ``(r0 + i, j)``."""
-        from . import kernels
-
-        return kernels.pair_keys(self.qrows, grows, r0 + i, j, self.cosine)
 
     def first_pass(self):
         """``(fine histogram of the negatives' k~, N, positives' canonical keys)``."""
         fine = np.zeros(FINE_BINS, dtype=np.int64)
         n_neg, positives = 0, []
-        for _, _, _, _, approx, pos in self.tiles():
-            n_neg += len(approx)
+        for _, gsq, r0, sim, neg, pos in self.tiles():
+            qsq = self.qsq[r0 : r0 + len(sim)]
+            n_neg += _fine_tile(sim, neg, qsq, gsq, self.cosine, self.lo, self.width, fine)
             positives.append(pos)
-            b = np.clip(((approx - self.lo) / self.width).astype(np.int64), 0, FINE_BINS - 1)
-            fine += np.bincount(b, minlength=FINE_BINS)
         return fine, n_neg, np.concatenate(positives)
 
     def bracket(self, fine: np.ndarray, r: int) -> tuple[float, float]:
@@ -306,30 +298,114 @@ class _Pairs:
         order = np.argsort(lows, kind="stable")
         cut = lows[order] - self.eps  # k~ < lo - eps: certainly below lo
         spans = _merge(brackets, self.eps)
-        below = np.zeros(len(brackets), dtype=np.int64)
+        counts = np.zeros(len(cut) + 1, dtype=np.int64)
+        fix = np.zeros(len(brackets), dtype=np.int64)
         hist = np.zeros(len(edges) - 1, dtype=np.int64)
+        buffer = np.empty(self.block * self.chunk, dtype=np.float64)
+        d0, d1 = self.to_distance(edges[[0, -1]])
+        dw = max((d1 - d0) / (len(edges) - 1), np.finfo(float).tiny)
         kept = []
-        for grows, r0, i, j, approx, _ in self.tiles():
-            # certainly below the p-th lowest bracket: the k~ with fewer than p + 1
-            # cuts at or below them (searchsorted <= p)
-            counts = np.bincount(np.searchsorted(cut, approx, side="right"), minlength=len(cut) + 1)
-            below[order] += np.cumsum(counts)[:-1]
-            # may lie in a bracket (k~ within eps of it), or near a display edge
-            s = np.searchsorted(spans[:, 0], approx, side="right") - 1
-            maybe = (s >= 0) & (approx <= spans[np.maximum(s, 0), 1])
-            e = np.clip(np.searchsorted(edges, approx), 1, len(edges) - 1)
-            near = (approx - edges[e - 1] <= self.eps) | (edges[e] - approx <= self.eps)
-            need = maybe | near
-            keys = approx.copy()
-            keys[need] = self.exact(grows, r0, i[need], j[need])
-            hist += _histogram(keys, edges)
-            exact = keys[maybe]
-            # below a bracket's lo although k~ was not certainly below: count it now
-            for t, (lo, _) in enumerate(brackets):
-                if lo > -math.inf:
-                    below[t] += np.count_nonzero((exact < lo) & (approx[maybe] >= lo - self.eps))
-            kept.append(exact)
-        return below, np.concatenate(kept) if kept else np.zeros(0), hist
+        for grows, gsq, r0, sim, neg, _ in self.tiles():
+            n = len(sim)
+            k = _bracket_tile(
+                sim, neg, self.qrows[r0 : r0 + n], grows, self.qsq[r0 : r0 + n], gsq,
+                self.cosine, self.eps, cut, spans, lows, edges, d0, dw, counts, fix, hist,
+                buffer,
+            )  # fmt: skip
+            kept.append(buffer[:k].copy())
+        # certainly below the p-th lowest bracket: the k~ with at most p cuts at or
+        # below them; plus those whose canonical key turned out below
+        below = np.zeros(len(brackets), dtype=np.int64)
+        below[order] = np.cumsum(counts)[:-1]
+        return below + fix, np.concatenate(kept), hist
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tile_key(sim, i, j, qsq, gsq, cosine):
+    """The float32 tile key ``k~`` of pair (i, j): within eps of the canonical key."""
+    s = np.float64(sim[i, j])
+    return -s if cosine else qsq[i] + gsq[j] - 2.0 * s
+
+
+@njit(cache=True, nogil=True)
+def _fine_tile(sim, neg, qsq, gsq, cosine, lo, width, fine):
+    """Pass 1, per tile: each valid negative's k~ into ``fine`` (end bins clipped);
+    returns the number of negatives."""
+    n = 0
+    last = fine.shape[0] - 1
+    for i in range(sim.shape[0]):
+        for j in range(sim.shape[1]):
+            if neg[i, j]:
+                b = int((_tile_key(sim, i, j, qsq, gsq, cosine) - lo) / width)
+                fine[min(max(b, 0), last)] += 1
+                n += 1
+    return n
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _upper(values, x):
+    """Number of ``values`` (sorted, short) at or below ``x``."""
+    a, b = 0, values.shape[0]
+    while a < b:
+        m = (a + b) >> 1
+        if values[m] <= x:
+            a = m + 1
+        else:
+            b = m
+    return a
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _edge_bin(edges, x, guess):
+    """The bin b of ``x`` with ``edges[b] <= x < edges[b+1]``, clipped to the bins,
+    walking from ``guess`` (the arithmetic bin: right but for rounding)."""
+    last = edges.shape[0] - 2
+    b = min(max(guess, 0), last)
+    while b > 0 and x < edges[b]:
+        b -= 1
+    while b < last and x >= edges[b + 1]:
+        b += 1
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _bracket_tile(
+    sim, neg, qrows, grows, qsq, gsq, cosine, eps, cut, spans, lows, edges, d0, dw, counts,
+    fix, hist, out,
+):  # fmt: skip
+    """Pass 2, per tile (module docstring): ``counts[s]`` += negatives with s cuts at
+    or below their k~; a negative whose k~ lies in a span (a bracket widened by eps) or
+    within eps of a display edge gets its canonical key; those in a span go to ``out``
+    (returns how many) and add to ``fix[t]`` when below bracket t's ``lows[t]`` although
+    k~ was not below ``lows[t] - eps``; every negative adds to ``hist`` (edges uniform
+    in distance from ``d0`` by ``dw``)."""
+    n = 0
+    last = edges.shape[0] - 2
+    starts = spans[:, 0].copy()
+    for i in range(sim.shape[0]):
+        for j in range(sim.shape[1]):
+            if not neg[i, j]:
+                continue
+            a = _tile_key(sim, i, j, qsq, gsq, cosine)
+            counts[_upper(cut, a)] += 1
+            p = _upper(starts, a) - 1
+            maybe = p >= 0 and a <= spans[p, 1]
+            d = 1.0 + a if cosine else np.sqrt(max(a, 0.0))
+            e = _edge_bin(edges, a, int((d - d0) / dw))
+            key = a
+            if maybe or a - edges[e] <= eps or edges[e + 1] - a <= eps:
+                key = _canonical_key(qrows[i], grows[j], cosine)
+                e = _edge_bin(edges, key, e)
+                if key < edges[0] or key > edges[last + 1]:
+                    raise AssertionError("a verification distance is outside the histogram")
+            hist[e] += 1
+            if maybe:
+                out[n] = key
+                n += 1
+                for t in range(lows.shape[0]):
+                    if key < lows[t] and a >= lows[t] - eps:
+                        fix[t] += 1
+    return n
 
 
 def _merge(brackets, eps: float) -> np.ndarray:
