@@ -26,6 +26,29 @@ from .embeddings import EmbeddingSource, open_embeddings
 from .kernels import pair_keys
 
 
+def estimate_memory_mb(
+    n_query: int,
+    n_gallery: int,
+    dim: int,
+    aqe: dict[str, Any],
+    workers: int,
+    block: int = 1024,
+    chunk: int = 8192,
+) -> tuple[float, float]:
+    """Memory (MB) of query expansion, N = Q + G: ``(during, after)``.
+
+    During :func:`expand`: the raw and the prepared rows (float32), the weighted sum
+    (float64) and a float64 term of it, the result (float32) -- 28 bytes an ``N x D``
+    value -- the neighbour lists (``N k`` distances and indices) and the neighbour
+    pass's tiles (per worker).  After it, while ranking: the expanded rows (float32).
+    """
+    from .rerank import neighbour_pass_mb
+
+    n_all = n_query + n_gallery
+    during = (28.0 * dim * n_all + 32.0 * n_all * int(aqe["k"])) / 2**20
+    return during + neighbour_pass_mb(n_all, block, chunk, workers), 4.0 * dim * n_all / 2**20
+
+
 def expand(
     query: EmbeddingSource,
     gallery: EmbeddingSource,

@@ -296,29 +296,14 @@ def compute_ranks(
     check_same_dim(query, gallery)
     dim = int(query.shape[1])
     runner = _Runner(options)
+    if options.memory_limit_mb is not None:
+        _check_memory(problem, query, gallery, options, runner.workers, rerank, aqe)
     if aqe is not None:
         from .query_expansion import expand
 
         query, gallery = expand(query, gallery, aqe, options, runner)
     qrows, qsq = prepare_chunk(query, 0, query.shape[0], cosine)
     bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
-    if options.memory_limit_mb is not None:
-        chunk = int(np.diff(bounds).max())
-        need = estimate_memory_mb(
-            query.shape[0],
-            gallery.shape[0],
-            dim,
-            len(problem.pair_q),
-            EngineOptions(options.query_block, chunk),
-            runner.workers,
-        )
-        if need > options.memory_limit_mb:
-            raise RankwiseError(
-                f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "
-                f"about {need:.0f} MB ({query.shape[0]} queries x {gallery.shape[0]} gallery x "
-                f"{dim} dims, tiles {options.query_block} x {chunk}, {runner.workers} "
-                "workers); lower --query-block, --gallery-chunk or --workers, or raise the limit"
-            )
     evaluated = np.flatnonzero(~problem.skip)
     if rerank is not None:
         from .rerank import rerank_ranks
@@ -358,6 +343,45 @@ def compute_ranks(
         step=problem.step[evaluated],
         attrs=attrs,
     )
+
+
+def _check_memory(problem, query, gallery, options, workers, rerank, aqe) -> None:
+    """Refuse, before any work, a run whose estimated peak exceeds the memory limit:
+    the plain engine's estimate, or re-ranking's when larger (its stages replace the
+    plain tiles); with query expansion, the larger of its own peak and the ranking's
+    plus the expanded rows it leaves."""
+    n_query, n_gallery, dim = query.shape[0], gallery.shape[0], int(query.shape[1])
+    chunk = int(np.diff(_chunk_bounds(n_gallery, gallery, options.gallery_chunk)).max())
+    need = estimate_memory_mb(
+        n_query, n_gallery, dim, len(problem.pair_q), EngineOptions(options.query_block, chunk),
+        workers,
+    )  # fmt: skip
+    extra = ""
+    if rerank is not None:
+        from . import rerank as rerank_module
+
+        need = max(
+            need,
+            rerank_module.estimate_memory_mb(
+                n_query, n_gallery, dim, rerank, workers, options.query_block, chunk
+            ),
+        )
+        extra = ", re-ranking"
+    if aqe is not None:
+        from . import query_expansion
+
+        during, after = query_expansion.estimate_memory_mb(
+            n_query, n_gallery, dim, aqe, workers, options.query_block, chunk
+        )
+        need = max(_BASE_MB + during, need + after)  # expansion, then ranking
+        extra += ", query expansion"
+    if need > options.memory_limit_mb:
+        raise RankwiseError(
+            f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "
+            f"about {need:.0f} MB ({n_query} queries x {n_gallery} gallery x {dim} dims, "
+            f"tiles {options.query_block} x {chunk}, {workers} workers{extra}); lower "
+            "--query-block, --gallery-chunk or --workers, or raise the limit"
+        )
 
 
 def _plain_ranks(problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options):

@@ -368,6 +368,48 @@ def _inverted(v, n_query: int, n_all: int):
 # ----------------------------------------------------------------- the stage
 
 
+def neighbour_pass_mb(n_rows: int, block: int, chunk: int, workers: int) -> float:
+    """Memory (MB) of the tiled neighbour pass (:func:`neighbour_task`) beyond its
+    inputs: per worker, a ``(block, chunk)`` tile's similarities, screened distances,
+    bounds and masks (~24 bytes a value alive at once, measured)."""
+    b, c = min(block, max(n_rows, 1)), min(chunk, max(n_rows, 1))
+    return workers * 24.0 * b * c / 2**20
+
+
+def estimate_memory_mb(
+    n_query: int,
+    n_gallery: int,
+    dim: int,
+    rerank: dict[str, Any],
+    workers: int,
+    block: int = 1024,
+    chunk: int = 8192,
+) -> float:
+    """Peak resident memory (MB) of re-ranking, from its shapes alone (module docstring's
+    memory, with |E| taken as 2 (k1 + 1) and V' at its bound of k2 |E| non-zeros a row).
+
+    Held: the prepared rows (queries, gallery and both together: ``4 D (Q + 2 G + N)``
+    bytes), the neighbour lists (``N (k1 + 1)`` distances and indices, and their merge
+    buffers), V, V' and V's inverted gallery index (12 bytes a non-zero).  Per worker at
+    a time: the neighbour pass's tile (:func:`neighbour_pass_mb`), later the final
+    stage's (six arrays of :data:`_TILE_VALUES` float64).
+    """
+    from .ranking import _BASE_MB
+
+    n_all = n_query + n_gallery
+    keep = int(rerank["k1"]) + 1
+    expansion = 2 * keep
+    held = (
+        4.0 * dim * (n_query + 2 * n_gallery + n_all)
+        + 32.0 * n_all * keep
+        + 12.0 * expansion * (n_all + (int(rerank["k2"]) + 1) * (n_all + n_gallery))
+    )
+    tiles = max(
+        neighbour_pass_mb(n_all, block, chunk, workers), workers * 6 * 8.0 * _TILE_VALUES / 2**20
+    )
+    return _BASE_MB + held / 2**20 + tiles
+
+
 def rerank_ranks(
     problem: Problem,
     qrows: np.ndarray,

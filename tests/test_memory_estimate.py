@@ -1,0 +1,106 @@
+"""The memory estimate behind ``--memory-limit``, with re-ranking and query expansion.
+
+Each configuration runs in a fresh process that reports its peak RSS (``ru_maxrss``) and
+the estimate the engine would refuse with: the estimate must hold the real peak and not
+overshoot it wildly (a limit set from it must be usable).  A limit between the plain
+estimate and the re-ranking one refuses re-ranking in one line, before any work, and lets
+the plain ranking run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import run_rankwise, write_inputs
+
+import rankwise
+from rankwise.errors import RankwiseError
+
+PROBE = r"""
+import json, resource, sys
+import numpy as np, pandas as pd
+import rankwise
+from rankwise.errors import RankwiseError
+
+nq, ng, dim, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rng = np.random.default_rng(0)
+centres = rng.normal(size=(nq // 4, dim)).astype(np.float32)
+ql, gl = rng.integers(0, len(centres), nq), rng.integers(0, len(centres), ng)
+qe = (centres[ql] + rng.normal(size=(nq, dim))).astype(np.float32)
+ge = (centres[gl] + rng.normal(size=(ng, dim))).astype(np.float32)
+q = pd.DataFrame({"id": [f"q{i}" for i in range(nq)], "label": ql.astype(str)})
+g = pd.DataFrame({"id": [f"g{i}" for i in range(ng)], "label": gl.astype(str)})
+kw = {}
+if "rerank" in mode:
+    kw["rerank"] = {"k1": 20, "k2": 6, "lambda": 0.3}
+if "aqe" in mode:
+    kw["aqe"] = {"k": 5, "alpha": 3.0}
+rankwise.rank(q, g, qe, ge, protocol="recall", workers=2, **kw)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+try:
+    rankwise.rank(q, g, qe, ge, protocol="recall", workers=2, memory_limit_mb=1, **kw)
+except RankwiseError as error:
+    estimate = float(str(error).split("about ")[1].split(" MB")[0])
+print(json.dumps({"peak": peak, "estimate": estimate}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "rerank", "aqe", "rerank+aqe"])
+def test_the_estimate_holds_the_measured_peak(mode):
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, "2000", "16000", "192", mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["peak"] <= got["estimate"] <= 2.5 * got["peak"], got
+
+
+def _case(n_query=300, n_gallery=3000, dim=64, seed=0):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 50, n_query + n_gallery).astype(str)
+    emb = rng.normal(size=(n_query + n_gallery, dim)).astype(np.float32)
+    q = pd.DataFrame({"id": [f"q{i}" for i in range(n_query)], "label": labels[:n_query]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(n_gallery)], "label": labels[n_query:]})
+    return q, g, emb[:n_query], emb[n_query:]
+
+
+def _estimate(*case, **kw) -> float:
+    with pytest.raises(RankwiseError) as info:
+        rankwise.rank(*case, protocol="recall", memory_limit_mb=1e-3, **kw)
+    return float(str(info.value).split("about ")[1].split(" MB")[0])
+
+
+def test_a_limit_between_plain_and_reranking_refuses_only_reranking():
+    case = _case()
+    plain = _estimate(*case)
+    rerank = {"k1": 20, "k2": 6, "lambda": 0.3}
+    reranked = _estimate(*case, rerank=rerank)
+    expanded = _estimate(*case, aqe={"k": 5, "alpha": 3.0})
+    assert plain < reranked and plain < expanded
+    limit = (plain + reranked) / 2
+    rankwise.rank(*case, protocol="recall", memory_limit_mb=limit)  # runs
+    with pytest.raises(RankwiseError, match=r"workers, re-ranking\); lower --query-block"):
+        rankwise.rank(*case, protocol="recall", memory_limit_mb=limit, rerank=rerank)
+
+
+def test_cli_refuses_reranking_over_the_limit_in_one_line(tmp_path):
+    case = _case()
+    limit = (_estimate(*case) + _estimate(*case, rerank={"k1": 20, "k2": 6, "lambda": 0.3})) / 2
+    args = write_inputs(tmp_path, *case)
+    out = tmp_path / "ranks.zarr"
+    proc = run_rankwise(
+        "rank", *args, "--protocol", "recall", "--rerank", "20,6,0.3",
+        "--memory-limit", f"{limit:.1f}", "--out", out,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "re-ranking" in lines[0] and "cannot be met" in lines[0]
+    assert not out.exists()
