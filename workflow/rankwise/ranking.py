@@ -23,15 +23,18 @@ from __future__ import annotations
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import kernels
 from .embeddings import EmbeddingSource, check_same_dim
 from .errors import RankwiseError
-from .options import DISTANCE, GALLERY_CHUNK, MEMORY_LIMIT, QUERY_BLOCK, WORKERS
+from .options import DEVICE, DISTANCE, GALLERY_CHUNK, MEMORY_LIMIT, QUERY_BLOCK, WORKERS
 from .protocols import Problem
+
+if TYPE_CHECKING:
+    from .devices import Tiles
 
 DISTANCES = DISTANCE.choices
 
@@ -78,6 +81,7 @@ class EngineOptions:
     scheduler: Any = None  # None: threads; else a dask.distributed Client or address
     progress: bool = False
     memory_limit_mb: float | None = None  # refuse to start when the estimate exceeds it
+    device: str = DEVICE.default  # where tile similarities run (rankwise.devices)
 
     def __post_init__(self) -> None:
         # messages name the parameter; the CLI checks the same specs, naming the flag
@@ -85,6 +89,7 @@ class EngineOptions:
         GALLERY_CHUNK.check(self.gallery_chunk)
         WORKERS.check(self.workers)
         MEMORY_LIMIT.check(self.memory_limit_mb, "memory_limit_mb")
+        DEVICE.check(self.device)
 
 
 #: Resident size of the interpreter with numpy, numba, dask and zarr loaded.
@@ -142,11 +147,23 @@ def _pair_keys_task(prep, qrows, pair_q, pair_g_local, cosine):
     return kernels.pair_keys(qrows, prep[0], pair_q, pair_g_local, cosine)
 
 
-def _count_task(prep, block, gmeta, cosine, bound):
-    """Per tile: BLAS similarities, then masks + counting in one compiled pass."""
+def _upload_task(prep, tiles: Tiles):
+    """Per chunk: the prepared gallery rows on the tiles' device, shared by the chunk's
+    tiles (a tensor on the GPU stays there across the query blocks)."""
+    return tiles.upload(prep[0])
+
+
+def _count_task(prep, gdev, block, gmeta, cosine, bound, tiles: Tiles):
+    """Per tile: float32 similarities (BLAS, or torch on a device: ``tiles``), then
+    masks + counting in one compiled pass on the host.
+
+    ``gdev`` / ``block["dev"]``: the rows already on the device, or None to copy them
+    here (a dask.distributed run, where device tensors must not travel between workers).
+    """
     _limit_blas()
     grows, gsq = prep
-    sim = block["rows"] @ grows.T
+    qdev = block["dev"] if block["dev"] is not None else tiles.upload(block["rows"])
+    sim = tiles.similarities(qdev, gdev if gdev is not None else tiles.upload(grows))
     return kernels.count_tile(
         sim,
         block["rows"],
@@ -292,6 +309,9 @@ def compute_ranks(
     """
     options = options or EngineOptions()
     check_distance(distance)
+    from .devices import tiles_for
+
+    tiles = tiles_for(options.device)  # a missing GPU is an error before any work
     cosine = distance == "cosine"
     check_same_dim(query, gallery)
     dim = int(query.shape[1])
@@ -334,9 +354,10 @@ def compute_ranks(
             runner=runner,
         )
     else:
-        offsets, ranks = _plain_ranks(
-            problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options
-        )
+        with tiles.exact_float32():
+            offsets, ranks = _plain_ranks(
+                problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles
+            )
     attrs = {
         "protocol": problem.protocol,
         "distance": distance,
@@ -360,7 +381,9 @@ def compute_ranks(
     )
 
 
-def _plain_ranks(problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options):
+def _plain_ranks(
+    problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles: Tiles
+):
     """The two passes of the module docstring: ``(offsets, ranks)``."""
     from threadpoolctl import threadpool_limits
 
@@ -386,6 +409,7 @@ def _plain_ranks(problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, run
                 kernels.error_bound_factor(dim),
                 runner,
                 options,
+                tiles,
             )
             ranks = kernels.ranks_from_hist(hist, toff)
             offsets = toff
@@ -435,15 +459,23 @@ def _pass_counts(
     bound,
     runner,
     options: EngineOptions,
+    tiles: Tiles,
 ) -> np.ndarray:
-    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold."""
+    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold.
+
+    On a device (``tiles.resident``, threads) each query block is copied there once for
+    the pass and each gallery chunk once for its group's tiles.
+    """
+    resident = tiles.resident and runner.client is None
     blocks = []
     for lo in range(0, len(evaluated), options.query_block):
         hi = min(lo + options.query_block, len(evaluated))
         rows = evaluated[lo:hi]
+        block_rows = np.ascontiguousarray(qrows[rows])
         blocks.append(
             {
-                "rows": np.ascontiguousarray(qrows[rows]),
+                "rows": block_rows,
+                "dev": tiles.upload(block_rows) if resident else None,
                 "sq": qsq[rows],
                 "lab": problem.qlab[rows],
                 "id": problem.qid[rows],
@@ -470,24 +502,27 @@ def _pass_counts(
         out_keys = []
         for c in chunk_ids:
             start, stop = int(bounds[c]), int(bounds[c + 1])
+            graph[key("gdev", c)] = (_upload_task, key("prep", c), tiles) if resident else None
             graph[key("gmeta", c)] = {
                 "lab": problem.glab[start:stop],
                 "id": problem.gid[start:stop],
                 "junk": problem.gjunk[start:stop],
             }
         for b, block in enumerate(shared):
-            tiles = []
+            tile_keys = []
             for c in chunk_ids:
                 graph[key("tile", b, c)] = (
                     _count_task,
                     key("prep", c),
+                    key("gdev", c),
                     block,
                     key("gmeta", c),
                     cosine,
                     bound,
+                    tiles,
                 )
-                tiles.append(key("tile", b, c))
-            graph[key("sum", b)] = (kernels.sum_counts, tiles)
+                tile_keys.append(key("tile", b, c))
+            graph[key("sum", b)] = (kernels.sum_counts, tile_keys)
             out_keys.append(key("sum", b))
         for block, part in zip(blocks, runner.get(graph, out_keys), strict=True):
             lo, hi = block["span"]
