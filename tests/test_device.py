@@ -10,6 +10,8 @@ beyond the bound shows the near-tie data notices.
 
 from __future__ import annotations
 
+import glob
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -292,6 +294,28 @@ def test_torch_is_never_imported_on_the_cpu_path(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is visible")
+@pytest.mark.parametrize("visible", [None, "", "-1"])
+def test_auto_on_a_machine_without_gpu_does_not_import_torch(visible):
+    # here: no /dev/nvidia* device node (or no visible device): no 2 s torch import
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    elif sys.platform.startswith("linux") and (
+        glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg")
+    ):
+        pytest.skip("NVIDIA device nodes exist: auto must ask torch")
+    code = (
+        "import sys\n"
+        "from rankwise.devices import tiles_for\n"
+        "print(tiles_for('auto').name, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.split() == ["cpu", "False"]
 
 
 def _files(tmp_path):

@@ -10,7 +10,8 @@ how ``S`` is computed:
 ``cuda``       ``torch.matmul`` in float32 on the current CUDA device (choose one with
                ``CUDA_VISIBLE_DEVICES``); each gallery chunk and query block is copied to
                the device once, ``S`` is copied back per tile.
-``auto``       ``cuda`` when torch is installed and sees a CUDA device, else ``cpu``.
+``auto``       ``cuda`` when torch is installed and sees a CUDA device, else ``cpu``
+               (without importing torch, ~2 s, where no NVIDIA device node exists).
 ``torch-cpu``  the ``cuda`` code path on torch's CPU device: what the tests run where
                there is no GPU; also a way to compare the two paths on one machine.
 
@@ -34,7 +35,10 @@ L2-normalised rows, and only reachable for euclidean embeddings of norm ~1e-19.
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib.util
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -116,6 +120,20 @@ def _ieee_float32(torch: Any) -> None:
 Tiles = NumpyTiles | TorchTiles
 
 
+def _gpu_may_be_visible() -> bool:
+    """False when no CUDA device can be visible, known without importing torch (which
+    takes ~2 s, the whole start-up budget of a small run): ``CUDA_VISIBLE_DEVICES``
+    empty or -1, macOS, or a Linux without NVIDIA device nodes (``/dev/nvidia0``...;
+    WSL2 exposes ``/dev/dxg``).  True means "ask torch"."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False
+    if sys.platform == "darwin":
+        return False
+    if sys.platform.startswith("linux"):
+        return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg"))
+    return True
+
+
 def _torch(label: str, device: str) -> Any:
     try:
         import torch
@@ -141,7 +159,7 @@ def tiles_for(device: str, label: str = "device") -> Tiles:
         _torch(label, device)
         return TorchTiles("cpu")
     if device == "auto":
-        if importlib.util.find_spec("torch") is None:
+        if importlib.util.find_spec("torch") is None or not _gpu_may_be_visible():
             return NumpyTiles()
         return TorchTiles("cuda") if _torch(label, device).cuda.is_available() else NumpyTiles()
     torch = _torch(label, device)
