@@ -1,8 +1,9 @@
 """The engine's device option: the torch path gives the numpy path's numbers, exactly.
 
-No GPU here: ``device="torch-cpu"`` runs the ``cuda`` code path (torch.matmul on
-device-resident rows, similarities copied back, the same counting kernel) on torch's
-CPU device, whose BLAS rounds differently from numpy's. A backend that pushes every
+Where there is no GPU, ``device="torch-cpu"`` runs the ``cuda`` code path (torch.matmul
+on device-resident rows, similarities copied back, the same counting kernel) on torch's
+CPU device, whose BLAS rounds differently from numpy's; where torch sees a GPU, the
+comparisons also run with ``device="cuda"``. A backend that pushes every
 similarity by almost the whole error bound shows that any float32 matmul within the
 bound (any summation order, FMA or not) gives the same numbers, and a control pushed
 beyond the bound shows the near-tie data notices.
@@ -33,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
 
 PROTOCOLS = ["recall", "reid", "reassociation", "progressive"]
+#: The torch devices compared with cpu: torch's CPU device always, a GPU where there is one.
+TORCH_DEVICES = ["torch-cpu"] + (["cuda"] if HAS_CUDA else [])
 
 
 def _rank_both(case, device, **kw):
@@ -71,15 +74,18 @@ def _case(make_case, protocol, distance):
 # ---------------------------------------------------------------- same numbers
 
 
+@pytest.mark.parametrize("device", TORCH_DEVICES)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("distance", ["cosine", "euclidean"])
 @pytest.mark.parametrize("query_block,gallery_chunk,workers", [(5, 7, 1), (5, 7, 2), (64, 8192, 2)])
-def test_torch_cpu_equals_cpu(make_case, protocol, distance, query_block, gallery_chunk, workers):
+def test_torch_equals_cpu(
+    make_case, device, protocol, distance, query_block, gallery_chunk, workers
+):
     case = _case(make_case, protocol, distance)
     kw = dict(query_block=query_block, gallery_chunk=gallery_chunk, workers=workers)
     cpu = _rank_both(case, "cpu", **kw)
     assert cpu[1].num_queries > 0
-    _assert_identical(_rank_both(case, "torch-cpu", **kw), cpu)
+    _assert_identical(_rank_both(case, device, **kw), cpu)
 
 
 @pytest.mark.parametrize("distance", ["cosine", "euclidean"])
@@ -208,7 +214,7 @@ def test_near_ties_are_decided_exactly_on_both_paths(distance):
     expected, keys = _canonical_ranks(query, gallery, qe, ge, cosine)
     assert _near_pairs(gallery, query, keys, qe, ge, cosine) >= 150  # the fallback runs
     runs = {}
-    for device in ("cpu", "torch-cpu"):
+    for device in ("cpu", *TORCH_DEVICES):
         for qb, gc, w in [(3, 17, 1), (7, 64, 2), (1024, 8192, 2)]:
             result = rankwise.rank(
                 query,
@@ -233,12 +239,13 @@ def test_near_ties_are_decided_exactly_on_both_paths(distance):
             assert np.array_equal(result.arrays()[name], array), name
 
 
+@pytest.mark.parametrize("device", TORCH_DEVICES)
 @pytest.mark.parametrize("distance", ["cosine", "euclidean"])
-def test_reid_near_ties_torch_cpu_equals_cpu(distance):
+def test_reid_near_ties_torch_equals_cpu(device, distance):
     query, gallery, qe, ge = _near_tie_case(distance, seed=1)
     kw = dict(protocol="reid", distance=distance, query_block=6, gallery_chunk=50)
     a = rankwise.rank(query, gallery, qe, ge, device="cpu", workers=2, **kw)
-    b = rankwise.rank(query, gallery, qe, ge, device="torch-cpu", workers=2, **kw)
+    b = rankwise.rank(query, gallery, qe, ge, device=device, workers=2, **kw)
     for name, array in a.arrays().items():
         assert np.array_equal(b.arrays()[name], array), name
 
