@@ -397,6 +397,19 @@ def test_cuda_without_torch_says_how_to_install_it(tmp_path):
     ]
 
 
+def test_memory_limit_counts_torch_on_a_torch_device(tmp_path):
+    from rankwise.ranking import estimate_memory_mb
+
+    # 1 query x 2 gallery x 2 dims: the estimate is the interpreter's size (+ torch's)
+    cpu = estimate_memory_mb(1, 2, 2, 1, EngineOptions(), 1)
+    torch_cpu = estimate_memory_mb(1, 2, 2, 1, EngineOptions(device="torch-cpu"), 1)
+    assert torch_cpu - cpu == pytest.approx(500.0)
+    limit = cpu + 100.0
+    assert rankwise.evaluate(*_files(tmp_path), memory_limit_mb=limit, workers=1).num_queries == 1
+    with pytest.raises(RankwiseError, match=r"^memory limit \S+ MB cannot be met"):
+        rankwise.evaluate(*_files(tmp_path), memory_limit_mb=limit, workers=1, device="torch-cpu")
+
+
 def test_tf32_is_off_while_ranking_and_restored_after():
     saved = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
     try:

@@ -16,6 +16,10 @@ With ``t_1 <= ... <= t_G`` a query's sorted thresholds and
 before relevant at equal distance), and the sorted rank list does not depend on
 the row order among tied relevant items.  The two passes run as separate
 ``compute`` calls, gallery chunks in groups, which keeps memory flat.
+
+The tile similarities of pass 2 run on numpy's BLAS or, with ``EngineOptions.device``,
+with torch on a GPU (:mod:`rankwise.devices`); everything else runs on the host, and
+the numbers are the same on every device.
 """
 
 from __future__ import annotations
@@ -94,6 +98,9 @@ class EngineOptions:
 
 #: Resident size of the interpreter with numpy, numba, dask and zarr loaded.
 _BASE_MB = 250.0
+#: What importing torch adds to it (its CPU and CUDA libraries; measured ~470 MB before
+#: any CUDA context, which adds more host memory on a GPU machine).
+_TORCH_MB = 500.0
 
 
 def estimate_memory_mb(
@@ -104,14 +111,15 @@ def estimate_memory_mb(
     Held throughout: the prepared queries ``(Q, D)`` twice (raw + prepared), the pair
     lists and keys (~48 bytes a pair), the gallery codes (~25 bytes a row).  Per
     worker at a time: a raw and a prepared gallery chunk ``(c, D)`` and the float32 tile
-    ``(b, c)``, plus the interpreter's own size.
+    ``(b, c)``, plus the interpreter's own size (and torch's, on a torch device).
     """
     b = min(options.query_block, max(n_query, 1))
     c = min(options.gallery_chunk, max(n_gallery, 1))
     held = 8.0 * n_query * dim + 48.0 * n_pairs + 25.0 * n_gallery
     per_worker = 8.0 * c * dim + 4.0 * b * c + 16.0 * c
+    base = _BASE_MB + (_TORCH_MB if options.device in ("cuda", "torch-cpu") else 0.0)
     # Chunks of one group are alive together, one group per worker.
-    return _BASE_MB + (held + workers * (per_worker + 8.0 * c * dim)) / 2**20
+    return base + (held + workers * (per_worker + 8.0 * c * dim)) / 2**20
 
 
 # ----------------------------------------------------------------- task functions
@@ -329,7 +337,7 @@ def compute_ranks(
             gallery.shape[0],
             dim,
             len(problem.pair_q),
-            EngineOptions(options.query_block, chunk),
+            EngineOptions(options.query_block, chunk, device=tiles.name),
             runner.workers,
         )
         if need > options.memory_limit_mb:
