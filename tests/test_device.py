@@ -462,9 +462,8 @@ def test_schema_takes_engine_device():
         pc.check_config({"datasets": {}, "encoders": {}, "engine": {"device": "gpu"}}, schema)
 
 
-@pytest.mark.parametrize("device", ["torch-cpu", None])
-def test_engine_device_reaches_the_rank_command(tmp_path, device):
-    config = {
+def _pipeline_config(device: str | None) -> dict:
+    return {
         "datasets": {
             "market": {
                 "loader": "demo-market",
@@ -474,10 +473,25 @@ def test_engine_device_reaches_the_rank_command(tmp_path, device):
         },
         "encoders": {"pixels": {"kind": "pixels", "options": {"size": [16, 8]}}},
         "engine": {"threads": 1} | ({"device": device} if device else {}),
+        "report": {"resamples": 0, "worst_queries": 0},
     }
-    proc = snakemake(tmp_path, config, "--dry-run", "--printshellcmds")
+
+
+@pytest.mark.parametrize("device", ["torch-cpu", None])
+def test_engine_device_reaches_the_rank_command(tmp_path, device):
+    proc = snakemake(tmp_path, _pipeline_config(device), "--dry-run", "--printshellcmds")
     assert proc.returncode == 0, proc.stderr
     assert planned_jobs(proc.stdout)["rank"] == 1
     rank_lines = [line for line in proc.stdout.splitlines() if "rankwise rank " in line]
     expected = f" --device {device or 'cpu'} "  # the schema's default: cpu
     assert len(rank_lines) == 1 and expected in rank_lines[0], rank_lines
+
+
+def test_a_pipeline_run_on_torch_cpu_and_switching_device_reruns_nothing(tmp_path):
+    done = snakemake(tmp_path, _pipeline_config("torch-cpu"))
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "logs/ranks/market/pixels.log").read_text()
+    assert "queries ranked" in log
+    # the device never changes a number, so it is no rerun trigger
+    again = snakemake(tmp_path, _pipeline_config("cpu"), "--dry-run")
+    assert planned_jobs(again.stdout) == {}, again.stdout

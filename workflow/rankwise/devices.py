@@ -3,7 +3,10 @@
 The engine's count pass (:mod:`rankwise.ranking`) needs, per tile, the float32
 similarities ``S = Q G^T`` of a query block ``(b, D)`` and a gallery chunk ``(c, D)``;
 everything else (pass 1's canonical keys, the prefilter, the exact float64 fallback,
-the counting) stays in the numba kernels on the host.  A :class:`Tiles` backend says
+the counting) stays in the numba kernels on the host.  Runs without that pass ignore the
+device: reassociation (candidate lists ranked on exact keys), re-ranking
+(:mod:`rankwise.rerank`), and the CPU-side steps of query expansion and
+single-gallery-shot draws.  A :class:`Tiles` backend says
 how ``S`` is computed:
 
 ``cpu``        numpy's float32 BLAS (the default; torch is never imported).
