@@ -6,8 +6,7 @@ everything else (pass 1's canonical keys, the prefilter, the exact float64 fallb
 the counting) stays in the numba kernels on the host.  Runs without that pass ignore the
 device: reassociation (candidate lists ranked on exact keys), re-ranking
 (:mod:`rankwise.rerank`), and the CPU-side steps of query expansion and
-single-gallery-shot draws.  A :class:`Tiles` backend says
-how ``S`` is computed:
+single-gallery-shot draws.  A :class:`Tiles` backend says how ``S`` is computed:
 
 ``cpu``        numpy's float32 BLAS (the default; torch is never imported).
 ``cuda``       ``torch.matmul`` in float32 on the current CUDA device (choose one with
@@ -31,8 +30,14 @@ switches TF32 off (``torch.backends.cuda.matmul.allow_tf32 = False`` and
 ``torch.set_float32_matmul_precision("highest")``, which also keeps oneDNN on the CPU
 in IEEE float32) while it ranks.  Items within the bound of a threshold get the exact
 float64 key, as on the numpy path, so the counts are identical.  Like the numpy path,
-the bound ignores float32 underflow (products below ~1e-38): irrelevant for
-L2-normalised rows, and only reachable for euclidean embeddings of norm ~1e-19.
+the bound ignores float32 underflow (products below ~1e-38, flushed to zero on some
+GPUs): irrelevant for L2-normalised rows, reachable only for euclidean embeddings with
+norms below ~1e-15.
+
+The prefilter stays on the host, in :func:`rankwise.kernels.count_tile`: it is a
+vectorised float32 pass (billions of items a second per core) beside the counting it
+feeds; moving it to the GPU would save the copy back of ``S`` (4 bytes a pair) at the
+price of a second, sparse counting kernel repeating the exactness logic.
 """
 
 from __future__ import annotations
