@@ -5,6 +5,11 @@ usual full-argsort evaluation, on synthetic Market/MSMT-like re-identification d
     python benchmarks/bench.py --scale tiny
     python benchmarks/bench.py --scale market --methods matmul,argsort,rankwise --workers 2
     python benchmarks/bench.py --scale msmt --out benchmarks/results/msmt.json
+    python benchmarks/bench.py --scale market --methods matmul,rankwise,rankwise-gpu
+
+``rankwise-gpu`` is ``rankwise evaluate --device cuda``: it runs when torch sees a CUDA
+device and is reported as "no GPU" otherwise (``--gpu-device torch-cpu`` runs its code path
+on the CPU instead); its numbers must equal ``rankwise``'s.
 
 Each method runs in its own process, started by a tiny wrapper process that reports
 the method's wall time and peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``), so the
@@ -112,7 +117,7 @@ DISTRIBUTIONS = {
     "easy": {"noise_scale": 0.9},
 }
 SEED = 20240601
-ALL_METHODS = ("matmul", "argsort", "rankwise")
+ALL_METHODS = ("matmul", "argsort", "rankwise", "rankwise-gpu")
 KS = (1, 5, 10)
 GB = 1024**3
 MB = 1024**2
@@ -529,7 +534,7 @@ def rankwise_exe() -> str:
 def method_command(method: str, files: dict, args, run_dir: Path) -> tuple[list, Path]:
     """The command line of one method, and the JSON file it writes."""
     out = run_dir / f"{method}.out.json"
-    if method == "rankwise":
+    if method in ("rankwise", "rankwise-gpu"):
         cmd = [
             rankwise_exe(),
             "evaluate",
@@ -552,6 +557,8 @@ def method_command(method: str, files: dict, args, run_dir: Path) -> tuple[list,
             "--output",
             str(out),
         ]
+        if method == "rankwise-gpu":
+            cmd += ["--device", args.gpu_device]
         cmd += shlex.split(args.rankwise_args)
     else:
         cmd = [
@@ -616,6 +623,14 @@ def run_method(method: str, files: dict, args, run_dir: Path, rep: int) -> dict:
     if out.exists():
         res["output"] = json.loads(out.read_text())
     return res
+
+
+def gpu_visible() -> bool:
+    """Whether ``rankwise --device cuda`` can run here (torch sees a CUDA device); asked
+    in a subprocess so that this driver never imports torch."""
+    probe = "from rankwise.devices import tiles_for; print(tiles_for('auto').name)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    return done.returncode == 0 and done.stdout.strip() == "cuda"
 
 
 def argsort_need_bytes(p: dict, dtype: str = "float32") -> int:
@@ -722,6 +737,20 @@ def summarise(results: dict) -> dict:
     return summ
 
 
+def compare_gpu(summ: dict) -> dict | None:
+    """``rankwise-gpu`` against ``rankwise``: the whole JSON report must be identical."""
+    r, g = summ.get("rankwise", {}), summ.get("rankwise-gpu", {})
+    if r.get("status") != "ok" or g.get("status") != "ok":
+        return None
+    ro, go = r.get("output") or {}, g.get("output") or {}
+    differ = sorted(
+        k
+        for k in set(ro.get("metrics", {})) | set(go.get("metrics", {}))
+        if ro.get("metrics", {}).get(k) != go.get("metrics", {}).get(k)
+    )
+    return {"identical": bool(ro) and ro == go, "metrics_that_differ": differ}
+
+
 def compare_metrics(summ: dict) -> dict | None:
     a, r = summ.get("argsort", {}), summ.get("rankwise", {})
     if a.get("status") != "ok" or r.get("status") != "ok":
@@ -766,6 +795,14 @@ def targets(scale: str, params: dict, summ: dict, cmp: dict | None, baseline: Pa
             }
         )
 
+    gpu = compare_gpu(summ)
+    if gpu is not None:
+        add(
+            "rankwise-gpu report == rankwise report (exactly)",
+            ", ".join(gpu["metrics_that_differ"]) or "identical",
+            "identical",
+            gpu["identical"],
+        )
     if cmp is not None:
         add(
             "rankwise metrics == argsort metrics (max |diff|, pct points; counts equal)",
@@ -873,7 +910,7 @@ def table(scale: str, params: dict, summ: dict) -> str:
         "| speed-up vs argsort (wall) | load avg before |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for m in ("matmul", "argsort", "rankwise"):
+    for m in ALL_METHODS:
         s = summ.get(m)
         if s is None:
             continue
@@ -882,7 +919,7 @@ def table(scale: str, params: dict, summ: dict) -> str:
             continue
         ratio = f"{s['wall_s'] / mw:.2f}" if mw else ""
         cratio = f"{s['cpu_s'] / mc:.2f}" if mc else ""
-        sp = f"{aws / s['wall_s']:.2f}x" if aws and m == "rankwise" else ""
+        sp = f"{aws / s['wall_s']:.2f}x" if aws and m.startswith("rankwise") else ""
         lines.append(
             f"| {m} | {s['wall_s']:.2f} | {s['cpu_s']:.2f} | {s['peak_rss_mb']:.0f} "
             f"| {ratio} | {cratio} | {sp} | {s['loadavg_before']:.1f} |"
@@ -942,7 +979,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--methods",
         default=",".join(ALL_METHODS),
-        help="comma list of matmul,argsort,rankwise (default: all)",
+        help="comma list of matmul,argsort,rankwise,rankwise-gpu (default: all; "
+        "rankwise-gpu: --device cuda, 'no GPU' where torch sees none)",
     )
     ap.add_argument("--workers", type=int, default=2, help="rankwise --workers (default 2)")
     ap.add_argument(
@@ -971,6 +1009,13 @@ def main(argv=None) -> int:
         type=int,
         default=0,
         help="BLAS threads of the matmul floor (0: the library default)",
+    )
+    ap.add_argument(
+        "--gpu-device",
+        choices=("cuda", "torch-cpu"),
+        default="cuda",
+        help="rankwise-gpu's --device: cuda, or torch-cpu to run the same code path on the "
+        "CPU where there is no GPU (a check of the column, not a GPU timing)",
     )
     ap.add_argument("--junk-labels", default="-1")
     ap.add_argument(
@@ -1089,6 +1134,10 @@ def run_distribution(args, methods: list[str], distribution: str) -> dict:
     )
     results: dict = {}
     for m in methods:
+        if m == "rankwise-gpu" and args.gpu_device == "cuda" and not gpu_visible():
+            results[m] = "no GPU"
+            print(f"  {m}: no GPU (torch sees no CUDA device, or is not installed)", flush=True)
+            continue
         if m == "argsort" and not args.force_argsort:
             need, avail = argsort_need_bytes(params, args.argsort_dtype), available_bytes()
             if need > 0.7 * avail:
@@ -1154,8 +1203,8 @@ def side_by_side(scale: str, reports: list[dict]) -> str:
         f"scale `{scale}`, one run: floor / rankwise / full argsort per data distribution",
         "",
         "| distribution | rank-1 | mAP | mINP | floor s | rankwise s | rankwise / floor "
-        "| argsort s | argsort / rankwise | rankwise peak RSS MB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| argsort s | argsort / rankwise | rankwise peak RSS MB | rankwise-gpu s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for rep in reports:
         summ = rep["summary"]
@@ -1164,13 +1213,15 @@ def side_by_side(scale: str, reports: list[dict]) -> str:
         metrics = ((rw.get("output") or {}).get("metrics") or {}) if rw else {}
         cell = lambda v, f="{:.2f}": f.format(v) if v is not None else "-"
         floor, ours, arg = wall.get("matmul"), wall.get("rankwise"), wall.get("argsort")
+        gpu = summ.get("rankwise-gpu", {})
+        gpu_cell = cell(gpu.get("wall_s")) if gpu.get("status") == "ok" else gpu.get("status", "-")
         lines.append(
             f"| {rep['distribution']} | {cell(metrics.get('rank1'), '{:.1f}')} "
             f"| {cell(metrics.get('map'), '{:.1f}')} | {cell(metrics.get('minp'), '{:.1f}')} "
             f"| {cell(floor)} | {cell(ours)} "
             f"| {cell(ours / floor if ours and floor else None)}x "
             f"| {cell(arg)} | {cell(arg / ours if arg and ours else None)}x "
-            f"| {cell(rw.get('peak_rss_mb'), '{:.0f}')} |"
+            f"| {cell(rw.get('peak_rss_mb'), '{:.0f}')} | {gpu_cell} |"
         )
     return "\n".join(lines)
 

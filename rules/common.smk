@@ -196,7 +196,7 @@ def engine_args(wildcards, threads):
     this param takes `threads`: Snakemake then leaves it out of the rerun checks."""
     args = (
         f"--query-block {ENGINE['query_block']} --gallery-chunk {ENGINE['gallery_chunk']}"
-        f" --workers {threads}"
+        f" --workers {threads} --device {ENGINE['device']}"
     )
     if ENGINE["scheduler"]:
         args += f" --scheduler {ENGINE['scheduler']}"

@@ -1,6 +1,6 @@
 """The memory estimate behind ``--memory-limit``, with re-ranking and query expansion.
 
-Each configuration runs in a fresh process that reports its peak RSS (``ru_maxrss``) and
+Each configuration runs in a fresh process that reports its peak RSS (``VmHWM``) and
 the estimate the engine would refuse with: the estimate must hold the real peak and not
 overshoot it wildly (a limit set from it must be usable).  A limit between the plain
 estimate and the re-ranking one refuses re-ranking in one line, before any work, and lets
@@ -22,7 +22,7 @@ import rankwise
 from rankwise.errors import RankwiseError
 
 PROBE = r"""
-import json, resource, sys
+import json, sys
 import numpy as np, pandas as pd
 import rankwise
 from rankwise.errors import RankwiseError
@@ -41,7 +41,10 @@ if "rerank" in mode:
 if "aqe" in mode:
     kw["aqe"] = {"k": 5, "alpha": 3.0}
 rankwise.rank(q, g, qe, ge, protocol="recall", workers=2, **kw)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child of a big pytest
+# process would report its parent's size
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
 try:
     rankwise.rank(q, g, qe, ge, protocol="recall", workers=2, memory_limit_mb=1, **kw)
 except RankwiseError as error:

@@ -11,6 +11,7 @@ import numpy as np
 from .errors import RankwiseError
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
 from .options import (
+    DEVICE,
     EXCLUDE_SAME_CAMERA,
     GALLERY_CHUNK,
     JUNK_LABELS,
@@ -125,6 +126,7 @@ def rank(
     scheduler=None,
     progress: bool = False,
     memory_limit_mb: float | None = None,
+    device: str = DEVICE.default,
 ) -> RankResult:
     """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
     from .inputs import open_inputs
@@ -142,6 +144,7 @@ def rank(
         scheduler=scheduler,
         progress=progress,
         memory_limit_mb=memory_limit_mb,
+        device=device,
     )
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
     inputs = inputs.pool(multi_query, distance=distance)
@@ -223,6 +226,7 @@ def evaluate(
     workers: int | None = None,
     scheduler=None,
     memory_limit_mb: float | None = None,
+    device: str = DEVICE.default,
 ) -> EvaluationResult:
     """Evaluate embeddings under a protocol.
 
@@ -260,6 +264,12 @@ def evaluate(
         (threads, or a dask.distributed Client/address); they never change a number.
     memory_limit_mb : refuse, before any work, a run whose estimated peak memory
         exceeds this many MB.
+    device : where the tile similarities run (:mod:`rankwise.devices`): ``cpu``
+        (default, numpy BLAS), ``cuda`` (torch on the GPU; an error when none is
+        usable), ``auto`` (cuda when torch sees a GPU, else cpu) or ``torch-cpu`` (the
+        cuda code path on the CPU). The numbers are identical on every device.
+        Re-ranking, query expansion and single-gallery-shot draws run on the CPU
+        whatever the device.
 
     Returns
     -------
@@ -289,6 +299,8 @@ def evaluate(
         gallery_chunk=gallery_chunk,
         workers=workers,
         scheduler=scheduler,
+        memory_limit_mb=memory_limit_mb,
+        device=device,
     )
     return result_from_ranks(ranks, ks=ks, ap=ap)
 

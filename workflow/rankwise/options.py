@@ -729,8 +729,17 @@ MEMORY_LIMIT = Option(
     help="MB; refuse to start when the estimated peak exceeds it",
 )
 
+DEVICE = Option(
+    "device",
+    "enum",
+    "cpu",
+    choices=("cpu", "cuda", "auto", "torch-cpu"),
+    help="rank engine similarities: cpu (numpy), cuda (torch), auto (cuda if torch sees a "
+    "GPU), torch-cpu (the cuda code on the CPU: tests)",
+)
+
 #: The config's ``engine:`` keys (none of them changes a number).
-ENGINE = group(THREADS, QUERY_BLOCK, GALLERY_CHUNK, BATCH_SIZE, SCHEDULER)
+ENGINE = group(THREADS, QUERY_BLOCK, GALLERY_CHUNK, BATCH_SIZE, SCHEDULER, DEVICE)
 
 # ---------------------------------------------------------------- statistics and report
 

@@ -16,6 +16,10 @@ With ``t_1 <= ... <= t_G`` a query's sorted thresholds and
 before relevant at equal distance), and the sorted rank list does not depend on
 the row order among tied relevant items.  The two passes run as separate
 ``compute`` calls, gallery chunks in groups, which keeps memory flat.
+
+The tile similarities of pass 2 run on numpy's BLAS or, with ``EngineOptions.device``,
+with torch on a GPU (:mod:`rankwise.devices`); everything else runs on the host, and
+the numbers are the same on every device.
 """
 
 from __future__ import annotations
@@ -23,15 +27,18 @@ from __future__ import annotations
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import kernels
 from .embeddings import EmbeddingSource, check_same_dim
 from .errors import RankwiseError
-from .options import DISTANCE, GALLERY_CHUNK, MEMORY_LIMIT, QUERY_BLOCK, WORKERS
+from .options import DEVICE, DISTANCE, GALLERY_CHUNK, MEMORY_LIMIT, QUERY_BLOCK, WORKERS
 from .protocols import Problem
+
+if TYPE_CHECKING:
+    from .devices import Tiles
 
 DISTANCES = DISTANCE.choices
 
@@ -78,6 +85,7 @@ class EngineOptions:
     scheduler: Any = None  # None: threads; else a dask.distributed Client or address
     progress: bool = False
     memory_limit_mb: float | None = None  # refuse to start when the estimate exceeds it
+    device: str = DEVICE.default  # where tile similarities run (rankwise.devices)
 
     def __post_init__(self) -> None:
         # messages name the parameter; the CLI checks the same specs, naming the flag
@@ -85,10 +93,14 @@ class EngineOptions:
         GALLERY_CHUNK.check(self.gallery_chunk)
         WORKERS.check(self.workers)
         MEMORY_LIMIT.check(self.memory_limit_mb, "memory_limit_mb")
+        DEVICE.check(self.device)
 
 
 #: Resident size of the interpreter with numpy, numba, dask and zarr loaded.
 _BASE_MB = 250.0
+#: What importing torch adds to it (its CPU and CUDA libraries; measured ~470 MB before
+#: any CUDA context, which adds more host memory on a GPU machine).
+_TORCH_MB = 500.0
 
 
 def estimate_memory_mb(
@@ -99,14 +111,15 @@ def estimate_memory_mb(
     Held throughout: the prepared queries ``(Q, D)`` twice (raw + prepared), the pair
     lists and keys (~48 bytes a pair), the gallery codes (~25 bytes a row).  Per
     worker at a time: a raw and a prepared gallery chunk ``(c, D)`` and the float32 tile
-    ``(b, c)``, plus the interpreter's own size.
+    ``(b, c)``, plus the interpreter's own size (and torch's, on a torch device).
     """
     b = min(options.query_block, max(n_query, 1))
     c = min(options.gallery_chunk, max(n_gallery, 1))
     held = 8.0 * n_query * dim + 48.0 * n_pairs + 25.0 * n_gallery
     per_worker = 8.0 * c * dim + 4.0 * b * c + 16.0 * c
+    base = _BASE_MB + (_TORCH_MB if options.device in ("cuda", "torch-cpu") else 0.0)
     # Chunks of one group are alive together, one group per worker.
-    return _BASE_MB + (held + workers * (per_worker + 8.0 * c * dim)) / 2**20
+    return base + (held + workers * (per_worker + 8.0 * c * dim)) / 2**20
 
 
 # ----------------------------------------------------------------- task functions
@@ -142,11 +155,23 @@ def _pair_keys_task(prep, qrows, pair_q, pair_g_local, cosine):
     return kernels.pair_keys(qrows, prep[0], pair_q, pair_g_local, cosine)
 
 
-def _count_task(prep, block, gmeta, cosine, bound):
-    """Per tile: BLAS similarities, then masks + counting in one compiled pass."""
+def _upload_task(prep, tiles: Tiles):
+    """Per chunk: the prepared gallery rows on the tiles' device, shared by the chunk's
+    tiles (a tensor on the GPU stays there across the query blocks)."""
+    return tiles.upload(prep[0])
+
+
+def _count_task(prep, gdev, block, gmeta, cosine, bound, tiles: Tiles):
+    """Per tile: float32 similarities (BLAS, or torch on a device: ``tiles``), then
+    masks + counting in one compiled pass on the host.
+
+    ``gdev`` / ``block["dev"]``: the rows already on the device, or None to copy them
+    here (a dask.distributed run, where device tensors must not travel between workers).
+    """
     _limit_blas()
     grows, gsq = prep
-    sim = block["rows"] @ grows.T
+    qdev = block["dev"] if block["dev"] is not None else tiles.upload(block["rows"])
+    sim = tiles.similarities(qdev, gdev if gdev is not None else tiles.upload(grows))
     return kernels.count_tile(
         sim,
         block["rows"],
@@ -292,12 +317,15 @@ def compute_ranks(
     """
     options = options or EngineOptions()
     check_distance(distance)
+    from .devices import tiles_for
+
+    tiles = tiles_for(options.device)  # a missing GPU is an error before any work
     cosine = distance == "cosine"
     check_same_dim(query, gallery)
     dim = int(query.shape[1])
     runner = _Runner(options)
     if options.memory_limit_mb is not None:
-        _check_memory(problem, query, gallery, options, runner.workers, rerank, aqe)
+        _check_memory(problem, query, gallery, options, tiles.name, runner.workers, rerank, aqe)
     if aqe is not None:
         from .query_expansion import expand
 
@@ -319,9 +347,10 @@ def compute_ranks(
             runner=runner,
         )
     else:
-        offsets, ranks = _plain_ranks(
-            problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options
-        )
+        with tiles.exact_float32():
+            offsets, ranks = _plain_ranks(
+                problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles
+            )
     attrs = {
         "protocol": problem.protocol,
         "distance": distance,
@@ -345,7 +374,7 @@ def compute_ranks(
     )
 
 
-def _check_memory(problem, query, gallery, options, workers, rerank, aqe) -> None:
+def _check_memory(problem, query, gallery, options, device, workers, rerank, aqe) -> None:
     """Refuse, before any work, a run whose estimated peak exceeds the memory limit:
     the plain engine's estimate, or re-ranking's when larger (its stages replace the
     plain tiles); with query expansion, the larger of its own peak and the ranking's
@@ -353,8 +382,8 @@ def _check_memory(problem, query, gallery, options, workers, rerank, aqe) -> Non
     n_query, n_gallery, dim = query.shape[0], gallery.shape[0], int(query.shape[1])
     chunk = int(np.diff(_chunk_bounds(n_gallery, gallery, options.gallery_chunk)).max())
     need = estimate_memory_mb(
-        n_query, n_gallery, dim, len(problem.pair_q), EngineOptions(options.query_block, chunk),
-        workers,
+        n_query, n_gallery, dim, len(problem.pair_q),
+        EngineOptions(options.query_block, chunk, device=device), workers,
     )  # fmt: skip
     extra = ""
     if rerank is not None:
@@ -384,7 +413,9 @@ def _check_memory(problem, query, gallery, options, workers, rerank, aqe) -> Non
         )
 
 
-def _plain_ranks(problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options):
+def _plain_ranks(
+    problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles: Tiles
+):
     """The two passes of the module docstring: ``(offsets, ranks)``."""
     from threadpoolctl import threadpool_limits
 
@@ -410,6 +441,7 @@ def _plain_ranks(problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, run
                 kernels.error_bound_factor(dim),
                 runner,
                 options,
+                tiles,
             )
             ranks = kernels.ranks_from_hist(hist, toff)
             offsets = toff
@@ -459,15 +491,23 @@ def _pass_counts(
     bound,
     runner,
     options: EngineOptions,
+    tiles: Tiles,
 ) -> np.ndarray:
-    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold."""
+    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold.
+
+    On a device (``tiles.resident``, threads) each query block is copied there once for
+    the pass and each gallery chunk once for its group's tiles.
+    """
+    resident = tiles.resident and runner.client is None
     blocks = []
     for lo in range(0, len(evaluated), options.query_block):
         hi = min(lo + options.query_block, len(evaluated))
         rows = evaluated[lo:hi]
+        block_rows = np.ascontiguousarray(qrows[rows])
         blocks.append(
             {
-                "rows": np.ascontiguousarray(qrows[rows]),
+                "rows": block_rows,
+                "dev": tiles.upload(block_rows) if resident else None,
                 "sq": qsq[rows],
                 "lab": problem.qlab[rows],
                 "id": problem.qid[rows],
@@ -494,24 +534,27 @@ def _pass_counts(
         out_keys = []
         for c in chunk_ids:
             start, stop = int(bounds[c]), int(bounds[c + 1])
+            graph[key("gdev", c)] = (_upload_task, key("prep", c), tiles) if resident else None
             graph[key("gmeta", c)] = {
                 "lab": problem.glab[start:stop],
                 "id": problem.gid[start:stop],
                 "junk": problem.gjunk[start:stop],
             }
         for b, block in enumerate(shared):
-            tiles = []
+            tile_keys = []
             for c in chunk_ids:
                 graph[key("tile", b, c)] = (
                     _count_task,
                     key("prep", c),
+                    key("gdev", c),
                     block,
                     key("gmeta", c),
                     cosine,
                     bound,
+                    tiles,
                 )
-                tiles.append(key("tile", b, c))
-            graph[key("sum", b)] = (kernels.sum_counts, tiles)
+                tile_keys.append(key("tile", b, c))
+            graph[key("sum", b)] = (kernels.sum_counts, tile_keys)
             out_keys.append(key("sum", b))
         for block, part in zip(blocks, runner.get(graph, out_keys), strict=True):
             lo, hi = block["span"]

@@ -49,11 +49,13 @@ def _rank(kw: dict, progress: bool):
     if kw["protocol"] is None:
         note = _reid_hint(kw["query"], kw["gallery"])
         kw["protocol"] = "recall"
+    from ..devices import tiles_for
     from ..options import AQE, check_rerank
 
     # the messages name the flags
     check_rerank(kw["rerank"], kw["protocol"], "--rerank")
     check_rerank(kw["aqe"], kw["protocol"], "--aqe", AQE)
+    tiles_for(kw["device"], "--device")  # cuda without a usable GPU
     result = rank(
         kw["query"],
         kw["gallery"],
@@ -77,6 +79,7 @@ def _rank(kw: dict, progress: bool):
         scheduler=kw["scheduler"],
         progress=progress,
         memory_limit_mb=kw["memory_limit"],
+        device=kw["device"],
     )
     return result, note
 

@@ -123,6 +123,12 @@ inputs = stack(
     spec.WORKERS.click(help="Threads (default: all cores)."),
     spec.SCHEDULER.click(help="dask.distributed scheduler address (default: local threads)."),
     spec.MEMORY_LIMIT.click(help="MB; refuse to start when the estimated peak exceeds it."),
+    spec.DEVICE.click(
+        help="Where the tile similarities run: cpu (numpy BLAS), cuda (torch on the GPU; "
+        "pip install 'rankwise[torch]'), auto (cuda when torch sees a GPU, else cpu), "
+        "torch-cpu (the cuda code path on the CPU, for tests). Identical numbers on every "
+        "device; re-ranking (--rerank) and the expansion of --aqe run on the CPU."
+    ),
 )
 
 #: The resampling options of `compare` and `ci`.

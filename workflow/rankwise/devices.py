@@ -1,0 +1,184 @@
+"""Where the rank engine's tile similarities run: numpy BLAS, or torch on a device.
+
+The engine's count pass (:mod:`rankwise.ranking`) needs, per tile, the float32
+similarities ``S = Q G^T`` of a query block ``(b, D)`` and a gallery chunk ``(c, D)``;
+everything else (pass 1's canonical keys, the prefilter, the exact float64 fallback,
+the counting) stays in the numba kernels on the host.  Runs without that pass ignore the
+device: reassociation (candidate lists ranked on exact keys), re-ranking
+(:mod:`rankwise.rerank`), and the CPU-side steps of query expansion and
+single-gallery-shot draws.  A :class:`Tiles` backend says how ``S`` is computed:
+
+``cpu``        numpy's float32 BLAS (the default; torch is never imported).
+``cuda``       ``torch.matmul`` in float32 on the current CUDA device (choose one with
+               ``CUDA_VISIBLE_DEVICES``); each gallery chunk and query block is copied to
+               the device once, ``S`` is copied back per tile.
+``auto``       ``cuda`` when torch is installed and sees a CUDA device, else ``cpu``
+               (without importing torch, ~2 s, where no NVIDIA device node exists).
+``torch-cpu``  the ``cuda`` code path on torch's CPU device: what the tests run where
+               there is no GPU; also a way to compare the two paths on one machine.
+
+Why the numbers cannot change
+-----------------------------
+:func:`rankwise.kernels.error_bound_factor` bounds the error of a float32 dot product
+of length ``D`` by ``2 (D + 2) u |q| |g|`` (``u = 2^-24``).  That is twice the classical
+``gamma_D`` bound (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed.,
+§3.1), which holds for *any* order of the ``D - 1`` additions (blocked, split-K, tree
+reductions across GPU threads) and with or without fused multiply-adds (an FMA rounds
+once where a multiply and an add round twice).  It does need every product and sum
+rounded to float32 (no TF32, whose 10-bit mantissa inputs break it): the torch path
+switches TF32 off (``torch.backends.cuda.matmul.allow_tf32 = False`` and
+``torch.set_float32_matmul_precision("highest")``, which also keeps oneDNN on the CPU
+in IEEE float32) while it ranks.  Items within the bound of a threshold get the exact
+float64 key, as on the numpy path, so the counts are identical.  Like the numpy path,
+the bound ignores float32 underflow (products below ~1e-38, flushed to zero on some
+GPUs): irrelevant for L2-normalised rows, reachable only for euclidean embeddings with
+norms below ~1e-15.
+
+The prefilter stays on the host, in :func:`rankwise.kernels.count_tile`: it is a
+vectorised float32 pass (billions of items a second per core) beside the counting it
+feeds; moving it to the GPU would save the copy back of ``S`` (4 bytes a pair) at the
+price of a second, sparse counting kernel repeating the exactness logic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .errors import RankwiseError
+from .options import DEVICE
+
+
+class NumpyTiles:
+    """``device=cpu``: numpy float32 BLAS; "uploading" returns the array itself."""
+
+    name = "cpu"
+    #: whether uploaded rows are worth sharing between the tiles of a graph
+    resident = False
+
+    def upload(self, rows: np.ndarray) -> np.ndarray:
+        return rows
+
+    def similarities(self, q: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Per tile: ``q @ g.T``, ``(b, c)`` float32."""
+        return q @ g.T
+
+    def exact_float32(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+class TorchTiles:
+    """``device=cuda`` / ``torch-cpu``: ``torch.matmul`` in IEEE float32 on ``device``.
+
+    Only the device's name is held, so the backend pickles to dask.distributed workers
+    (each imports torch itself).
+    """
+
+    resident = True
+
+    def __init__(self, device: str):
+        self.device = device  # "cuda" or "cpu"
+        self.name = "cuda" if device == "cuda" else "torch-cpu"
+
+    def upload(self, rows: np.ndarray) -> Any:
+        """Rows ``(n, D)`` float32 as a tensor on the device (on torch's CPU device: a
+        view of the same memory)."""
+        import torch
+
+        if not rows.flags.writeable:  # torch warns on read-only arrays (from a cluster)
+            rows = rows.copy()
+        return torch.from_numpy(rows).to(self.device)
+
+    def similarities(self, q: Any, g: Any) -> np.ndarray:
+        """Per tile: ``q @ g.T`` on the device, copied back: ``(b, c)`` float32 numpy."""
+        import torch
+
+        _ieee_float32(torch)  # a worker process of a cluster: not set by exact_float32
+        return torch.matmul(q, g.T).cpu().numpy()
+
+    @contextlib.contextmanager
+    def exact_float32(self) -> Iterator[None]:
+        """Within: TF32 off (the error bound needs IEEE float32 products); the
+        previous process-wide settings are restored on exit."""
+        import torch
+
+        saved = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+        _ieee_float32(torch)
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(saved[0])
+            torch.backends.cuda.matmul.allow_tf32 = saved[1]
+
+
+def _ieee_float32(torch: Any) -> None:
+    if torch.get_float32_matmul_precision() != "highest":
+        torch.set_float32_matmul_precision("highest")
+    if torch.backends.cuda.matmul.allow_tf32:
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+Tiles = NumpyTiles | TorchTiles
+
+
+def _gpu_may_be_visible() -> bool:
+    """False when no CUDA device can be visible, known without importing torch (which
+    takes ~2 s, the whole start-up budget of a small run): ``CUDA_VISIBLE_DEVICES``
+    empty or -1, macOS, or a Linux without NVIDIA device nodes (``/dev/nvidia0``...;
+    WSL2 exposes ``/dev/dxg``).  True means "ask torch"."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False
+    if sys.platform == "darwin":
+        return False
+    if sys.platform.startswith("linux"):
+        return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg"))
+    return True
+
+
+def _torch(label: str, device: str) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise RankwiseError(
+            f"{label} {device} needs torch (pip install 'rankwise[torch]'); use {label} cpu"
+        ) from None
+    return torch
+
+
+def tiles_for(device: str, label: str = "device") -> Tiles:
+    """The backend of ``device`` (:data:`rankwise.options.DEVICE`); ``label`` names the
+    option in messages (the parameter, or the CLI's ``--device``).
+
+    ``cuda`` without a usable CUDA device is an error; ``auto`` then falls back to
+    ``cpu``.  torch is imported only for ``cuda``, ``torch-cpu`` and (when installed)
+    ``auto``.
+    """
+    device = DEVICE.check(device, label)
+    if device == "cpu":
+        return NumpyTiles()
+    if device == "torch-cpu":
+        _torch(label, device)
+        return TorchTiles("cpu")
+    if device == "auto":
+        if importlib.util.find_spec("torch") is None or not _gpu_may_be_visible():
+            return NumpyTiles()
+        return TorchTiles("cuda") if _torch(label, device).cuda.is_available() else NumpyTiles()
+    torch = _torch(label, device)
+    if not torch.cuda.is_available():
+        why = (
+            "is a CPU-only build"
+            if torch.version.cuda is None
+            else f"(CUDA {torch.version.cuda}) sees no CUDA device"
+        )
+        raise RankwiseError(
+            f"{label} cuda: torch {torch.__version__} {why}; use {label} cpu or auto, "
+            "or run where a GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)"
+        )
+    return TorchTiles("cuda")
