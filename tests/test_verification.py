@@ -135,6 +135,19 @@ def test_many_pairs_and_bulk_ties_equal_brute_force(distance, quantised, fine_bi
     assert len(set(got["roc"]["tpr"])) > 5  # a real curve
 
 
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_row_order_never_changes_a_number(distance):
+    q, g, qe, ge = _many_pairs(5, distance, quantised=True)
+    base = tpr_at_fpr(q, g, qe, ge, protocol="recall", distance=distance, fprs=FPRS)
+    rng = np.random.default_rng(0)
+    qp, gp = rng.permutation(len(q)), rng.permutation(len(g))
+    shuffled = tpr_at_fpr(
+        q.iloc[qp].reset_index(drop=True), g.iloc[gp].reset_index(drop=True), qe[qp], ge[gp],
+        protocol="recall", distance=distance, fprs=FPRS, query_block=37, gallery_chunk=501,
+    )  # fmt: skip
+    assert shuffled == base
+
+
 @pytest.mark.parametrize("block,chunk", [(1, 1), (3, 5), (1000, 1000)])
 def test_tiles_never_change_a_number(block, chunk):
     q, g, qe, ge = market_like(2)
