@@ -439,10 +439,16 @@ def test_float32_reference_differs_from_float64_only_by_rounding():
     assert 0 < gap.max() < 1e-6
 
 
-@pytest.mark.parametrize("flag,value", [(None, None), ("--rerank", "8,3,0.3"), ("--aqe", "3,3")])
-def test_worst_queries_show_top_items_only_for_the_plain_distance(tmp_path, cli, flag, value):
-    """The report's top items are the plain distance's neighbours: shown for a plain
-    store, left out (None) for a re-ranked or expanded one rather than shown wrong."""
+@pytest.mark.parametrize(
+    "flag,value",
+    [(None, None), ("--rerank", "8,3,0.3"), ("--rerank", "20,6,0.3"), ("--aqe", "3,3")],
+)
+def test_worst_queries_show_the_ranked_distances_top_items(tmp_path, cli, flag, value):
+    """The report's top items are the nearest valid items by the distance that ranked:
+    the plain one, or the re-ranked one (stored by the rank stage, equal to the float64
+    reference's order); an expanded-only store shows none rather than wrong ones."""
+    from reference import protocol_masks
+
     from rankwise.report.worst import worst_queries_of
     from rankwise.store import read_ranks
 
@@ -457,11 +463,28 @@ def test_worst_queries_show_top_items_only_for_the_plain_distance(tmp_path, cli,
         "rank", "--query", tmp_path / "q.csv", "--gallery", tmp_path / "g.csv",
         "--query-embeddings", tmp_path / "q.npy", "--gallery-embeddings", tmp_path / "g.npy",
         "--protocol", "reid", "--distance", "euclidean", *extra, "--out", out,
+        "--query-block", "3", "--gallery-chunk", "7",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    worst = worst_queries_of(*read_ranks(out), n=3, top_k=4)
+    worst = worst_queries_of(*read_ranks(out), n=5, top_k=4)
     tops = [entry["top"] for entry in worst["queries"]]
-    assert all(t is None for t in tops) if flag else all(len(t) == 4 for t in tops)
+    if flag == "--aqe":
+        assert all(t is None for t in tops)
+        return
+    assert all(len(t) == 4 for t in tops)
+    if flag is None:
+        return
+    k1, k2, lam = (float(x) for x in value.split(","))
+    final = re_ranking(
+        *rerank_input_distances(qe, ge, "euclidean"), k1=int(k1), k2=int(k2), lambda_value=lam
+    )
+    valid, relevant = protocol_masks("reid", q, g)
+    for entry in worst["queries"]:
+        row = entry["query_index"]
+        cols = np.flatnonzero(valid[row])
+        want = cols[np.lexsort((cols, final[row, cols]))][:4]
+        assert [t["gallery_index"] for t in entry["top"]] == want.tolist()
+        assert [t["relevant"] for t in entry["top"]] == relevant[row, want].tolist()
 
 
 @pytest.mark.parametrize("kind", ["int", "float"])

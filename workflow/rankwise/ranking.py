@@ -333,10 +333,11 @@ def compute_ranks(
     qrows, qsq = prepare_chunk(query, 0, query.shape[0], cosine)
     bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
     evaluated = np.flatnonzero(~problem.skip)
+    extra_arrays: dict[str, np.ndarray] = {}
     if rerank is not None:
         from .rerank import rerank_ranks
 
-        offsets, ranks = rerank_ranks(
+        offsets, ranks, top = rerank_ranks(
             problem,
             qrows,
             qsq,
@@ -346,6 +347,7 @@ def compute_ranks(
             options=options,
             runner=runner,
         )
+        extra_arrays = {"top_items": top}
     else:
         with tiles.exact_float32():
             offsets, ranks = _plain_ranks(
@@ -371,6 +373,7 @@ def compute_ranks(
         group=problem.group[evaluated],
         step=problem.step[evaluated],
         attrs=attrs,
+        extra=extra_arrays,
     )
 
 

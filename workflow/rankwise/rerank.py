@@ -58,6 +58,9 @@ from .protocols import Problem, dense_masks
 
 #: Largest (query block x gallery) tile of the final stage, in float64 values.
 _TILE_VALUES = 1 << 21
+#: Nearest valid gallery items kept per query by re-ranked distance (the report's worst
+#: queries show them: the plain distance's neighbours would be the wrong ones).
+TOP_STORED = 20
 
 
 # ----------------------------------------------------------------- compiled kernels
@@ -201,7 +204,9 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine)
     of one of them is recomputed with canonical d, any other sits on the same side of
     every threshold either way -- so the counts are those of canonical d everywhere.
 
-    Returns a list of ``(n_relevant,)`` int64 rank arrays, one per row of ``rows``.
+    Returns ``(ranks, top)``: a list of ``(n_relevant,)`` int64 rank arrays, one per row
+    of ``rows``, and ``(len(rows), TOP_STORED)`` int64: each query's nearest valid gallery
+    items by (canonical final, index), ``-1`` where it has fewer.
     """
     from .kernels import error_bound_factor
 
@@ -233,6 +238,7 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine)
     err += 1e-13 * (1.0 + np.abs(final))
     valid, relevant = dense_masks(codes, rows[:, None], np.arange(n_gallery)[None, :])
     out = []
+    top = np.full((len(rows), TOP_STORED), -1, dtype=np.int64)
     for b in range(len(rows)):
 
         def exact(cols, b=b):
@@ -251,6 +257,24 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine)
         approx[near] = exact(others[near])
         ahead = np.sort(approx)
         out.append(1 + np.searchsorted(ahead, thr, side="right") + np.arange(len(thr)))
+        top[b] = _top(np.flatnonzero(valid[b]), final[b], err[b], exact)
+    return out, top
+
+
+def _top(cols: np.ndarray, final: np.ndarray, err: np.ndarray, exact) -> np.ndarray:
+    """The ``TOP_STORED`` of ``cols`` nearest by (canonical final, index), ``-1``-padded:
+    every item whose approximate final may reach the k-th smallest upper bound gets its
+    canonical final (a handful), the others cannot be among the k."""
+    out = np.full(TOP_STORED, -1, dtype=np.int64)
+    if len(cols) == 0:
+        return out
+    k = min(TOP_STORED, len(cols))
+    lo, hi = final[cols] - err[cols], final[cols] + err[cols]
+    kth_upper = np.partition(hi, k - 1)[k - 1]
+    candidates = cols[lo <= kth_upper]
+    keys = exact(candidates)
+    order = np.lexsort((candidates, keys))[:k]
+    out[:k] = candidates[order]
     return out
 
 
@@ -435,7 +459,9 @@ def rerank_ranks(
 
     Returns
     -------
-    ``(offsets, ranks)``: CSR over the evaluated queries, ascending query row.
+    ``(offsets, ranks, top)``: CSR over the evaluated queries, ascending query row, and
+    their :data:`TOP_STORED` nearest valid gallery rows by re-ranked distance
+    (``(n_eval, TOP_STORED)``, ``-1``-padded; :func:`final_task`).
     """
     from .ranking import _key_maker, prepare_chunk
 
@@ -483,8 +509,14 @@ def rerank_ranks(
             chunk,
             cosine,
         )
-    lists = [r for part in runner.get(graph, [key("final", lo) for lo in spans]) for r in part]
+    parts = runner.get(graph, [key("final", lo) for lo in spans])
+    lists = [r for part, _ in parts for r in part]
+    top = (
+        np.concatenate([t for _, t in parts])
+        if parts
+        else np.zeros((0, TOP_STORED), dtype=np.int64)
+    )
     counts = np.array([len(r) for r in lists], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     ranks = np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, np.int64)
-    return offsets, ranks
+    return offsets, ranks, top

@@ -27,6 +27,9 @@ Optional arrays (protocol variants; :data:`OPTIONAL_ARRAYS`), written when prese
                                          (query manifest rows, by ascending id)
     shot_offsets     int64 (n_eval + 1)  single-gallery-shot: CSR pointers into ``shot_pmf``
     shot_pmf         float64 (nnz,)      P(single-shot rank = k), k = 1.. per query
+    top_items        int64 (n_eval, 20)  re-ranked: each query's nearest valid gallery rows
+                                         by re-ranked distance, -1-padded (the report's
+                                         worst queries show them)
 """
 
 from __future__ import annotations
@@ -203,6 +206,7 @@ OPTIONAL_ARRAYS = {
     "members": np.int64,
     "shot_offsets": np.int64,
     "shot_pmf": np.float64,
+    "top_items": np.int64,
 }
 
 
@@ -215,7 +219,9 @@ def write_ranks(
         dtypes.update({k: v for k, v in OPTIONAL_ARRAYS.items() if k in arrays})
         for name, dtype in dtypes.items():
             data = np.ascontiguousarray(arrays[name], dtype=dtype)
-            group.create_array(name, data=data, chunks=(max(1, min(len(data), 1 << 20)),))
+            per_row = int(np.prod(data.shape[1:]))  # 1 for a vector
+            rows = max(1, min(len(data), (1 << 20) // max(per_row, 1)))
+            group.create_array(name, data=data, chunks=(rows, *data.shape[1:]))
         group.attrs.update(_json_safe({"kind": "ranks", **attrs}))
 
 

@@ -80,8 +80,11 @@ def worst_queries_of(
     g_table = _manifest_or_none(g_path, provenance[1], protocol, "gallery")
     tops = None
     options = attrs.get("protocol_options") or {}
-    if (
-        # a re-ranked or expanded store's top items are not the plain distance's
+    if "top_items" in arrays and q_table is not None and g_table is not None:
+        # a re-ranked store keeps each query's nearest items by re-ranked distance
+        tops = _stored_tops(arrays, rows[pick], q_table, g_table, top_k)
+    elif (
+        # an expanded store's top items are not the plain distance's
         not (options.get("rerank") or options.get("aqe"))
         and q_table is not None
         and g_table is not None
@@ -132,3 +135,18 @@ def worst_queries_of(
         )
         queries.append(entry)
     return {"score": name, "queries": queries}
+
+
+def _stored_tops(arrays, query_rows, q_table, g_table, top_k: int) -> list[dict]:
+    """The ranks store's ``top_items`` of ``query_rows`` (manifest rows), as
+    :func:`rankwise.neighbours.top_items` returns them (listed items are valid, so
+    relevant = same label)."""
+    position = {int(r): i for i, r in enumerate(arrays["query_index"])}
+    labels = g_table["label"].astype(str).to_numpy()
+    out = []
+    for row in query_rows:
+        items = arrays["top_items"][position[int(row)]]
+        items = items[items >= 0][:top_k]
+        label = str(q_table.iloc[int(row)]["label"])
+        out.append({"gallery_index": items, "relevant": labels[items] == label})
+    return out
