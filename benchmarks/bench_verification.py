@@ -53,9 +53,10 @@ includes compiling the worktree's cold numba cache (1.3 s on the next run).
 
 verify's memory stays flat (287 MB at market, below plain's 330 MB) where dense grows
 by ~18 bytes a pair (958 MB at market; ~18 GB extrapolated to msmt).  Its wall time is
-~3.5x plain's and above dense's at market: in-process (cProfile, market, euclidean)
-3.9 s, of which 2.6 s is pass 2's per-pair kernel ``_bracket_tile`` (single-threaded;
-28 ROC/FPR brackets and the display histogram per negative) and 1.0 s the float32 tile
+~3.5x plain's and above dense's at market.  In-process ``tpr_at_fpr`` on market
+(euclidean) takes 3.9-6.6 s depending on the load (imports 0.6 s more); a cProfile run
+spent 2.6 of 3.9 s in pass 2's per-pair kernel ``_bracket_tile`` (single-threaded; 28
+ROC/FPR brackets and the display histogram per negative) and 1.0 s in the float32 tile
 products of both passes.
 """
 
