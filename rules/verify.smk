@@ -23,10 +23,13 @@ rule verify:
         same_camera=same_camera_flag,
         fprs=verification_value("fprs"),
         bins=verification_value("bins"),
+        # tiling and threads never change a number: a param taking `threads` is left out
+        # of Snakemake's rerun checks
         engine=lambda wildcards, threads: (
             f"--query-block {ENGINE['query_block']} --gallery-chunk {ENGINE['gallery_chunk']}"
+            f" --workers {threads}"
         ),
-    threads: 1
+    threads: ENGINE["threads"]
     conda:
         CONDA_ENV
     resources:

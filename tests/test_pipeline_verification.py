@@ -131,6 +131,12 @@ def test_second_run_has_nothing_to_do(workdir):
     assert planned(workdir, CONFIG) == {}
 
 
+def test_engine_settings_rerun_nothing(workdir):
+    config = copy.deepcopy(CONFIG)
+    config["engine"] = {"threads": 2, "query_block": 64, "gallery_chunk": 1000, "batch_size": 16}
+    assert planned(workdir, config) == {}
+
+
 def test_new_levels_rerun_only_verify_and_the_report(workdir):
     config = changed(verification={"fprs": [0.001, 0.1], "bins": 12})
     assert planned(workdir, config) == {"verify": 2, "report": 1, "all": 1}

@@ -148,13 +148,14 @@ def test_row_order_never_changes_a_number(distance):
     assert shuffled == base
 
 
-@pytest.mark.parametrize("block,chunk", [(1, 1), (3, 5), (1000, 1000)])
-def test_tiles_never_change_a_number(block, chunk):
+@pytest.mark.parametrize("block,chunk,workers", [(1, 1, 1), (3, 5, 2), (1000, 1000, 3)])
+def test_tiles_and_workers_never_change_a_number(block, chunk, workers):
     q, g, qe, ge = market_like(2)
-    base = tpr_at_fpr(q, g, qe, ge, distance="euclidean", fprs=FPRS)
+    base = tpr_at_fpr(q, g, qe, ge, distance="euclidean", fprs=FPRS, workers=1)
     other = tpr_at_fpr(
-        q, g, qe, ge, distance="euclidean", fprs=FPRS, query_block=block, gallery_chunk=chunk
-    )
+        q, g, qe, ge, distance="euclidean", fprs=FPRS, query_block=block, gallery_chunk=chunk,
+        workers=workers,
+    )  # fmt: skip
     assert other == base
 
 

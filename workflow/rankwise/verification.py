@@ -40,6 +40,7 @@ Memory: the fine histogram, the positives' keys and the bracketed keys -- never 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -96,6 +97,7 @@ def tpr_at_fpr(
     bins: int = HIST_BINS,
     query_block: int = 256,
     gallery_chunk: int = 8192,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """TPR at each FPR in ``fprs`` over all valid query-gallery pairs, the ROC curve and
     the distance histograms (module docstring).
@@ -108,6 +110,8 @@ def tpr_at_fpr(
     fprs : FPR levels, each in (0, 1).
     bins : bins of the distance histograms.
     query_block, gallery_chunk : tile shape; never changes a number.
+    workers : threads of the second pass's kernel (default: all cores); never changes
+        a number.
 
     Returns
     -------
@@ -118,7 +122,7 @@ def tpr_at_fpr(
     ``"distance"``, ``"num_positive_pairs": P, "num_negative_pairs": N}``.
     """
     from .inputs import open_inputs
-    from .options import GALLERY_CHUNK, QUERY_BLOCK
+    from .options import GALLERY_CHUNK, QUERY_BLOCK, WORKERS
     from .ranking import check_distance
 
     fprs = check_fprs(fprs)
@@ -131,6 +135,7 @@ def tpr_at_fpr(
         )
     QUERY_BLOCK.check(query_block)
     GALLERY_CHUNK.check(gallery_chunk)
+    workers = WORKERS.check(workers) or os.cpu_count() or 1
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
     problem = inputs.problem(
         junk_labels=tuple(junk_labels), exclude_same_camera=exclude_same_camera
@@ -151,7 +156,7 @@ def tpr_at_fpr(
     ranks = [math.floor(x * n_neg) + 1 for x in levels]  # r = m + 1 <= N
     brackets = [pairs.bracket(fine, r) for r in ranks]
     edges = pairs.display_edges(fine, positives, bins)
-    below, kept, neg_hist = pairs.second_pass(brackets, edges)
+    below, kept, neg_hist = pairs.second_pass(brackets, edges, workers)
     pos_hist = _histogram(positives, edges)
     positives = np.sort(positives)
     tpr, threshold = {}, {}
@@ -291,28 +296,52 @@ class _Pairs:
         key = np.asarray(key, dtype=np.float64)
         return 1.0 + key if self.cosine else np.sqrt(np.maximum(key, 0.0))
 
-    def second_pass(self, brackets, edges):
+    def second_pass(self, brackets, edges, workers: int = 1):
         """Per bracket the negatives certainly below it, the canonical keys of those
-        that may lie in one, and the negatives' display histogram."""
+        that may lie in one, and the negatives' display histogram.  ``workers`` threads
+        run the per-tile kernel (it releases the GIL) while the next tile's BLAS runs;
+        integer counts and a set of kept keys: the same result for any ``workers``."""
+        from concurrent.futures import ThreadPoolExecutor
+
         lows = np.array([lo for lo, _ in brackets])
         order = np.argsort(lows, kind="stable")
         cut = lows[order] - self.eps  # k~ < lo - eps: certainly below lo
         spans = _merge(brackets, self.eps)
+        d0, d1 = self.to_distance(edges[[0, -1]])
+        dw = max((d1 - d0) / (len(edges) - 1), np.finfo(float).tiny)
+
+        def run(tile):
+            grows, gsq, r0, sim, neg, _ = tile
+            n = len(sim)
+            counts = np.zeros(len(cut) + 1, dtype=np.int64)
+            fix = np.zeros(len(brackets), dtype=np.int64)
+            hist = np.zeros(len(edges) - 1, dtype=np.int64)
+            out = np.empty(sim.size, dtype=np.float64)
+            k = _bracket_tile(
+                sim, neg, self.qrows[r0 : r0 + n], grows, self.qsq[r0 : r0 + n], gsq,
+                self.cosine, self.eps, cut, spans, lows, edges, d0, dw, counts, fix, hist, out,
+            )  # fmt: skip
+            return counts, fix, hist, out[:k].copy()
+
         counts = np.zeros(len(cut) + 1, dtype=np.int64)
         fix = np.zeros(len(brackets), dtype=np.int64)
         hist = np.zeros(len(edges) - 1, dtype=np.int64)
-        buffer = np.empty(self.block * self.chunk, dtype=np.float64)
-        d0, d1 = self.to_distance(edges[[0, -1]])
-        dw = max((d1 - d0) / (len(edges) - 1), np.finfo(float).tiny)
         kept = []
-        for grows, gsq, r0, sim, neg, _ in self.tiles():
-            n = len(sim)
-            k = _bracket_tile(
-                sim, neg, self.qrows[r0 : r0 + n], grows, self.qsq[r0 : r0 + n], gsq,
-                self.cosine, self.eps, cut, spans, lows, edges, d0, dw, counts, fix, hist,
-                buffer,
-            )  # fmt: skip
-            kept.append(buffer[:k].copy())
+
+        def fold(part) -> None:
+            counts[:] += part[0]
+            fix[:] += part[1]
+            hist[:] += part[2]
+            kept.append(part[3])
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending: list = []
+            for tile in self.tiles():
+                pending.append(pool.submit(run, tile))
+                while len(pending) > workers:  # at most workers + 1 tiles alive
+                    fold(pending.pop(0).result())
+            for future in pending:
+                fold(future.result())
         # certainly below the p-th lowest bracket: the k~ with at most p cuts at or
         # below them; plus those whose canonical key turned out below
         below = np.zeros(len(brackets), dtype=np.int64)

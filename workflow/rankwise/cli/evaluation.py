@@ -140,6 +140,7 @@ def evaluate(ks, ap, output, **kw):
 )
 @shared.spec.QUERY_BLOCK.click(default=256, help="Queries per tile.")
 @shared.spec.GALLERY_CHUNK.click(help="Gallery rows per tile.")
+@shared.spec.WORKERS.click(help="Threads of the exact second pass (default: all cores).")
 @shared.output
 def verify(fprs, bins, output, **kw):
     """TPR at fixed FPR, the ROC curve and the positive/negative distance histograms over
@@ -162,6 +163,7 @@ def verify(fprs, bins, output, **kw):
         exclude_same_camera=kw["exclude_same_camera"],
         query_block=kw["query_block"],
         gallery_chunk=kw["gallery_chunk"],
+        workers=kw["workers"],
     )
     result["inputs"] = {
         "query_manifest": str(kw["query"]),
