@@ -190,7 +190,10 @@ def importtime(args: list[str]) -> list[tuple[str, float]]:
 
 def numba_cache_dir() -> str:
     """Where numba keeps the compiled kernels of the rankwise being measured."""
-    code = "from rankwise import kernels; print(kernels.count_tile._cache._cache_path)"
+    code = (
+        "from rankwise import kernels\n"
+        "print(getattr(kernels.count_tile._cache, '_cache_path', 'none (compiled per process)'))"
+    )
     return subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.strip()
