@@ -325,9 +325,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-split", action="store_true", help="do not split count_tile")
     ap.add_argument("--data-root", type=Path, default=RESULTS / "data")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--report-only", type=Path, default=None, help="print the side-by-side table of a JSON"
+    )
     args = ap.parse_args(argv)
+    if args.report_only:
+        print(side_by_side(json.loads(args.report_only.read_text())))
+        return 0
 
-    dists = sorted(bench.DISTRIBUTIONS) if args.distribution == "all" else [args.distribution]
+    dists = list(bench.DISTRIBUTIONS) if args.distribution == "all" else [args.distribution]
     t_import = time.perf_counter()
     from rankwise import api, kernels, ranking  # noqa: F401  (imports not in the table)
 
@@ -368,8 +374,53 @@ def main(argv=None) -> int:
     out = args.out or RESULTS / f"profile-{args.scale}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
+    print("\n" + side_by_side(report))
     print(f"wrote {out}")
     return 0
+
+
+def side_by_side(report: dict) -> str:
+    """One Markdown table, the distributions side by side: the best run's seconds and
+    share per stage, and the spread (max - min) of the runs' seconds."""
+    dists = report["distributions"]
+    best = {d: min(e["runs"], key=lambda r: r["wall"]) for d, e in dists.items()}
+    head = "| stage | " + " | ".join(f"{d} s | share | spread" for d in dists) + " |"
+    lines = [head, "| --- |" + " ---: | ---: | ---: |" * len(dists)]
+    keys = [k for k in next(iter(best.values()))["stages"] if k not in ("total", "unaccounted")]
+    for key in [*keys, "total"]:
+        cells = []
+        for d, e in dists.items():
+            vals = [r["stages"][key] for r in e["runs"]]
+            v = best[d]["stages"][key]
+            if v is None:
+                cells += ["not separable", "", ""]
+                continue
+            share = 100.0 * v / best[d]["wall"]
+            cells += [f"{v:.3f}", f"{share:.1f} %", f"{max(vals) - min(vals):.3f}"]
+        label = f"**{key}**" if key == "total" else key
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    rows = {
+        "rank-1 / mAP / mINP": lambda d, b: "{rank1:.1f} / {map:.1f} / {minp:.1f}".format(
+            **dists[d]["metrics"]
+        ),
+        "pairs near a threshold": lambda d, b: f"{100 * b['items']['near'] / b['pairs']:.2f} %",
+        "exact fallbacks": lambda d, b: (
+            f"{b['items']['fallback']:,} ({100 * b['items']['fallback'] / b['pairs']:.3f} %)"
+        ),
+        "unprofiled run (s)": lambda d, b: f"{dists[d]['plain_wall']:.2f}",
+        "load average": lambda d, b: "{:.1f} -> {:.1f}".format(
+            dists[d]["loadavg"][0][0], dists[d]["loadavg"][1][0]
+        ),
+    }
+    for name, cell in rows.items():
+        cells = []
+        for d in dists:
+            try:
+                cells += [cell(d, best[d]), "", ""]
+            except KeyError:  # no split: no item counts
+                cells += ["", "", ""]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def print_table(scale: str, dist: str, entry: dict) -> None:
