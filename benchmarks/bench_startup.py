@@ -5,6 +5,7 @@ first tile, on bench.py's synthetic data (Market-1501 scale by default).
     python benchmarks/bench_startup.py                      # best of 5, market, default data
     python benchmarks/bench_startup.py --repeat 5 --cold    # + one run with an empty numba cache
     python benchmarks/bench_startup.py --importtime         # + the slowest imports (-X importtime)
+    python benchmarks/bench_startup.py --commands metrics   # `rankwise metrics` on a ranks store
 
 Every run is its own process: a small probe (``PROBE`` below) starts the interpreter,
 imports ``rankwise.cli`` exactly as the console script does and calls ``main()`` with
@@ -24,7 +25,8 @@ records wall-clock timestamps, relative to the moment the parent started the pro
     ranks done            ``compute_ranks`` returned
     exit                  ``main()`` returned (metrics, JSON report / ranks store written)
 
-plus the parent's wall time of the whole process.  ``--help`` and a bare ``python -c
+plus the parent's wall time of the whole process (``metrics`` has only the first and
+the last two: it runs no engine).  ``--help`` and a bare ``python -c
 pass`` are timed the same way for reference.  The table shows the best (minimum) of
 ``--repeat`` runs per column and the spread (max - min); the load average is printed.
 Results: ``benchmarks/results/startup-<scale>.json``.  The environment is left as it is.
@@ -141,6 +143,8 @@ def run_plain(cmd: list[str]) -> float:
 
 
 def command_args(command: str, files: dict, workers: int, out_dir: Path) -> list[str]:
+    if command == "metrics":  # scores the store written once by prepare_metrics
+        return ["metrics", str(out_dir / "metrics-input.zarr"), "--output", str(out_dir / "m.json")]
     args = [
         command,
         "--query",
@@ -214,7 +218,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--scale", choices=sorted(bench.SCALES), default="market")
     ap.add_argument("--distribution", choices=sorted(bench.DISTRIBUTIONS), default="default")
-    ap.add_argument("--commands", default="evaluate,rank", help="comma-separated")
+    ap.add_argument(
+        "--commands", default="evaluate,rank", help="comma-separated: evaluate, rank, metrics"
+    )
     ap.add_argument("--repeat", type=int, default=5, help="runs per command (best is shown)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cold", action="store_true", help="also one run with an empty numba cache")
@@ -232,6 +238,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(tmp)
         run_plain(["rankwise", "--help"])  # warm the file cache and numba's index
+        if "metrics" in commands:  # its input: a ranks store of the same data
+            rank = command_args("rank", files, args.workers, out_dir)
+            rank[rank.index("--out") + 1] = str(out_dir / "metrics-input.zarr")
+            run_plain(["rankwise", *rank])
         base = {
             "python -c pass": [
                 run_plain([sys.executable, "-c", "pass"]) for _ in range(args.repeat)
