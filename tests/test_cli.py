@@ -206,3 +206,38 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, without, module, argv, 
     assert f"pip install 'rankwise[{extra}]'" in proc.stderr
     assert not (tmp_path / "out" / "query.csv").exists()
     assert not (tmp_path / "out" / "report.html").exists()
+
+
+# ---------------------------------------------------------------- start-up and exit
+
+
+def _after_evaluate(tmp_path, report: str) -> str:
+    """``rankwise evaluate`` on the toy data through the console script's call
+    (``main(argv)``) in a fresh interpreter; then print the expression ``report``."""
+    argv = ["evaluate", *map(str, _toy(tmp_path, camera=True, junk=False)), "--protocol", "reid"]
+    code = (
+        "import gc, sys\n"
+        "from rankwise.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        f"print({report})\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_console_script_freezes_the_heap_before_exit(tmp_path):
+    # the interpreter's final collection then skips numba's and pandas' objects
+    # (bench_startup.py: ~0.3 s of the process's end at Market-1501 scale)
+    assert int(_after_evaluate(tmp_path, "gc.get_freeze_count()")) > 100_000
+
+
+def test_a_threaded_ranking_run_does_not_import_dask(tmp_path):
+    # rankwise.scheduler runs the graphs; Dask's import cost 0.06-0.09 s before the first tile
+    assert (
+        _after_evaluate(tmp_path, "sorted(m for m in sys.modules if m.split('.')[0] == 'dask')")
+        == "[]"
+    )

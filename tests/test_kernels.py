@@ -258,3 +258,26 @@ def test_problem_masks_follow_design_table(protocol):
         # any window of rows gives the same masks
         v2, r2 = problem.valid_relevant(q, 7, 19)
         assert v2.tolist() == expected_v[7:19] and r2.tolist() == expected_r[7:19]
+
+
+def test_kernels_load_without_a_writable_numba_cache():
+    """A read-only install and home: numba finds no cache directory (forced here with
+    NUMBA_CACHE_LOCATOR_CLASSES) and would refuse at import; the kernels compile per
+    process instead and give the same numbers."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from rankwise import kernels\n"
+        "rows, sq, bad, why = kernels.prepare_rows(np.array([[3, 4], [0, 1]], np.float32), False)\n"
+        "print(sq.tolist(), bad, why, kernels.prepare_rows._cache.__class__.__name__)\n"
+    )
+    env = dict(os.environ, NUMBA_CACHE_LOCATOR_CLASSES="ZipCacheLocator")  # never applies
+    env.pop("NUMBA_CACHE_DIR", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[25.0,", "1.0]", "-1", "0", "NullCache"]

@@ -27,11 +27,29 @@ counts and the BLAS, and exact ties (duplicate rows) stay exact ties.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from numba import njit
+from numba import njit as _numba_njit
 
 #: Unit roundoff of float32.
 _U32 = 2.0**-24
+
+
+def njit(**options: Any):
+    """numba's ``njit``.  Its ``cache=True`` keeps the compiled code beside this file, or
+    in the user's cache (``~/.cache/numba``, or ``NUMBA_CACHE_DIR``) when the install is
+    read-only; when neither is writable numba refuses at import, so compile per process."""
+
+    def decorate(func):
+        try:
+            return _numba_njit(**options)(func)
+        except RuntimeError as exc:
+            if not options.get("cache") or "no locator available" not in str(exc):
+                raise
+            return _numba_njit(**dict(options, cache=False))(func)
+
+    return decorate
 
 
 def error_bound_factor(dim: int) -> float:

@@ -215,7 +215,8 @@ def _limit_blas() -> None:
 
 
 class _Runner:
-    """Runs raw Dask graphs on threads or on a dask.distributed cluster."""
+    """Runs raw Dask graphs on local threads (:mod:`rankwise.scheduler`) or on a
+    dask.distributed cluster."""
 
     def __init__(self, options: EngineOptions):
         import os
@@ -258,9 +259,9 @@ class _Runner:
     def get(self, graph: dict, keys: list):
         if self.client is not None:
             return self.client.get(graph, keys)
-        import dask.threaded
+        from .scheduler import run_threads  # not dask.threaded: its import costs 0.06 s
 
-        return dask.threaded.get(graph, keys, num_workers=self.workers)
+        return run_threads(graph, keys, self.workers)
 
 
 def _chunk_groups(bounds: np.ndarray, gallery: EmbeddingSource, cosine: bool, runner):
