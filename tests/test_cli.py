@@ -233,11 +233,3 @@ def test_console_script_freezes_the_heap_before_exit(tmp_path):
     # the interpreter's final collection then skips numba's and pandas' objects
     # (bench_startup.py: ~0.3 s of the process's end at Market-1501 scale)
     assert int(_after_evaluate(tmp_path, "gc.get_freeze_count()")) > 100_000
-
-
-def test_a_threaded_ranking_run_does_not_import_dask(tmp_path):
-    # rankwise.scheduler runs the graphs; Dask's import cost 0.06-0.09 s before the first tile
-    assert (
-        _after_evaluate(tmp_path, "sorted(m for m in sys.modules if m.split('.')[0] == 'dask')")
-        == "[]"
-    )
