@@ -59,12 +59,13 @@ SCALES = {
 }
 
 
-def generate(scale: str) -> Path:
-    """q.csv, g.csv, q.npy, g.npy: persons on 6 cameras, 10 % distractors, 1 % junk."""
+def generate(scale: str, noise: float = 1.1) -> Path:
+    """q.csv, g.csv, q.npy, g.npy: persons on 6 cameras, 10 % distractors, 1 % junk;
+    ``noise`` is the spread of each image around its person (larger: harder data)."""
     import numpy as np
     import pandas as pd
 
-    folder = RESULTS / "rerank-data" / scale
+    folder = RESULTS / "rerank-data" / (scale if noise == 1.1 else f"{scale}-noise{noise:g}")
     if (folder / "g.npy").exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
@@ -74,7 +75,6 @@ def generate(scale: str) -> Path:
     q_lab = rng.integers(0, n_ids, n_q)
     g_lab = np.concatenate([np.arange(n_ids), rng.integers(0, n_ids, n_g - n_ids)])
     kind = rng.random(n_g)
-    noise = 1.1
     q = centres[q_lab] + noise * rng.normal(size=(n_q, dim)).astype(np.float32)
     g = centres[g_lab] + noise * rng.normal(size=(n_g, dim)).astype(np.float32)
     distractor, junk = kind < 0.10, (kind >= 0.10) & (kind < 0.11)
@@ -144,6 +144,9 @@ def main(argv=None) -> int:
     parser.add_argument("--k2", type=int, default=6)
     parser.add_argument("--lambda", dest="lam", type=float, default=0.3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--noise", type=float, default=1.1, help="spread around each person (3: hard data)"
+    )
     parser.add_argument("--timeout", type=float, default=6 * 3600)
     parser.add_argument(
         "--dense-worker", nargs=2, metavar=("FOLDER", "OUT"), help=argparse.SUPPRESS
@@ -155,7 +158,7 @@ def main(argv=None) -> int:
         )
         return 0
 
-    folder = generate(args.scale)
+    folder = generate(args.scale, args.noise)
     runs = RESULTS / f"rerank-runs-{args.scale}-{time.strftime('%Y%m%d-%H%M%S')}"
     runs.mkdir(parents=True)
     inputs = [
