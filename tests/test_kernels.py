@@ -263,14 +263,15 @@ def test_problem_masks_follow_design_table(protocol):
 def test_kernels_load_without_a_writable_numba_cache():
     """A read-only install and home: numba finds no cache directory (forced here with
     NUMBA_CACHE_LOCATOR_CLASSES) and would refuse at import; the kernels compile per
-    process instead and give the same numbers."""
+    process instead and give the same numbers (every module with compiled kernels
+    imports)."""
     import os
     import subprocess
     import sys
 
     code = (
         "import numpy as np\n"
-        "from rankwise import kernels\n"
+        "from rankwise import kernels, rerank, single_shot, verification\n"
         "rows, sq, bad, why = kernels.prepare_rows(np.array([[3, 4], [0, 1]], np.float32), False)\n"
         "print(sq.tolist(), bad, why, kernels.prepare_rows._cache.__class__.__name__)\n"
     )

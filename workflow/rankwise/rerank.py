@@ -48,11 +48,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from .embeddings import EmbeddingSource
 from .errors import RankwiseError
-from .kernels import _canonical_key, pair_keys
+from .kernels import _canonical_key, njit, pair_keys
 from .options import rerank_applies
 from .protocols import Problem, dense_masks
 

@@ -42,10 +42,10 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-from numba import njit
 
 from . import kernels
 from .embeddings import EmbeddingSource
+from .kernels import njit  # numba's, compiling per process where no cache is writable
 from .options import GALLERY_CHUNK
 from .protocols import Problem, dense_masks
 from .ranking import prepare_chunk

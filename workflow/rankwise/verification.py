@@ -45,10 +45,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from .errors import RankwiseError
-from .kernels import _canonical_key
+from .kernels import _canonical_key, njit
 from .options import JUNK_LABELS, rerank_applies
 
 #: The FPR levels fast-reid reports.
