@@ -30,6 +30,12 @@ market   3,368 x 15,913 x 512         1.6 s / 330 MB  9.8 s / 596 MB    125 s / 
 msmt     11,659 x 82,161 x 512        9.3 s / 399 MB  249 s / 1.0 GB    (~35 GB: not run)
 =======  ===========================  ==============  ================  =================
 
+MSMT17 scale again, alone on the machine (load 0.9-3.0, 2026-12-01 05:04-05:16), three data
+distributions (``--noise``; rank-1 plain -> re-ranked): 1.1 (100 -> 100 %) 6.4 s / 407 MB
+plain, 193 s / 1,019 MB re-ranked; 1.5 (1.2 -> 4.0 %) 8.7 s / 397 MB, 203 s / 1,046 MB;
+3 (chance level) 17.0 s / 407 MB, 201 s / 982 MB.  Peak RSS <= 2 GB on every one; the
+``--memory-limit`` estimate for this shape is 1,858 MB.
+
 (*) measured alone on the quiet machine (the other rows while other jobs ran); the largest
 scale the dense reference fits in this machine's 24 GB.  rerank and dense gave identical
 metrics at tiny, small and market scale.  The synthetic data
