@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from rankwise import __version__
 from rankwise.cli import main
+from rankwise.errors import RankwiseError
 from rankwise.report import build_report, cmc_curve, comparison_pairs, render_html
 from rankwise.stats import holm
 from rankwise.store import read_ranks, write_embeddings, write_ranks
@@ -288,6 +289,24 @@ def test_bad_metrics_file(tmp_path, content, message):
     assert result.exit_code == 2
     assert message in result.output
     assert not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "cannot read the verify file"),
+        ("not json", "not a JSON file; pass the --output of `rankwise verify`"),
+        ('{"metrics": {}}', "no 'tpr@fpr' object; pass the --output of `rankwise verify`"),
+    ],
+)
+def test_bad_verification_file(results, tmp_path, content, message):
+    _, metrics = results
+    bad = tmp_path / "d" / "e.json"
+    bad.parent.mkdir()
+    if content is not None:
+        bad.write_text(content)
+    with pytest.raises(RankwiseError, match=re.escape(message)):
+        build_report([metrics[0]], verification=[bad])
 
 
 def test_duplicate_pair_is_an_error(results):

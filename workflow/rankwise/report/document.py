@@ -83,21 +83,29 @@ def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
-    """The report entry of a metrics JSON (its statistics are filled in later)."""
-    path = Path(metrics_path)
+def _read_output(path: Path, command: str, key: str) -> dict[str, Any]:
+    """The JSON a ``rankwise <command> --output`` wrote, with its ``key`` object; one
+    line naming the file and the command otherwise."""
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise RankwiseError(
-            f"{path}: cannot read the metrics file ({exc.strerror}); run `rankwise metrics` first"
+            f"{path}: cannot read the {command} file ({exc.strerror}); "
+            f"run `rankwise {command}` first"
         ) from None
     except ValueError:
         raise RankwiseError(
-            f"{path}: not a JSON file; pass the --output of `rankwise metrics`"
+            f"{path}: not a JSON file; pass the --output of `rankwise {command}`"
         ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise RankwiseError(f"{path}: no 'metrics' object; pass the --output of `rankwise metrics`")
+    if not isinstance(data, dict) or not isinstance(data.get(key), dict):
+        raise RankwiseError(f"{path}: no '{key}' object; pass the --output of `rankwise {command}`")
+    return data
+
+
+def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
+    """The report entry of a metrics JSON (its statistics are filled in later)."""
+    path = Path(metrics_path)
+    data = _read_output(path, "metrics", "metrics")
     raw = data.get("provenance") or {}
     return {
         "dataset": path.parent.name,
@@ -120,21 +128,7 @@ def _attach_verification(results: list[dict[str, Any]], paths) -> None:
     by_key = {(r["dataset"], r["encoder"]): r for r in results}
     for item in paths:
         path = Path(item)
-        try:
-            data = json.loads(path.read_text())
-        except OSError as exc:
-            raise RankwiseError(
-                f"{path}: cannot read the verification file ({exc.strerror}); "
-                "run `rankwise verify --output` first"
-            ) from None
-        except ValueError:
-            raise RankwiseError(
-                f"{path}: not a JSON file; pass the --output of `rankwise verify`"
-            ) from None
-        if not isinstance(data, dict) or not isinstance(data.get("tpr@fpr"), dict):
-            raise RankwiseError(
-                f"{path}: no 'tpr@fpr' object; pass the --output of `rankwise verify`"
-            )
+        data = _read_output(path, "verify", "tpr@fpr")
         key = (path.parent.name, path.stem)
         entry = by_key.get(key)
         if entry is None:
