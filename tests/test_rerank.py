@@ -445,9 +445,9 @@ def test_float32_reference_differs_from_float64_only_by_rounding():
 )
 def test_worst_queries_show_the_ranked_distances_top_items(tmp_path, cli, flag, value):
     """The report's top items are the nearest valid items by the distance that ranked:
-    the plain one, or the re-ranked one (stored by the rank stage, equal to the float64
-    reference's order); an expanded-only store shows none rather than wrong ones."""
-    from reference import protocol_masks
+    the plain one, the re-ranked one or the query-expanded one (the last two stored by
+    the rank stage), in the float64 reference's order (ties: non-relevant first)."""
+    from reference import average_query_expansion, distance_matrix, protocol_masks
 
     from rankwise.report.worst import worst_queries_of
     from rankwise.store import read_ranks
@@ -468,21 +468,22 @@ def test_worst_queries_show_the_ranked_distances_top_items(tmp_path, cli, flag, 
     assert proc.returncode == 0, proc.stderr
     worst = worst_queries_of(*read_ranks(out), n=5, top_k=4)
     tops = [entry["top"] for entry in worst["queries"]]
-    if flag == "--aqe":
-        assert all(t is None for t in tops)
-        return
     assert all(len(t) == 4 for t in tops)
     if flag is None:
         return
-    k1, k2, lam = (float(x) for x in value.split(","))
-    final = re_ranking(
-        *rerank_input_distances(qe, ge, "euclidean"), k1=int(k1), k2=int(k2), lambda_value=lam
-    )
+    if flag == "--aqe":
+        k, alpha = (float(x) for x in value.split(","))
+        final = distance_matrix(*average_query_expansion(qe, ge, int(k), alpha), "euclidean")
+    else:
+        k1, k2, lam = (float(x) for x in value.split(","))
+        final = re_ranking(
+            *rerank_input_distances(qe, ge, "euclidean"), k1=int(k1), k2=int(k2), lambda_value=lam
+        )
     valid, relevant = protocol_masks("reid", q, g)
     for entry in worst["queries"]:
         row = entry["query_index"]
         cols = np.flatnonzero(valid[row])
-        want = cols[np.lexsort((cols, final[row, cols]))][:4]
+        want = cols[np.lexsort((cols, relevant[row, cols], final[row, cols]))][:4]
         assert [t["gallery_index"] for t in entry["top"]] == want.tolist()
         assert [t["relevant"] for t in entry["top"]] == relevant[row, want].tolist()
 

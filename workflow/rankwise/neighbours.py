@@ -1,7 +1,11 @@
-"""The top-k valid gallery items of a few queries, for reports and inspection.
+"""The top-k valid gallery items of queries, for reports and inspection.
 
-A chunked scan of the gallery per call (canonical keys, the engine's tie rule:
-at equal distance a non-relevant item comes first), never the ``Q x G`` matrix.
+:func:`top_items` / :func:`nearest_items`: a chunked scan of the gallery for a few
+queries (canonical keys, the engine's tie rule: at equal distance a non-relevant item
+comes first), never the ``Q x G`` matrix.  :func:`tiled_top_items`: the same list for
+every evaluated query, from float32 BLAS tiles with canonical keys only where the error
+bound leaves the order open (the rank stage stores it for query-expanded embeddings,
+which the report could not reproduce from the stored ones).
 """
 
 from __future__ import annotations
@@ -134,3 +138,68 @@ def nearest_items(
         }
         for r, items in zip(rows, best, strict=True)
     ]
+
+
+#: Largest (query block x gallery chunk) tile of :func:`tiled_top_items`, in pairs.
+TOP_TILE_VALUES = 1 << 21
+
+
+def tiled_top_items(
+    problem, rows: np.ndarray, qrows: np.ndarray, qsq: np.ndarray, gallery, *, cosine: bool,
+    k: int, block: int, chunk: int,
+) -> np.ndarray:  # fmt: skip
+    """The ``k`` nearest valid gallery items of each query row in ``rows`` by (canonical
+    key, relevant after non-relevant, index), ``(len(rows), k)`` int64, ``-1``-padded.
+
+    Pass 1 keeps per row the k smallest upper bounds ``k~ + eps`` over its valid items
+    (the k-th of them is at or above the k-th canonical key); pass 2 computes the
+    canonical key of every valid item whose lower bound ``k~ - eps`` reaches it -- the
+    only ones that can be among the k -- and sorts those.  Exact, for any tiling.
+
+    ``qrows``/``qsq``: the prepared query rows of the problem (all of them);
+    ``gallery``: the source the rows of ``problem``'s gallery come from.
+    """
+    from .protocols import dense_masks
+
+    n, n_g = len(rows), gallery.shape[0]
+    # at most TOP_TILE_VALUES pairs a tile: its float64 keys, bounds and masks stay ~80 MB
+    block = max(1, min(block, TOP_TILE_VALUES // max(min(chunk, n_g), 1)))
+    bound = kernels.error_bound_factor(qrows.shape[1])
+    out = np.full((n, k), -1, dtype=np.int64)
+    if n == 0 or n_g == 0:
+        return out
+
+    def tiles():
+        for c0 in range(0, n_g, chunk):
+            grows, gsq = prepare_chunk(gallery, c0, min(c0 + chunk, n_g), cosine)
+            cols = np.arange(c0, c0 + len(grows), dtype=np.int64)
+            for b0 in range(0, n, block):
+                r = rows[b0 : b0 + block]
+                s = (qrows[r] @ grows.T).astype(np.float64)
+                qn, gn = np.sqrt(qsq[r])[:, None], np.sqrt(gsq)[None, :]
+                if cosine:
+                    approx, eps = -s, bound * qn * gn
+                else:
+                    approx = qsq[r][:, None] + gsq[None, :] - 2.0 * s
+                    eps = bound * (qn + gn) ** 2
+                valid, relevant = dense_masks(problem, r[:, None], cols[None, :])
+                yield b0, r, grows, cols, approx, eps, valid, relevant
+
+    upper = np.full((n, k), np.inf)
+    for b0, r, _, _, approx, eps, valid, _ in tiles():
+        merged = np.concatenate([upper[b0 : b0 + len(r)], np.where(valid, approx + eps, np.inf)], 1)
+        upper[b0 : b0 + len(r)] = np.partition(merged, k - 1, axis=1)[:, :k]
+    reach = upper.max(axis=1)  # the k-th smallest upper bound (inf: fewer than k valid)
+    found: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for b0, r, grows, cols, approx, eps, valid, relevant in tiles():
+        i, j = np.nonzero(valid & (approx - eps <= reach[b0 : b0 + len(r)][:, None]))
+        keys = kernels.pair_keys(qrows, grows, r[i], j, cosine)
+        for t in np.unique(i):
+            at = i == t
+            found[b0 + t].append(np.stack([keys[at], relevant[t, j[at]], cols[j[at]]]))
+    for t, parts in enumerate(found):
+        if parts:
+            key, rel, col = np.concatenate(parts, axis=1)
+            order = np.lexsort((col, rel, key))[:k]
+            out[t, : len(order)] = col[order].astype(np.int64)
+    return out

@@ -40,13 +40,17 @@ def estimate_memory_mb(
     During :func:`expand`: the raw and the prepared rows (float32), the weighted sum
     (float64) and a float64 term of it, the result (float32) -- 28 bytes an ``N x D``
     value -- the neighbour lists (``N k`` distances and indices) and the neighbour
-    pass's tiles (per worker).  After it, while ranking: the expanded rows (float32).
+    pass's tiles (per worker).  After it, while ranking: the expanded rows (float32),
+    and the top items' tile (:func:`rankwise.neighbours.tiled_top_items`: ~48 bytes a
+    pair of at most ``TOP_TILE_VALUES``).
     """
+    from .neighbours import TOP_TILE_VALUES
     from .rerank import neighbour_pass_mb
 
     n_all = n_query + n_gallery
     during = (28.0 * dim * n_all + 32.0 * n_all * int(aqe["k"])) / 2**20
-    return during + neighbour_pass_mb(n_all, block, chunk, workers), 4.0 * dim * n_all / 2**20
+    after = (4.0 * dim * n_all + 48.0 * TOP_TILE_VALUES) / 2**20
+    return during + neighbour_pass_mb(n_all, block, chunk, workers), after
 
 
 def expand(

@@ -353,6 +353,15 @@ def compute_ranks(
             offsets, ranks = _plain_ranks(
                 problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles
             )
+        if aqe is not None:
+            # the report cannot rebuild the expanded rows' neighbours: keep them here
+            from .neighbours import tiled_top_items
+            from .rerank import TOP_STORED
+
+            extra_arrays["top_items"] = tiled_top_items(
+                problem, evaluated.astype(np.int64), qrows, qsq, gallery, cosine=cosine,
+                k=TOP_STORED, block=options.query_block, chunk=options.gallery_chunk,
+            )  # fmt: skip
     attrs = {
         "protocol": problem.protocol,
         "distance": distance,

@@ -205,7 +205,7 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine)
 
     Returns ``(ranks, top)``: a list of ``(n_relevant,)`` int64 rank arrays, one per row
     of ``rows``, and ``(len(rows), TOP_STORED)`` int64: each query's nearest valid gallery
-    items by (canonical final, index), ``-1`` where it has fewer.
+    items by (canonical final, relevant last, index), ``-1`` where it has fewer.
     """
     from .kernels import error_bound_factor
 
@@ -256,14 +256,15 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine)
         approx[near] = exact(others[near])
         ahead = np.sort(approx)
         out.append(1 + np.searchsorted(ahead, thr, side="right") + np.arange(len(thr)))
-        top[b] = _top(np.flatnonzero(valid[b]), final[b], err[b], exact)
+        top[b] = _top(np.flatnonzero(valid[b]), final[b], err[b], relevant[b], exact)
     return out, top
 
 
-def _top(cols: np.ndarray, final: np.ndarray, err: np.ndarray, exact) -> np.ndarray:
-    """The ``TOP_STORED`` of ``cols`` nearest by (canonical final, index), ``-1``-padded:
-    every item whose approximate final may reach the k-th smallest upper bound gets its
-    canonical final (a handful), the others cannot be among the k."""
+def _top(cols: np.ndarray, final: np.ndarray, err: np.ndarray, relevant, exact) -> np.ndarray:
+    """The ``TOP_STORED`` of ``cols`` nearest by (canonical final, relevant after
+    non-relevant -- the engine's tie rule -- , index), ``-1``-padded: every item whose
+    approximate final may reach the k-th smallest upper bound gets its canonical final (a
+    handful), the others cannot be among the k."""
     out = np.full(TOP_STORED, -1, dtype=np.int64)
     if len(cols) == 0:
         return out
@@ -272,7 +273,7 @@ def _top(cols: np.ndarray, final: np.ndarray, err: np.ndarray, exact) -> np.ndar
     kth_upper = np.partition(hi, k - 1)[k - 1]
     candidates = cols[lo <= kth_upper]
     keys = exact(candidates)
-    order = np.lexsort((candidates, keys))[:k]
+    order = np.lexsort((candidates, relevant[candidates], keys))[:k]
     out[:k] = candidates[order]
     return out
 

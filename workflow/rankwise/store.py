@@ -27,9 +27,9 @@ Optional arrays (protocol variants; :data:`OPTIONAL_ARRAYS`), written when prese
                                          (query manifest rows, by ascending id)
     shot_offsets     int64 (n_eval + 1)  single-gallery-shot: CSR pointers into ``shot_pmf``
     shot_pmf         float64 (nnz,)      P(single-shot rank = k), k = 1.. per query
-    top_items        int64 (n_eval, 20)  re-ranked: each query's nearest valid gallery rows
-                                         by re-ranked distance, -1-padded (the report's
-                                         worst queries show them)
+    top_items        int64 (n_eval, 20)  re-ranked or query-expanded: each query's nearest
+                                         valid gallery rows by the distance that ranked,
+                                         -1-padded (the report's worst queries show them)
 """
 
 from __future__ import annotations
