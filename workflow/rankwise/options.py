@@ -627,27 +627,37 @@ def check_rerank_alone(
         )
 
 
+VERIFICATION_FPRS = Option(
+    "fprs",
+    "numbers",
+    (1e-4, 1e-3, 1e-2),  # the levels fast-reid reports
+    above=0,
+    below=1,
+    rule="each between 0 and 1 (exclusive)",
+    help="FPR levels of TPR@FPR",
+)
+VERIFICATION_BINS = Option("bins", "integer", 60, minimum=1, help="bins of the distance histograms")
 VERIFICATION = Option(
     "verification",
     "record",
     None,
     nullable=True,
-    fields=(
-        Option(
-            "fprs",
-            "numbers",
-            (1e-4, 1e-3, 1e-2),
-            above=0,
-            below=1,
-            rule="each between 0 and 1 (exclusive)",
-            help="FPR levels of TPR@FPR",
-        ),
-        Option("bins", "integer", 60, minimum=1, help="bins of the distance histograms"),
-    ),
+    fields=(VERIFICATION_FPRS, VERIFICATION_BINS),
     help="recall/reid, TPR@FPR, the ROC curve and the positive/negative distance histograms "
     "over all query-gallery pairs (the encoder's distances, before AQE/re-ranking) in the "
     "report; null = none",
 )
+
+
+def check_all_pairs(protocol: str, label: str, fix: str = "") -> None:
+    """Refuse, naming ``label``, a protocol that does not pair every query with the whole
+    gallery (verification metrics need every pair; :func:`rerank_applies`)."""
+    if not rerank_applies(protocol):
+        valid = ", ".join(p for p in PROTOCOLS if rerank_applies(p))
+        raise RankwiseError(
+            f"{label} does not apply to protocol {protocol!r}: it needs every query "
+            f"paired with the whole gallery (protocols {valid}){fix}"
+        )
 
 
 def check_verification(value: Any, protocol: str, multi_query: Any = "none") -> dict | None:
@@ -656,12 +666,7 @@ def check_verification(value: Any, protocol: str, multi_query: Any = "none") -> 
     checked = VERIFICATION.check(value)
     if checked is None:
         return None
-    if not rerank_applies(protocol):
-        valid = ", ".join(p for p in PROTOCOLS if rerank_applies(p))
-        raise RankwiseError(
-            f"verification does not apply to protocol {protocol!r}: it needs every query "
-            f"paired with the whole gallery (protocols {valid}); drop verification"
-        )
+    check_all_pairs(protocol, "verification", "; drop verification")
     if multi_query not in (None, "none"):
         raise RankwiseError(
             "verification does not combine with multi_query (its pairs are the single "

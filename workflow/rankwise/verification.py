@@ -48,16 +48,16 @@ import numpy as np
 
 from .errors import RankwiseError
 from .kernels import _canonical_key, njit
-from .options import JUNK_LABELS, rerank_applies
+from .options import JUNK_LABELS, VERIFICATION_BINS, VERIFICATION_FPRS, check_all_pairs
 
-#: The FPR levels fast-reid reports.
-FPRS = (1e-4, 1e-3, 1e-2)
+#: The FPR levels fast-reid reports (the ``verification`` option's default).
+FPRS = VERIFICATION_FPRS.default
 #: The ROC curve's FPR grid: 1e-6 .. 10^-0.25, four points per decade.
 ROC_FPRS = tuple(10.0 ** (k / 4) for k in range(-24, 0))
 #: Bins of pass 1's fine histogram of negative keys (the brackets' width).
 FINE_BINS = 1 << 14
 #: Bins of the positive/negative distance histograms in the result.
-HIST_BINS = 60
+HIST_BINS = VERIFICATION_BINS.default
 
 
 def check_fprs(fprs: Iterable[float] | str, label: str = "fprs") -> tuple[float, ...]:
@@ -73,13 +73,6 @@ def check_fprs(fprs: Iterable[float] | str, label: str = "fprs") -> tuple[float,
     if not out or any(not (0.0 < x < 1.0) for x in out):
         raise bad
     return tuple(sorted(set(out)))
-
-
-def check_bins(bins: int, label: str = "bins") -> int:
-    """Histogram bins: an integer >= 1."""
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise RankwiseError(f"{label} must be an integer >= 1 (e.g. 60); got {bins!r}")
-    return int(bins)
 
 
 def tpr_at_fpr(
@@ -125,13 +118,9 @@ def tpr_at_fpr(
     from .ranking import check_distance
 
     fprs = check_fprs(fprs)
-    bins = check_bins(bins)
+    bins = VERIFICATION_BINS.check(bins)
     check_distance(distance)
-    if not rerank_applies(protocol):  # the same protocols as re-ranking
-        raise RankwiseError(
-            f"tpr_at_fpr does not apply to protocol {protocol!r}: it needs every query "
-            "paired with the whole gallery (protocols recall, reid)"
-        )
+    check_all_pairs(protocol, "tpr_at_fpr")
     QUERY_BLOCK.check(query_block)
     GALLERY_CHUNK.check(gallery_chunk)
     workers = WORKERS.check(workers) or os.cpu_count() or 1

@@ -133,11 +133,12 @@ def evaluate(ks, ap, output, **kw):
     help="reid: same label AND same camera is not a pair (default), or a positive one.",
 )
 @click.option(
-    "--fprs", default="1e-4,1e-3,1e-2", show_default=True, help="FPR levels, comma-separated."
+    "--fprs",
+    default=",".join(f"{x:g}" for x in shared.spec.VERIFICATION_FPRS.default),
+    show_default=True,
+    help="FPR levels, comma-separated.",
 )
-@click.option(
-    "--bins", default=60, show_default=True, type=int, help="Bins of the distance histograms."
-)
+@shared.spec.VERIFICATION_BINS.click(help="Bins of the distance histograms.")
 @shared.spec.QUERY_BLOCK.click(default=256, help="Queries per tile.")
 @shared.spec.GALLERY_CHUNK.click(help="Gallery rows per tile.")
 @shared.spec.WORKERS.click(help="Threads of the exact second pass (default: all cores).")
@@ -146,10 +147,9 @@ def verify(fprs, bins, output, **kw):
     """TPR at fixed FPR, the ROC curve and the positive/negative distance histograms over
     every valid query-gallery pair (exact; see rankwise.verification); print the TPRs,
     write everything as JSON (with the inputs it read, for the report)."""
-    from ..verification import check_bins, check_fprs, tpr_at_fpr
+    from ..verification import check_fprs, tpr_at_fpr
 
-    levels = check_fprs(fprs, "--fprs")  # the messages name the flag
-    check_bins(bins, "--bins")
+    levels = check_fprs(fprs, "--fprs")  # the message names the flag
     result = tpr_at_fpr(
         kw["query"],
         kw["gallery"],
