@@ -13,8 +13,10 @@ torch threads and device:
   model build, strict checkpoint load, JPEG decoding and resizing on the thread pool
   (overlapping the forward pass), the Zarr store written atomically.
 
-Images are synthetic person-crop-sized JPEGs (random sizes around 128 x 64) in a folder
-under ``benchmarks/results/encode-data`` (git-ignored), made once per image count. The
+Images are synthetic person-crop JPEGs in a folder under ``benchmarks/results/encode-data``
+(git-ignored), made once per image set and count: ``--images-set small`` (height 96-192,
+width 48-96: Market-1501's 128 x 64 crops) or ``large`` (height 192-384, width 96-192:
+MSMT17-like crops, four times the pixels to decode and downscale per image). The
 checkpoint is the model's random initialisation (nothing is downloaded). The script
 prints images/s for each, their ratio (target >= 0.9), the CPU seconds of each (a
 steadier measure of the overhead on a shared machine), and checks that both give the
@@ -39,9 +41,11 @@ sys.path.insert(0, str(HERE.parent / "workflow"))  # run from a checkout without
 
 from rankwise.encoders import default_workers, encode_manifest  # noqa: E402
 
+IMAGE_SETS = {"small": (96, 48), "large": (192, 96)}  # smallest (height, width); largest 2x
 
-def make_images(folder: Path, n: int, seed: int = 0) -> Path:
-    """``n`` JPEG crops (height 96-192, width 48-96) and their manifest; made once."""
+
+def make_images(folder: Path, n: int, image_set: str = "small", seed: int = 0) -> Path:
+    """``n`` JPEG crops of ``image_set``'s sizes and their manifest; made once."""
     from PIL import Image
 
     manifest = folder / "manifest.csv"
@@ -51,7 +55,8 @@ def make_images(folder: Path, n: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     lines = ["id,label,path"]
     for i in range(n):
-        h, w = int(rng.integers(96, 193)), int(rng.integers(48, 97))
+        low_h, low_w = IMAGE_SETS[image_set]
+        h, w = int(rng.integers(low_h, 2 * low_h + 1)), int(rng.integers(low_w, 2 * low_w + 1))
         gradient = np.linspace(0, 1, h)[:, None, None] * rng.uniform(0, 255, size=(1, 1, 3))
         image = np.clip(gradient + rng.normal(0, 30, size=(h, w, 3)), 0, 255).astype(np.uint8)
         Image.fromarray(image).save(folder / f"{i:05d}.jpg", quality=90)
@@ -96,6 +101,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet10t", help="timm model name")
     parser.add_argument("--images", type=int, default=512)
+    parser.add_argument(
+        "--images-set", choices=sorted(IMAGE_SETS), default="small", help="source image sizes"
+    )
     parser.add_argument("--size", type=int, nargs=2, default=[256, 128], metavar=("H", "W"))
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
@@ -117,7 +125,8 @@ def main() -> None:
     device = resolve_device("timm", args.device, False)
     if device == "cpu":
         torch.set_num_threads(args.workers)
-    manifest = make_images(HERE / "results" / "encode-data" / f"n{args.images}", args.images)
+    folder = f"n{args.images}" if args.images_set == "small" else f"large-n{args.images}"
+    manifest = make_images(HERE / "results" / "encode-data" / folder, args.images, args.images_set)
     torch.manual_seed(0)
     model = timm.create_model(args.model, pretrained=False, num_classes=0).eval().to(device)
     config = timm.data.resolve_model_data_config(model)
@@ -160,6 +169,7 @@ def main() -> None:
     result = {
         "model": args.model,
         "images": args.images,
+        "images_set": args.images_set,
         "input_size": args.size,
         "batch_size": args.batch_size,
         "workers": args.workers,
@@ -184,7 +194,8 @@ def main() -> None:
         },
     }
     print(
-        f"{args.model} at {args.size[0]} x {args.size[1]}, {args.images} images, batch "
+        f"{args.model} at {args.size[0]} x {args.size[1]}, {args.images} {args.images_set} "
+        f"images, batch "
         f"{args.batch_size}, {args.workers} workers, {device}; best of {args.repeat}"
     )
     print(f"  bare forward on pre-decoded tensors  {bare_ips:8.1f} images/s")
