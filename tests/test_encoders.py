@@ -569,3 +569,34 @@ def test_cli_encode_error(manifest: Path, tmp_path: Path):
     )
     assert result.exit_code == 2
     assert "error: python: module 'nope_mod' of options.factory not found" in result.output
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_image_batches_order_and_decoding_ahead(ahead):
+    """Both modes yield every image once, in manifest order, in batches of ``batch_size``;
+    without ``ahead`` no image of the next batch is decoded before this one is consumed
+    (the CPU forward pass then has the cores to itself)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from rankwise.encoders import _image_batches
+
+    lock, started = threading.Lock(), []
+
+    def per_image(i):
+        with lock:
+            started.append(i)
+        return i * i
+
+    rows = SimpleNamespace(ids=list(range(10)))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        batches = []
+        for batch in _image_batches(rows, per_image, 3, pool, ahead=ahead):
+            batches.append(batch)
+            if not ahead:
+                end = 3 * len(batches)
+                with lock:
+                    assert max(started) < end, (batches, started)
+    assert batches == [[0, 1, 4], [9, 16, 25], [36, 49, 64], [81]]
+    assert sorted(started) == list(range(10))
