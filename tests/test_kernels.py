@@ -282,3 +282,25 @@ def test_kernels_load_without_a_writable_numba_cache():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["[25.0,", "1.0]", "-1", "0", "NullCache"]
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+def test_batched_canonical_keys_equal_the_per_pair_key_bit_for_bit(cosine):
+    """count_tile computes its fallback keys four pairs at a time: each must be the same
+    sequential float64 sum as the per-pair key (pair_keys), for every count (the tail of
+    n % 4 included), repeated and arbitrary rows, on rows whose sums depend on their order
+    (entries spread over 12 orders of magnitude)."""
+    rng = np.random.default_rng(7)
+    d = 37
+    rows = (rng.standard_normal((30, d)) * 10.0 ** rng.integers(-6, 6, (30, d))).astype(np.float32)
+    q = rows[0]
+    # order matters for these sums: a different order gives other bits for some pairs
+    reordered = [sum(float(v) for v in (q.astype(np.float64) * r)[::-1]) for r in rows]
+    in_order = kernels.pair_keys(rows, rows, np.zeros(30, np.int64), np.arange(30), True)
+    assert np.any(-in_order != np.array(reordered))
+    for n in range(0, 12):
+        js = rng.integers(0, 30, n).astype(np.int64)
+        out = np.full(max(n, 1), np.nan)
+        kernels._canonical_keys(q, rows, js, n, cosine, out)
+        expected = kernels.pair_keys(rows, rows, np.zeros(n, np.int64), js, cosine)
+        np.testing.assert_array_equal(out[:n], expected)
