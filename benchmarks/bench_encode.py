@@ -11,7 +11,8 @@ torch threads and device:
   (host tensors, batch by batch, copied to the device inside the timed loop);
 - ``rankwise``: :func:`rankwise.encoders.encode_manifest` with kind ``timm`` end to end:
   model build, strict checkpoint load, JPEG decoding and resizing on the thread pool
-  (overlapping the forward pass), the Zarr store written atomically.
+  (between forward passes on a CPU, overlapping them on a GPU), the Zarr store written
+  atomically.
 
 Images are synthetic person-crop JPEGs in a folder under ``benchmarks/results/encode-data``
 (git-ignored), made once per image set and count: ``--images-set small`` (height 96-192,
