@@ -531,6 +531,24 @@ def rankwise_exe() -> str:
     return found
 
 
+def problem_args(files: dict) -> list[str]:
+    """The ``rankwise evaluate|rank`` arguments naming the benchmark's data and protocol."""
+    return [
+        "--query",
+        str(files["query"]),
+        "--gallery",
+        str(files["gallery"]),
+        "--query-embeddings",
+        str(files["query_emb"]),
+        "--gallery-embeddings",
+        str(files["gallery_emb"]),
+        "--protocol",
+        "reid",
+        "--distance",
+        "euclidean",
+    ]
+
+
 def method_command(method: str, files: dict, args, run_dir: Path) -> tuple[list, Path]:
     """The command line of one method, and the JSON file it writes."""
     out = run_dir / f"{method}.out.json"
@@ -538,18 +556,7 @@ def method_command(method: str, files: dict, args, run_dir: Path) -> tuple[list,
         cmd = [
             rankwise_exe(),
             "evaluate",
-            "--query",
-            str(files["query"]),
-            "--gallery",
-            str(files["gallery"]),
-            "--query-embeddings",
-            str(files["query_emb"]),
-            "--gallery-embeddings",
-            str(files["gallery_emb"]),
-            "--protocol",
-            "reid",
-            "--distance",
-            "euclidean",
+            *problem_args(files),
             "--ks",
             ",".join(map(str, KS)),
             "--workers",

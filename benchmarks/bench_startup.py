@@ -145,23 +145,7 @@ def run_plain(cmd: list[str]) -> float:
 def command_args(command: str, files: dict, workers: int, out_dir: Path) -> list[str]:
     if command == "metrics":  # scores the store written once by prepare_metrics
         return ["metrics", str(out_dir / "metrics-input.zarr"), "--output", str(out_dir / "m.json")]
-    args = [
-        command,
-        "--query",
-        str(files["query"]),
-        "--gallery",
-        str(files["gallery"]),
-        "--query-embeddings",
-        str(files["query_emb"]),
-        "--gallery-embeddings",
-        str(files["gallery_emb"]),
-        "--protocol",
-        "reid",
-        "--distance",
-        "euclidean",
-        "--workers",
-        str(workers),
-    ]
+    args = [command, *bench.problem_args(files), "--workers", str(workers)]
     if command == "rank":
         args += ["--out", str(out_dir / "ranks.zarr")]
     else:
