@@ -18,24 +18,29 @@ instrumentation at all.  Stages:
     exact keys       pass 1: float64 keys of the relevant pairs (kernels.pair_keys)
     BLAS             pass 2: the float32 tile similarities (the ``@`` in _count_task:
                      _count_task's time minus count_tile's)
-    prefilter        count_tile's branch-free float32 "near" mask
-    counting         count_tile's per-item skip test, masks and threshold search
-    exact fallback   count_tile's float64 recomputation of pairs too close to call
+    prefilter        count_tile's per-row set-up and float32 proxy pass (thresholds
+                     mapped to float32 bounds, one vectorised pass over the row)
+    counting         count_tile's compaction of the items ahead of the deepest
+                     threshold, their threshold positions, the float32 settle test
+                     and the float64 test (own bound) of the items it leaves open
+    exact fallback   count_tile's float64 keys of the pairs still too close to call
+                     (a fast any-order sum, the canonical sum where that is too close)
     finish           _plain_ranks outside its two passes: the threshold sort
                      (lexsort) and ranks_from_hist
     scheduling/other what remains of compute_ranks (Dask graphs, sums of the tile
                      counts, copies of query blocks, the memory estimate)
     metrics          per-query metrics from the ranks (result_from_ranks)
 
-count_tile is one compiled loop, so its three parts are separated with two variants of
-its own source, derived here with ``ast`` and compiled once (never used for a number):
-``no-fallback`` (the float64 recomputation replaced by the float32 key it refines) and
-``prefilter-only`` (the per-item loop removed).  Every tile is timed with the real
-kernel and with both variants on the same arrays (order alternating per tile):
-exact fallback = real - no-fallback, counting = no-fallback - prefilter-only,
-prefilter = prefilter-only.  A third variant counts the items reaching each step (near
-the threshold range, reaching the threshold search, falling back).  When count_tile's
-source no longer has the expected shape the split is reported as "not separable".
+count_tile is one compiled function, so its three parts are separated with two variants
+of its own source, derived here with ``ast`` and compiled once (never used for a number):
+``no-fallback`` (the tile's open pairs are never decided) and ``prefilter-only`` (every
+row stops after its proxy pass).  Every tile is timed with the real kernel and with both
+variants on the same arrays (order alternating per tile): exact fallback = real -
+no-fallback, counting = no-fallback - prefilter-only, prefilter = prefilter-only.  A
+third variant counts the items reaching each step (ahead of the deepest threshold, left
+open by the float32 test, still too close to call with their own bound).  When
+count_tile's source no longer has the expected shape the split is reported as "not
+separable".
 Variant time is excluded from every stage; the unprofiled engine time of a plain run
 (same process, same data) is printed beside the profiled total as a check.
 """
@@ -90,39 +95,40 @@ class _Variant(ast.NodeTransformer):
         self.generic_visit(node)
         return node
 
-    def visit_For(self, node):
+    def visit_If(self, node):
         self.generic_visit(node)
-        # the per-item loop: ``for j in range(c): if near[j] == 0: continue ...``
-        first = node.body[0] if node.body else None
-        if not (isinstance(first, ast.If) and "near[j] == 0" in ast.unparse(first.test)):
-            return node
-        self.found.add("item loop")
-        if self.kind == "prefilter":
-            node.body = [ast.Pass()]
-        elif self.kind == "count":
-            node.body.insert(1, _stmt("steps[0] += 1"))
+        test = ast.unparse(node.test)
+        body = ast.unparse(node.body[0]) if node.body else ""
+        # after the row's float32 proxies: ``if dense == 0: continue``
+        if test == "dense == 0" and body == "continue":
+            self.found.add("prefilter")
+            if self.kind == "prefilter":  # every row stops after its proxy pass
+                node.test = ast.Constant(True)
+        # before the tile's open pairs: ``if n_amb == 0: return hist``
+        elif test == "n_amb == 0" and body == "return hist":
+            self.found.add("fallback")
+            if self.kind == "nofallback":  # the open pairs are never decided
+                node.test = ast.Constant(True)
+            elif self.kind == "count":
+                return [_stmt("steps[2] += n_amb"), node]
         return node
 
     def visit_Assign(self, node):
         self.generic_visit(node)
-        text = ast.unparse(node)
-        if text.startswith("p = _count_less(") and "key - eps" in text:
-            self.found.add("search")
+        # ``n_open = 0``: the row's compacted items (n) are about to be settled
+        if ast.unparse(node) == "n_open = 0":
+            self.found.add("settle")
             if self.kind == "count":
-                return [_stmt("steps[1] += 1"), node]
+                return [_stmt("steps[0] += n"), node]
         return node
 
-    def visit_If(self, node):
+    def visit_For(self, node):
         self.generic_visit(node)
-        body = ast.unparse(node.body[0]) if node.body else ""
-        # the too-close-to-call branch queues the item for the canonical keys computed
-        # after the row (``amb[n_amb] = j; n_amb += 1; continue``)
-        if body.startswith("amb[n_amb] = j"):
-            self.found.add("fallback")
-            if self.kind == "nofallback":  # keep the float32 decision
-                node.body = [ast.Pass()]
-            elif self.kind == "count":
-                node.body.insert(0, _stmt("steps[2] += 1"))
+        # ``for u in range(n_open):`` the float64 test of items float32 left open
+        if ast.unparse(node.iter) == "range(n_open)":
+            self.found.add("open")
+            if self.kind == "count":
+                return [_stmt("steps[1] += n_open"), node]
         return node
 
 
@@ -143,7 +149,7 @@ def count_tile_variants():
         tree = ast.parse(source)
         variant = _Variant(kind)
         tree = ast.fix_missing_locations(variant.visit(tree))
-        if variant.found != {"item loop", "search", "fallback"}:
+        if variant.found != {"prefilter", "settle", "open", "fallback"}:
             return None
         namespace = dict(vars(kernels))
         exec(compile(tree, f"<count_tile {kind}>", "exec"), namespace)
@@ -405,8 +411,10 @@ def side_by_side(report: dict) -> str:
         "rank-1 / mAP / mINP": lambda d, b: "{rank1:.1f} / {map:.1f} / {minp:.1f}".format(
             **dists[d]["metrics"]
         ),
-        "pairs near a threshold": lambda d, b: f"{100 * b['items']['near'] / b['pairs']:.2f} %",
-        "exact fallbacks": lambda d, b: (
+        "pairs ahead of the deepest threshold": lambda d, b: (
+            f"{100 * b['items']['near'] / b['pairs']:.2f} %"
+        ),
+        "float64 keys (too close for float32)": lambda d, b: (
             f"{b['items']['fallback']:,} ({100 * b['items']['fallback'] / b['pairs']:.3f} %)"
         ),
         "unprofiled run (s)": lambda d, b: f"{dists[d]['plain_wall']:.2f}",
@@ -452,9 +460,9 @@ def print_table(scale: str, dist: str, entry: dict) -> None:
     if "items" in best:
         it = best["items"]
         print(
-            f"pairs {best['pairs']:,} in {best['tiles']} tiles; near the threshold range"
-            f" {it['near']:,} ({100 * it['near'] / best['pairs']:.2f} %), threshold searches"
-            f" {it['searched']:,}, exact fallbacks {it['fallback']:,}"
+            f"pairs {best['pairs']:,} in {best['tiles']} tiles; ahead of the deepest threshold"
+            f" {it['near']:,} ({100 * it['near'] / best['pairs']:.2f} %), left open by float32"
+            f" {it['searched']:,}, float64 keys {it['fallback']:,}"
             f" ({100 * it['fallback'] / best['pairs']:.4f} %);"
             f" unaccounted {best['stages']['unaccounted']:.3f} s"
         )

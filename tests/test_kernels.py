@@ -207,6 +207,107 @@ def test_count_tile_applies_dense_masks(cosine, exclude_self, cameras):
         np.testing.assert_array_equal(np.cumsum(hist[toff[i] : toff[i + 1]]), ahead)
 
 
+@pytest.mark.parametrize("cosine", [False, True])
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_count_tile_equals_brute_force_on_every_path(cosine, exclude_self):
+    """count_tile against canonical keys and dense_masks, on data that sends items down
+    each of its paths: clustered float rows (items settled from float32, items between
+    the float32 bounds, items too close to call with their own bound), gallery rows
+    duplicating relevant rows under another label (exact ties: the canonical key decides;
+    more of them than gallery items, so the tile's list of open pairs grows), a label with
+    more than 64 relevant items (binary search over the thresholds), rows where most
+    items are ahead of the deepest relevant one and rows where few are, junk items, and
+    the query's own id in the gallery."""
+    rng = np.random.default_rng(5 + cosine + 2 * exclude_self)
+    n_q, n_g, dim, n_lab = 24, 400, 16, 6
+    centres = 3.0 * rng.standard_normal((n_lab, dim))
+    glab = rng.integers(0, n_lab, n_g)
+    glab[:90] = 0  # label 0: > 64 relevant items for its queries
+    qlab = rng.integers(0, n_lab, n_q)
+    qlab[:4] = 0
+    qlab[4:12] = 1
+    spread = np.where(np.arange(n_q) % 2 == 0, 0.3, 3.0)[:, None]  # easy and hard rows
+    qe = (centres[qlab] + spread * rng.standard_normal((n_q, dim))).astype(np.float32)
+    ge = (centres[glab] + 0.8 * rng.standard_normal((n_g, dim))).astype(np.float32)
+    # 100 gallery rows copy relevant rows of label 1 under label 2: exact ties with
+    # thresholds of every label-1 query
+    src_rows = np.flatnonzero(glab == 1)[:4]
+    ge[300:400] = ge[np.resize(src_rows, 100)]
+    glab[300:400] = 2
+    qid = rng.integers(0, 10_000, n_q)
+    gid = rng.permutation(10_000)[:n_g] + 10_000
+    gid[:n_q:2] = qid[::2]  # some queries' own items are in the gallery
+    codes = SimpleNamespace(
+        qlab=qlab,
+        glab=glab,
+        qid=qid,
+        gid=gid,
+        gjunk=rng.random(n_g) < 0.05,
+        exclude_self=exclude_self,
+        qcam=None,
+        gcam=None,
+    )
+    qp, _, _, _ = kernels.prepare_rows(qe, cosine)
+    gp, _, _, _ = kernels.prepare_rows(ge, cosine)
+    pq, pg = np.repeat(np.arange(n_q), n_g), np.tile(np.arange(n_g), n_q)
+    key = kernels.pair_keys(qp, gp, pq, pg, cosine).reshape(n_q, n_g)
+    valid, relevant = dense_masks(codes, np.arange(n_q)[:, None], np.arange(n_g)[None, :])
+    thr = [np.sort(key[i, relevant[i]]) for i in range(n_q)]
+    assert max(len(t) for t in thr) > 64
+    toff = np.concatenate([[0], np.cumsum([len(t) for t in thr])])
+    other = valid & ~relevant
+    ties = sum(np.isin(key[i, other[i]], thr[i]).sum() for i in range(n_q))
+    assert ties > n_g  # more exact ties than gallery items
+    hist = _count(
+        qe, ge, qlab, qid, glab, gid, codes.gjunk, np.concatenate(thr), toff, exclude_self, cosine
+    )
+    for i in range(n_q):
+        ahead = np.array([(key[i, other[i]] <= t).sum() for t in thr[i]], np.int64)
+        np.testing.assert_array_equal(np.cumsum(hist[toff[i] : toff[i + 1]]), ahead)
+    # both compaction modes ran: rows with few and rows with most items ahead
+    deepest = [(key[i, other[i]] <= thr[i][-1]).mean() if len(thr[i]) else 0 for i in range(n_q)]
+    assert min(deepest) < 1 / 8 < max(deepest)
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+def test_count_tile_decides_near_ties_by_the_canonical_key(cosine):
+    """Non-relevant rows that permute a relevant row's coordinates, for queries of equal
+    coordinates: every term of the key is the same, only the order of the sequential sum
+    differs, so their canonical keys equal the threshold or miss it by an ulp either way
+    (entries spread over 12 orders of magnitude).  Neither float32 nor a float64 sum in
+    another order can tell them apart: only the canonical key gives the brute force's
+    counts.  Four queries x 300 such pairs also outgrow the tile's first list of open
+    pairs (one entry per gallery item)."""
+    rng = np.random.default_rng(17)
+    dim, n_perm, n_q = 37, 300, 4
+    rel = (rng.standard_normal(dim) * 10.0 ** rng.integers(-6, 6, dim)).astype(np.float32)
+    ge = np.vstack([rel] + [rng.permutation(rel) for _ in range(n_perm)]).astype(np.float32)
+    qe = np.ones((n_q, dim), np.float32)
+    glab = np.array([0] + [1] * n_perm)
+    qp, _, _, _ = kernels.prepare_rows(qe, cosine)
+    gp, _, _, _ = kernels.prepare_rows(ge, cosine)
+    n_g = len(ge)
+    key = kernels.pair_keys(
+        qp, gp, np.zeros(n_g, np.int64), np.arange(n_g), cosine
+    )  # the same for every query
+    t = key[0]
+    assert (key[1:] < t).any() and (key[1:] > t).any() and (key[1:] == t).any()
+    hist = _count(
+        qe,
+        ge,
+        np.zeros(n_q, np.int64),
+        np.arange(n_q),
+        glab,
+        np.arange(n_g) + n_q,
+        np.zeros(n_g, bool),
+        np.full(n_q, t),
+        np.arange(n_q + 1),
+        True,
+        cosine,
+    )
+    np.testing.assert_array_equal(hist, np.full(n_q, (key[1:] <= t).sum()))
+
+
 @pytest.mark.parametrize("protocol", ["recall", "reid", "progressive"])
 def test_problem_masks_follow_design_table(protocol):
     """build_problem's relevant pairs and Problem.valid_relevant, both from dense_masks,
@@ -285,22 +386,29 @@ def test_kernels_load_without_a_writable_numba_cache():
 
 
 @pytest.mark.parametrize("cosine", [False, True])
-def test_batched_canonical_keys_equal_the_per_pair_key_bit_for_bit(cosine):
-    """count_tile computes its fallback keys four pairs at a time: each must be the same
-    sequential float64 sum as the per-pair key (pair_keys), for every count (the tail of
-    n % 4 included), repeated and arbitrary rows, on rows whose sums depend on their order
-    (entries spread over 12 orders of magnitude)."""
+def test_fast_key_lies_within_its_bound_of_the_canonical_key(cosine):
+    """count_tile decides its too-close-to-call pairs with a float64 key summed in any
+    order: it must lie within _fast_bound of the canonical (sequential) key, on rows
+    whose sums depend on their order (entries spread over 12 orders of magnitude, where
+    the two sums differ) and on plain Gaussian rows."""
     rng = np.random.default_rng(7)
     d = 37
-    rows = (rng.standard_normal((30, d)) * 10.0 ** rng.integers(-6, 6, (30, d))).astype(np.float32)
-    q = rows[0]
-    # order matters for these sums: a different order gives other bits for some pairs
-    reordered = [sum(float(v) for v in (q.astype(np.float64) * r)[::-1]) for r in rows]
-    in_order = kernels.pair_keys(rows, rows, np.zeros(30, np.int64), np.arange(30), True)
-    assert np.any(-in_order != np.array(reordered))
-    for n in range(0, 12):
-        js = rng.integers(0, 30, n).astype(np.int64)
-        out = np.full(max(n, 1), np.nan)
-        kernels._canonical_keys(q, rows, js, n, cosine, out)
-        expected = kernels.pair_keys(rows, rows, np.zeros(n, np.int64), js, cosine)
-        np.testing.assert_array_equal(out[:n], expected)
+    spread = (rng.standard_normal((60, d)) * 10.0 ** rng.integers(-6, 6, (60, d))).astype(
+        np.float32
+    )
+    plain = rng.standard_normal((60, 512)).astype(np.float32)
+    differ = 0
+    for rows in (spread, plain):
+        rows, sq, _, _ = kernels.prepare_rows(rows, cosine)
+        n = rows.shape[0]
+        pq, pg = np.repeat(np.arange(n), n), np.tile(np.arange(n), n)
+        canonical = kernels.pair_keys(rows, rows, pq, pg, cosine)
+        for t in range(pq.size):
+            q, g = rows[pq[t]], rows[pg[t]]
+            fast = kernels._fast_key(q, g, cosine)
+            eps = kernels._fast_bound(
+                fast, np.sqrt(sq[pq[t]]), np.sqrt(sq[pg[t]]), rows.shape[1], cosine
+            )
+            assert abs(fast - canonical[t]) <= eps / 2.0
+            differ += fast != canonical[t]
+    assert differ > 0  # the two sums really are different computations

@@ -20,9 +20,11 @@ rounding that could merge two distinct distances into a false tie).  The bulk
 of the work uses the float32 BLAS tile ``S = Q G^T`` instead, whose error is
 bounded by ``gamma_D * |q| |g|`` with ``gamma_D ~ D * 2^-24`` whatever the BLAS,
 tile shape or thread count.  A tile value decides a comparison only when it is
-farther than that bound from the threshold; otherwise the canonical key is
-computed for that pair.  So every number is independent of tile sizes, worker
-counts and the BLAS, and exact ties (duplicate rows) stay exact ties.
+farther than that bound from the threshold; otherwise a float64 sum of the same terms
+in any (vectorised) order decides it when it is farther than its own bound, ``~D * 2^-53``
+relative, from the threshold, and the canonical key is computed only when even that is
+too close.  So every number is independent of tile sizes, worker counts and the BLAS,
+and exact ties (duplicate rows) stay exact ties.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from numba import njit as _numba_njit
 
 #: Unit roundoff of float32.
 _U32 = 2.0**-24
+#: Unit roundoff of float64.
+_U64 = 2.0**-53
 
 
 def njit(**options: Any):
@@ -113,56 +117,35 @@ def _canonical_key(q, g, cosine):
     return s
 
 
-@njit(cache=True, nogil=True)
-def _canonical_keys(q, grows, js, n, cosine, out):
-    """``out[t] = _canonical_key(q, grows[js[t]], cosine)`` for ``t < n``, bit for bit.
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def _fast_key(q, g, cosine):
+    """The canonical key's sum in any order (vectorised): within :func:`_fast_bound` of it.
 
-    Four pairs at a time, each with its own accumulator: every key is still the same
-    sequential sum (same terms, same order, no contraction), but the four independent
-    chains share the loads of ``q`` and fill the vector lanes (~1.8x faster per key than
-    one pair at a time on AVX2).
+    Exactly the same terms as :func:`_canonical_key` (float32 products and differences
+    are formed in float64), summed in whatever order and with whatever fused operations
+    the compiler picks.  Both sums are within ``gamma_{D+1}`` of the exact sum of the
+    terms, so they differ by at most twice that; the caller treats the key as unknown
+    within that distance and asks for the canonical sum only then.
     """
-    d = q.shape[0]
-    t = 0
-    while t + 4 <= n:
-        g0 = grows[js[t]]
-        g1 = grows[js[t + 1]]
-        g2 = grows[js[t + 2]]
-        g3 = grows[js[t + 3]]
-        s0 = 0.0
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        if cosine:
-            for k in range(d):
-                qk = np.float64(q[k])
-                s0 += qk * np.float64(g0[k])
-                s1 += qk * np.float64(g1[k])
-                s2 += qk * np.float64(g2[k])
-                s3 += qk * np.float64(g3[k])
-            out[t] = -s0
-            out[t + 1] = -s1
-            out[t + 2] = -s2
-            out[t + 3] = -s3
-        else:
-            for k in range(d):
-                qk = np.float64(q[k])
-                d0 = qk - np.float64(g0[k])
-                d1 = qk - np.float64(g1[k])
-                d2 = qk - np.float64(g2[k])
-                d3 = qk - np.float64(g3[k])
-                s0 += d0 * d0
-                s1 += d1 * d1
-                s2 += d2 * d2
-                s3 += d3 * d3
-            out[t] = s0
-            out[t + 1] = s1
-            out[t + 2] = s2
-            out[t + 3] = s3
-        t += 4
-    while t < n:
-        out[t] = _canonical_key(q, grows[js[t]], cosine)
-        t += 1
+    s = 0.0
+    if cosine:
+        for k in range(q.shape[0]):
+            s += np.float64(q[k]) * np.float64(g[k])
+        return -s
+    for k in range(q.shape[0]):
+        t = np.float64(q[k]) - np.float64(g[k])
+        s += t * t
+    return s
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fast_bound(key, qn, gn, dim, cosine):
+    """``|_fast_key - _canonical_key|`` bound, doubled for safety:
+    ``4 (D + 2) u64`` times ``|q| |g|`` (cosine, >= sum |q_k g_k|) or the key itself
+    (euclidean: a sum of non-negative terms)."""
+    if cosine:
+        return 4.0 * (dim + 2) * _U64 * qn * gn
+    return 4.0 * (dim + 2) * _U64 * abs(key)
 
 
 @njit(cache=True, nogil=True)
@@ -209,6 +192,37 @@ def _count_less(thr, lo, hi, x):
 
 
 @njit(cache=True, nogil=True)
+def _float32_bounds(thr, lo, hi, h0, scale, margin, aup, bdn):
+    """A row's thresholds on the float32 proxy's scale, widened by ``margin``.
+
+    With ``h_p = (t_p - h0) * scale`` and ``m_p = margin + 4 u32 |h_p|``:
+    ``aup[p]`` is the smallest float32 >= ``h_p + m_p`` (a proxy above it is certainly
+    behind threshold p) and ``bdn[p]`` the largest float32 <= ``h_p - m_p`` (a proxy at
+    or below it is certainly at or ahead of it).  Running max / min keep both sorted
+    (only ever moving them outwards, so both tests stay certain) and ``bdn[R] = +inf``.
+    """
+    r = hi - lo
+    for p in range(r):
+        h = (thr[lo + p] - h0) * scale
+        m = margin + 4.0 * _U32 * abs(h)
+        a = np.float32(h + m)
+        if np.float64(a) < h + m:
+            a = np.nextafter(a, np.float32(np.inf))
+        b = np.float32(h - m)
+        if np.float64(b) > h - m:
+            b = np.nextafter(b, np.float32(-np.inf))
+        aup[p] = a
+        bdn[p] = b
+    for p in range(1, r):
+        if aup[p] < aup[p - 1]:
+            aup[p] = aup[p - 1]
+    for p in range(r - 2, -1, -1):
+        if bdn[p] > bdn[p + 1]:
+            bdn[p] = bdn[p + 1]
+    bdn[r] = np.float32(np.inf)
+
+
+@njit(cache=True, nogil=True)
 def count_tile(
     sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk, thr, toff, exclude_self, cosine, bound
 ):
@@ -228,84 +242,178 @@ def count_tile(
     hist : int64 like ``thr``.  For threshold position p of query i, ``hist[toff[i]+p]``
         counts valid non-relevant items whose key lies in ``(t_{p-1}, t_p]``; its
         cumulative sum over p is ``#{valid non-relevant g : key(g) <= t_p}``.
+
+    How (per query row, all steps exact decisions):
+
+    1. A float32 proxy per item, ``v = -s`` (cosine: the key is ``-s``) or
+       ``v = gsq/2 - s`` (euclidean: the key is ``qsq + 2 (gsq/2 - s)``), one
+       vectorised pass; junk items, the query's own label (relevant items and
+       same-camera junk) and, with ``exclude_self``, its own id get NaN and never count.
+    2. The row's thresholds mapped to that scale and widened by the largest BLAS bound
+       of the chunk and the proxy's own roundings (:func:`_float32_bounds`).  Items
+       at or ahead of the deepest threshold are compacted; each one's position
+       ``p = #{aup < v}`` is a count over the thresholds (vectorised across items).
+       ``v <= bdn[p]`` settles it: hist[p] += 1.
+    3. The few items left between the bounds get the float64 test with their own BLAS
+       bound; those still too close to call are collected over the whole tile and
+       decided gallery row by gallery row by a fast float64 key
+       (:func:`_fast_key`, within :func:`_fast_bound` of the canonical key), and the
+       canonical key itself when a threshold lies within that bound.
     """
     b, c = sim.shape
+    dim = qrows.shape[1]
     hist = np.zeros(thr.shape[0], dtype=np.int64)
+    if c == 0:
+        return hist
+    nan32 = np.float32(np.nan)
     gn = np.sqrt(gsq)
-    gmax = gn.max() if c > 0 else 0.0
+    gmax = gn.max()
     half_gsq = (gsq / 2.0).astype(np.float32)
-    hmax = np.float64(half_gsq.max()) if c > 0 else 0.0
-    near = np.empty(c, dtype=np.uint8)
-    # the row's items too close to a threshold to call from float32: their canonical
-    # keys are computed together after the row's scan (_canonical_keys)
-    amb = np.empty(c, dtype=np.int64)
-    amb_keys = np.empty(c, dtype=np.float64)
+    hmax = np.float64(half_gsq.max())
+    off = np.empty(c, dtype=np.float32)  # v = off - s
+    for j in range(c):
+        off[j] = nan32 if gjunk[j] else (np.float32(0.0) if cosine else half_gsq[j])
+    # the chunk's items by label and by id, to blank a query's own label / id
+    lorder = np.argsort(glab, kind="mergesort")
+    lsorted = glab[lorder]
+    iorder = np.argsort(gid, kind="mergesort")
+    isorted = gid[iorder]
+    rmax = 0
+    for i in range(b):
+        rmax = max(rmax, toff[i + 1] - toff[i])
+    aup = np.empty(rmax, dtype=np.float32)
+    bdn = np.empty(rmax + 1, dtype=np.float32)
+    row_hist = np.empty(rmax + 1, dtype=np.int64)
+    vrow = np.empty(c, dtype=np.float32)
+    vv = np.empty(c, dtype=np.float32)
+    jj = np.empty(c, dtype=np.int32)
+    pos = np.empty(c, dtype=np.int32)
+    # pairs too close to call from float32 with their own bound, over the whole tile
+    cap = c
+    amb_i = np.empty(cap, dtype=np.int32)
+    amb_j = np.empty(cap, dtype=np.int32)
+    n_amb = 0
     for i in range(b):
         lo = toff[i]
         hi = toff[i + 1]
-        if lo == hi:
+        r = hi - lo
+        if r == 0:
             continue
         qn = np.sqrt(qsq[i])
-        # Skip test with the chunk's largest error bound: key - eps_max > t_max means
-        # certainly behind every relevant item, the common case.  A branch-free float32
-        # pass (it vectorises) marks the items that may pass it.
+        # |key - map(v)| <= BLAS bound + the roundings of v (gsq/2 and the difference)
         if cosine:
-            cut = -(thr[hi - 1] + bound * qn * gmax)  # skip when s < cut
-            # The largest float32 <= cut keeps every s >= cut.
-            cut32 = np.float32(cut)
-            if np.float64(cut32) > cut:
-                cut32 = np.nextafter(cut32, np.float32(-np.inf))
-            for j in range(c):
-                near[j] = sim[i, j] >= cut32
+            _float32_bounds(thr, lo, hi, 0.0, 1.0, bound * qn * gmax, aup, bdn)
         else:
-            r = qn + gmax
-            cut = thr[hi - 1] - qsq[i] + bound * r * r  # skip when gsq - 2 s > cut
-            # gsq/2 - s in float32, widened by its own rounding error (float32
-            # roundings of values up to hmax + qn gmax) so it never drops an item the
-            # float64 test keeps.
-            slack = 4.0 * _U32 * (hmax + qn * gmax + abs(cut) / 2.0)
-            cut32 = np.float32(cut / 2.0 + slack)
-            if np.float64(cut32) < cut / 2.0 + slack:
-                cut32 = np.nextafter(cut32, np.float32(np.inf))
-            for j in range(c):
-                near[j] = half_gsq[j] - sim[i, j] <= cut32
-        n_amb = 0
+            e = qn + gmax
+            margin = bound * e * e / 2.0 + 4.0 * _U32 * (hmax + qn * gmax)
+            _float32_bounds(thr, lo, hi, qsq[i], 0.5, margin, aup, bdn)
+        cut = aup[r - 1]
+        dense = 0
         for j in range(c):
-            if near[j] == 0:
-                continue
+            v = off[j] - sim[i, j]
+            vrow[j] = v
+            dense += v <= cut
+        if dense == 0:
+            continue
+        k = np.searchsorted(lsorted, qlab[i])
+        while k < c and lsorted[k] == qlab[i]:
+            vrow[lorder[k]] = nan32
+            k += 1
+        if exclude_self:
+            k = np.searchsorted(isorted, qid[i])
+            while k < c and isorted[k] == qid[i]:
+                vrow[iorder[k]] = nan32
+                k += 1
+        # compact the items at or ahead of the deepest threshold: a branch per item
+        # when they are few, branch-free stores when they are many
+        n = 0
+        if 8 * dense < c:
+            for j in range(c):
+                if vrow[j] <= cut:
+                    vv[n] = vrow[j]
+                    jj[n] = j
+                    n += 1
+        else:
+            for j in range(c):
+                v = vrow[j]
+                vv[n] = v
+                jj[n] = j
+                n += v <= cut
+        if r <= 64:
+            for t in range(n):
+                pos[t] = 0
+            for p in range(r):
+                a = aup[p]
+                for t in range(n):
+                    pos[t] += vv[t] > a
+        else:
+            for t in range(n):
+                x = vv[t]
+                lo2 = 0
+                hi2 = r
+                while lo2 < hi2:
+                    m = (lo2 + hi2) >> 1
+                    if aup[m] < x:
+                        lo2 = m + 1
+                    else:
+                        hi2 = m
+                pos[t] = lo2
+        # settled items into row_hist (position r = behind every threshold: dropped);
+        # the unsettled ones' indices reuse pos
+        for p in range(r + 1):
+            row_hist[p] = 0
+        n_open = 0
+        for t in range(n):
+            p = pos[t]
+            settled = vv[t] <= bdn[p]
+            row_hist[p] += settled
+            pos[n_open] = t
+            n_open += not settled
+        for p in range(r):
+            hist[lo + p] += row_hist[p]
+        for u in range(n_open):
+            j = jj[pos[u]]
             s = np.float64(sim[i, j])
-            if cosine:
-                if s < cut:
-                    continue
-            elif gsq[j] - 2.0 * s > cut:
-                continue
-            if glab[j] == qlab[i] or gjunk[j]:
-                continue  # relevant (or same-camera junk), or a junk label
-            if exclude_self and gid[j] == qid[i]:
-                continue
             if cosine:
                 key = -s
                 eps = bound * qn * gn[j]
             else:
                 key = qsq[i] + gsq[j] - 2.0 * s
-                r = qn + gn[j]
-                eps = bound * r * r
-            # Thresholds below key - eps are certainly ahead of g; g is certainly ahead
-            # of those at or above key + eps; one in between is too close to call from
-            # float32, so the canonical key decides.
+                e = qn + gn[j]
+                eps = bound * e * e
+            # thresholds below key - eps are certainly ahead of g; g is certainly ahead
+            # of those at or above key + eps; one in between: too close to call
             p = _count_less(thr, lo, hi, key - eps)
             if lo + p < hi and thr[lo + p] < key + eps:
-                amb[n_amb] = j
+                if n_amb == cap:
+                    cap *= 2
+                    grown_i = np.empty(cap, dtype=np.int32)
+                    grown_j = np.empty(cap, dtype=np.int32)
+                    grown_i[:n_amb] = amb_i[:n_amb]
+                    grown_j[:n_amb] = amb_j[:n_amb]
+                    amb_i = grown_i
+                    amb_j = grown_j
+                amb_i[n_amb] = i
+                amb_j[n_amb] = j
                 n_amb += 1
-                continue
-            if p < hi - lo:
+            elif p < r:
                 hist[lo + p] += 1
-        if n_amb:
-            _canonical_keys(qrows[i], grows, amb, n_amb, cosine, amb_keys)
-            for t in range(n_amb):
-                p = _count_less(thr, lo, hi, amb_keys[t])
-                if p < hi - lo:
-                    hist[lo + p] += 1
+    if n_amb == 0:
+        return hist
+    # gallery row by gallery row, so that each row is read once for all its queries
+    order = np.argsort(amb_j[:n_amb], kind="mergesort")
+    for u in range(n_amb):
+        i = amb_i[order[u]]
+        j = amb_j[order[u]]
+        lo = toff[i]
+        hi = toff[i + 1]
+        key = _fast_key(qrows[i], grows[j], cosine)
+        eps = _fast_bound(key, np.sqrt(qsq[i]), gn[j], dim, cosine)
+        p = _count_less(thr, lo, hi, key - eps)
+        if lo + p < hi and thr[lo + p] < key + eps:
+            p = _count_less(thr, lo, hi, _canonical_key(qrows[i], grows[j], cosine))
+        if lo + p < hi:
+            hist[lo + p] += 1
     return hist
 
 
