@@ -44,7 +44,9 @@ rule report:
         cache="results/cache/pairs",
         figure_formats=config["report"]["figure_formats"],
         verification=verification_flags,
-    threads: 1
+    # two: the paper figures are drawn in a second process beside the documents (the
+    # report is the last job, so nothing waits for the second core)
+    threads: 2
     conda:
         CONDA_ENV
     resources:
@@ -57,5 +59,6 @@ rule report:
         " --html {output.html:q} --md {output.md:q} --json {output.json:q}"
         " --csv {output.csv:q} --tex {output.tex:q} --figures {output.figures:q}"
         " --figure-formats {params.figure_formats} --cache {params.cache:q}"
+        " --workers {threads}"
         " {params.verification} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

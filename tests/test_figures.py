@@ -277,3 +277,56 @@ def test_bad_formats(metrics, tmp_path):
     with pytest.raises(RankwiseError, match="formats must be some of svg, pdf, got png"):
         write_figures(doc, tmp_path / "f", ("png",))
     assert not (tmp_path / "f").exists()
+
+
+def _write(metrics, folder: Path, workers: int) -> dict:
+    """write_report into ``folder`` with relative paths (so report.json is comparable)."""
+    from rankwise.report import write_report
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        return write_report(
+            metrics,
+            html_path="report.html",
+            md_path="report.md",
+            json_path="report.json",
+            csv_path="report.csv",
+            tex_path="report.tex",
+            figures_dir="figures",
+            workers=workers,
+            resamples=50,
+            worst_queries=0,
+        )
+    finally:
+        os.chdir(cwd)
+
+
+def test_figures_drawn_beside_the_documents_are_the_same_files(metrics, tmp_path):
+    """workers=2 draws two thirds of the figures in a forked process while the
+    documents are rendered: every file has the same bytes as with one process."""
+    one = _write(metrics, tmp_path / "one", 1)
+    two = _write(metrics, tmp_path / "two", 2)
+    assert one["figures"] == two["figures"] and len(one["figures"]) >= 3
+    files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*"))
+    assert files == sorted(p.relative_to(tmp_path / "two") for p in (tmp_path / "two").rglob("*"))
+    for rel in files:
+        if (tmp_path / "one" / rel).is_file():
+            assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes()
+
+
+@pytest.mark.parametrize("blocked", [0, 2])  # drawn by the child / by the parent
+def test_a_figure_that_cannot_be_written_stops_the_report(metrics, tmp_path, blocked):
+    """The first figure is the forked process's, the third this process's: either
+    failing raises the error it met (as with one process) and no document is written."""
+    doc = build_report(metrics, resamples=0, worst_queries=0)
+    from rankwise.report.figures import plan_figures
+
+    entry = plan_figures(doc, "figures", ("svg", "pdf"))[blocked][0]
+    for workers in (1, 2):
+        folder = tmp_path / f"w{workers}"
+        (folder / entry["svg"]).mkdir(parents=True)  # a folder where the file should go
+        with pytest.raises(IsADirectoryError):
+            _write(metrics, folder, workers)
+        assert not (folder / "report.html").exists() and not (folder / "report.json").exists()

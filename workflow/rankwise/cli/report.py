@@ -95,6 +95,10 @@ from .. import options as spec
     help="The files of each --figures chart: SVG and PDF, or one of them (a PDF takes "
     "about twice as long: its fonts are embedded)."
 )
+@spec.WORKERS.click(
+    help="Processes: with 2 or more the paper figures are drawn beside the documents "
+    "(default: all cores; the same files either way)."
+)
 def report(
     metrics,
     out_dir,
@@ -106,6 +110,7 @@ def report(
     figures_dir,
     figure_formats,
     cache_dir,
+    workers,
     **options,
 ):
     """Compare encoders across datasets from `rankwise metrics` JSON files.
@@ -118,6 +123,8 @@ def report(
     summary each file names (`rankwise metrics --stats-output`) was computed for
     the same --resamples, --seed, --by and --cmc-max-rank.
     """
+    import os
+
     from ..extras import require
 
     require("matplotlib", "rankwise report")  # before the report module imports it
@@ -143,6 +150,7 @@ def report(
         cache=cache,
         figures_dir=figures_dir,
         figure_formats=tuple(figure_formats.split(",")),
+        workers=workers or len(os.sched_getaffinity(0)),
         **options,
     )
     for path in (html_path, md_path, json_path, csv_path, tex_path):

@@ -85,7 +85,7 @@ from .constants import (
 from .csv_table import render_csv
 from .curves import cmc_curve, progressive_curve
 from .document import build_report
-from .figures import write_figures
+from .figures import DrawInBackground, draw_figures, plan_figures, write_figures
 from .html import render_html
 from .latex import render_latex
 from .markdown import render_markdown
@@ -123,26 +123,46 @@ def write_report(
     tex_path=None,
     figures_dir=None,
     figure_formats=("svg", "pdf"),
+    workers: int = 1,
     **options,
 ) -> dict[str, Any]:
     """Build the report (``options``: those of :func:`build_report`) and write the
     requested files (each atomically), and the paper figures into ``figures_dir``
     as ``figure_formats`` (:mod:`.figures`; listed in ``doc["figures"]``, linked from
-    HTML and Markdown); return the document."""
+    HTML and Markdown); return the document.
+
+    ``workers >= 2``: a second process draws two thirds of the paper figures while this
+    one renders the documents and then draws the rest (the same bytes either way); the
+    files are written once both are done, so a failure leaves no document linking a
+    missing figure.
+    """
     from ..store import write_text_atomic
 
     doc = build_report(metrics_paths, **options)
-    doc["figures"] = write_figures(doc, figures_dir, figure_formats) if figures_dir else []
+    plan = plan_figures(doc, figures_dir, figure_formats) if figures_dir else []
+    doc["figures"] = [entry for entry, _ in plan]
+    background, own = None, []  # own: drawn here once the documents are rendered
+    if workers >= 2 and len(plan) >= 2:
+        background = DrawInBackground([p for i, p in enumerate(plan) if i % 3 != 2])
+        own = [p for i, p in enumerate(plan) if i % 3 == 2]
+    else:
+        draw_figures(plan)
+    texts = []
     if json_path:
-        write_text_atomic(json_path, json.dumps(doc, indent=2) + "\n")
+        texts.append((json_path, json.dumps(doc, indent=2) + "\n"))
     if md_path:
-        write_text_atomic(md_path, render_markdown(doc, links_from=_folder(md_path)))
+        texts.append((md_path, render_markdown(doc, links_from=_folder(md_path))))
     if html_path:
-        write_text_atomic(html_path, render_html(doc, links_from=_folder(html_path)))
+        texts.append((html_path, render_html(doc, links_from=_folder(html_path))))
     if csv_path:
-        write_text_atomic(csv_path, render_csv(doc))
+        texts.append((csv_path, render_csv(doc)))
     if tex_path:
-        write_text_atomic(tex_path, render_latex(doc))
+        texts.append((tex_path, render_latex(doc)))
+    draw_figures(own)
+    if background is not None:
+        background.wait()
+    for path, text in texts:
+        write_text_atomic(path, text)
     return doc
 
 

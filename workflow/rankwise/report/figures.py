@@ -56,16 +56,12 @@ def _vector(fig, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def write_figures(
-    doc: dict[str, Any], folder: str | os.PathLike, formats: Sequence[str] = FORMATS
-) -> list[dict[str, Any]]:
-    """Draw every chart of ``doc`` for a paper column and write it to ``folder`` in each
-    of ``formats`` (``"svg"``, ``"pdf"``; each file atomically); return the list for
-    ``doc["figures"]``: ``{"dataset", "kind", "caption", "svg", "pdf"}`` per chart (a
-    format not written: ``None``)."""
-    from ..store import write_bytes_atomic
+def plan_figures(
+    doc: dict[str, Any], folder: str | os.PathLike, formats: Sequence[str]
+) -> list[tuple[dict[str, Any], Any]]:
+    """Every chart of ``doc`` with its ``doc["figures"]`` entry, nothing drawn yet."""
     from . import view
-    from .plots import PAPER, dataset_plots
+    from .plots import dataset_plots
 
     if not formats or set(formats) - set(FORMATS):
         raise RankwiseError(
@@ -80,23 +76,76 @@ def write_figures(
                 f"files ({stem}*.svg) in {folder}: rename one of them"
             )
         stems[stem] = dataset
-    entries = []
+    plan = []
     for dataset, rows in view.by_dataset(doc):
         for plot in dataset_plots(doc, rows):
-            fig = plot.draw(PAPER)
-            entry: dict[str, Any] = {
-                "dataset": dataset,
-                "kind": plot.kind,
-                "caption": plot.caption,
-            }
+            entry: dict[str, Any] = {"dataset": dataset, "kind": plot.kind, "caption": plot.caption}
             for fmt in FORMATS:
-                entry[fmt] = None
-                if fmt in formats:
-                    path = Path(folder) / f"{figure_stem(dataset, plot.kind)}.{fmt}"
-                    write_bytes_atomic(path, _vector(fig, fmt))
-                    entry[fmt] = str(path)
-            entries.append(entry)
-    return entries
+                path = Path(folder) / f"{figure_stem(dataset, plot.kind)}.{fmt}"
+                entry[fmt] = str(path) if fmt in formats else None
+            plan.append((entry, plot))
+    return plan
+
+
+def draw_figures(plan: list[tuple[dict[str, Any], Any]]) -> None:
+    """Draw and write (atomically) the charts of a :func:`plan_figures` list."""
+    from ..store import write_bytes_atomic
+    from .plots import PAPER
+
+    for entry, plot in plan:
+        fig = plot.draw(PAPER)
+        for fmt in FORMATS:
+            if entry[fmt]:
+                write_bytes_atomic(Path(entry[fmt]), _vector(fig, fmt))
+
+
+def write_figures(
+    doc: dict[str, Any], folder: str | os.PathLike, formats: Sequence[str] = FORMATS
+) -> list[dict[str, Any]]:
+    """Draw every chart of ``doc`` for a paper column and write it to ``folder`` in each
+    of ``formats`` (``"svg"``, ``"pdf"``; each file atomically); return the list for
+    ``doc["figures"]``: ``{"dataset", "kind", "caption", "svg", "pdf"}`` per chart (a
+    format not written: ``None``)."""
+    plan = plan_figures(doc, folder, formats)
+    draw_figures(plan)
+    return [entry for entry, _ in plan]
+
+
+class DrawInBackground:
+    """:func:`draw_figures` of ``plan`` in a forked child process, while the caller
+    renders the rest of the report (drawing is pure Python under the GIL: a thread
+    would not overlap); :meth:`wait` joins the child and raises, in this process, the
+    exception that stopped it."""
+
+    def __init__(self, plan: list[tuple[dict[str, Any], Any]]):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self._receive, send = ctx.Pipe(duplex=False)
+
+        def child() -> None:
+            try:
+                draw_figures(plan)
+            except BaseException as exc:  # sent to the parent, re-raised there
+                try:
+                    send.send(exc)
+                except Exception:  # an exception that does not pickle
+                    send.send(RankwiseError(f"{type(exc).__name__}: {exc}"))
+                os._exit(1)
+            os._exit(0)
+
+        self._process = ctx.Process(target=child, daemon=True)
+        self._process.start()
+        send.close()
+
+    def wait(self) -> None:
+        self._process.join()
+        code = self._process.exitcode
+        if code == 0:
+            return
+        if code == 1 and self._receive.poll():
+            raise self._receive.recv()
+        raise RankwiseError(f"drawing the figures stopped (exit status {code})")
 
 
 def figure_files(
