@@ -191,6 +191,24 @@ def _count_less(thr, lo, hi, x):
     return a - lo
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _key_bound(qn, gn, bound, cosine):
+    """Bound on ``|key from the float32 BLAS value - canonical key|`` for rows of norms
+    ``qn``, ``gn``; ``bound = error_bound_factor(D)`` is twice ``gamma_D``.
+
+    The BLAS dot product is within ``gamma_D sum |q_k g_k| <= gamma_D qn gn`` of the exact
+    one.  cosine: the key is ``-s``, so ``bound qn gn`` (twice the error).  euclidean:
+    the key ``qsq + gsq - 2 s`` carries twice the dot product's error, so twice that is
+    ``2 bound qn gn``; the float64 roundings of the norms, of the key and of the canonical
+    sum itself are ``~(2D + 3) 2^-53 (qn + gn)^2``, covered a thousand times over by
+    ``2 bound 2^-20 (qn + gn)^2``.
+    """
+    if cosine:
+        return bound * qn * gn
+    e = qn + gn
+    return 2.0 * bound * (qn * gn + 2.0**-20 * e * e)
+
+
 @njit(cache=True, nogil=True)
 def _float32_bounds(thr, lo, hi, h0, scale, margin, aup, bdn):
     """A row's thresholds on the float32 proxy's scale, widened by ``margin``.
@@ -304,8 +322,7 @@ def count_tile(
         if cosine:
             _float32_bounds(thr, lo, hi, 0.0, 1.0, bound * qn * gmax, aup, bdn)
         else:
-            e = qn + gmax
-            margin = bound * e * e / 2.0 + 4.0 * _U32 * (hmax + qn * gmax)
+            margin = _key_bound(qn, gmax, bound, False) / 2.0 + 4.0 * _U32 * (hmax + qn * gmax)
             _float32_bounds(thr, lo, hi, qsq[i], 0.5, margin, aup, bdn)
         cut = aup[r - 1]
         dense = 0
@@ -374,13 +391,8 @@ def count_tile(
         for u in range(n_open):
             j = jj[pos[u]]
             s = np.float64(sim[i, j])
-            if cosine:
-                key = -s
-                eps = bound * qn * gn[j]
-            else:
-                key = qsq[i] + gsq[j] - 2.0 * s
-                e = qn + gn[j]
-                eps = bound * e * e
+            key = -s if cosine else qsq[i] + gsq[j] - 2.0 * s
+            eps = _key_bound(qn, gn[j], bound, cosine)
             # thresholds below key - eps are certainly ahead of g; g is certainly ahead
             # of those at or above key + eps; one in between: too close to call
             p = _count_less(thr, lo, hi, key - eps)
