@@ -125,7 +125,9 @@ def _fast_key(q, g, cosine):
     are formed in float64), summed in whatever order and with whatever fused operations
     the compiler picks.  Both sums are within ``gamma_{D+1}`` of the exact sum of the
     terms, so they differ by at most twice that; the caller treats the key as unknown
-    within that distance and asks for the canonical sum only then.
+    within that distance and asks for the canonical sum only then.  (The body repeats
+    _canonical_key's on purpose: numba caches compiled code per function, not per
+    fastmath setting, so one function compiled both ways could load the wrong one.)
     """
     s = 0.0
     if cosine:
@@ -294,7 +296,7 @@ def count_tile(
     # the chunk's items by label and by id, to blank a query's own label / id
     lorder = np.argsort(glab, kind="mergesort")
     lsorted = glab[lorder]
-    iorder = np.argsort(gid, kind="mergesort")
+    iorder = np.argsort(gid, kind="mergesort") if exclude_self else np.zeros(0, np.int64)
     isorted = gid[iorder]
     rmax = 0
     for i in range(b):
@@ -320,7 +322,7 @@ def count_tile(
         qn = np.sqrt(qsq[i])
         # |key - map(v)| <= BLAS bound + the roundings of v (gsq/2 and the difference)
         if cosine:
-            _float32_bounds(thr, lo, hi, 0.0, 1.0, bound * qn * gmax, aup, bdn)
+            _float32_bounds(thr, lo, hi, 0.0, 1.0, _key_bound(qn, gmax, bound, True), aup, bdn)
         else:
             margin = _key_bound(qn, gmax, bound, False) / 2.0 + 4.0 * _U32 * (hmax + qn * gmax)
             _float32_bounds(thr, lo, hi, qsq[i], 0.5, margin, aup, bdn)
@@ -365,16 +367,7 @@ def count_tile(
                     pos[t] += vv[t] > a
         else:
             for t in range(n):
-                x = vv[t]
-                lo2 = 0
-                hi2 = r
-                while lo2 < hi2:
-                    m = (lo2 + hi2) >> 1
-                    if aup[m] < x:
-                        lo2 = m + 1
-                    else:
-                        hi2 = m
-                pos[t] = lo2
+                pos[t] = _count_less(aup, 0, r, vv[t])
         # settled items into row_hist (position r = behind every threshold: dropped);
         # the unsettled ones' indices reuse pos
         for p in range(r + 1):
