@@ -860,6 +860,59 @@ def test_report_refuses_changed_inputs(d, tmp_path, name, change, pattern):
     assert not out.exists() or sorted(out.iterdir()) == []
 
 
+def test_output_blocked_by_a_file_is_one_line(d, tmp_path):
+    """An output path through an existing file is refused when the options are parsed,
+    before any work: one line naming that file, exit status 2, nothing on stdout (no
+    ranking ran), for every writing command."""
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file, not a folder\n")
+    ranks, metrics = tmp_path / "ranks.zarr", tmp_path / "m.json"
+    assert run("rank", *inputs(d), "--out", ranks).returncode == 0
+    assert run("metrics", ranks, "--output", metrics).returncode == 0
+    pattern = rf"{re.escape(str(blocker))} is a file where a folder is needed"
+    for argv in (
+        ["evaluate", *inputs(d), "--output", blocker / "sub" / "r.json"],
+        ["rank", *inputs(d), "--out", blocker / "r.zarr"],
+        ["metrics", ranks, "--output", blocker / "m.json"],
+        ["metrics", ranks, "--stats-output", blocker / "m.npz"],
+        [
+            "report",
+            metrics,
+            "--resamples",
+            "0",
+            "--json",
+            tmp_path / "r.json",
+            "--figures",
+            blocker / "figures",
+        ],
+        [
+            "encode",
+            "--manifest",
+            d / "q.csv",
+            "--kind",
+            "precomputed",
+            "--options",
+            json.dumps({"path": str(d / "q.npy")}),
+            "--out",
+            blocker / "q.zarr",
+        ],
+    ):
+        proc = run(*argv)
+        assert_one_line_error(proc, pattern)
+        assert proc.stdout == ""
+    assert blocker.read_text() == "a file, not a folder\n"
+    assert not (tmp_path / "r.json").exists()  # the report wrote nothing
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_os_error_while_writing_is_one_line(d):
+    """A file-system error the up-front check cannot foresee (here /proc, a folder no one
+    can create files in, even root) is one line naming the path, exit status 2."""
+    proc = run("evaluate", *inputs(d), "--output", "/proc/rankwise-test.json")
+    line = assert_one_line_error(proc, r"/proc/rankwise-test\.json\S*: ")
+    assert "can be read or written" in line
+
+
 # ---------------------------------------------------------------------------
 # the pipeline: encode, config validation
 # ---------------------------------------------------------------------------

@@ -68,3 +68,58 @@ def test_cosine_near_ties_follow_the_exact_angle(chunk):
     expected = 1 + int((exact[1:] <= exact[0]).sum())
     assert 1 < expected < len(ge)  # the case really mixes items ahead and behind
     assert result.per_query["first_rank"].tolist() == [expected]
+
+
+def _spread_tables(rng, n_query, n_gallery, labels):
+    query = pd.DataFrame(
+        {"id": [f"q{i}" for i in range(n_query)], "label": rng.integers(0, labels, n_query)}
+    )
+    gallery = pd.DataFrame(
+        {"id": [f"g{i}" for i in range(n_gallery)], "label": rng.integers(0, labels, n_gallery)}
+    )
+    return query.astype({"label": str}), gallery.astype({"label": str})
+
+
+@pytest.mark.parametrize("scale", [3e-15, 7e-8, 1.0, 3e9, 9e16])
+def test_euclidean_exact_across_the_allowed_norm_range(scale):
+    # Quantised coordinates (exact ties and near-ties) times a non-power-of-two scale,
+    # down to norms near 2^-50 and up to near 2^60: the float64 brute force's ranks.
+    from reference import evaluate_reference
+
+    rng = np.random.default_rng(3)
+    query, gallery = _spread_tables(rng, 30, 400, 15)
+    base_q = np.round(rng.standard_normal((30, 12)) * 4) / 4 + 0.25
+    base_g = np.round(rng.standard_normal((400, 12)) * 4) / 4 + 0.25
+    qe = (base_q * scale).astype(np.float32)
+    ge = (base_g * scale).astype(np.float32)
+    got = rankwise.evaluate(query, gallery, qe, ge, distance="euclidean", ks=(1,), gallery_chunk=64)
+    # the float64 definition: squared distances summed coordinate by coordinate in order
+    # (np.cumsum is sequential), no square root to merge neighbouring values into ties
+    diff = qe.astype(np.float64)[:, None, :] - ge.astype(np.float64)[None, :, :]
+    keys = np.cumsum(diff * diff, axis=2)[:, :, -1]
+    ref = evaluate_reference(query, gallery, qe, ge, distance="euclidean", ks=(1,), dist=keys)
+    assert got.per_query["first_rank"].tolist() == ref.first_rank.tolist()
+    assert got.metrics["map"] == pytest.approx(ref.metrics["map"], abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    "scale, row, role", [(1e-17, 7, "gallery"), (2e19, 7, "gallery"), (1e-17, 2, "query")]
+)
+def test_euclidean_norm_outside_the_float32_range_is_an_error(scale, row, role):
+    # Products that underflow (or sums that overflow) float32 break the error bound:
+    # without the check these rows were ranked silently wrong.  One row out of range is
+    # enough; a zero row is fine (it multiplies exactly).
+    rng = np.random.default_rng(4)
+    query, gallery = _spread_tables(rng, 5, 20, 4)
+    qe = rng.standard_normal((5, 8)).astype(np.float32)
+    ge = rng.standard_normal((20, 8)).astype(np.float32)
+    ge[3] = 0.0
+    target = ge if role == "gallery" else qe
+    target[row] *= np.float32(scale)
+    message = rf"{role} embeddings row {row} \(0-based\) has norm"
+    with pytest.raises(rankwise.RankwiseError, match=message):
+        rankwise.evaluate(query, gallery, qe, ge, distance="euclidean", ks=(1,))
+    # cosine normalises every row first: the same scales rank (a zero row has no cosine)
+    ge[3] = 1.0
+    result = rankwise.evaluate(query, gallery, qe, ge, distance="cosine", ks=(1,))
+    assert result.num_queries + result.num_skipped == 5

@@ -87,8 +87,9 @@ def pool_queries(
     starts, sizes, reps = starts[order], sizes[order], reps[order]
     members = np.concatenate([by_id[s : s + n] for s, n in zip(starts, sizes, strict=True)])
     offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
-    # Read as stored (not normalised); a NaN/inf row is an error naming the member's row.
-    rows, _ = prepare_chunk(source, 0, source.shape[0], False)
+    # Read as stored (not normalised); a NaN/inf row is an error naming the member's row
+    # (the norm range is checked on the pooled rows, when they are ranked).
+    rows, _ = prepare_chunk(source, 0, source.shape[0], False, check_range=False)
     pooled = np.empty((len(reps), rows.shape[1]), np.float32)
     for p in range(len(reps)):
         group = rows[members[offsets[p] : offsets[p + 1]]]

@@ -125,23 +125,52 @@ def estimate_memory_mb(
 # ----------------------------------------------------------------- task functions
 
 
-def prepare_chunk(source: EmbeddingSource, start: int, stop: int, cosine: bool):
+# Squared norms a non-zero row may have under euclidean.  The float32 error bound
+# (kernels.error_bound_factor, 2 gamma_D relative to |q||g|) assumes no underflow and no
+# overflow.  With every norm in [2^-50, 2^60], |q||g| lies in [2^-100, 2^120]: the D
+# products' underflow errors (< 2^-126 each, even when flushed to zero) add at most
+# D 2^-126 <= 2^-26 D |q||g| <= gamma_D |q||g| / 4, inside the bound's doubling (inputs
+# flushed to zero: < 2^-126 sqrt(D) |g|, smaller still), and no partial sum, squared
+# norm or key comes near float32's 2^128.  Cosine rows are normalised; a zero row
+# multiplies exactly.  Outside the range the tiles would rank silently wrong.
+EUCLIDEAN_MIN_SQ = 2.0**-100
+EUCLIDEAN_MAX_SQ = 2.0**120
+
+
+def prepare_chunk(
+    source: EmbeddingSource, start: int, stop: int, cosine: bool, *, check_range: bool = True
+):
     """Per chunk: read rows ``[start, stop)``, normalise (cosine), check every row.
 
-    Returns ``(rows, sq)`` of :func:`rankwise.kernels.prepare_rows`; a NaN/inf row, or
-    a zero row under cosine, is an error naming the source and the row.
+    Returns ``(rows, sq)`` of :func:`rankwise.kernels.prepare_rows`; a NaN/inf row, a
+    zero row under cosine, or under euclidean a non-zero row whose squared norm lies
+    outside ``[EUCLIDEAN_MIN_SQ, EUCLIDEAN_MAX_SQ]`` (where float32 tiles can no longer
+    be bounded: ranks would silently be wrong) is an error naming the source and the
+    row.  ``check_range=False``: rows read to be pooled, checked when ranked.
     """
     rows, sq, bad, why = kernels.prepare_rows(source.read(start, stop), cosine)
     if bad >= 0:
         raise RankwiseError(_bad_row_message(source, start + bad, why))
+    if not cosine and check_range:
+        out = (sq != 0.0) & ((sq < EUCLIDEAN_MIN_SQ) | (sq > EUCLIDEAN_MAX_SQ))
+        if out.any():
+            row = int(np.argmax(out))
+            raise RankwiseError(_bad_row_message(source, start + row, 3, float(sq[row])))
     return rows, sq
 
 
-def _bad_row_message(source: EmbeddingSource, row: int, why: int) -> str:
+def _bad_row_message(source: EmbeddingSource, row: int, why: int, sq: float = 0.0) -> str:
     where = source.path or source.name
     if why == 1:
         return (
             f"{where}: {source.name} row {row} (0-based) contains NaN or inf; fix or drop that item"
+        )
+    if why == 3:
+        return (
+            f"{where}: {source.name} row {row} (0-based) has norm {np.sqrt(sq):.3g}, outside "
+            "[2^-50, 2^60] (8.9e-16 to 1.2e18), where float32 tiles cannot rank euclidean "
+            "distances exactly; multiply all embeddings by one constant (euclidean ranks do "
+            "not change) or use --distance cosine"
         )
     return (
         f"{where}: {source.name} row {row} (0-based) is a zero vector, which has no "

@@ -7,14 +7,17 @@ of :mod:`rankwise.options`. Modules here import only click and light modules at 
 top; the heavy ones (numpy, pandas, numba, dask, zarr, matplotlib) are imported in the
 command bodies, so ``rankwise --help`` and ``--version`` answer at once.
 
-Input errors (:class:`~rankwise.errors.RankwiseError`) print one line
-``error: ...`` and exit with status 2; nothing is written.
+Input errors (:class:`~rankwise.errors.RankwiseError`) and file-system errors (an
+output folder that is a file, no permission, a full disk: :class:`OSError`) print one
+line ``error: ...`` and exit with status 2; nothing is written.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -45,6 +48,28 @@ class _Group(click.Group):
             hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
             click.echo(f"error: {exc.format_message()}{hint}", err=True)
             sys.exit(2)
+        except BrokenPipeError:  # `rankwise ... | head`: the reader left; nothing to say
+            sys.stderr.close()
+            sys.exit(1)
+        except OSError as exc:  # an output folder that is a file, a full disk, no permission
+            click.echo(f"error: {_os_error_line(exc)}", err=True)
+            sys.exit(2)
+
+
+def _os_error_line(exc: OSError) -> str:
+    """One line from an OSError: the path(s), the reason, what to check."""
+    what = exc.strerror or type(exc).__name__
+    if exc.filename is None:
+        return f"{what}: {exc}" if exc.strerror is None else what
+    path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        # the first existing part of the path is a file where a folder was to be
+        for part in (exc.filename, *map(str, Path(exc.filename).parents)):
+            if os.path.lexists(part):
+                if not os.path.isdir(part):
+                    return f"{part} is a file where a folder is needed; choose another path"
+                break
+    return f"{path}: {what}; check that this path (and its folder) can be read or written"
 
 
 def _print_version(ctx: click.Context, _param, value: bool) -> None:

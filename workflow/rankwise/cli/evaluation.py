@@ -187,7 +187,7 @@ def verify(fprs, bins, output, **kw):
 @click.option(
     "--out",
     required=True,
-    type=click.Path(file_okay=False),
+    type=shared.OutputPath(file_okay=False),
     help="Ranks store to write (Zarr, written atomically).",
 )
 def rank(out, **kw):
@@ -224,11 +224,11 @@ def _provenance(path: str) -> dict:
 @shared.ap
 @shared.output
 @click.option(
-    "--text-output", type=click.Path(dir_okay=False), help="Write the text report here too."
+    "--text-output", type=shared.OutputPath(dir_okay=False), help="Write the text report here too."
 )
 @click.option(
     "--stats-output",
-    type=click.Path(dir_okay=False),
+    type=shared.OutputPath(dir_okay=False),
     help="Also write the statistics summary the report reads (.npz): the 95% interval "
     "of every metric, the CMC curve, the per-query values of the paired tests; "
     "computed for --resamples, --seed, --by and --cmc-max-rank.",

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from .. import options as spec
+from . import shared
 from .shared import parse_json_options
 
 
@@ -37,7 +38,7 @@ from .shared import parse_json_options
 @click.option(
     "--out-dir",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=shared.OutputPath(file_okay=False, path_type=Path),
     help="Folder for query.csv, gallery.csv (and images/ for demos).",
 )
 def prepare(loader: str, options_text: str, out_dir: Path) -> None:
@@ -75,7 +76,7 @@ def prepare(loader: str, options_text: str, out_dir: Path) -> None:
 @click.option(
     "--out",
     required=True,
-    type=click.Path(path_type=Path),
+    type=shared.OutputPath(path_type=Path),
     help="Embedding store to write (Zarr; written atomically).",
 )
 @spec.BATCH_SIZE.click(help="Images per encoder call.")

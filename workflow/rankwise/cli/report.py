@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 
 from .. import options as spec
+from . import shared
 
 
 @click.command()
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option(
     "--out-dir",
-    type=click.Path(file_okay=False),
+    type=shared.OutputPath(file_okay=False),
     default=".",
     show_default=True,
     help="Folder for report.html, report.md and report.json (unless --html, "
@@ -23,35 +24,38 @@ from .. import options as spec
 @click.option(
     "--html",
     "html_path",
-    type=click.Path(dir_okay=False),
+    type=shared.OutputPath(dir_okay=False),
     help="Write the self-contained HTML report here.",
 )
 @click.option(
-    "--md", "md_path", type=click.Path(dir_okay=False), help="Write the Markdown report here."
+    "--md",
+    "md_path",
+    type=shared.OutputPath(dir_okay=False),
+    help="Write the Markdown report here.",
 )
 @click.option(
     "--json",
     "json_path",
-    type=click.Path(dir_okay=False),
+    type=shared.OutputPath(dir_okay=False),
     help="Write the JSON report (all metrics, intervals, comparisons, provenance) here.",
 )
 @click.option(
     "--csv",
     "csv_path",
-    type=click.Path(dir_okay=False),
+    type=shared.OutputPath(dir_okay=False),
     help="Also write the tidy CSV (dataset, encoder, checkpoint, metric, value, "
     "ci_low, ci_high, num_queries, num_skipped) here.",
 )
 @click.option(
     "--tex",
     "tex_path",
-    type=click.Path(dir_okay=False),
+    type=shared.OutputPath(dir_okay=False),
     help="Also write the LaTeX tables (booktabs; a standalone document) here.",
 )
 @click.option(
     "--figures",
     "figures_dir",
-    type=click.Path(file_okay=False),
+    type=shared.OutputPath(file_okay=False),
     help="Also write every chart as SVG and PDF sized for a paper column "
     "(<dataset>-metrics, -cmc, -progressive) into this folder; the HTML and Markdown "
     "link them.",
@@ -86,7 +90,7 @@ from .. import options as spec
 @click.option(
     "--cache",
     "cache_dir",
-    type=click.Path(file_okay=False),
+    type=shared.OutputPath(file_okay=False),
     help="Keep each paired test in this folder, keyed by both evaluations' content: "
     "a report with one new encoder recomputes only the pairs that involve it. "
     "Safe to delete.",

@@ -8,6 +8,7 @@ with one line naming the flag (``--query-block must be a positive integer, got 0
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,44 @@ def stack(*decorators: Callable) -> Callable:
     return apply
 
 
+def unwritable(path: str | Path) -> str | None:
+    """Why ``path`` certainly cannot be written (else None), without touching anything:
+    a file where a folder is needed on the way, or, for a path that does not exist yet,
+    a nearest existing folder without write permission.  (An existing path is replaced
+    atomically through its folder; whatever else fails is one line at write time.)"""
+    p = Path(path).absolute()
+    if p.exists():
+        return None
+    for part in p.parents:
+        if part.exists():
+            if not part.is_dir():
+                return f"{part} is a file where a folder is needed; choose another path"
+            if not os.access(part, os.W_OK | os.X_OK):
+                return f"{part}: no permission to create files in this folder"
+            return None
+    return None
+
+
+class OutputPath(click.Path):
+    """``click.Path`` of something the command writes: refused when parsed, before any
+    work, if it cannot be created (:func:`unwritable`) — a long ranking run must not end
+    on an output path through a file."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        problem = unwritable(value)
+        if problem:
+            self.fail(problem, param, ctx)
+        return value
+
+
 _PROTOCOL_HELP = "; ".join(f"{name}: {p.summary}" for name, p in REGISTRY.items())
 
 #: --ks, --ap and --output: every command that reports metrics.
 ks = spec.KS.click(help="Cutoffs K, comma-separated.")
 ap = spec.AP.click(help="AP variant: standard, or the official Market-1501 trapezoid.")
 output = click.option(
-    "--output", type=click.Path(dir_okay=False), help="Write the JSON report here."
+    "--output", type=OutputPath(dir_okay=False), help="Write the JSON report here."
 )
 
 #: The inputs and protocol options of `evaluate` and `rank`.
@@ -152,7 +184,7 @@ statistics = stack(
         type=click.Path(dir_okay=False),
         help="--by identity: query manifest CSV (default: the one named in the ranks store).",
     ),
-    click.option("--output", type=click.Path(dir_okay=False), help="Write the JSON result here."),
+    click.option("--output", type=OutputPath(dir_okay=False), help="Write the JSON result here."),
 )
 
 

@@ -172,7 +172,7 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
 @shared.ap
 @click.option(
     "--output",
-    type=click.Path(dir_okay=False),
+    type=shared.OutputPath(dir_okay=False),
     help="Write the CSV here (default: standard output).",
 )
 def scores(ranks, ks, ap, output):
