@@ -233,3 +233,40 @@ def test_console_script_freezes_the_heap_before_exit(tmp_path):
     # the interpreter's final collection then skips numba's and pandas' objects
     # (bench_startup.py: ~0.3 s of the process's end at Market-1501 scale)
     assert int(_after_evaluate(tmp_path, "gc.get_freeze_count()")) > 100_000
+
+
+# Every path a command reads; every other path option is something it writes.
+_READ_PATHS = {
+    "query",
+    "gallery",
+    "query_embeddings",
+    "gallery_embeddings",  # manifests, embeddings
+    "ranks",
+    "ranks_a",
+    "ranks_b",
+    "labels",
+    "metrics",
+    "verification",
+    "manifest",
+}
+
+
+def test_every_written_path_is_checked_before_any_work():
+    """Each path option a command writes is an ``OutputPath`` (refused at parse time when
+    a file stands where a folder is needed), so no run ends on an unwritable output after
+    all its work; a new output option declared as a plain ``click.Path`` fails here."""
+    import click
+
+    from rankwise.cli import main
+    from rankwise.cli.shared import OutputPath
+
+    plain, written = set(), set()
+    for name, command in main.commands.items():
+        for param in command.params:
+            if isinstance(param.type, OutputPath):
+                written.add((name, param.name))
+            elif isinstance(param.type, click.Path):
+                plain.add((name, param.name))
+    assert {p for _, p in plain} <= _READ_PATHS, sorted(plain)
+    assert not {p for _, p in written} & _READ_PATHS, sorted(written)
+    assert ("rank", "out") in written and ("report", "figures_dir") in written
