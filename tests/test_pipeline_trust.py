@@ -338,3 +338,35 @@ def test_an_image_rewritten_under_its_name_reruns_encode(workdir):
     assert planned(workdir) == {"encode": 1, "rank": 1, "metrics": 1, "report": 1, "all": 1}
     run_ok(workdir, CONFIG)
     assert planned(workdir) == {}
+
+
+def test_reading_a_snakemake_ranks_store_is_silent(tmp_path):
+    """Snakemake leaves `.snakemake_timestamp` inside directory() outputs such as the
+    ranks stores; reading one lists no group members, so zarr never warns about that
+    file (the warning reached the jobs' logs and the test summary)."""
+    import warnings
+
+    import pandas as pd
+
+    from rankwise.store import read_ranks
+
+    rng = np.random.default_rng(0)
+    query = pd.DataFrame({"id": ["q0", "q1"], "label": ["a", "b"], "camera": [0, 0]})
+    gallery = pd.DataFrame({"id": [f"g{i}" for i in range(6)], "label": list("ababab")})
+    gallery["camera"] = 1
+    args = helpers.write_inputs(
+        tmp_path,
+        query,
+        gallery,
+        rng.standard_normal((2, 4)).astype(np.float32),
+        rng.standard_normal((6, 4)).astype(np.float32),
+    )
+    store = tmp_path / "ranks.zarr"
+    proc = helpers.run_rankwise("rank", *args, "--protocol", "reid", "--out", str(store))
+    assert proc.returncode == 0, proc.stderr
+    (store / ".snakemake_timestamp").touch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        arrays, attrs = read_ranks(store)
+    assert [str(w.message) for w in caught] == []
+    assert attrs["kind"] == "ranks" and len(arrays["offsets"]) == 3

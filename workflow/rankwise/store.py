@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,10 +47,6 @@ from .errors import RankwiseError
 
 if TYPE_CHECKING:
     import zarr
-
-# Snakemake writes `.snakemake_timestamp` inside directory() outputs; zarr warns about it.
-warnings.filterwarnings("ignore", message=".*Object at .snakemake_timestamp.*")
-warnings.filterwarnings("ignore", message=".*snakemake_timestamp.*")
 
 
 def _json_safe(value: Any) -> Any:
@@ -230,8 +225,9 @@ def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
     group = open_complete_group(path, "ranks")
     try:
         arrays = {name: np.asarray(group[name][...]) for name in RANK_ARRAYS}
-        present = set(group.array_keys())
-        arrays.update({n: np.asarray(group[n][...]) for n in OPTIONAL_ARRAYS if n in present})
+        # one lookup per optional name, not a listing of the group (which would also meet
+        # Snakemake's `.snakemake_timestamp` file, and zarr would warn about it)
+        arrays.update({n: np.asarray(group[n][...]) for n in OPTIONAL_ARRAYS if n in group})
     except KeyError as exc:
         raise RankwiseError(
             f"{path}: ranks store lacks array {exc}; delete it and run `rankwise rank` again"
