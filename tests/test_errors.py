@@ -911,6 +911,7 @@ def test_os_error_while_writing_is_one_line(d):
     proc = run("evaluate", *inputs(d), "--output", "/proc/rankwise-test.json")
     line = assert_one_line_error(proc, r"/proc/rankwise-test\.json\S*: ")
     assert "can be read or written" in line
+    assert proc.stdout == ""  # no metrics that look like a finished run
 
 
 # ---------------------------------------------------------------------------

@@ -89,10 +89,11 @@ def _emit(report: dict, output: str | None, text_output: str | None = None) -> N
     from ..store import write_text_atomic
 
     text = format_text(report)
-    click.echo(text, nl=False)
+    # files first: a write that fails leaves one error line, not metrics that look final
     shared.write_json(output, report)
     if text_output:
         write_text_atomic(text_output, text)
+    click.echo(text, nl=False)
 
 
 @click.command()
