@@ -49,7 +49,8 @@ class _Group(click.Group):
             click.echo(f"error: {exc.format_message()}{hint}", err=True)
             sys.exit(2)
         except BrokenPipeError:  # `rankwise ... | head`: the reader left; nothing to say
-            sys.stderr.close()
+            # (Python's recipe: point stdout at devnull so the exit flush cannot fail again)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
         except OSError as exc:  # an output folder that is a file, a full disk, no permission
             click.echo(f"error: {_os_error_line(exc)}", err=True)
