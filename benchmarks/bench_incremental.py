@@ -12,7 +12,8 @@ every measurement is a separate process, timed by wall clock.
 1. ``demo``: ``snakemake --cores N`` of the embedded default config from scratch, then
    the same with one more encoder (``pixels-8``, raw pixels at 8 x 8) added through a
    ``--configfile``: wall times and their ratio (target: the incremental run <= 20% of
-   the full run). Both include Snakemake's own start-up and DAG building.
+   the full run). Both include Snakemake's own start-up and DAG building. The added run's
+   jobs are listed by rule with their wall seconds (the rules' benchmark files).
 2. ``report``: one dataset (``digits``) and 16 weight-free encoders (raw pixels at 16
    sizes) run once through the pipeline; then ``rankwise report`` (the pipeline's
    command: statistics summaries from the metrics jobs, the pair cache) over the first
@@ -81,10 +82,38 @@ def bench_demo(cores: int, repeat: int) -> dict:
             (work / "extra.yaml").write_text(yaml.safe_dump(extra))
             load = os.getloadavg()[0]
             full = _timed(_snakemake(cores), work)
+            since = time.time()
             added = _timed(_snakemake(cores, "--configfile", "extra.yaml"), work)
-            runs.append({"full_s": full, "add_one_s": added, "ratio": added / full, "load": load})
+            jobs = _job_seconds(work / "results" / "benchmarks", since)
+            runs.append(
+                {
+                    "full_s": full,
+                    "add_one_s": added,
+                    "ratio": added / full,
+                    "load": load,
+                    "add_one_jobs": jobs,
+                }
+            )
             print(f"  demo: full {full:.1f} s, +1 encoder {added:.1f} s ({added / full:.2f}x)")
+            for rule, seconds in jobs.items():
+                print(
+                    f"    {rule:<13} {len(seconds):2d} jobs, {sum(seconds):5.1f} s "
+                    f"({min(seconds):.2f}-{max(seconds):.2f} s each)"
+                )
     return {"runs": runs}
+
+
+def _job_seconds(folder: Path, since: float) -> dict[str, list[float]]:
+    """Wall seconds of each job that ran after ``since``, by rule, from the rules'
+    Snakemake benchmark files (``results/benchmarks/<rule folder>/...tsv``)."""
+    out: dict[str, list[float]] = {}
+    for tsv in sorted(folder.rglob("*.tsv")):
+        if tsv.stat().st_mtime < since:
+            continue
+        rule = tsv.relative_to(folder).parts[0] if tsv.parent != folder else tsv.stem
+        seconds = float(tsv.read_text().splitlines()[-1].split("\t")[0])
+        out.setdefault(rule, []).append(seconds)
+    return out
 
 
 def _digits_config(n: int) -> dict:

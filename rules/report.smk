@@ -31,6 +31,8 @@ rule report:
         figures=directory("results/figures"),
     log:
         "logs/report.log",
+    benchmark:
+        "results/benchmarks/report.tsv"
     params:
         title=config["report"]["title"],
         cmc_max_rank=config["report"]["cmc_max_rank"],
