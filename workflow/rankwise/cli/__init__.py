@@ -17,12 +17,11 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from pathlib import Path
 
 import click
 
 from ..errors import RankwiseError
-from . import evaluation, pipeline, report, statistics
+from . import evaluation, pipeline, report, shared, statistics
 
 
 class _Group(click.Group):
@@ -64,12 +63,10 @@ def _os_error_line(exc: OSError) -> str:
         return f"{what}: {exc}" if exc.strerror is None else what
     path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
     if isinstance(exc, (FileExistsError, NotADirectoryError)):
-        # the first existing part of the path is a file where a folder was to be
-        for part in (exc.filename, *map(str, Path(exc.filename).parents)):
-            if os.path.lexists(part):
-                if not os.path.isdir(part):
-                    return f"{part} is a file where a folder is needed; choose another path"
-                break
+        # the nearest existing part of the path is a file where a folder was to be
+        part = shared.nearest_existing(exc.filename)
+        if part is not None and not part.is_dir():
+            return shared.in_the_way(part)
     return f"{path}: {what}; check that this path (and its folder) can be read or written"
 
 

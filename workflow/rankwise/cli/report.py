@@ -154,7 +154,7 @@ def report(
         cache=cache,
         figures_dir=figures_dir,
         figure_formats=tuple(figure_formats.split(",")),
-        workers=workers or len(os.sched_getaffinity(0)),
+        workers=workers or os.cpu_count() or 1,  # as the rank engine's default
         **options,
     )
     for path in (html_path, md_path, json_path, csv_path, tex_path):

@@ -31,6 +31,21 @@ def stack(*decorators: Callable) -> Callable:
     return apply
 
 
+def nearest_existing(path: str | Path) -> Path | None:
+    """``path`` itself, or the nearest folder above it, that exists (a dangling link
+    counts: nothing can be created through it); None when none does."""
+    p = Path(path)
+    for part in (p, *p.parents):
+        if os.path.lexists(part):
+            return part
+    return None
+
+
+def in_the_way(part: str | Path) -> str:
+    """The message for a file standing where a folder is needed."""
+    return f"{part} is a file where a folder is needed; choose another path"
+
+
 def unwritable(path: str | Path) -> str | None:
     """Why ``path`` certainly cannot be written (else None), without touching anything:
     a file where a folder is needed on the way, or, for a path that does not exist yet,
@@ -39,13 +54,13 @@ def unwritable(path: str | Path) -> str | None:
     p = Path(path).absolute()
     if p.exists():
         return None
-    for part in p.parents:
-        if part.exists():
-            if not part.is_dir():
-                return f"{part} is a file where a folder is needed; choose another path"
-            if not os.access(part, os.W_OK | os.X_OK):
-                return f"{part}: no permission to create files in this folder"
-            return None
+    part = nearest_existing(p.parent)
+    if part is None:
+        return None
+    if not part.is_dir():
+        return in_the_way(part)
+    if not os.access(part, os.W_OK | os.X_OK):
+        return f"{part}: no permission to create files in this folder"
     return None
 
 
