@@ -187,6 +187,61 @@ def test_members_ids_are_never_ranked(exclude):
     check(result, ref)
 
 
+@pytest.mark.parametrize("repeats", ["exact", 10])
+def test_single_gallery_shot_never_draws_a_member(repeats):
+    """Single-gallery-shot with multi-query: a gallery item with a member's id is the
+    member itself, never drawn as the pooled query's match (by hand: only gA may be
+    drawn; it ties gC at cosine distance 1, and the tie counts against the query)."""
+    query = pd.DataFrame({"id": ["qa0", "qa1", "qa2"], "label": ["A"] * 3, "camera": ["c1"] * 3})
+    qe = np.array([[1, 0, 0, 0], [1, 0.1, 0, 0], [1, -0.1, 0, 0]], np.float32)
+    gallery = pd.DataFrame(
+        {
+            "id": ["qa1", "qa2", "gA", "gB", "gC"],
+            "label": ["A", "A", "A", "B", "C"],
+            "camera": ["c1", "c1", "c2", "c2", "c2"],
+        }
+    )
+    ge = np.array(
+        [[1, 0.1, 0, 0], [1, -0.1, 0, 0], [0, 0, 1, 0], [0.5, 0.5, 0, 0], [0, 1, 0, 0]],
+        np.float32,
+    )
+    options = dict(protocol="reid", distance="cosine", multi_query="mean", ks=(1,))
+    for exclude in (False, True):
+        shot = rankwise.evaluate(
+            query,
+            gallery,
+            qe,
+            ge,
+            single_gallery_shot=True,
+            shot_repeats=repeats,
+            exclude_same_camera=exclude,
+            **options,
+        )
+        assert shot.metrics["rank1"] == 0.0
+        assert math.isclose(shot.metrics["mrr"], 100 / 3, rel_tol=1e-12)
+        # and exactly as if the members were not in the gallery at all
+        alone = rankwise.evaluate(
+            query,
+            gallery.iloc[2:],
+            qe,
+            ge[2:],
+            single_gallery_shot=True,
+            shot_repeats=repeats,
+            exclude_same_camera=exclude,
+            **options,
+        )
+        assert shot.metrics == alone.metrics
+
+
+def test_member_twin_with_another_label_is_an_error():
+    """The same id is the same item: a gallery twin of a member must carry its label."""
+    query, gallery, qe, ge = multi_case(3, "int", twins=True)
+    twin = int(np.flatnonzero(gallery["id"].isin(query["id"]))[0])
+    gallery.loc[twin, "label"] = "999999"
+    with pytest.raises(RankwiseError, match=rf"row {twin + 2}: id .* differs from the query"):
+        rankwise.evaluate(query, gallery, qe, ge, protocol="reid", multi_query="mean")
+
+
 def test_multi_query_is_a_function_of_the_content():
     """Permuting query rows (and gallery rows) changes no number; the stored
     representatives are the same items."""
@@ -207,8 +262,7 @@ def test_multi_query_is_a_function_of_the_content():
             ks=KS,
             multi_query="mean",
         )
-        for name, value in base.metrics.items():
-            assert out.metrics[name] == pytest.approx(value, abs=1e-9), name
+        assert out.metrics == base.metrics  # the same bits (fsum means)
         reps = set(query["id"].to_numpy()[base.per_query["query_index"]])
         assert set(query["id"].to_numpy()[qp][out.per_query["query_index"]]) == reps
 
@@ -320,19 +374,22 @@ def test_schema_fragment():
     assert node["enum"] == ["none", "mean", "max"] and node["default"] == "none"
 
 
-def test_neighbours_compare_the_pooled_query(tmp_path):
+@pytest.mark.parametrize("twins", [False, True])
+def test_neighbours_compare_the_pooled_query(tmp_path, twins):
     """The report's top items of a pooled query (rankwise.neighbours) use the pooled
-    vector: its first relevant item sits at the stored first rank."""
+    vector: its first relevant item sits at the stored first rank (members' gallery
+    twins are not listed)."""
     from rankwise.neighbours import top_items
 
-    query, gallery, qe, ge = multi_case(1, "int")
+    query, gallery, qe, ge = multi_case(1, "int", twins=twins)
     write_inputs(tmp_path, query, gallery, qe, ge)
     files = [str(tmp_path / f) for f in ("q.csv", "g.csv", "q.npy", "g.npy")]
-    result = rankwise.evaluate(
-        *files, protocol="reid", distance="euclidean", ks=KS, multi_query="mean"
-    )
+    # twins share their member's camera: only without the camera rule can they show up
+    options = dict(protocol="reid", distance="euclidean", multi_query="mean")
+    options["exclude_same_camera"] = not twins
+    result = rankwise.evaluate(*files, ks=KS, **options)
     rows = result.per_query["query_index"]
-    tops = top_items(*files, rows, protocol="reid", distance="euclidean", k=60, multi_query="mean")
+    tops = top_items(*files, rows, k=60, **options)
     for top, first in zip(tops, result.per_query["first_rank"], strict=True):
         assert int(np.flatnonzero(top["relevant"])[0]) + 1 == first
     smallest = query.groupby(["label", "camera"])["id"].transform("min")

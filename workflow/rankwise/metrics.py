@@ -41,6 +41,7 @@ completion curve (:func:`completion_curve`) live here too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -345,9 +346,14 @@ class UnitTable:
         return self.values[:, self.names.index(name)]
 
     def means(self) -> dict[str, float]:
-        """``{name: 100 * mean}``: the metrics, in percent."""
+        """``{name: 100 * mean}``: the metrics, in percent.
+
+        Each sum is ``math.fsum``'s, correctly rounded: the same bits in any order of the
+        units (a permuted query manifest, pooled queries in another order)."""
+        n = len(self.index)
         return {
-            name: 100.0 * float(np.mean(self.values[:, j])) for j, name in enumerate(self.names)
+            name: 100.0 * (math.fsum(self.values[:, j]) / n) if n else float("nan")
+            for j, name in enumerate(self.names)
         }
 
 

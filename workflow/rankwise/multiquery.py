@@ -17,9 +17,9 @@ evaluated as ONE query whose embedding pools the group's stored rows:
   smallest id.  Its ``id`` is that member's; the ranks store's ``query_index`` is the
   representative's row of the original manifest and ``members_offsets`` /
   ``members`` list every member's row (CSR, one entry per evaluated query);
-- a gallery item with ANY member's id is never ranked (``exclude_self`` for a group;
-  :func:`rankwise.protocols.build_problem`); the same-camera rule uses the group's
-  camera, which every member shares.
+- a gallery item with ANY member's id is never ranked (``exclude_self`` for a group:
+  :attr:`rankwise.protocols.Problem.twins`, applied by ``dense_masks``); the
+  same-camera rule uses the group's camera, which every member shares.
 
 Only the ``reid`` protocol takes ``multi_query`` (the spec's ``options``), and the
 query manifest must have a ``camera`` column.

@@ -88,6 +88,9 @@ class Problem:
     options: dict = field(default_factory=dict)
     qcam: np.ndarray | None = None  # reid with exclude_same_camera only
     gcam: np.ndarray | None = None
+    # multi-query: sorted keys ``q * G + g`` of the gallery items that carry one of pooled
+    # query q's member ids (the same items: never ranked for q); empty otherwise
+    twins: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def valid_relevant(self, q: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Masks ``(stop - start,)`` of the valid and the relevant items among gallery
@@ -113,11 +116,15 @@ def dense_masks(codes, q: np.ndarray | np.integer, g: np.ndarray) -> tuple[np.nd
         valid    = not junk(g)
                    and not (exclude_self and id(g) == id(q))
                    and not (camera rule and relevant and camera(g) == camera(q))
+                   and not (multi-query and g has the id of one of q's members)
         relevant &= valid
 
     ``codes`` holds the integer codes (``qlab glab qid gid gjunk exclude_self qcam
-    gcam``; cameras ``None`` when the protocol has no camera rule): a
-    :class:`Problem`, or the arrays :func:`build_problem` is assembling.  It decides
+    gcam``; cameras ``None`` when the protocol has no camera rule; optionally
+    ``twins``, :attr:`Problem.twins`): a :class:`Problem`, or the arrays
+    :func:`build_problem` is assembling.  A member twin has its group's label
+    (checked by :func:`build_problem`), so it is a relevant item: the engine, which
+    counts only non-relevant items, needs no twin rule of its own.  It decides
     the relevant pairs (:func:`build_problem`) and the masks of
     :meth:`Problem.valid_relevant`; :func:`rankwise.kernels.count_tile` applies it
     inline to count the valid non-relevant items (label differs, not junk, not self),
@@ -129,6 +136,10 @@ def dense_masks(codes, q: np.ndarray | np.integer, g: np.ndarray) -> tuple[np.nd
         valid = valid & (codes.gid[g] != codes.qid[q])
     if codes.qcam is not None:
         valid = valid & ~(relevant & (codes.gcam[g] == codes.qcam[q]))
+    twins = getattr(codes, "twins", None)
+    if twins is not None and len(twins):
+        key = np.asarray(q, dtype=np.int64) * len(codes.glab) + g
+        valid = valid & ~np.isin(key, twins)
     return valid, relevant & valid
 
 
@@ -194,6 +205,7 @@ def build_problem(
     exclude_self = spec.exclude_self
     qcam = gcam = None
     is_query = np.ones(n_q, dtype=bool)  # rows that are queries at all (query_stride)
+    twins = np.zeros(0, dtype=np.int64)
 
     if spec.candidates == "sequence_gap":
         options["gap_frames"] = gap_frames = GAP_FRAMES.check(gap_frames)
@@ -231,6 +243,9 @@ def build_problem(
             if exclude:
                 qcam, gcam = _codes(query["camera"], gallery["camera"])
         pair_q, pair_g = _grouped_pairs(qlab, glab)  # every same-label pair
+        if multi_query != "none":
+            options["multi_query"] = multi_query
+            twins = _member_twins(members, query, gallery, qlab, glab, names)
         codes = SimpleNamespace(
             qlab=qlab,
             glab=glab,
@@ -240,11 +255,9 @@ def build_problem(
             exclude_self=exclude_self,
             qcam=qcam,
             gcam=gcam,
+            twins=twins,
         )
         _, keep = dense_masks(codes, pair_q, pair_g)
-        if multi_query != "none":
-            options["multi_query"] = multi_query
-            keep &= ~_member_twins(members, gallery["id"], pair_q, pair_g)
         options.update(shots)
         pair_q, pair_g = pair_q[keep], pair_g[keep]
         pair_rel = np.ones(len(pair_q), dtype=bool)
@@ -296,6 +309,7 @@ def build_problem(
         options=options,
         qcam=qcam,
         gcam=gcam,
+        twins=twins,
     )
 
 
@@ -335,22 +349,31 @@ def _check_single_shot(protocol: str, on: bool, repeats: int | str, seed: int) -
     }
 
 
-def _member_twins(members, gallery_ids: pd.Series, pair_q, pair_g) -> np.ndarray:
-    """Multi-query: which pairs ``(q, g)`` have a gallery item with the id of one of
-    pooled query q's members (the same item, DESIGN.md: never its own match).
+def _member_twins(members, query, gallery, qlab, glab, names) -> np.ndarray:
+    """Multi-query: sorted keys ``q * G + g`` of the gallery items ``g`` with the id of
+    one of pooled query q's members (the same item, DESIGN.md: never its own match).
 
-    Same id = same item, so such an item has the group's label: it is a relevant pair,
-    and dropping it from the pairs removes it (the tile engine counts only the
-    non-relevant items, and excludes the representative's id itself).
+    Same id = same item, so such an item must have the group's label (a different one
+    is an error naming the id): it is then a relevant item, which :func:`dense_masks`
+    drops and the tile engine never counts.
     """
     if members is None:
         raise RankwiseError("multi_query needs the pooled queries' members (pool_queries)")
     offsets, ids = members
-    twin = pd.Index(gallery_ids.astype(str)).get_indexer(np.asarray(ids, dtype=str))
+    twin = pd.Index(gallery["id"].astype(str)).get_indexer(np.asarray(ids, dtype=str))
     owner = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
-    n_g = len(gallery_ids)
-    twins = owner[twin >= 0] * n_g + twin[twin >= 0]
-    return np.isin(pair_q * n_g + pair_g, twins)
+    owner, twin = owner[twin >= 0], twin[twin >= 0]
+    other = np.flatnonzero(glab[twin] != qlab[owner])
+    if len(other):
+        g = int(twin[other[0]])
+        raise RankwiseError(
+            f"{names[1]}: row {g + 2}: id {gallery['id'].iloc[g]!r} is also a query item "
+            f"(a member of pooled query {query['id'].iloc[owner[other[0]]]!r}) but its label "
+            f"{gallery['label'].iloc[g]!r} differs from the query's "
+            f"{query['label'].iloc[owner[other[0]]]!r}: the same id is the same item; fix "
+            "the label or the id"
+        )
+    return np.unique(owner * len(gallery) + twin)
 
 
 def _sketches(query: pd.DataFrame, skip: np.ndarray, name: str = "query manifest"):

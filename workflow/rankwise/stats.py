@@ -50,6 +50,7 @@ the same resamples (the paired bootstrap).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -642,8 +643,9 @@ def paired_estimates(
         _bootstrap_means(sums, sizes, resamples, _streams(seed)[0]), confidence
     )
     return {
-        "a": [100.0 * float(np.mean(va[:, j])) for j in range(va.shape[1])],
-        "b": [100.0 * float(np.mean(vb[:, j])) for j in range(vb.shape[1])],
+        # the metrics' own means (UnitTable.means: fsum, the same in any unit order)
+        "a": [100.0 * (math.fsum(va[:, j]) / len(va)) for j in range(va.shape[1])],
+        "b": [100.0 * (math.fsum(vb[:, j]) / len(vb)) for j in range(vb.shape[1])],
         "ci": bounds.tolist(),
         "num_units": int(len(va)),
         "num_clusters": int(len(sizes)),
