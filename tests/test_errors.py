@@ -1370,3 +1370,22 @@ def test_large_gallery_ranks_match_brute_force(large):
         n = position[int(i)]
         got = arrays["ranks"][arrays["offsets"][n] : arrays["offsets"][n + 1]]
         np.testing.assert_array_equal(got, expected)
+
+
+def test_reassociation_without_any_candidate_names_gap_frames():
+    """No query has an item of its sequence at frame + gap_frames: the message says so
+    (not "check the labels")."""
+    import rankwise
+    from rankwise.errors import RankwiseError
+
+    rows = [
+        {"id": f"t{t}_f{f}", "label": f"t{t}", "sequence": "S", "frame": f}
+        for f in range(1, 6)
+        for t in range(3)
+    ]
+    table = pd.DataFrame(rows)
+    emb = np.random.default_rng(0).normal(size=(len(rows), 4)).astype(np.float32)
+    with pytest.raises(RankwiseError, match=r"gap_frames=10 \(gallery frames 1\.\.5; 15 queries"):
+        rankwise.evaluate(table, table, emb, emb, protocol="reassociation", gap_frames=10)
+    ok = rankwise.evaluate(table, table, emb, emb, protocol="reassociation", gap_frames=4)
+    assert (ok.num_queries, ok.num_skipped) == (3, 12)  # only frame 1 has frame + 4

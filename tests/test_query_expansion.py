@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 from reference import (
     average_query_expansion,
@@ -123,3 +124,19 @@ def test_config_checks_and_fills_aqe():
     assert datasets["m"]["aqe"] == {"k": 5, "alpha": 1.0}
     with pytest.raises(RankwiseError, match=r"^datasets\.s: aqe does not apply to protocol"):
         pc.check_reranking({"s": {"protocol": "reassociation", "aqe": {}}})
+
+
+def test_fractional_alpha_on_a_negative_cosine_is_an_error_naming_the_rows():
+    """cos^2.5 of a negative cosine has no real value (fast-reid's aqe: NaN); an integer
+    alpha is defined there and still equals the brute force."""
+    rng = np.random.default_rng(0)
+    q = pd.DataFrame({"id": [f"q{i}" for i in range(10)], "label": [str(i % 3) for i in range(10)]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(30)], "label": [str(i % 3) for i in range(30)]})
+    qe = rng.normal(size=(10, 6)).astype(np.float32)
+    ge = rng.normal(size=(30, 6)).astype(np.float32)
+    message = r"aqe alpha 2.5 is not an integer, and .* row \d+ \(0-based\) has a neighbour"
+    with pytest.raises(RankwiseError, match=message):
+        rankwise.evaluate(q, g, qe, ge, protocol="recall", aqe={"k": 40, "alpha": 2.5})
+    got = rankwise.evaluate(q, g, qe, ge, protocol="recall", aqe={"k": 40, "alpha": 3})
+    eq, eg = average_query_expansion(qe, ge, 40, 3.0)
+    _check(got, evaluate_reference(q, g, eq, eg, protocol="recall", distance="cosine"))

@@ -494,7 +494,7 @@ def test_worst_queries_show_the_ranked_distances_top_items(tmp_path, cli, flag, 
 def test_screened_neighbour_pass_equals_sorting_every_canonical_distance(
     kind, cosine, block, chunk, k
 ):
-    """The BLAS-screened pass keeps exactly the k smallest canonical (d, index) of each
+    """The BLAS-screened pass keeps exactly the k smallest canonical (d^2, index) of each
     row and its max d^2, ties included (integer data: many exact ties)."""
     from rankwise.kernels import prepare_rows
     from rankwise.ranking import EngineOptions, _Runner
@@ -504,8 +504,39 @@ def test_screened_neighbour_pass_equals_sorting_every_canonical_distance(
     rows, sq, bad, _ = prepare_rows(np.concatenate([case.query_emb, case.gallery_emb]), cosine)
     assert bad < 0
     full = distance_tile(rows, rows, cosine)
-    want = np.argsort(full, axis=1, kind="stable")[:, :k]
+    want = np.argsort(full**2, axis=1, kind="stable")[:, :k]
     runner = _Runner(EngineOptions(workers=2))
     nn, row_max = neighbours(rows, sq, k, block, chunk, cosine, runner)
     np.testing.assert_array_equal(nn, want)
     np.testing.assert_array_equal(row_max, (full**2).max(axis=1))
+
+
+@pytest.mark.parametrize("setting", [(20, 6, 0.3), (10, 3, 0.3), (6, 1, 0.5)])
+def test_neighbours_order_by_squared_distance_like_the_reference(setting):
+    """Rows that are positive multiples of one vector have cosine d = 1 - cos at rounding
+    level, of both signs; the reference sorts its neighbours by o = d^2 / M, where d and
+    d^2 disagree (ordering by d gave rank1 25.0 against its 0.0).  Fed the same
+    canonical d, the port and rankwise agree."""
+    from rankwise.kernels import prepare_rows
+    from rankwise.rerank import distance_tile
+
+    rng = np.random.default_rng(0)
+    dim = 6
+    cluster = (rng.uniform(0.5, 3.0, size=40)[:, None] * rng.normal(size=dim)).astype(np.float32)
+    ge = np.concatenate([cluster[:34], rng.normal(size=(60, dim)).astype(np.float32)])
+    qe = np.concatenate([cluster[34:], rng.normal(size=(6, dim)).astype(np.float32)])
+    gl = np.r_[rng.integers(1, 4, 34), rng.integers(1, 8, 60)].astype(str)
+    ql = np.r_[rng.integers(1, 4, 6), rng.integers(1, 8, 6)].astype(str)
+    q = pd.DataFrame({"id": [f"q{i}" for i in range(12)], "label": ql, "camera": "a"})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(94)], "label": gl, "camera": "b"})
+    rows, _, bad, _ = prepare_rows(np.concatenate([qe, ge]), True)
+    assert bad < 0
+    d = distance_tile(rows, rows, True)  # rankwise's canonical input distance
+    assert (d[:40, :40] < 0).sum() > 50  # the case: many negative d
+    n = len(qe)
+    k1, k2, lam = setting
+    final = re_ranking(d[:n, n:], d[:n, :n], d[n:, n:], k1=k1, k2=k2, lambda_value=lam)
+    ref = evaluate_reference(q, g, qe, ge, protocol="reid", distance="cosine", dist=final)
+    rerank = ",".join(map(str, setting))
+    got = rankwise.evaluate(q, g, qe, ge, protocol="reid", distance="cosine", rerank=rerank)
+    _check(got, ref)

@@ -280,6 +280,12 @@ def build_problem(
             f"{names[0]}: no query row has a frame divisible by query_stride={query_stride} "
             f"({n_q} rows); lower query_stride"
         )
+    if spec.candidates == "sequence_gap" and not (n_valid[is_query] > 0).any():
+        raise RankwiseError(
+            f"{names[0]}, {names[1]}: no query has a gallery item of its sequence at frame + "
+            f"gap_frames={gap_frames} (gallery frames {fmin}..{fmax}; {n_q} queries): lower "
+            "gap_frames, or check the frame and sequence columns"
+        )
     if skip.all():
         raise RankwiseError(
             f"{names[0]}, {names[1]}: no query has a valid match in the gallery under "

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .embeddings import EmbeddingSource, open_embeddings
+from .errors import RankwiseError
 from .kernels import pair_keys
 
 
@@ -83,7 +84,22 @@ def expand(
     nn, _ = neighbours(unit, sq, k, options.query_block, options.gallery_chunk, True, runner)
     rows = np.repeat(np.arange(n_all, dtype=np.int64), k)
     sim = -pair_keys(unit, unit, rows, nn.ravel(), True)  # canonical cos(i, j)
-    weights = np.power(sim, float(aqe["alpha"])).reshape(n_all, k)
+    alpha = float(aqe["alpha"])
+    negative = np.flatnonzero(sim < 0)
+    if len(negative) and not alpha.is_integer():
+        # cos^alpha of a negative cosine has no real value (fast-reid's aqe gives NaN)
+        t = int(negative[0])
+        item, other = int(rows[t]), int(nn.ravel()[t])
+
+        def where(i: int) -> str:
+            return f"{query.name} row {i}" if i < n_query else f"{gallery.name} row {i - n_query}"
+
+        raise RankwiseError(
+            f"aqe alpha {alpha:g} is not an integer, and {where(item)} (0-based) has a "
+            f"neighbour with a negative cosine similarity ({sim[t]:.4g}, {where(other)}): "
+            f"cos^{alpha:g} is undefined there; use an integer alpha (e.g. 3) or a smaller k"
+        )
+    weights = np.power(sim, alpha).reshape(n_all, k)
     expanded = np.zeros(raw.shape, dtype=np.float64)
     for t in range(k):  # sum over the k neighbours in their order, then the mean
         expanded += raw[nn[:, t]].astype(np.float64) * weights[:, t : t + 1]

@@ -19,8 +19,12 @@ row), with d the input distance:
 d is what torchreid hands ``re_ranking``: ``euclidean`` -> squared L2 (its
 ``euclidean_squared_distance``), ``cosine`` -> ``1 - cos``; each pair's d is the
 canonical float64 sum over the float32 rows of :mod:`rankwise.kernels` (symmetric, so
-column and row maxima agree).  Neighbour lists order ties by item index (numpy's
-stable sort); a row whose distances are all 0 has o = 0.  Ranks then follow
+column and row maxima agree).  F orders by d^2 as the reference does (it sorts o): d
+itself can be slightly negative (rounding: near-parallel rows under cosine, near-equal
+rows under euclidean), where d and d^2 disagree.  Ties of d^2 go by item index (numpy's
+stable sort); the division by M_i can merge two d^2 one ulp apart into one o, which F
+still orders by d^2 (an order the reference's unstable argsort may give too).  A row
+whose distances are all 0 has o = 0.  Ranks then follow
 DESIGN.md on ``final`` with the protocol's validity rule (``dense_masks``).
 
 Where the reference's own output differs (it works in float32): o, V, V', m, J and
@@ -31,7 +35,7 @@ arbitrarily, which can change F at the k1 + 1 / h + 1 / k2 boundaries; pairs sha
 no neighbour have J = 1 in both.  Older copies (float16 V) differ more.
 
 Out of core: (1) per block of item rows, float32 BLAS tiles against column chunks
-screen the pairs and canonical distances decide the top (k1 + 1) neighbours by (d,
+screen the pairs and canonical distances decide the top (k1 + 1) neighbours by (d^2,
 index) and M_i exactly (:func:`neighbour_task`), never the N x N matrix; (2) the
 k-reciprocal sets and V are sparse rows (O(k1) non-zeros), V' has at most k2 times as
 many; (3) per block of queries, m (via the inverted index of the gallery rows of V')
@@ -91,17 +95,17 @@ def merge_neighbours(rows, cols, dist, near, best_d, best_i, count, row_max):
     """Per tile: fold the screened pairs ``(rows[t], cols[t])`` with canonical d
     ``dist[t]`` into each row's sorted top list and ``max d^2``.
 
-    ``best_d``/``best_i`` ``(b, K)`` hold the K nearest so far by (d, index).  Pairs come
-    row by row, columns ascending, and chunks in ascending column order, so a new
-    column never precedes an equal-d one already held.  Only pairs with ``near[t]``
-    may enter the list; every pair updates ``row_max``.
+    ``best_d``/``best_i`` ``(b, K)`` hold the K nearest so far by (d^2, index)
+    (``best_d`` holds d^2).  Pairs come row by row, columns ascending, and chunks in
+    ascending column order, so a new column never precedes an equal-d^2 one already
+    held.  Only pairs with ``near[t]`` may enter the list; every pair updates ``row_max``.
     """
     k = best_d.shape[1]
     for t in range(rows.shape[0]):
         r = rows[t]
-        d = dist[t]
-        if d * d > row_max[r]:
-            row_max[r] = d * d
+        d = dist[t] * dist[t]
+        if d > row_max[r]:
+            row_max[r] = d
         if not near[t]:
             continue
         n = count[r]
@@ -145,13 +149,14 @@ def min_sums(rows, ptr, idx, val, cptr, crow, cval, n_gallery):
 
 def neighbour_task(x, sq, lo, hi, k, chunk, cosine):
     """Per row block: the ``k`` nearest items of rows ``[lo, hi)`` by canonical
-    (d, index), and ``M_i = max_j d(i, j)^2``.
+    (d^2, index), and ``M_i = max_j d(i, j)^2``.
 
-    The float32 BLAS tile screens the pairs: its d is within ``eps`` (the bound of
-    :mod:`rankwise.kernels`) of the canonical one, so a pair with ``approx - eps`` above
-    an upper bound of the row's final k-th distance cannot be among the k, and one with
-    ``approx + eps`` below ``max approx - max eps`` cannot be the row's maximum; the
-    canonical d of the others decides.  Exact, and the same for every tile shape.
+    The float32 BLAS tile screens the pairs by ``|d|``: its d is within ``eps`` (the
+    bound of :mod:`rankwise.kernels`) of the canonical one, so a pair with ``|approx| -
+    eps`` above an upper bound of the row's final k-th ``|d|`` cannot be among the k,
+    and one with ``|approx| + eps`` below ``max |approx| - max eps`` cannot be the row's
+    maximum; the canonical d of the others decides.  Exact, and the same for every tile
+    shape.
     """
     from .kernels import error_bound_factor, pair_keys
 
@@ -172,13 +177,16 @@ def neighbour_task(x, sq, lo, hi, k, chunk, cosine):
         else:
             approx = sq[lo:hi, None] + sq[None, c0:c1] - 2.0 * s
             eps = bound * (an[:, None] + bn[None, :]) ** 2
+        size = np.abs(approx)  # d^2 orders by |d|
         kk = min(k, c1 - c0)
-        tile_kth = np.partition(approx, kk - 1, axis=1)[:, kk - 1]
+        tile_kth = np.partition(size, kk - 1, axis=1)[:, kk - 1]
         slack = eps.max(axis=1)
-        held = np.where(count == k, best_d[:, k - 1], np.inf)
-        upper = np.minimum(held, tile_kth + slack)  # >= the row's final k-th distance
-        near = approx - eps <= upper[:, None]
-        top = approx + eps >= (approx.max(axis=1) - slack)[:, None]
+        # the held k-th |d|, from its d^2: sqrt's and the square's roundings are far
+        # below 2^-50 relative, so this is >= it (and >= any |d| of the same d^2)
+        held = np.where(count == k, np.sqrt(best_d[:, k - 1]) * (1.0 + 2.0**-50), np.inf)
+        upper = np.minimum(held, tile_kth + slack)  # >= the row's final k-th |d|
+        near = size - eps <= upper[:, None]
+        top = size + eps >= (size.max(axis=1) - slack)[:, None]
         r, c = np.nonzero(near | top)
         keys = pair_keys(a, b, r, c, cosine)
         d = keys + 1.0 if cosine else keys
