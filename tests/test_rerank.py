@@ -488,25 +488,36 @@ def test_worst_queries_show_the_ranked_distances_top_items(tmp_path, cli, flag, 
         assert [t["relevant"] for t in entry["top"]] == relevant[row, want].tolist()
 
 
-@pytest.mark.parametrize("kind", ["int", "float"])
+@pytest.mark.parametrize("squared", [True, False])
+@pytest.mark.parametrize("kind", ["int", "float", "parallel"])
 @pytest.mark.parametrize("cosine", [True, False])
 @pytest.mark.parametrize("block,chunk,k", [(1, 1, 5), (4, 5, 21), (64, 1000, 9)])
 def test_screened_neighbour_pass_equals_sorting_every_canonical_distance(
-    kind, cosine, block, chunk, k
+    kind, cosine, block, chunk, k, squared
 ):
     """The BLAS-screened pass keeps exactly the k smallest canonical (d^2, index) of each
-    row and its max d^2, ties included (integer data: many exact ties)."""
+    row (re-ranking; (d, index) for query expansion) and its max d^2, ties included
+    (integer data: many exact ties; positive multiples of a few vectors: canonical d at
+    rounding level, of both signs, where d and d^2 orders differ)."""
     from rankwise.kernels import prepare_rows
     from rankwise.ranking import EngineOptions, _Runner
     from rankwise.rerank import distance_tile, neighbours
 
-    case = reid_case(distance="euclidean", kind=kind, seed=1)
-    rows, sq, bad, _ = prepare_rows(np.concatenate([case.query_emb, case.gallery_emb]), cosine)
+    if kind == "parallel":
+        rng = np.random.default_rng(3)
+        base = rng.normal(size=(4, 6))[rng.integers(0, 4, 90)]
+        emb = (rng.uniform(0.5, 3.0, size=90)[:, None] * base).astype(np.float32)
+    else:
+        case = reid_case(distance="euclidean", kind=kind, seed=1)
+        emb = np.concatenate([case.query_emb, case.gallery_emb])
+    rows, sq, bad, _ = prepare_rows(emb, cosine)
     assert bad < 0
     full = distance_tile(rows, rows, cosine)
-    want = np.argsort(full**2, axis=1, kind="stable")[:, :k]
+    if kind == "parallel" and cosine:
+        assert (full < 0).sum() > 100  # the case this data is for
+    want = np.argsort(full**2 if squared else full, axis=1, kind="stable")[:, :k]
     runner = _Runner(EngineOptions(workers=2))
-    nn, row_max = neighbours(rows, sq, k, block, chunk, cosine, runner)
+    nn, row_max = neighbours(rows, sq, k, block, chunk, cosine, runner, squared=squared)
     np.testing.assert_array_equal(nn, want)
     np.testing.assert_array_equal(row_max, (full**2).max(axis=1))
 

@@ -81,7 +81,10 @@ def expand(
     unit, sq = np.concatenate([qu, gu]), np.concatenate([qsq, gsq])
     n_all = len(raw)
     k = min(int(aqe["k"]), n_all)
-    nn, _ = neighbours(unit, sq, k, options.query_block, options.gallery_chunk, True, runner)
+    # most similar first: by d = 1 - cos itself (fast-reid's order), not by its square
+    nn, _ = neighbours(
+        unit, sq, k, options.query_block, options.gallery_chunk, True, runner, squared=False
+    )
     rows = np.repeat(np.arange(n_all, dtype=np.int64), k)
     sim = -pair_keys(unit, unit, rows, nn.ravel(), True)  # canonical cos(i, j)
     alpha = float(aqe["alpha"])

@@ -91,21 +91,23 @@ def pair_distances(x, pi, pj, cosine):
 
 
 @njit(cache=True, nogil=True)
-def merge_neighbours(rows, cols, dist, near, best_d, best_i, count, row_max):
+def merge_neighbours(rows, cols, dist, near, best_d, best_i, count, row_max, squared):
     """Per tile: fold the screened pairs ``(rows[t], cols[t])`` with canonical d
     ``dist[t]`` into each row's sorted top list and ``max d^2``.
 
-    ``best_d``/``best_i`` ``(b, K)`` hold the K nearest so far by (d^2, index)
-    (``best_d`` holds d^2).  Pairs come row by row, columns ascending, and chunks in
-    ascending column order, so a new column never precedes an equal-d^2 one already
-    held.  Only pairs with ``near[t]`` may enter the list; every pair updates ``row_max``.
+    ``best_d``/``best_i`` ``(b, K)`` hold the K nearest so far by (key, index), the key
+    d^2 (``squared``: re-ranking) or d (query expansion), ``best_d`` holding the key.
+    Pairs come row by row, columns ascending, and chunks in ascending column order, so a
+    new column never precedes an equal-key one already held.  Only pairs with
+    ``near[t]`` may enter the list; every pair updates ``row_max``.
     """
     k = best_d.shape[1]
     for t in range(rows.shape[0]):
         r = rows[t]
-        d = dist[t] * dist[t]
-        if d > row_max[r]:
-            row_max[r] = d
+        sq = dist[t] * dist[t]
+        if sq > row_max[r]:
+            row_max[r] = sq
+        d = sq if squared else dist[t]
         if not near[t]:
             continue
         n = count[r]
@@ -147,16 +149,17 @@ def min_sums(rows, ptr, idx, val, cptr, crow, cval, n_gallery):
 # ----------------------------------------------------------------- task functions
 
 
-def neighbour_task(x, sq, lo, hi, k, chunk, cosine):
+def neighbour_task(x, sq, lo, hi, k, chunk, cosine, squared=True):
     """Per row block: the ``k`` nearest items of rows ``[lo, hi)`` by canonical
-    (d^2, index), and ``M_i = max_j d(i, j)^2``.
+    (d^2, index) (``squared``; else (d, index): query expansion's most similar first),
+    and ``M_i = max_j d(i, j)^2``.
 
-    The float32 BLAS tile screens the pairs by ``|d|``: its d is within ``eps`` (the
-    bound of :mod:`rankwise.kernels`) of the canonical one, so a pair with ``|approx| -
-    eps`` above an upper bound of the row's final k-th ``|d|`` cannot be among the k,
-    and one with ``|approx| + eps`` below ``max |approx| - max eps`` cannot be the row's
-    maximum; the canonical d of the others decides.  Exact, and the same for every tile
-    shape.
+    The float32 BLAS tile screens the pairs by ``|d|`` (or d): its d is within ``eps``
+    (the bound of :mod:`rankwise.kernels`) of the canonical one, so a pair with
+    ``|approx| - eps`` above an upper bound of the row's final k-th ``|d|`` cannot be
+    among the k, and one with ``|approx| + eps`` below ``max |approx| - max eps`` cannot
+    be the row's maximum; the canonical d of the others decides.  Exact, and the same
+    for every tile shape.
     """
     from .kernels import error_bound_factor, pair_keys
 
@@ -178,19 +181,23 @@ def neighbour_task(x, sq, lo, hi, k, chunk, cosine):
             approx = sq[lo:hi, None] + sq[None, c0:c1] - 2.0 * s
             eps = bound * (an[:, None] + bn[None, :]) ** 2
         size = np.abs(approx)  # d^2 orders by |d|
+        order = size if squared else approx
         kk = min(k, c1 - c0)
-        tile_kth = np.partition(size, kk - 1, axis=1)[:, kk - 1]
+        tile_kth = np.partition(order, kk - 1, axis=1)[:, kk - 1]
         slack = eps.max(axis=1)
-        # the held k-th |d|, from its d^2: sqrt's and the square's roundings are far
-        # below 2^-50 relative, so this is >= it (and >= any |d| of the same d^2)
-        held = np.where(count == k, np.sqrt(best_d[:, k - 1]) * (1.0 + 2.0**-50), np.inf)
-        upper = np.minimum(held, tile_kth + slack)  # >= the row's final k-th |d|
-        near = size - eps <= upper[:, None]
+        if squared:
+            # the held k-th |d|, from its d^2: sqrt's and the square's roundings are far
+            # below 2^-50 relative, so this is >= it (and >= any |d| of the same d^2)
+            held = np.where(count == k, np.sqrt(best_d[:, k - 1]) * (1.0 + 2.0**-50), np.inf)
+        else:
+            held = np.where(count == k, best_d[:, k - 1], np.inf)
+        upper = np.minimum(held, tile_kth + slack)  # >= the row's final k-th key
+        near = order - eps <= upper[:, None]
         top = size + eps >= (size.max(axis=1) - slack)[:, None]
         r, c = np.nonzero(near | top)
         keys = pair_keys(a, b, r, c, cosine)
         d = keys + 1.0 if cosine else keys
-        merge_neighbours(r, c + c0, d, near[r, c], best_d, best_i, count, row_max)
+        merge_neighbours(r, c + c0, d, near[r, c], best_d, best_i, count, row_max, squared)
     return best_i, row_max
 
 
@@ -286,9 +293,12 @@ def _top(cols: np.ndarray, final: np.ndarray, err: np.ndarray, relevant, exact) 
     return out
 
 
-def neighbours(x, sq, k, block, chunk, cosine, runner) -> tuple[np.ndarray, np.ndarray]:
-    """``(nn, row_max)``: every item's ``k`` nearest (``(N, k)`` int64) and ``M_i``, by
-    row blocks of at most ``block`` rows (fewer when a tile would pass ~4M values)."""
+def neighbours(
+    x, sq, k, block, chunk, cosine, runner, squared=True
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(nn, row_max)``: every item's ``k`` nearest (``(N, k)`` int64; by d^2, or by d
+    when not ``squared``) and ``M_i``, by row blocks of at most ``block`` rows (fewer
+    when a tile would pass ~4M values)."""
     from .ranking import _key_maker
 
     rows = max(1, min(block, _TILE_VALUES // max(min(chunk, len(x)), 1)))
@@ -305,6 +315,7 @@ def neighbours(x, sq, k, block, chunk, cosine, runner) -> tuple[np.ndarray, np.n
             k,
             chunk,
             cosine,
+            squared,
         )
         for lo in starts
     }
