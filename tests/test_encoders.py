@@ -440,6 +440,29 @@ def test_unreadable_image(manifest: Path, tmp_path: Path):
         encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
 
 
+def test_image_beyond_pils_size_guard_is_one_line(manifest: Path, tmp_path: Path, monkeypatch):
+    """PIL refuses images above twice MAX_IMAGE_PIXELS (a decompression-bomb guard) with an
+    error that is not an OSError: still one line naming the row."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the others: at most 30 x 17
+    Image.new("RGB", (80, 30)).save(tmp_path / "data" / "img1.png")
+    with pytest.raises(RankwiseError, match=r"row 3 \(id 'x1'\): image .*img1\.png is too large"):
+        encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
+    assert not (tmp_path / "e.zarr").exists()
+
+
+@pytest.mark.parametrize("kind", ["array", "npy"])
+def test_float64_values_beyond_float32_are_an_error_naming_the_row(kind, tmp_path: Path):
+    emb = np.ones((4, 3))
+    emb[2, 1] = 1e39  # finite in float64, inf in float32
+    source = emb
+    if kind == "npy":
+        source = str(tmp_path / "g.npy")
+        np.save(source, emb)
+    table = pd.DataFrame({"id": ["a", "b", "c", "d"], "label": ["1", "1", "2", "2"]})
+    with pytest.raises(RankwiseError, match=r"row 2 \(0-based\) .* holds 1e\+39, beyond float32"):
+        rankwise.evaluate(table, table, np.ones((4, 3), np.float32), source)
+
+
 @pytest.mark.parametrize(
     "kind, options, message",
     [

@@ -182,6 +182,30 @@ def test_timm_equals_direct_forward(timm_model, manifest: Path, tmp_path: Path):
     json.dumps(attrs)
 
 
+def test_timm_vit_trained_at_re_id_size(manifest: Path, tmp_path: Path):
+    """A ViT trained at a re-ID size (timm's img_size: 64 x 32 here, 256 x 128 in papers;
+    its pos_embed has 9 tokens, not 197) is built for input_size, loads and equals the
+    same model's forward; at the default 224 x 224 the checkpoint is refused naming
+    pos_embed."""
+    torch.manual_seed(4)
+    trained = timm.create_model("vit_tiny_patch16_224", num_classes=5, img_size=(64, 32))
+    state = trained.eval().state_dict()
+    embedder = timm.create_model("vit_tiny_patch16_224", num_classes=0, img_size=(64, 32))
+    embedder.load_state_dict({k: v for k, v in state.items() if not k.startswith("head.")})
+    ckpt = _save_like_training(state, tmp_path / "vit.pth")
+    options = {"model": "vit_tiny_patch16_224", "checkpoint": str(ckpt), "input_size": [64, 32]}
+    out = tmp_path / "vit.zarr"
+    encode_manifest(manifest, "timm", options, out, batch_size=4, progress=False)
+    config = timm.data.resolve_model_data_config(embedder)
+    norm = (list(config["mean"]), list(config["std"]))
+    expected = _forward(embedder.eval(), _reference_inputs(manifest, (64, 32), *norm))
+    _assert_close(_read(out), expected)
+    with pytest.raises(RankwiseError, match=r"vit\.pth.*pos_embed"):
+        encode_manifest(
+            manifest, "timm", {**options, "input_size": None}, tmp_path / "v.zarr", progress=False
+        )
+
+
 def test_timm_flip_is_the_mean_of_both_passes(timm_model, manifest: Path, tmp_path: Path):
     embedder, state = timm_model
     ckpt = _save_like_training(state, tmp_path / "w.pth")
@@ -350,6 +374,10 @@ def test_pickled_python_object_is_refused_not_executed(timm_model, manifest: Pat
     "content, message",
     [
         (b"not a checkpoint", r"junk\.pth: not a readable torch checkpoint"),
+        (b"hello", r"junk\.pth: not a readable torch checkpoint \(unrecognised content\)"),
+        ("protocol4", r"junk\.pth: .*pickle protocol 4 or later.*re-save it"),
+        ("safetensors", r"junk\.pth: .*\(it is a safetensors file; name it \.safetensors\)$"),
+        ("npy", r"junk\.pth: .*\(it is a \.npy array, not a checkpoint"),
         (
             {"epoch": 3, "note": "x"},
             r"junk\.pth: no state dict found \(top level: \['epoch', "
@@ -358,16 +386,46 @@ def test_pickled_python_object_is_refused_not_executed(timm_model, manifest: Pat
     ],
 )
 def test_unreadable_checkpoints(content, message, manifest: Path, tmp_path: Path):
+    """One line with the reason and the fix (never torch's advice to turn weights_only
+    off), and no torch warning on stderr."""
     ckpt = tmp_path / "junk.pth"
-    ckpt.write_bytes(content) if isinstance(content, bytes) else torch.save(content, ckpt)
-    with pytest.raises(RankwiseError, match=message):
-        encode_manifest(
-            manifest,
-            "timm",
-            {"model": "resnet10t", "checkpoint": str(ckpt)},
-            tmp_path / "x.zarr",
-            progress=False,
-        )
+    state = timm.create_model("resnet10t", num_classes=0).state_dict()
+    if content == "protocol4":
+        torch.save({"state_dict": state}, ckpt, pickle_protocol=4)
+    elif content == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in state.items()}, str(ckpt))
+    elif content == "npy":
+        with open(ckpt, "wb") as f:
+            np.save(f, np.zeros((2, 3), np.float32))
+    elif isinstance(content, bytes):
+        ckpt.write_bytes(content)
+    else:
+        torch.save(content, ckpt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a torch warning would reach the user's terminal
+        with pytest.raises(RankwiseError, match=message) as caught:
+            encode_manifest(
+                manifest,
+                "timm",
+                {"model": "resnet10t", "checkpoint": str(ckpt)},
+                tmp_path / "x.zarr",
+                progress=False,
+            )
+    assert "weights_only` set to `False" not in str(caught.value)
+
+
+def test_old_pickle_protocol_loads_without_warnings(timm_model, manifest: Path, tmp_path: Path):
+    embedder, state = timm_model
+    ckpt = tmp_path / "proto3.pth"
+    torch.save({"state_dict": state}, ckpt, pickle_protocol=3)
+    out = tmp_path / "p3.zarr"
+    options = {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 16]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        encode_manifest(manifest, "timm", options, out, progress=False)
+    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 16), *IMAGENET)))
 
 
 # ---------------------------------------------------------------- reid

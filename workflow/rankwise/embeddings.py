@@ -85,7 +85,7 @@ class EmbeddingSource:
         if not len(rows):
             return out
         if self.kind == "array":
-            out[order] = self.array[ascending]
+            out[order] = self._float32(self.array[ascending], ascending)
             return out
         lo, hi = int(ascending[0]), int(ascending[-1]) + 1
         try:
@@ -97,7 +97,7 @@ class EmbeddingSource:
                 array = zarr.open_array(self.path, path=self.array_path, mode="r")
                 _check_chunks_present(array, lo, hi, self)
                 data = array.oindex[ascending, :]
-            out[order] = data
+            out[order] = self._float32(data, ascending)
             return out
         except RankwiseError:
             raise
@@ -112,7 +112,7 @@ class EmbeddingSource:
         naming the file and the rows, never a library traceback.
         """
         if self.kind == "array":
-            return np.ascontiguousarray(self.array[start:stop], dtype=np.float32)
+            return self._float32(self.array[start:stop], np.arange(start, stop))
         try:
             if self.kind == "npy":
                 data = np.load(self.path, mmap_mode="r")[start:stop]
@@ -122,7 +122,7 @@ class EmbeddingSource:
                 array = zarr.open_array(self.path, path=self.array_path, mode="r")
                 _check_chunks_present(array, start, stop, self)
                 data = array[start:stop]
-            return np.ascontiguousarray(data, dtype=np.float32)
+            return self._float32(data, np.arange(start, stop))
         except RankwiseError:
             raise
         except Exception as exc:  # zarr/numcodecs/numpy raise many types for bad bytes
@@ -132,6 +132,24 @@ class EmbeddingSource:
                 f"({type(exc).__name__}: {_first_line(exc)}); the file is corrupt or was "
                 "changed during the run: write it again"
             ) from None
+
+    def _float32(self, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``data`` (rows ``rows`` of the source) as contiguous float32; a finite value
+        beyond float32's range (float64 sources) is an error naming its row, not an inf
+        that a later check would blame on the encoder."""
+        if data.dtype.kind != "f" or data.dtype.itemsize <= 4:
+            return np.ascontiguousarray(data, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            out = np.ascontiguousarray(data, dtype=np.float32)
+        over = np.isinf(out) & np.isfinite(data)
+        if over.any():
+            i, j = (int(k[0]) for k in np.nonzero(over))
+            raise RankwiseError(
+                f"{self.path or self.name}: row {int(rows[i])} (0-based) of the {self.name} "
+                f"holds {float(data[i, j]):.4g}, beyond float32's range (3.4e38): rankwise "
+                "ranks float32 embeddings; scale them down (every row by one factor)"
+            )
+        return out
 
     def _narrow(self, start: int, stop: int) -> tuple[int, int]:
         """The first storage chunk of ``[start, stop)`` that fails to read (for messages)."""

@@ -412,6 +412,11 @@ class _Rows:
                 f"{self.where(i)}: cannot decode image {path} "
                 f"({type(exc).__name__}: {exc}); replace the file"
             ) from None
+        except Image.DecompressionBombError as exc:  # not an OSError: PIL's size guard
+            raise RankwiseError(
+                f"{self.where(i)}: image {path} is too large to decode safely ({exc}); "
+                "downscale the file"
+            ) from None
         if size is not None and image.size != (size[1], size[0]):
             image = image.resize((size[1], size[0]), resample)
         return image

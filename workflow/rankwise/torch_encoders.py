@@ -18,8 +18,10 @@ Options (declared, with their defaults, in :data:`rankwise.encoders.OPTIONS`):
 ``timm`` {model, checkpoint, input_size=null, mean=null, std=null, interpolation="bilinear",
 flip, device, half}
     ``timm.create_model(model, pretrained=False, num_classes=0)``: the pooled pre-logits
-    features.  ``input_size``, ``mean`` and ``std`` default to the model's data config;
-    no centre crop (re-ID evaluation habit, unlike the config's ``crop_pct``).
+    features; a model built for one image size (ViT, DeiT, Swin) with
+    ``img_size=input_size`` when ``input_size`` is given.  ``input_size``, ``mean`` and
+    ``std`` default to the model's data config; no centre crop (re-ID evaluation habit,
+    unlike the config's ``crop_pct``).
 ``torchscript`` {model, input_size, mean=ImageNet, std=ImageNet, channel_order="rgb",
 interpolation="bilinear", flip, device, half}
     A ``torch.jit.script`` / ``torch.jit.trace`` file; its output (a tensor) is
@@ -139,7 +141,9 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
         import pickle
 
         try:
-            with torch.serialization.safe_globals(_numpy_globals()):
+            with warnings.catch_warnings(), torch.serialization.safe_globals(_numpy_globals()):
+                # torch warns about old pickle protocols on stderr; the file still loads
+                warnings.simplefilter("ignore", UserWarning)
                 data = torch.load(str(path), map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
             import re
@@ -147,8 +151,7 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
             found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
             if found is None:
                 raise RankwiseError(
-                    f"{path}: not a readable torch checkpoint "
-                    f"({_first_line(exc)}); check options.checkpoint"
+                    f"{path}: not a readable torch checkpoint ({_unpickling_reason(path, exc)})"
                 ) from None
             raise RankwiseError(
                 f"{path}: the checkpoint holds a Python object ({found.group(1)}) that "
@@ -157,9 +160,9 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
                 "'weights.pth')"
             ) from None
         except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
+            reason = "unrecognised content" if isinstance(exc, KeyError) else _first_line(exc)
             raise RankwiseError(
-                f"{path}: not a readable torch checkpoint "
-                f"({_first_line(exc)}); check options.checkpoint"
+                f"{path}: not a readable torch checkpoint ({reason}); check options.checkpoint"
             ) from None
     # training loops wrap the weights: {"state_dict": ..., "epoch": 60, "optimizer": ...}
     while isinstance(data, Mapping) and not _is_state_dict(data, torch):
@@ -186,6 +189,32 @@ def _is_state_dict(data: Mapping, torch: Any) -> bool:
     return len(data) > 0 and all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()
     )
+
+
+def _unpickling_reason(path: Path, exc: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` could not unpickle ``path``, and the fix
+    (torch's own text advises turning ``weights_only`` off, which rankwise never does)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        head = b""
+    if head[8:10] == b'{"':  # an 8-byte header length, then the JSON header
+        return "it is a safetensors file; name it .safetensors"
+    if head.startswith(b"\x93NUMPY"):
+        return "it is a .npy array, not a checkpoint; check options.checkpoint"
+    text = str(exc)
+    if "Unsupported operand" in text:
+        return (
+            "written with pickle protocol 4 or later, which torch.load(weights_only=True) "
+            "cannot read; if you trust the file, re-save it with torch.save's default "
+            "protocol: torch.save(torch.load(f, weights_only=False), 'weights.pth')"
+        )
+    import re
+
+    cause = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
+    what = cause.group(1).strip()[:120] if cause else "not a file written by torch.save"
+    return f"{what}; check options.checkpoint"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -308,7 +337,13 @@ def _timm_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, dict[str, 
             f"timm: unknown model {name!r} in options.model; "
             f"{_close(str(name), timm.list_models(), 'see timm.list_models()')}"
         )
-    model = timm.create_model(name, pretrained=False, num_classes=0)
+    try:
+        # a model built for one image size (ViT, DeiT, Swin: timm's img_size) is built for
+        # input_size, so a ViT trained at 256 x 128 loads; the others take any size
+        size = {} if opts["input_size"] is None else {"img_size": tuple(opts["input_size"])}
+        model = timm.create_model(name, pretrained=False, num_classes=0, **size)
+    except TypeError:  # no img_size argument (CNNs)
+        model = timm.create_model(name, pretrained=False, num_classes=0)
     head = model.pretrained_cfg.get("classifier") or ()
     heads = tuple(f"{h}." for h in ([head] if isinstance(head, str) else head))
     load_checkpoint(model, checkpoint, kind="timm", what=f"timm model {name!r}", heads=heads)
@@ -407,7 +442,9 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
     def forward(x: torch.Tensor) -> torch.Tensor:
         try:
             out = model(x)
-        except RuntimeError as exc:  # e.g. a traced model fixed to another input size
+        # e.g. a traced model fixed to another input size (timm's fixed-size models
+        # assert it: AssertionError)
+        except (RuntimeError, AssertionError) as exc:
             raise RankwiseError(
                 f"{file}: the model failed on a batch of shape "
                 f"{tuple(x.shape)} ({_first_line(exc)}); check "
