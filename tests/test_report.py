@@ -387,6 +387,47 @@ def test_comparison_pairs_all_up_to_four_then_previous_and_best():
     assert len(pairs) == 15 + 13 and len(set(pairs)) == len(pairs)  # linear, no repeats
 
 
+def test_a_best_without_statistics_is_left_out_of_the_tests():
+    """Six encoders, the best by the headline metric without statistics (no ranks store
+    left): the others are compared epoch to epoch, the best in no test (it raised
+    AssertionError)."""
+    from rankwise.report.comparisons import compare_encoders
+    from rankwise.summary import Summary
+
+    rng = np.random.default_rng(0)
+    names = [f"e{i}" for i in range(6)]
+    entries = [
+        {
+            "encoder": name,
+            "source": f"{name}.json",
+            "protocol": "recall",
+            "num_gallery": 50,
+            "metrics": {"map": 0.0, "mrr": 0.0},
+            "provenance": {"ap": None, "protocol_options": None},
+        }
+        for name in names
+    ]
+    summaries = {
+        ("toy", name): None
+        if name == "e2"
+        else Summary(
+            settings={"metrics": ["map", "mrr"]},
+            ci95=None,
+            cmc=[],
+            progressive=None,
+            values=rng.random((20, 2)),
+            rows=np.arange(20),
+            cluster=np.arange(20),
+        )
+        for name in names
+    }
+    rows, _ = compare_encoders(
+        [("toy", entries)], summaries, resamples=100, seed=0, by="query", best={"toy": "e2"}
+    )
+    pairs = {(r["a"], r["b"]) for r in rows}
+    assert pairs == {("e0", "e1"), ("e1", "e3"), ("e3", "e4"), ("e4", "e5")}
+
+
 def test_html_marks_significant_differences(doc, report):
     text = (report / "report.html").read_text()
     assert "Differences b &minus; a" in text
@@ -417,6 +458,7 @@ def test_epochs_plot_needs_two_encoders(results, tmp_path):
     assert "metrics across encoders" not in text
     assert 'alt="metrics on toy"' in text  # bar chart with error bars instead
     assert doc["comparisons"] == []
+    assert "No paired tests in this report." in text and "sign-flip" not in text
 
 
 # ---------------------------------------------------------------- worst queries
@@ -704,6 +746,36 @@ def test_latex_tables(doc, tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert (tmp_path / "report.pdf").stat().st_size > 0
+
+
+def test_latex_compiles_with_any_character_in_names(doc, tmp_path):
+    """Greek (math mode), CJK and emoji (their code point), Latin-1 and Latin Extended-A,
+    ``|`` and ``"``: report.tex still compiles with pdflatex's default fonts."""
+    import shutil
+    import subprocess
+
+    from rankwise.report import render_latex
+    from rankwise.report.latex import _MATH, _TEXT
+
+    encoder = doc["results"][0]["encoder"]
+    tricky = 'vit_\u03bb0.5 \u6a21\u578b \U0001f600 a|b "q" caf\u00e9'
+    doc = json.loads(json.dumps(doc).replace(json.dumps(encoder), json.dumps(tricky)))
+    doc["title"] = "".join(sorted(_TEXT)) + "".join(_MATH)
+    text = render_latex(doc)
+    assert r"vit\_\ensuremath{\lambda}0.5 \texttt{[U+6A21]}\texttt{[U+578B]}" in text
+    assert r"\texttt{[U+1F600]} a\textbar{}b {\ttfamily\char34}q" in text
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed (Debian: texlive-latex-recommended)")
+    (tmp_path / "report.tex").write_text(text)
+    done = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "report.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        encoding="utf-8",
+        errors="replace",  # TeX echoes 8-bit bytes of the input
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
 
 
 def test_cli_writes_csv_and_tex(results, tmp_path):

@@ -158,6 +158,21 @@ def test_progressive_units_are_sketches():
     assert set(by_target) == set(metrics)
 
 
+def test_labels_of_another_manifest_are_refused():
+    """--by identity with another manifest's labels (the gallery's: more rows than the
+    queries ranked) was accepted, clustering the queries by the wrong labels.  The ranks
+    record how many query rows they came from."""
+    case = progressive_case()
+    result = rankwise.rank(*case.args(), protocol="progressive", distance="euclidean")
+    arrays, attrs = result.arrays(), result.attrs
+    assert attrs["num_query_rows"] == len(case.query)
+    labels = case.query["label"].to_numpy()
+    stats.metric_cis(arrays, attrs, resamples=20, by="identity", labels=labels)
+    with pytest.raises(RankwiseError, match=r"rows, but the ranks store's queries came from"):
+        wrong = np.r_[labels, labels[:3]]
+        stats.metric_cis(arrays, attrs, resamples=20, by="identity", labels=wrong)
+
+
 # ---------------------------------------------------------------- sign-flip test
 
 

@@ -147,6 +147,7 @@ def rank(
         device=device,
     )
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
+    query_rows = len(inputs.query)  # the evaluated manifest's rows (before pooling)
     inputs = inputs.pool(multi_query, distance=distance)
     pooled = inputs.pooled
     problem = inputs.problem(
@@ -172,6 +173,8 @@ def rank(
     result = compute_ranks(
         problem, q_src, g_src, distance=distance, options=options, rerank=rerank, aqe=aqe
     )
+    # what --by identity's labels must match (rankwise.stats.query_labels)
+    result.attrs["num_query_rows"] = query_rows
     if shots is not None:
         from .single_shot import shot_ranks
 

@@ -346,15 +346,21 @@ class UnitTable:
         return self.values[:, self.names.index(name)]
 
     def means(self) -> dict[str, float]:
-        """``{name: 100 * mean}``: the metrics, in percent.
+        """``{name: 100 * mean}``: the metrics, in percent (:func:`mean`)."""
+        return {name: 100.0 * mean(self.values[:, j]) for j, name in enumerate(self.names)}
 
-        Each sum is ``math.fsum``'s, correctly rounded: the same bits in any order of the
-        units (a permuted query manifest, pooled queries in another order)."""
-        n = len(self.index)
-        return {
-            name: 100.0 * (math.fsum(self.values[:, j]) / n) if n else float("nan")
-            for j, name in enumerate(self.names)
-        }
+
+def mean(values) -> float:
+    """The mean of ``values`` (1-D), the same bits in any order of them (a permuted query
+    manifest, pooled queries in another order): ``s = fsum(x) / n`` refined once,
+    ``s + fsum(x - s) / n`` (``math.fsum`` is correctly rounded, so order-free).  Within
+    an ulp of the exact mean, and exactly ``v`` when every value is ``v`` (``fsum / n``
+    alone can miss it by an ulp: 3 x 0.1 / 3).  ``nan`` when empty."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) == 0:
+        return float("nan")
+    s = math.fsum(x) / len(x)
+    return s + math.fsum(x - s) / len(x)
 
 
 def per_unit(

@@ -50,7 +50,6 @@ the same resamples (the paired bootstrap).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -58,7 +57,15 @@ from typing import Any
 import numpy as np
 
 from .errors import RankwiseError
-from .metrics import AP_VARIANTS, UnitTable, metric_names, parse_ks, parse_metric, per_unit
+from .metrics import (
+    AP_VARIANTS,
+    UnitTable,
+    mean,
+    metric_names,
+    parse_ks,
+    parse_metric,
+    per_unit,
+)
 from .options import KS
 from .registry import get_protocol
 
@@ -181,6 +188,7 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
         out = table["label"].astype(str).to_numpy()
         if "sequence" in get_protocol(protocol).required_columns("query"):
             out = (table["sequence"].astype(str) + "/" + table["label"].astype(str)).to_numpy()
+        _check_label_count(out, attrs, f"{labels if isinstance(labels, str) else 'labels'}")
         return out
     out = np.asarray(labels)
     if out.ndim != 1:
@@ -193,7 +201,21 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
             f"of the manifest's {aligned.get('manifest_rows')} rows (on_missing: drop); give "
             "one label per evaluated row, or pass the query manifest (--labels QUERY.csv)"
         )
+    _check_label_count(out, attrs, "labels")
     return out.astype(str)
+
+
+def _check_label_count(labels: np.ndarray, attrs: dict, name: str) -> None:
+    """One label per query row that was ranked (the query embeddings' rows, as the ranks
+    store records them): another manifest (the gallery's, another split) is refused
+    rather than clustering the queries by the wrong labels."""
+    expected = attrs.get("num_query_rows", (attrs.get("query_embeddings") or {}).get("num_rows"))
+    if expected is not None and len(labels) != int(expected):
+        raise RankwiseError(
+            f"{name}: {len(labels)} rows, but the ranks store's queries came from "
+            f"{int(expected)} query rows; give the query manifest the ranks were computed "
+            "from (--labels QUERY.csv)"
+        )
 
 
 def _clusters(rows: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
@@ -248,6 +270,19 @@ def _bootstrap_means(
     return out
 
 
+def _resampled_means(
+    values: np.ndarray, cluster: np.ndarray, resamples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """:func:`_bootstrap_means` of per-unit ``values`` ``(n_units, m)``, centred on each
+    column's point estimate (:func:`rankwise.metrics.mean`): the resamples of the
+    deviations ``x - mean`` are added to it, so a constant column resamples to exactly its
+    value and its interval holds the point (uncentred, the sums' rounding put a constant
+    metric's interval an ulp below it)."""
+    centre = np.array([mean(column) for column in values.T])
+    sums, sizes = _cluster_sums(values - centre, cluster)
+    return centre + _bootstrap_means(sums, sizes, resamples, rng)
+
+
 def _percentile_interval(boot: np.ndarray, confidence: float) -> np.ndarray:
     """``(2, m)``: the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles."""
     alpha = 1.0 - confidence
@@ -290,8 +325,7 @@ def bootstrap_ci(
                 f"clusters must have one entry per value: shape {clusters.shape} vs {values.shape}"
             )
         cluster = np.unique(clusters, return_inverse=True)[1]
-    sums, sizes = _cluster_sums(values[:, None], cluster)
-    boot = _bootstrap_means(sums, sizes, resamples, _streams(seed)[0])
+    boot = _resampled_means(values[:, None], cluster, resamples, _streams(seed)[0])
     low, high = _percentile_interval(boot, confidence)[:, 0]
     return [float(low), float(high)]
 
@@ -347,8 +381,7 @@ def unit_cis(
 ) -> dict[str, list[float]]:
     """``{metric: [low, high]}`` (percent): the cluster bootstrap interval of every
     column of a per-unit table (:func:`metric_cis` from the table itself)."""
-    sums, sizes = _cluster_sums(table.values, cluster)
-    boot = _bootstrap_means(sums, sizes, resamples, _streams(seed)[0])
+    boot = _resampled_means(table.values, cluster, resamples, _streams(seed)[0])
     bounds = 100.0 * _percentile_interval(boot, confidence)
     return {name: [float(bounds[0, j]), float(bounds[1, j])] for j, name in enumerate(table.names)}
 
@@ -638,17 +671,16 @@ def paired_estimates(
     ``b - a`` (percentage points; ``resamples`` resamples of the clusters), and the
     number of units and clusters. Everything but the test, which
     :func:`exact_pvalues` or :func:`flip_hits` gives."""
-    sums, sizes = _cluster_sums(vb - va, cluster)
     bounds = 100.0 * _percentile_interval(
-        _bootstrap_means(sums, sizes, resamples, _streams(seed)[0]), confidence
+        _resampled_means(vb - va, cluster, resamples, _streams(seed)[0]), confidence
     )
     return {
-        # the metrics' own means (UnitTable.means: fsum, the same in any unit order)
-        "a": [100.0 * (math.fsum(va[:, j]) / len(va)) for j in range(va.shape[1])],
-        "b": [100.0 * (math.fsum(vb[:, j]) / len(vb)) for j in range(vb.shape[1])],
+        # the metrics' own means (UnitTable.means: the same bits in any unit order)
+        "a": [100.0 * mean(va[:, j]) for j in range(va.shape[1])],
+        "b": [100.0 * mean(vb[:, j]) for j in range(vb.shape[1])],
         "ci": bounds.tolist(),
         "num_units": int(len(va)),
-        "num_clusters": int(len(sizes)),
+        "num_clusters": int(len(np.unique(cluster))),
     }
 
 

@@ -90,7 +90,9 @@ def compare_encoders(
     plan = []
     for dataset, entries in groups:
         by_name = {e["encoder"]: e for e in entries if summaries[dataset, e["encoder"]]}
-        for a, b in comparison_pairs(list(by_name), (best or {}).get(dataset)):
+        # the best may be an evaluation without statistics (no ranks store): not compared
+        best_name = (best or {}).get(dataset)
+        for a, b in comparison_pairs(list(by_name), best_name if best_name in by_name else None):
             sa, sb = summaries[dataset, a], summaries[dataset, b]
             assert sa is not None and sb is not None
             _check_pair(by_name[a], by_name[b], sa, sb, dataset)

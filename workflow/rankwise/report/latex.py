@@ -25,12 +25,74 @@ _SPECIAL = {
     "^": r"\textasciicircum{}",
     "<": "$<$",
     ">": "$>$",
+    "|": r"\textbar{}",  # OT1 text mode would print an em dash
+    '"': r"{\ttfamily\char34}",  # and a closing double quote
     "\u2212": "$-$",
+    "\u00a0": "~",
+    "\u00ad": "",
 }
+
+#: Characters pdflatex typesets from UTF-8 with the default OT1 fonts (checked
+#: character by character with TeX Live's pdflatex): Latin-1 and Latin Extended-A but
+#: for those needing T1 glyphs (guillemets, eth, thorn, ogonek letters, ...), and common
+#: punctuation (dashes, curly quotes, daggers, bullet, ellipsis, per mille, euro, TM).
+_NEEDS_T1 = (0xAB, 0xBB, 0xD0, 0xDE, 0xF0, 0xFE, 0x104, 0x105, 0x110, 0x111, 0x118, 0x119)
+_NEEDS_T1 += (0x126, 0x127, 0x12E, 0x12F, 0x138, 0x13F, 0x140, 0x149, 0x14A, 0x14B)
+_NEEDS_T1 += (0x166, 0x167, 0x172, 0x173, 0x17F)
+_PUNCTUATION = (0x2013, 0x2014, 0x2018, 0x2019, 0x201C, 0x201D, 0x2020, 0x2021, 0x2022)
+_PUNCTUATION += (0x2026, 0x2030, 0x20AC, 0x2122)
+_TEXT = {chr(c) for c in range(0xA1, 0x180) if c not in _NEEDS_T1} | set(map(chr, _PUNCTUATION))
+
+#: Greek letters and a few symbols, set in math mode (text-mode Greek needs other fonts).
+_GREEK = [
+    *(r"\alpha", r"\beta", r"\gamma", r"\delta", r"\varepsilon", r"\zeta", r"\eta"),
+    *(r"\theta", r"\iota", r"\kappa", r"\lambda", r"\mu", r"\nu", r"\xi", "o", r"\pi"),
+    *(r"\rho", r"\varsigma", r"\sigma", r"\tau", r"\upsilon", r"\varphi", r"\chi"),
+    *(r"\psi", r"\omega"),
+]
+_MATH = {chr(0x3B1 + i): name for i, name in enumerate(_GREEK)}  # alpha .. omega
+_MATH.update(
+    {
+        "\u0393": r"\Gamma",
+        "\u0394": r"\Delta",
+        "\u0398": r"\Theta",
+        "\u039b": r"\Lambda",
+        "\u039e": r"\Xi",
+        "\u03a0": r"\Pi",
+        "\u03a3": r"\Sigma",
+        "\u03a5": r"\Upsilon",
+        "\u03a6": r"\Phi",
+        "\u03a8": r"\Psi",
+        "\u03a9": r"\Omega",
+        "\u2264": r"\leq",
+        "\u2265": r"\geq",
+        "\u2260": r"\neq",
+        "\u2248": r"\approx",
+        "\u221e": r"\infty",
+        "\u2192": r"\rightarrow",
+        "\u2190": r"\leftarrow",
+        "\u2032": "'",
+        "\u2033": "''",
+    }
+)
+
+
+def _char(c: str) -> str:
+    if c in _SPECIAL:
+        return _SPECIAL[c]
+    if " " <= c <= "~" or c in _TEXT:
+        return c
+    if c in _MATH:
+        return rf"\ensuremath{{{_MATH[c]}}}"
+    # anything else (CJK, emoji, other scripts) has no glyph here: its code point, so
+    # the document compiles and says what was there
+    return rf"\texttt{{[U+{ord(c):04X}]}}"
 
 
 def _tex(text: Any) -> str:
-    return "".join(_SPECIAL.get(c, c) for c in str(text))
+    """``text`` for LaTeX text mode: specials escaped; characters the default fonts
+    lack in math mode (Greek) or as their code point (``[U+6A21]``)."""
+    return "".join(_char(c) for c in str(text))
 
 
 def _value(cell: view.ValueCell) -> str:

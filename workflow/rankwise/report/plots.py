@@ -234,7 +234,8 @@ def trend_chart(rows: list[dict[str, Any]], style: Style = SCREEN):
             err = None
             if all(cis):
                 lo, hi = np.array(cis).T
-                err = np.vstack([values - lo, hi - values])
+                # never negative (an interval can end an ulp inside its value's rounding)
+                err = np.clip(np.vstack([values - lo, hi - values]), 0, None)
             ax.errorbar(
                 x + shift,
                 values,

@@ -83,9 +83,14 @@ def stats_sentence(doc: dict[str, Any]) -> str:
     if not s["resamples"]:
         return "No intervals or tests (resamples = 0)."
     unit, units = ("identity", "identities") if s["by"] == "identity" else ("query", "queries")
-    return (
+    intervals = (
         f"Intervals: {confidence_label(doc)} percentile bootstrap, {s['resamples']} "
-        f"resamples by {unit}, seed {s['seed']}. Differences: paired sign-flip test "
+        f"resamples by {unit}, seed {s['seed']}."
+    )
+    if not s["num_tests"]:
+        return f"{intervals} No paired tests in this report."
+    return (
+        f"{intervals} Differences: paired sign-flip test "
         f"({s['flip_resamples']} random sign flips; every flip with at most {EXACT_MAX} "
         f"{units}), Holm-adjusted over all {s['num_tests']} tests in this report; "
         f"significant when {significance_rule(doc)}."
