@@ -115,6 +115,42 @@ def test_market1501_missing_split_folder(market: Path, tmp_path: Path):
         prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")
 
 
+def test_market1501_one_stem_in_two_formats_names_both_files(market: Path, tmp_path: Path):
+    """x.jpg and x.png would be one id twice: refused at prepare, naming both files."""
+    _image(market / "bounding_box_test" / "0002_c2s1_000500_01.png")
+    with pytest.raises(
+        RankwiseError,
+        match=r"bounding_box_test/0002_c2s1_000500_01\.jpg and .*bounding_box_test/"
+        r"0002_c2s1_000500_01\.png: two images with the same name '0002_c2s1_000500_01' "
+        r"\(the image id\); remove one",
+    ):
+        prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")
+    assert not (tmp_path / "out" / "gallery.csv").exists()
+
+
+def test_market1501_names_a_folder_or_a_broken_link_named_like_an_image(
+    market: Path, tmp_path: Path
+):
+    folder = market / "bounding_box_test" / "0009_c1s1_000001_00.jpg"
+    folder.mkdir()
+    with pytest.raises(
+        RankwiseError, match=r"0009_c1s1_000001_00\.jpg: named like an image but a folder"
+    ):
+        prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")
+    folder.rmdir()
+    link = market / "query" / "0009_c1s1_000001_00.jpg"
+    link.symlink_to(tmp_path / "moved" / "0009_c1s1_000001_00.jpg")
+    with pytest.raises(
+        RankwiseError,
+        match=r"query/0009_c1s1_000001_00\.jpg: broken symbolic link \(to .*moved/"
+        r"0009_c1s1_000001_00\.jpg\); point it at the image or remove it",
+    ):
+        prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")
+    # a link to an existing image is an image
+    _image(tmp_path / "moved" / "0009_c1s1_000001_00.jpg")
+    assert prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")["query"] == 3
+
+
 # ---------------------------------------------------------------- msmt17
 
 
@@ -211,6 +247,49 @@ def test_folder_same_dir_shares_ids(tmp_path: Path):
     options = {"query_dir": str(tmp_path / "all"), "gallery_dir": str(tmp_path / "all")}
     prepare_dataset("folder", options, out)
     assert _read(out, "query")["id"].tolist() == _read(out, "gallery")["id"].tolist()
+
+
+def test_folder_follows_linked_sub_folders_like_the_fingerprint(tmp_path: Path):
+    """A linked sub-folder inside a label folder counts (as a linked label folder does,
+    and as the pipeline's fingerprint does); a link back up (a loop) is walked once."""
+    from rankwise.pipeline_config import dataset_fingerprints
+
+    _folder(tmp_path / "q", {"cat": 1})
+    _folder(tmp_path / "g", {"cat": 1, "dog": 1})
+    _image(tmp_path / "elsewhere" / "a.jpg")
+    _image(tmp_path / "elsewhere" / "b.jpg")
+    (tmp_path / "g" / "cat" / "more").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "g" / "cat" / "loop").symlink_to(tmp_path / "g" / "cat")
+    (tmp_path / "g" / "dog" / "sub").mkdir()
+    (tmp_path / "g" / "dog" / "sub" / "up").symlink_to(tmp_path / "g" / "dog")  # a loop too
+    options = {"query_dir": str(tmp_path / "q"), "gallery_dir": str(tmp_path / "g")}
+    out = tmp_path / "out"
+    prepare_dataset("folder", options, out)
+    gallery = _read(out, "gallery")
+    assert gallery["id"].tolist() == [
+        "gallery/cat/img00.png",
+        "gallery/cat/more/a.jpg",
+        "gallery/cat/more/b.jpg",
+        "gallery/dog/img00.png",
+    ]
+    assert gallery["label"].tolist() == ["cat"] * 3 + ["dog"]
+    _assert_paths_resolve(out)
+    before = dataset_fingerprints("folder", options)["gallery"]
+    _image(tmp_path / "elsewhere" / "c.jpg")
+    assert dataset_fingerprints("folder", options)["gallery"] != before
+    prepare_dataset("folder", options, out)
+    assert "gallery/cat/more/c.jpg" in _read(out, "gallery")["id"].tolist()
+
+
+def test_folder_names_a_broken_link_named_like_an_image(tmp_path: Path):
+    _folder(tmp_path / "q", {"cat": 1})
+    _folder(tmp_path / "g", {"cat": 2})
+    (tmp_path / "g" / "cat" / "sub").mkdir()
+    (tmp_path / "g" / "cat" / "sub" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    (tmp_path / "g" / "cat" / "notes.txt").symlink_to(tmp_path / "nowhere.txt")  # not an image
+    options = {"query_dir": str(tmp_path / "q"), "gallery_dir": str(tmp_path / "g")}
+    with pytest.raises(RankwiseError, match=r"cat/sub/gone\.jpg: broken symbolic link"):
+        prepare_dataset("folder", options, tmp_path / "out")
 
 
 def test_folder_seeded_split(tmp_path: Path):

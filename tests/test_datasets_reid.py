@@ -258,6 +258,48 @@ def test_cuhk03_np_bad_camera_and_missing_variant(tmp_path: Path):
         )
 
 
+def test_one_stem_in_two_formats_names_both_files(duke: Path, tmp_path: Path):
+    """x.jpg and x.png are one id twice: refused at prepare (not at encode), both named."""
+    root = tmp_path / "CUHK03-NP"
+    _cuhk03(root)
+    _image(root / "labeled" / "bounding_box_test" / "0003_c2_7.jpg")
+    with pytest.raises(
+        RankwiseError,
+        match=r"bounding_box_test/0003_c2_7\.jpg and .*bounding_box_test/0003_c2_7\.png: "
+        r"two images with the same name '0003_c2_7' \(the image id\); remove one",
+    ):
+        prepare_dataset("cuhk03-np", {"root": str(root), "variant": "labeled"}, tmp_path / "o")
+    _image(duke / "query" / "0005_c2_f0046985.JPG")
+    with pytest.raises(
+        RankwiseError,
+        match=r"query/0005_c2_f0046985\.JPG and .*query/0005_c2_f0046985\.jpg: two images",
+    ):
+        prepare_dataset("dukemtmc", {"root": str(duke)}, tmp_path / "out")
+
+
+def test_a_folder_or_broken_link_named_like_an_image_is_named(duke: Path, tmp_path: Path):
+    """Found at prepare time, naming the entry in the tree (not its target, not the
+    generated manifest); the same rule for the identity folders' crops."""
+    (duke / "query" / "0005_c2_f0000001.jpg").mkdir()
+    with pytest.raises(
+        RankwiseError, match=r"query/0005_c2_f0000001\.jpg: named like an image but a folder"
+    ):
+        prepare_dataset("dukemtmc", {"root": str(duke)}, tmp_path / "out")
+    (duke / "query" / "0005_c2_f0000001.jpg").rmdir()
+    (duke / "bounding_box_test" / "0005_c2_f0000002.jpg").symlink_to(tmp_path / "gone.jpg")
+    with pytest.raises(
+        RankwiseError,
+        match=r"bounding_box_test/0005_c2_f0000002\.jpg: broken symbolic link \(to "
+        r".*gone\.jpg\); point it at the image or remove it",
+    ):
+        prepare_dataset("dukemtmc", {"root": str(duke)}, tmp_path / "out")
+    crops = tmp_path / "crops"
+    _identities(crops, {"a": 2, "b": 2})
+    (crops / "b" / "b_000009.jpg").symlink_to(tmp_path / "gone.jpg")
+    with pytest.raises(RankwiseError, match=r"b/b_000009\.jpg: broken symbolic link"):
+        identity_crops(crops)
+
+
 # ---------------------------------------------------------------- identity-folders
 
 

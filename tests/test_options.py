@@ -195,7 +195,7 @@ def test_defaults_dicts_derive_from_the_specs():
 BAD = [  # (option, bad value, expected wording after "<label> ")
     (options.QUERY_BLOCK, 0, "must be a positive integer, got 0"),
     (options.GALLERY_CHUNK, -3, "must be a positive integer, got -3"),
-    (options.GAP_FRAMES, 0, "must be a positive integer, got 0"),
+    (options.GAP_FRAMES, 0, "must be an integer in 1..2147483647, got 0"),
     (options.SEED, -1, "must be a non-negative integer, got -1"),
     (options.CONFIDENCE, 1.5, "must be between 0 and 1 (exclusive), got 1.5"),
     (options.EXACT_MAX, 21, "must be an integer in 0..20, got 21"),

@@ -69,7 +69,10 @@ def write_data(root: Path) -> None:
     own = root / "data/own"
     for i in range(6):
         write_image(own / f"img/{i}.png", 100 + i)
-    (own / "query.csv").write_text("id,label,path\nq0,a,img/0.png\nq1,b,img/1.png\n")
+    # the query CSV as Excel's "CSV UTF-8" writes it: a byte-order mark, then `path` first
+    (own / "query.csv").write_text(
+        "\ufeffpath,id,label\nimg/0.png,q0,a\nimg/1.png,q1,b\n", encoding="utf-8"
+    )
     (own / "gallery.csv").write_text(
         "id,label,path\ng2,a,img/2.png\ng3,b,img/3.png\ng4,c,img/4.png\ng5,c,img/5.png\n"
     )
@@ -138,6 +141,20 @@ def test_a_new_config_file_mtime_with_the_same_data_reruns_nothing(workdir):
     csv = workdir / "data/own/query.csv"
     csv.write_text(csv.read_text())
     assert planned(workdir) == {}
+
+
+@pytest.mark.parametrize("bom", ["", "\ufeff"])
+def test_the_fingerprint_follows_the_images_of_a_csv_with_a_byte_order_mark(tmp_path, bom):
+    """No Snakemake needed: the fingerprint is what reruns encode. With a BOM, the first
+    header cell must still read `path` (it read "\\ufeffpath": images never counted)."""
+    from rankwise.pipeline_config import dataset_fingerprints
+
+    write_image(tmp_path / "img/0.png", 0)
+    (tmp_path / "q.csv").write_text(f"{bom}path,id,label\nimg/0.png,q0,a\n", encoding="utf-8")
+    options = {"query": str(tmp_path / "q.csv"), "gallery": str(tmp_path / "q.csv")}
+    before = dataset_fingerprints("manifest", options)["query"]
+    Image.new("RGB", (3, 5)).save(tmp_path / "img/0.png")  # another size, same name
+    assert dataset_fingerprints("manifest", options)["query"] != before
 
 
 # ---------------------------------------------------------------- missing paths fail loudly
@@ -328,7 +345,8 @@ def test_logs_hold_no_progress_bars(workdir):
 
 
 def test_an_image_rewritten_under_its_name_reruns_encode(workdir):
-    """The manifest CSV stays byte-identical; the split's fingerprint file changes."""
+    """The manifest CSV stays byte-identical; the split's fingerprint file changes (also
+    when the user's CSV starts with a byte-order mark and names `path` first)."""
     manifest = workdir / "results/manifests/own/query.csv"
     before = manifest.read_bytes()
     write_image(workdir / "data/own/img/1.png", 55)

@@ -398,10 +398,12 @@ def test_query_stride_without_stride_frames_is_an_error():
 
 
 @pytest.mark.parametrize("name", ["query_stride", "gap_frames"])
-@pytest.mark.parametrize("value", [0, -2])
-def test_library_refuses_non_positive(name, value):
+@pytest.mark.parametrize("value", [0, -2, 2**31, 2**63])
+def test_library_refuses_out_of_range(name, value):
+    """Positive, and within the frames' range (frame + gap_frames never wraps around)."""
     case = reassociation_case()
-    with pytest.raises(RankwiseError, match=rf"^{name} must be a positive integer, got {value}$"):
+    message = rf"^{name} must be an integer in 1\.\.2147483647, got {value}$"
+    with pytest.raises(RankwiseError, match=message):
         rankwise.evaluate(*case.args(), protocol="reassociation", **{name: value})
 
 
@@ -415,8 +417,8 @@ def _inputs(case, folder):
 
 
 @pytest.mark.parametrize("flag", ["--query-stride", "--gap-frames"])
-@pytest.mark.parametrize("value", ["0", "-1"])
-def test_cli_refuses_non_positive(tmp_path, flag, value):
+@pytest.mark.parametrize("value", ["0", "-1", "2147483648"])
+def test_cli_refuses_out_of_range(tmp_path, flag, value):
     case = reassociation_case()
     out = tmp_path / "ranks.zarr"
     proc = run_rankwise(
@@ -431,7 +433,8 @@ def test_cli_refuses_non_positive(tmp_path, flag, value):
     )
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and flag in lines[0] and "positive integer" in lines[0], proc.stderr
+    assert len(lines) == 1 and flag in lines[0], proc.stderr
+    assert "an integer in 1..2147483647" in lines[0]
     assert not out.exists()
 
 

@@ -19,11 +19,11 @@ Loaders (options in braces, defaults after ``=``):
     images under ``test/`` (MSMT17_V1) or ``mask_test_v2/`` (MSMT17_V2). camera =
     the file name's third field (``0000_000_01_0303morning_0015_0.jpg`` -> 1).
 ``folder`` {query_dir, gallery_dir} or {root, query_fraction=0.2, seed=0}
-    One subfolder per label (images at any depth below it).  With ``root``, a
-    seeded ``query_fraction`` of each label's images become queries (at least one,
-    and at least one stays in the gallery; labels with one image stay in the
-    gallery).  With ``query_dir == gallery_dir`` the two manifests share ids
-    (leave-one-out retrieval: an image is never its own match).
+    One subfolder per label (images at any depth below it; linked folders are
+    followed).  With ``root``, a seeded ``query_fraction`` of each label's images
+    become queries (at least one, and at least one stays in the gallery; labels with
+    one image stay in the gallery).  With ``query_dir == gallery_dir`` the two
+    manifests share ids (leave-one-out retrieval: an image is never its own match).
 ``manifest`` {query, gallery, protocol="recall"}
     The user's own CSVs, validated (``rankwise.manifest.read_manifest`` for the
     protocol's columns) and copied; relative ``path`` values are rewritten to stay
@@ -49,7 +49,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,15 +102,76 @@ def relative_path(target: str | os.PathLike, base: str | os.PathLike) -> str:
     return Path(rel).as_posix()
 
 
-def _images_in(folder: Path) -> list[Path]:
-    """Image files at any depth below ``folder``, sorted, hidden files skipped."""
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.suffix.lower() in IMAGE_EXTENSIONS
-        and p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+def walk_files(folder: Path) -> list[Path]:
+    """Every non-hidden entry below ``folder`` that is not a folder, at any depth, sorted.
+
+    Symbolic links to folders are followed (a linked sub-tree counts), except a link
+    back to a folder on its own path (a loop), which would list the same files again
+    and again.  Hidden files and folders are skipped; dangling links are listed (the
+    caller decides).  The loaders and the pipeline's fingerprint
+    (:func:`rankwise.pipeline_config.dataset_fingerprints`) both walk with it, so they
+    see the same files.
+    """
+    found: list[Path] = []
+    chains = {os.fspath(folder): frozenset({os.path.realpath(folder)})}
+    for top, dirs, files in os.walk(folder, followlinks=True):
+        chain = chains.pop(top)
+        kept = []
+        for name in sorted(dirs):
+            real = os.path.realpath(os.path.join(top, name))
+            if name.startswith(".") or real in chain:
+                continue
+            chains[os.path.join(top, name)] = chain | {real}
+            kept.append(name)
+        dirs[:] = kept
+        found += [Path(top) / name for name in files if not name.startswith(".")]
+    return sorted(found)
+
+
+def check_image_file(path: Path) -> Path:
+    """``path``, named like an image, if it is a file; else an error naming it.
+
+    A folder or a dangling link with an image's name looks like data: skipping it
+    would drop an image silently, and the encoder would fail on it later.
+    """
+    if path.is_file():
+        return path
+    if path.is_symlink():
+        raise RankwiseError(
+            f"{path}: broken symbolic link (to {os.readlink(path)}); point it at the "
+            "image or remove it"
+        )
+    kind = "a folder" if path.is_dir() else "not a regular file"
+    raise RankwiseError(f"{path}: named like an image but {kind}; rename or remove it")
+
+
+def image_files(folder: Path, extensions: Collection[str] = IMAGE_EXTENSIONS) -> list[Path]:
+    """The images directly in ``folder`` (by extension), sorted; hidden ones skipped.
+
+    Each must be a file (:func:`check_image_file`); other names (``Thumbs.db``) are
+    ignored.
+    """
+    names = sorted(
+        p for p in folder.iterdir() if p.suffix.lower() in extensions and not p.name.startswith(".")
     )
+    return [check_image_file(p) for p in names]
+
+
+def check_unique_stems(files: list[Path]) -> None:
+    """Refuse two images with one stem (``x.jpg``, ``x.png``): the stem is their id."""
+    seen: dict[str, Path] = {}
+    for path in files:
+        if path.stem in seen:
+            raise RankwiseError(
+                f"{seen[path.stem]} and {path}: two images with the same name {path.stem!r} "
+                "(the image id); remove one"
+            )
+        seen[path.stem] = path
+
+
+def _images_in(folder: Path) -> list[Path]:
+    """Image files at any depth below ``folder`` (:func:`walk_files`), sorted."""
+    return [check_image_file(p) for p in walk_files(folder) if p.suffix.lower() in IMAGE_EXTENSIONS]
 
 
 def _ordered(table: pd.DataFrame) -> pd.DataFrame:
@@ -151,17 +212,18 @@ _MARKET_NAME = re.compile(r"^(-?\d+)_c(\d+)s(\d+)_(\d+)_(\d+)$")
 
 
 def market1501_table(folder: Path) -> pd.DataFrame:
-    """Parse a folder of Market-1501 images (``PPPP_cCsS_FFFFFF_BB.jpg``); absolute paths."""
-    files = sorted(
-        p
-        for p in folder.iterdir()
-        if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
-    )
+    """Parse a folder of Market-1501 images (``PPPP_cCsS_FFFFFF_BB.jpg``); absolute paths.
+
+    A folder or a dangling link named like an image, and two images with one stem
+    (``x.jpg``, ``x.png``: one id), are errors.
+    """
+    files = image_files(folder)
     if not files:
         raise RankwiseError(
             f"{folder}: no images found; expected Market-1501 files named "
             "like 0002_c1s1_000451_03.jpg"
         )
+    check_unique_stems(files)
     rows = []
     for path in files:
         match = _MARKET_NAME.match(path.stem)

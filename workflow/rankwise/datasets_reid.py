@@ -134,20 +134,18 @@ def named_images_table(folder: Path, naming: Naming) -> pd.DataFrame:
     """One row per image directly in ``folder``, sorted by name; absolute paths.
 
     Columns: ``id`` (the stem), the naming's fields (``label``, ``camera``, ...), ``path``.
-    Other files (``Thumbs.db``) and hidden files are skipped.
+    Other files (``Thumbs.db``) and hidden files are skipped; a folder or a dangling link
+    named like an image, and two images with one stem (``x.jpg``, ``x.png``), are errors.
     """
-    from .datasets import IMAGE_EXTENSIONS
+    from .datasets import check_unique_stems, image_files
 
-    files = sorted(
-        p
-        for p in folder.iterdir()
-        if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
-    )
+    files = image_files(folder)
     if not files:
         raise RankwiseError(
             f"{folder}: no images found; expected {naming.benchmark} files "
             f"named like {naming.example}"
         )
+    check_unique_stems(files)
     return pd.DataFrame([_parse_name(p, naming, str(p)) for p in files])
 
 
@@ -310,16 +308,16 @@ IDENTITY_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 
 
 def identity_crops(root: Path) -> list[tuple[str, list[Path]]]:
-    """``(folder name, sorted crops)`` per non-empty, non-hidden identity folder, by name."""
+    """``(folder name, sorted crops)`` per non-empty, non-hidden identity folder, by name.
+
+    A crop name that is not a file (a folder, a dangling link) is an error
+    (:func:`rankwise.datasets.image_files`).
+    """
+    from .datasets import image_files
+
     identities = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        crops = sorted(
-            p
-            for p in folder.iterdir()
-            if p.is_file()
-            and p.suffix.lower() in IDENTITY_EXTENSIONS
-            and not p.name.startswith(".")
-        )
+        crops = image_files(folder, IDENTITY_EXTENSIONS)
         if crops:
             identities.append((folder.name, crops))
     return identities

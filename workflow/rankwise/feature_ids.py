@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
+from .manifest import read_csv_strings
 
 #: on_missing values: refuse ids missing on either side, or keep the ids both sides have.
 ON_MISSING = ("error", "drop")
@@ -109,15 +110,7 @@ def read_ids(path: str | Path, *, column: str = "id") -> np.ndarray:
             ) from None
         return _as_strings(values, str(path))
     if path.suffix.lower() == ".csv":
-        try:
-            table = pd.read_csv(
-                path, dtype=str, keep_default_na=False, na_filter=False, encoding="utf-8-sig"
-            )
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            raise RankwiseError(
-                f"{path}: not a readable CSV of ids ({str(exc).splitlines()[0][:120]})"
-            ) from None
-        table.columns = [str(c).strip() for c in table.columns]
+        table = read_csv_strings(path, "CSV of ids")
         if column not in table.columns:
             raise RankwiseError(
                 f"{path}: no column {column!r} (found: {', '.join(table.columns) or 'none'}); "

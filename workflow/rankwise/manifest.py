@@ -17,14 +17,20 @@ What it checks depends on what the caller knows:
   ``sketch``/``step``) are checked when the manifest is ranked, or at encode time
   when the caller passes the protocol.
 
-Checked in every case: a readable CSV with a header, at least one row, no empty value
-in a required column, unique ids, integers in the required integer columns.
+Checked in every case: a readable CSV with a header, unique column names, no row with
+more fields than the header, at least one row, no empty value in a required column,
+unique ids, integers within ``-MAX_INTEGER..MAX_INTEGER`` in the required integer
+columns.
 """
 
 from __future__ import annotations
 
+import csv
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -33,7 +39,23 @@ from .errors import RankwiseError
 from .registry import INTEGER_COLUMNS as _INTEGER_COLUMNS
 from .registry import PROTOCOLS, REGISTRY, ROLES, get_protocol
 
-__all__ = ["PROTOCOLS", "check_nonempty", "check_protocol", "read_manifest", "required_columns"]
+__all__ = [
+    "MAX_INTEGER",
+    "PROTOCOLS",
+    "check_nonempty",
+    "check_protocol",
+    "read_csv_strings",
+    "read_manifest",
+    "required_columns",
+]
+
+#: Largest magnitude of a value in an integer column (``frame``, ``step``): 2**31 - 1.
+#: The protocols do int64 arithmetic on frames (``frame + gap_frames``, and one key per
+#: (sequence, frame) of ``sequence code * frame range + offset``); within this bound it
+#: stays exact for up to 2**31 sequences, where values near 2**63 would wrap around and
+#: match the wrong candidates.  Video frame numbers are far below it (VeRi-776's eight
+#: digits included); timestamps in milliseconds are not, so renumber those.
+MAX_INTEGER = 2**31 - 1
 
 
 def check_protocol(protocol: str) -> str:
@@ -86,19 +108,11 @@ def read_manifest(
         path = Path(source)
         if not path.is_file():
             raise RankwiseError(f"{path}: {what} not found; pass an existing CSV file")
-        try:
-            # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first
-            # column's name.
-            table = pd.read_csv(
-                path, dtype=str, keep_default_na=False, na_filter=False, encoding="utf-8-sig"
-            )
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RankwiseError(
-                f"{path}: not a readable CSV manifest ({first}); "
-                "write one header line and one row per item"
-            ) from None
+        table = read_csv_strings(
+            path, "CSV manifest", fix="write one header line and one row per item"
+        )
     table.columns = [str(c).strip() for c in table.columns]
+    _check_unique_columns(list(table.columns), name)
     needed = required_columns(protocol, role) + tuple(extra_columns)
     missing = [c for c in needed if c not in table.columns]
     if missing:
@@ -126,6 +140,105 @@ def read_manifest(
     return table
 
 
+def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
+    """Every cell of the CSV file ``path`` as a string, column names stripped.
+
+    The one CSV parse of the package (manifests, id files). A byte-order mark (Excel's
+    "CSV UTF-8") is not part of the first column's name. Refused, each in one line
+    naming the file: a column name given twice (after stripping; pandas would rename
+    the copy ``label.1`` and read the first), and rows with more fields than the header
+    (a delimiter at the end of each row: pandas would take the first column as the
+    index and shift every value one column left, or drop the extra fields).  ``noun``
+    and ``fix`` word the message for an unreadable file.
+    """
+
+    def parse(on_warning: Literal["error", "ignore"]) -> pd.DataFrame:
+        with warnings.catch_warnings():
+            # pandas warns when rows are longer than the header (and drops their ends)
+            warnings.simplefilter(on_warning, pd.errors.ParserWarning)
+            return pd.read_csv(
+                path,
+                dtype=str,
+                keep_default_na=False,
+                na_filter=False,
+                encoding="utf-8-sig",
+                index_col=False,  # never the first column as the index
+            )
+
+    error: Exception
+    try:
+        names = [h.strip() for h in _csv_header(path)]
+        for i, col in enumerate(names):
+            if col and col in names[:i]:
+                raise RankwiseError(
+                    f"{path}: the header names column {col!r} twice; rename or remove "
+                    f"one (header: {', '.join(names)})"
+                )
+        try:
+            table = parse("error")
+        except pd.errors.ParserWarning:
+            _refuse_long_rows(path, noun, fix)
+            table = parse("ignore")  # some other warning: read as usual
+        table.columns = [str(c).strip() for c in table.columns]
+        return table
+    except pd.errors.ParserError as exc:
+        _refuse_long_rows(path, noun, fix)  # e.g. "Expected 3 fields in line 5, saw 4"
+        error = exc
+    except (pd.errors.EmptyDataError, UnicodeDecodeError, csv.Error) as exc:
+        error = exc
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    raise RankwiseError(
+        f"{path}: not a readable {noun} ({first})" + (f"; {fix}" if fix else "")
+    ) from None
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, fields)`` of each non-blank row (pandas skips blank lines too)."""
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        reader = csv.reader(handle)
+        for row in reader:
+            if len(row) > 1 or any(field.strip() for field in row):
+                yield reader.line_num, row
+
+
+def _csv_header(path: Path) -> list[str]:
+    for _, row in _csv_rows(path):
+        return row
+    return []
+
+
+def _refuse_long_rows(path: Path, noun: str, fix: str) -> None:
+    """Raise naming the first row with more fields than the header, if there is one."""
+    header: list[str] | None = None
+    first, n_long, n_rows = None, 0, 0
+    for line, row in _csv_rows(path):
+        if header is None:
+            header = [h.strip() for h in row]
+            continue
+        n_rows += 1
+        if len(row) > len(header):
+            n_long += 1
+            first = first or (line, len(row))
+    if first is not None and header is not None:
+        scope = "every row has" if n_long == n_rows else f"{n_long} of {n_rows} rows have"
+        raise RankwiseError(
+            f"{path}: not a readable {noun} (line {first[0]} has {first[1]} fields but the "
+            f"header names {len(header)}: {', '.join(header)}; {scope} more fields than the "
+            f"header, so values cannot be matched to columns); {fix + ', ' if fix else ''}"
+            "as many fields in each row as the header names: remove the extra delimiters "
+            "at the end of those rows, or name every column in the header"
+        )
+
+
+def _check_unique_columns(columns: list[str], name: str) -> None:
+    for i, col in enumerate(columns):
+        if col in columns[:i]:
+            raise RankwiseError(
+                f"{name}: column {col!r} appears twice (after stripping spaces); rename "
+                "or remove one"
+            )
+
+
 def check_nonempty(table: pd.DataFrame, columns, name: str) -> None:
     """Refuse an empty (or blank) value in ``columns``, naming the first row."""
     for col in columns:
@@ -142,6 +255,7 @@ def _row(i: int) -> int:
 
 
 def _to_int(column: pd.Series, name: str, col: str) -> pd.Series:
+    """``column`` as int64; each value an integer within ``-MAX_INTEGER..MAX_INTEGER``."""
     values = column.astype(str).str.strip()
     ok = values.str.fullmatch(r"[+-]?\d+").to_numpy()
     if not ok.all():
@@ -149,4 +263,17 @@ def _to_int(column: pd.Series, name: str, col: str) -> pd.Series:
         raise RankwiseError(
             f"{name}: row {_row(i)}: column {col!r} must be an integer, found {values.iloc[i]!r}"
         )
-    return values.astype(np.int64)
+    # At most 18 significant digits convert to int64 exactly; longer ones are out of range.
+    digits = values.str.replace(r"^[+-]?0*", "", regex=True).str.len().to_numpy()
+    short = digits <= 18
+    numbers = np.zeros(len(values), dtype=np.int64)
+    numbers[short] = values[short].astype(np.int64).to_numpy()
+    bad = ~short | (np.abs(numbers) > MAX_INTEGER)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RankwiseError(
+            f"{name}: row {_row(i)}: column {col!r} value {values.iloc[i]} is out of range; "
+            f"{col} must be between {-MAX_INTEGER} and {MAX_INTEGER} (renumber, e.g. "
+            f"subtract the first {col})"
+        )
+    return pd.Series(numbers, index=column.index)

@@ -62,7 +62,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:g}"
+    return str(x) if isinstance(x, int) else f"{x:g}"  # 2147483647, not 2.14748e+09
 
 
 @dataclass(frozen=True)
@@ -498,13 +498,19 @@ DISTANCE = Option(
 )
 KS = Option("ks", "cutoffs", (1, 5, 10), help="cutoffs of recall@K / rankK / acc@K")
 GAP_FRAMES = Option(
-    "gap_frames", "integer", 1, minimum=1, help="reassociation, candidates at frame + gap_frames"
+    "gap_frames",
+    "integer",
+    1,
+    minimum=1,
+    maximum=2**31 - 1,  # frames are within +-(2^31 - 1) (rankwise.manifest.MAX_INTEGER)
+    help="reassociation, candidates at frame + gap_frames",
 )
 QUERY_STRIDE = Option(
     "query_stride",
     "integer",
     1,
     minimum=1,
+    maximum=2**31 - 1,
     help="reassociation, queries only at frames divisible by query_stride (1 = every frame)",
 )
 JUNK_LABELS = Option(

@@ -528,34 +528,35 @@ def _stat_line(label: str, path: str | os.PathLike) -> str:
 
 
 def _images_below(folder: Path, recursive: bool) -> list[str]:
-    """Lines ``relative name, size, mtime`` of the images below ``folder`` (sorted)."""
-    from .datasets import IMAGE_EXTENSIONS
+    """Lines ``relative name, size, mtime`` of the images below ``folder`` (sorted).
+
+    Recursive: the files the loaders see (:func:`rankwise.datasets.walk_files`, which
+    follows linked sub-folders).
+    """
+    from .datasets import IMAGE_EXTENSIONS, walk_files
 
     if not folder.is_dir():
         return [f"{folder}\tmissing"]
-    lines = []
-    for top, dirs, files in os.walk(folder, followlinks=True):  # linked sub-trees count
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
-        for name in files:
-            if name.startswith(".") or Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
-                continue
-            path = Path(top) / name
-            lines.append(_stat_line(path.relative_to(folder).as_posix(), path))
-    return sorted(lines)
+    if recursive:
+        paths = walk_files(folder)
+    else:
+        paths = [p for p in folder.iterdir() if not p.name.startswith(".") and not p.is_dir()]
+    return sorted(
+        _stat_line(path.relative_to(folder).as_posix(), path)
+        for path in paths
+        if path.suffix.lower() in IMAGE_EXTENSIONS
+    )
 
 
 def _files_below(folder: Path) -> list[str]:
     """Lines ``relative name, size, mtime`` of every non-hidden file below ``folder``."""
+    from .datasets import walk_files
+
     if not folder.is_dir():
         return [f"{folder}\tmissing"]
-    lines = []
-    for top, dirs, files in os.walk(folder, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            if not name.startswith("."):
-                path = Path(top) / name
-                lines.append(_stat_line(path.relative_to(folder).as_posix(), path))
-    return sorted(lines)
+    return sorted(
+        _stat_line(path.relative_to(folder).as_posix(), path) for path in walk_files(folder)
+    )
 
 
 def _file_lines(path: Path) -> list[str]:
@@ -570,7 +571,8 @@ def _manifest_images(csv_path: Path) -> list[str]:
     lines = _file_lines(csv_path)
     if not csv_path.is_file():
         return lines
-    with open(csv_path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+    # utf-8-sig, as read_manifest: a byte-order mark is not part of the first column's name
+    with open(csv_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
         reader = csv.reader(handle)
         header = [c.strip() for c in next(reader, [])]
         if "path" not in header:

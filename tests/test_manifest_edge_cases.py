@@ -1,0 +1,202 @@
+"""Manifest CSVs that pandas reads quietly wrong: every one is one error line or exact.
+
+- rows with more fields than the header (a delimiter ending each row): pandas takes the
+  first column as the index and shifts every value one column left;
+- a column name given twice (exactly, or once with spaces): pandas renames the copy, or
+  stripping the names makes two columns of one name;
+- integer columns (``frame``, ``step``) beyond int64, or near its limit where
+  ``frame + gap_frames`` wraps around.
+
+The same CSV parse reads id files (``feature_ids.read_ids``), so they are checked too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import run_rankwise
+
+from rankwise.errors import RankwiseError
+from rankwise.feature_ids import read_ids
+from rankwise.manifest import MAX_INTEGER, read_manifest
+
+TRAILING = "id,label,camera\nq1,alice,1,\nq2,bob,2,\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            TRAILING,
+            r"m\.csv: not a readable CSV manifest \(line 2 has 4 fields but the header names 3: "
+            r"id, label, camera; every row has more fields than the header.*\); write one "
+            r"header line.*remove the extra delimiters",
+        ),
+        # only some rows: said so, not "empty 'label'" or a pandas tokenizer message
+        (
+            "id,label,camera\nq1,alice,1\nq2,bob,2,\nq3,carol,3\n",
+            r"m\.csv: .*line 3 has 4 fields but the header names 3: .*; 1 of 3 rows have more",
+        ),
+        (
+            "id,label\nq1,alice,\nq2,bob\n",
+            r"m\.csv: .*line 2 has 3 fields but the header names 2: .*; 1 of 2 rows have more",
+        ),
+        # an extra value, not only an empty field: pandas would drop it silently
+        (
+            "id,label,camera\nq1,alice,1,x\nq2,bob,2,y\n",
+            r"m\.csv: .*line 2 has 4 fields .*every row has more fields",
+        ),
+        (
+            "id,label,camera\nq1,alice,1,,\nq2,bob,2,,\n",
+            r"m\.csv: .*line 2 has 5 fields but the header names 3",
+        ),
+    ],
+)
+def test_rows_longer_than_the_header_are_an_error(tmp_path, text, message):
+    (tmp_path / "m.csv").write_text(text)
+    with pytest.raises(RankwiseError, match=message):
+        read_manifest(tmp_path / "m.csv")
+
+
+def test_a_trailing_delimiter_never_shifts_the_columns_in_evaluate(tmp_path):
+    """The reported case: exit 0 with every label shifted, now exit 2 in one line."""
+    (tmp_path / "q.csv").write_text(TRAILING)
+    (tmp_path / "g.csv").write_text("id,label,camera\ng1,alice,2\ng2,bob,1\n")
+    np.save(tmp_path / "q.npy", np.eye(2, 3, dtype=np.float32))
+    np.save(tmp_path / "g.npy", np.eye(2, 3, dtype=np.float32))
+    proc = run_rankwise(
+        "evaluate",
+        "--query",
+        tmp_path / "q.csv",
+        "--gallery",
+        tmp_path / "g.csv",
+        "--query-embeddings",
+        tmp_path / "q.npy",
+        "--gallery-embeddings",
+        tmp_path / "g.npy",
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "q.csv: not a readable CSV manifest (line 2 has 4 fields" in lines[0]
+
+
+def test_a_header_ending_with_a_delimiter_is_an_extra_column(tmp_path):
+    """Header and rows agree: an unnamed (empty) column, kept, nothing shifted."""
+    (tmp_path / "m.csv").write_text("id,label,\nq1,alice,\nq2,bob,\n")
+    table = read_manifest(tmp_path / "m.csv")
+    assert table["id"].tolist() == ["q1", "q2"] and table["label"].tolist() == ["alice", "bob"]
+
+
+def test_shorter_rows_and_blank_lines_keep_their_columns(tmp_path):
+    (tmp_path / "m.csv").write_text("\nid,label,note\n\nq1,alice\nq2,bob,x\n")
+    table = read_manifest(tmp_path / "m.csv")
+    assert table.to_dict("list") == {
+        "id": ["q1", "q2"],
+        "label": ["alice", "bob"],
+        "note": ["", "x"],
+    }
+
+
+@pytest.mark.parametrize(
+    "header, column",
+    [
+        ("id,label, label", "label"),
+        ("id, id,label", "id"),
+        ("id,label,label", "label"),  # pandas would call the copy label.1 and read the first
+        ("\ufeffid,label,id", "id"),
+    ],
+)
+def test_a_column_named_twice_is_an_error(tmp_path, header, column):
+    (tmp_path / "m.csv").write_text(f"{header}\na,1,2\n", encoding="utf-8")
+    with pytest.raises(RankwiseError, match=rf"m\.csv: the header names column '{column}' twice"):
+        read_manifest(tmp_path / "m.csv")
+
+
+def test_a_table_with_a_column_named_twice_after_stripping_is_an_error():
+    import pandas as pd
+
+    table = pd.DataFrame([["a", "1", "2"]], columns=["id", "label", " label"])
+    with pytest.raises(RankwiseError, match=r"column 'label' appears twice"):
+        read_manifest(table)
+
+
+def _reassociation(tmp_path, frame: str):
+    (tmp_path / "m.csv").write_text(f"id,label,sequence,frame\na,1,s,{frame}\nb,1,s,5\n")
+    return read_manifest(tmp_path / "m.csv", protocol="reassociation", role="query")
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "99999999999999999999",  # beyond int64: was an OverflowError traceback
+        str(2**63 - 8),  # fits int64, but frame + gap_frames wrapped around
+        str(-(2**63)),
+        str(MAX_INTEGER + 1),
+        "-" + str(MAX_INTEGER + 1),
+        "0000000000000000000000" + str(MAX_INTEGER + 1),
+    ],
+)
+def test_integers_out_of_range_are_an_error(tmp_path, frame):
+    message = (
+        rf"m\.csv: row 2: column 'frame' value {frame} is out of range; frame must be "
+        rf"between -{MAX_INTEGER} and {MAX_INTEGER}"
+    )
+    with pytest.raises(RankwiseError, match=message):
+        _reassociation(tmp_path, frame)
+
+
+@pytest.mark.parametrize(
+    "frame, value",
+    [
+        (str(MAX_INTEGER), MAX_INTEGER),
+        ("-" + str(MAX_INTEGER), -MAX_INTEGER),
+        ("+0000000000000000000000000012", 12),
+        (" 7 ", 7),
+    ],
+)
+def test_integers_in_range_are_exact(tmp_path, frame, value):
+    table = _reassociation(tmp_path, frame)
+    assert table["frame"].dtype == np.int64 and table["frame"].tolist() == [value, 5]
+
+
+def test_out_of_range_step_in_evaluate_is_one_line(tmp_path):
+    (tmp_path / "q.csv").write_text("id,label,sketch,step\nq1,a,s,99999999999999999999\n")
+    (tmp_path / "g.csv").write_text("id,label\ng1,a\n")
+    np.save(tmp_path / "q.npy", np.ones((1, 2), np.float32))
+    np.save(tmp_path / "g.npy", np.ones((1, 2), np.float32))
+    proc = run_rankwise(
+        "evaluate",
+        "--protocol",
+        "progressive",
+        "--query",
+        tmp_path / "q.csv",
+        "--gallery",
+        tmp_path / "g.csv",
+        "--query-embeddings",
+        tmp_path / "q.npy",
+        "--gallery-embeddings",
+        tmp_path / "g.npy",
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "q.csv: row 2: column 'step' value 99999999999999999999 is out of range" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "id,score\na,1,\nb,2,\n",
+            r"ids\.csv: not a readable CSV of ids \(line 2 has 3 fields but the header names 2",
+        ),
+        ("id, id\na,b\n", r"ids\.csv: the header names column 'id' twice"),
+    ],
+)
+def test_id_files_are_read_like_manifests(tmp_path, text, message):
+    (tmp_path / "ids.csv").write_text(text)
+    with pytest.raises(RankwiseError, match=message):
+        read_ids(tmp_path / "ids.csv")
+    (tmp_path / "ok.csv").write_text("\ufeffid,score\na,1\nb,2\n", encoding="utf-8")
+    assert read_ids(tmp_path / "ok.csv").tolist() == ["a", "b"]
