@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 from helpers import RANKWISE, ROOT, run_rankwise
 
@@ -113,15 +114,21 @@ def _toy(tmp_path, *, camera: bool, junk: bool):
 
 
 @pytest.mark.parametrize(
-    "camera, junk, why",
+    "camera, junk, why, bom",
     [
-        (True, False, "a 'camera' column"),
-        (False, True, "gallery label -1"),
-        (True, True, "a 'camera' column"),
+        (True, False, "a 'camera' column", False),
+        (False, True, "gallery label -1", False),
+        (True, True, "a 'camera' column", False),
+        (True, False, "a 'camera' column", True),  # Excel's "CSV UTF-8", camera first
     ],
 )
-def test_reid_looking_manifests_get_a_note(tmp_path, camera, junk, why):
+def test_reid_looking_manifests_get_a_note(tmp_path, camera, junk, why, bom):
     inputs = _toy(tmp_path, camera=camera, junk=junk)
+    if bom:
+        for name in ("q.csv", "g.csv"):
+            table = pd.read_csv(tmp_path / name, dtype=str)
+            table = table[["camera", "id", "label"]]
+            table.to_csv(tmp_path / name, index=False, encoding="utf-8-sig")
     proc = run_rankwise("evaluate", *inputs, "--output", tmp_path / "r.json")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.strip().splitlines()

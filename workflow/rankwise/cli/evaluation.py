@@ -17,7 +17,7 @@ def _reid_hint(query: str, gallery: str) -> str | None:
     found = None
     try:
         for path in (query, gallery):
-            with open(path, newline="", encoding="utf-8") as file:
+            with open(path, newline="", encoding="utf-8-sig") as file:  # BOM: not in the name
                 header = [c.strip() for c in next(csv.reader(file), [])]
             if "camera" in header:
                 found = "a 'camera' column"
