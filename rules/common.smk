@@ -78,7 +78,8 @@ def encoder_files(wildcards):
 
     All exist (checked above). Files are ancient(): their mtime is ignored and
     `encoder_hash` (a param) reruns the job when their bytes change. A folder (a Zarr
-    store) is tracked by its mtime.
+    store) is tracked by its files' names, sizes and mtimes (the folder's own mtime
+    does not change when a chunk is rewritten in place).
     """
     entry = ENCODERS[wildcards.encoder]
     paths = pipeline_config.encoder_paths(entry["kind"], entry["options"], wildcards.split)
@@ -93,12 +94,15 @@ def _sha256(path, size, mtime_ns):
 
 
 def encoder_hash(wildcards):
-    """sha256 of each file the encoder reads (cached by path, size and mtime)."""
+    """sha256 of each file the encoder reads (cached by path, size and mtime); a folder
+    (a Zarr store) by the names, sizes and mtimes of every file below it."""
     hashes = {}
     for path in map(str, encoder_files(wildcards)):
         if os.path.isfile(path):
             stat = os.stat(path)
             hashes[path] = _sha256(path, stat.st_size, stat.st_mtime_ns)
+        elif os.path.isdir(path):
+            hashes[path] = pipeline_config.folder_digest(path)
     return hashes
 
 

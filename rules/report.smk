@@ -34,7 +34,11 @@ rule report:
     benchmark:
         "results/benchmarks/report.tsv"
     params:
-        title=config["report"]["title"],
+        # a function: Snakemake would read braces in a plain string as wildcards
+        title=lambda wildcards: config["report"]["title"],
+        # the config order decides the paired tests beyond four encoders (each against the
+        # previous one): reordering reruns the report, though no input changed
+        order=all_pairs("{dataset}/{encoder}"),
         cmc_max_rank=config["report"]["cmc_max_rank"],
         resamples=config["report"]["resamples"],
         seed=config["report"]["seed"],

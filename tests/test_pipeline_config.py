@@ -43,6 +43,59 @@ def test_duplicated_key_is_an_error_naming_both_lines(tmp_path):
         pc.load_yaml(file)
 
 
+def test_merge_keys_copy_an_entry_and_own_keys_override(tmp_path):
+    """``<<: *base`` (YAML merge keys) load as PyYAML's safe_load reads them; a key the
+    mapping sets itself overrides the merged one, and is not a duplicate."""
+    file = tmp_path / "my.yaml"
+    file.write_text(
+        "encoders:\n  a: &base\n    kind: pixels\n    options: {size: [16, 8]}\n"
+        "  b:\n    <<: *base\n    kind: hog\n  c: {<<: *base}\n"
+    )
+    assert pc.load_yaml(file) == yaml.safe_load(file.read_text())
+    assert pc.load_yaml(file)["encoders"]["b"] == {"kind": "hog", "options": {"size": [16, 8]}}
+    file.write_text("a: &b {k: 1}\nc:\n  <<: *b\n  k: 2\n  k: 3\n")
+    with pytest.raises(RankwiseError, match=r":5: key 'k' given twice \(first on line 4\)"):
+        pc.load_yaml(file)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.update(encoders={}), r"^config: encoders: none defined; add at least one"),
+        (lambda c: c.pop("datasets"), r"^config: datasets: none defined; add at least one"),
+    ],
+)
+def test_no_dataset_or_no_encoder_is_an_error(tmp_path, mutate, message):
+    config = copy.deepcopy(CONFIG)
+    mutate(config)
+    with pytest.raises(RankwiseError, match=message):
+        pc.check(config, ROOT / "config" / "schema.yaml")
+
+
+def test_an_empty_encoder_list_is_an_error_not_every_encoder():
+    with pytest.raises(RankwiseError, match=r"datasets\.d\.encoders: an empty list evaluates"):
+        pc.check_dataset_encoders({"d": {"encoders": []}}, {"e": {}}, {})
+
+
+def test_folder_digest_follows_files_rewritten_in_place(tmp_path):
+    """A precomputed Zarr store: rewriting a chunk changes no folder mtime, but this."""
+    store = tmp_path / "g.zarr"
+    (store / "embeddings" / "c").mkdir(parents=True)
+    (store / ".zattrs").write_text("{}")
+    chunk = store / "embeddings" / "c" / "0"
+    chunk.write_bytes(b"1234")
+    before = pc.folder_digest(store)
+    stat = store.stat()
+    chunk.write_bytes(b"5678")
+    os.utime(chunk, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert store.stat().st_mtime_ns == stat.st_mtime_ns
+    assert pc.folder_digest(store) != before
+    after = pc.folder_digest(store)
+    (store / ".zattrs").write_text('{"a": 1}')  # hidden files count (Zarr v2 metadata)
+    assert pc.folder_digest(store) != after
+    assert pc.folder_digest(store) == pc.folder_digest(store)
+
+
 def test_same_key_in_two_mappings_is_fine(tmp_path):
     file = tmp_path / "my.yaml"
     file.write_text("a: {options: {seed: 1}}\nb: {options: {seed: 1}}\n")
@@ -120,6 +173,24 @@ def _error(mutate, files=()) -> str:
         (
             lambda c: c["encoders"].update({"my net": {"kind": "hog"}}),
             "encoders: name 'my net' cannot be a folder name",
+        ),
+        # JSON Schema's integer takes 5.0; the jobs would refuse it after others ran
+        (
+            lambda c: c["datasets"]["market"].update(ks=[1, 5.0]),
+            "datasets.market.ks[1]: expected integer, got 5.0",
+        ),
+        # and -1.0 as a string ('-1.0') would match no label: junk silently kept
+        (
+            lambda c: c["datasets"]["market"].update(junk_labels=[-1.0]),
+            "datasets.market.junk_labels[0]: expected string or integer, got -1.0",
+        ),
+        (
+            lambda c: c["encoders"]["pixels"]["options"].update(size=[16.0, 8]),
+            "encoders.pixels.options.size[0]: expected integer, got 16.0",
+        ),
+        (
+            lambda c: c["datasets"]["market"].update(ks=[1, True]),
+            "datasets.market.ks[1]: expected integer, got True",
         ),
     ],
 )

@@ -388,3 +388,54 @@ def test_reading_a_snakemake_ranks_store_is_silent(tmp_path):
         arrays, attrs = read_ranks(store)
     assert [str(w.message) for w in caught] == []
     assert attrs["kind"] == "ranks" and len(arrays["offsets"]) == 3
+
+
+def test_zarr_rewritten_in_place_and_encoders_reordered_rerun(tmp_path):
+    """A precomputed Zarr store whose chunks are rewritten in place (the folder's mtime
+    stays) reruns that encoder's jobs; reordering the encoders (beyond four, the tests
+    pair each with the previous one in config order) reruns the report; a title with
+    braces is text, not a wildcard."""
+    import zarr
+
+    write_data(tmp_path)
+    rng = np.random.default_rng(0)
+    names = [f"e{i}" for i in range(5)]
+    for name in names:
+        for split, rows in (("query", 2), ("gallery", 4)):
+            group = zarr.open_group(str(tmp_path / f"feats/{name}_{split}.zarr"), mode="w")
+            group.create_array("embeddings", data=rng.normal(size=(rows, 3)).astype("f4"))
+    encoders = {
+        name: {
+            "kind": "precomputed",
+            "options": {
+                "query": f"feats/{name}_query.zarr",
+                "gallery": f"feats/{name}_gallery.zarr",
+            },
+        }
+        for name in names
+    }
+    config = {
+        "datasets": {"own": CONFIG["datasets"]["own"]},
+        "encoders": encoders,
+        "engine": {"threads": 1},
+        "report": {"resamples": 20, "worst_queries": 0, "title": "runs {a,b}"},
+    }
+    run_ok(tmp_path, config)
+    assert planned(tmp_path, config) == {}
+    store = tmp_path / "feats/e2_gallery.zarr"
+    folder_mtime = store.stat().st_mtime_ns
+    array = zarr.open_array(str(store / "embeddings"), mode="r+")
+    array[...] = rng.normal(size=(4, 3)).astype("f4")
+    assert store.stat().st_mtime_ns == folder_mtime
+    assert planned(tmp_path, config) == {
+        "encode": 1,
+        "rank": 1,
+        "metrics": 1,
+        "report": 1,
+        "all": 1,
+    }
+    run_ok(tmp_path, config)
+    reordered = copy.deepcopy(config)
+    reordered["encoders"] = {name: encoders[name] for name in reversed(names)}
+    assert planned(tmp_path, reordered) == {"report": 1, "all": 1}
+    assert "runs {a,b}" in (tmp_path / "results/report.md").read_text()

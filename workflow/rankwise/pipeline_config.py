@@ -91,6 +91,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                # <<: *base (copying an entry): SafeLoader merges it below, and a key the
+                # mapping sets itself overrides a merged one, as YAML says
+                continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if key in seen:
@@ -225,10 +229,16 @@ def check_config(config: dict, schema: dict, *, files: Sequence[str | os.PathLik
     line) that sets the offending key. Defaults are not filled here (Snakemake's
     ``validate()`` does that afterwards, on a config known to be valid).
     """
-    from jsonschema import Draft202012Validator
+    from jsonschema import Draft202012Validator, validators
     from jsonschema.exceptions import best_match
 
-    error = best_match(Draft202012Validator(schema).iter_errors(config))
+    # JSON Schema's "integer" takes 5.0; the jobs' options do not (ks, seed, sizes, and
+    # junk label -1.0, which as a string matches no label): an int, and not a bool
+    checker = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    )
+    strict = validators.extend(Draft202012Validator, type_checker=checker)
+    error = best_match(strict(schema).iter_errors(config))
     if error is None:
         return
     keys, what = _describe(error)
@@ -240,6 +250,11 @@ def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, lis
     """Every name in ``datasets.<name>.encoders`` is an encoder (or a sweep's entry)."""
     known = set(encoders) | set(sweeps)
     for name, dataset in datasets.items():
+        if (dataset or {}).get("encoders") == []:
+            raise ConfigError(
+                ["datasets", name, "encoders"],
+                "an empty list evaluates nothing; list encoder names, or null for every encoder",
+            )
         for encoder in (dataset or {}).get("encoders") or []:
             if encoder not in known:
                 raise ConfigError(
@@ -303,6 +318,12 @@ def check(
         except ConfigError as error:
             raise _located(error, files) from None
     check_config(config, load_yaml(schema_path), files=files)
+    for section, what in (("datasets", "dataset"), ("encoders", "encoder")):
+        if not config.get(section):
+            raise RankwiseError(
+                f"{_where(files, [section])}: {section}: none defined; add at least one "
+                f"{what} (see config/config.yaml)"
+            )
 
 
 def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict, dict]:
@@ -525,6 +546,19 @@ def _stat_line(label: str, path: str | os.PathLike) -> str:
     except OSError:
         return f"{label}\tmissing"
     return f"{label}\t{stat.st_size}\t{stat.st_mtime_ns}"
+
+
+def folder_digest(folder: str | os.PathLike) -> str:
+    """sha256 of every file below ``folder`` (hidden ones too: a Zarr v2 store's
+    ``.zarray``) by relative name, size and mtime: a precomputed Zarr store whose chunks
+    are rewritten in place changes it, where the folder's own mtime does not."""
+    lines = []
+    for top, dirs, files in os.walk(folder, followlinks=True):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            lines.append(_stat_line(Path(os.path.relpath(path, folder)).as_posix(), path))
+    return "files:" + _digest(lines)
 
 
 def _images_below(folder: Path, recursive: bool) -> list[str]:
