@@ -15,7 +15,9 @@ os.environ.update(
     PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 )
 
+from rankwise import options as rankwise_options
 from rankwise import pipeline_config
+from rankwise.registry import get_protocol
 from rankwise.errors import RankwiseError
 
 # Software: every rule runs the `rankwise` CLI, found on PATH (above) by default; with
@@ -140,16 +142,52 @@ def dataset_options(wildcards):
     return json.dumps(options, sort_keys=True)
 
 
+_PROTOCOL_OPTIONS = {
+    option.name: option.default
+    for option in (
+        rankwise_options.GAP_FRAMES,
+        rankwise_options.QUERY_STRIDE,
+        rankwise_options.JUNK_LABELS,
+        rankwise_options.EXCLUDE_SAME_CAMERA,
+        rankwise_options.MULTI_QUERY,
+        rankwise_options.SINGLE_GALLERY_SHOT,
+        rankwise_options.SHOT_REPEATS,
+        rankwise_options.SHOT_SEED,
+    )
+}
+
+
+def protocol_option(dataset, key):
+    """datasets.{dataset}.{key} where the dataset's protocol takes that option
+    (shot_repeats, shot_seed: with single_gallery_shot on), else its default: an option
+    the protocol ignores changes no param, so setting it reruns nothing."""
+    entry = DATASETS[dataset]
+    taken = key in get_protocol(entry["protocol"]).options
+    if key in ("shot_repeats", "shot_seed"):
+        taken = taken and entry["single_gallery_shot"]
+    return entry[key] if taken else _PROTOCOL_OPTIONS[key]
+
+
+def protocol_value(key):
+    """A param function giving :func:`protocol_option` (lists joined by commas)."""
+
+    def value(wildcards):
+        option = protocol_option(wildcards.dataset, key)
+        return ",".join(map(str, option)) if isinstance(option, (list, tuple)) else option
+
+    return value
+
+
 def same_camera_flag(wildcards):
     """The reid camera rule of the dataset as a `rankwise rank` flag."""
-    if DATASETS[wildcards.dataset]["exclude_same_camera"]:
+    if protocol_option(wildcards.dataset, "exclude_same_camera"):
         return "--exclude-same-camera"
     return "--keep-same-camera"
 
 
 def single_shot_flag(wildcards):
     """The reid single-gallery-shot CMC of the dataset as a `rankwise rank` flag."""
-    if DATASETS[wildcards.dataset]["single_gallery_shot"]:
+    if protocol_option(wildcards.dataset, "single_gallery_shot"):
         return "--single-gallery-shot"
     return "--all-gallery-shots"
 def rerank_flags(wildcards):

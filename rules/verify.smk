@@ -19,7 +19,7 @@ rule verify:
     params:
         protocol=dataset_value("protocol"),
         distance=dataset_value("distance"),
-        junk_labels=comma_list("junk_labels"),
+        junk_labels=protocol_value("junk_labels"),
         same_camera=same_camera_flag,
         fprs=verification_value("fprs"),
         bins=verification_value("bins"),

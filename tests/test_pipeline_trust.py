@@ -137,6 +137,18 @@ def test_an_edited_manifest_csv_reruns_that_dataset_only(workdir):
     assert planned(workdir) == {}
 
 
+def test_options_a_protocol_ignores_rerun_nothing(workdir):
+    """gap_frames on a reid dataset, a single-shot seed with single-shot off, junk labels
+    under recall: accepted (a config may set them for every dataset) and no job reruns;
+    the same key where the protocol takes it does rerun."""
+    config = copy.deepcopy(CONFIG)
+    config["datasets"]["mk"].update(gap_frames=5, query_stride=2, shot_seed=9)
+    config["datasets"]["own"].update(junk_labels=["a"], exclude_same_camera=False)
+    assert planned(workdir, config) == {}
+    config["datasets"]["mk"]["exclude_same_camera"] = False
+    assert planned(workdir, config) == {"rank": 1, "metrics": 1, "report": 1, "all": 1}
+
+
 def test_a_new_config_file_mtime_with_the_same_data_reruns_nothing(workdir):
     csv = workdir / "data/own/query.csv"
     csv.write_text(csv.read_text())
