@@ -416,6 +416,35 @@ def test_a_missing_path_is_an_error_naming_entry_and_path(
     assert f"relative paths start from {tmp_path}" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "source, factory, message",
+    [
+        (
+            "def make():\n    pass\n",
+            "nets.py:mkae",
+            r"nets\.py defines no 'mkae'; did you mean 'make'",
+        ),
+        ("def make(:\n", "nets.py:make", r"nets\.py:1: Python syntax error"),
+        ("import os\nmake = os.path.join\n", "nets.py:make", None),
+        ("from torch import *\n", "nets.py:anything", None),  # cannot tell: the job will
+        ("if True:\n    def make(): pass\n", "nets.py:make", None),
+        ("class Make:\n    pass\n", "nets.py:Make", None),
+    ],
+)
+def test_a_factory_file_is_read_for_its_function(tmp_path, monkeypatch, source, factory, message):
+    """A typo'd function name fails before any job (not in the encode job after prepare);
+    the file is parsed, never imported."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nets.py").write_text(source)
+    datasets = {"d": {"loader": "digits", "options": {}}}
+    encoders = {"e": {"kind": "python", "options": {"factory": factory, "checkpoint": None}}}
+    if message is None:
+        assert list(_resolved(datasets, encoders)[0]) == ["e"]
+    else:
+        with pytest.raises(RankwiseError, match=r"^encoders\.e\.options\.factory: " + message):
+            _resolved(datasets, encoders)
+
+
 def test_existing_paths_pass(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _touch("q.csv", "g.csv", "m.onnx", "emb/q.npy", "emb/g.zarr/zarr.json")

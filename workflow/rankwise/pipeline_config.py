@@ -522,12 +522,45 @@ def check_paths(datasets: dict, encoders: dict, sweeps: dict[str, list[str]] | N
     for name, entry in encoders.items():
         for key in ENCODER_FILE_OPTIONS.get(entry["kind"], ()):
             for path in encoder_paths(entry["kind"], {key: entry["options"].get(key)}):
+                # a sweep's entry is named in the config file without its @stem
+                keys = ["encoders", origin.get(name, name), "options", key]
                 if _missing(path):
-                    # a sweep's entry is named in the config file without its @stem
-                    keys = ["encoders", origin.get(name, name), "options", key]
                     raise ConfigError(
                         keys, f"{path} not found ({where}); fix the path or remove the entry"
                     )
+                if entry["kind"] == "python" and key == "factory":
+                    _check_factory(path, str(entry["options"][key]), keys)
+
+
+def _check_factory(path: str, spec: str, keys: list[Any]) -> None:
+    """``file.py:function``: the file parses and defines ``function`` at its top level
+    (read, not imported: a typo fails here, not in the encode job after prepare ran)."""
+    import ast
+
+    attr = spec.rpartition(":")[2]
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+    except SyntaxError as exc:
+        raise ConfigError(keys, f"{path}:{exc.lineno}: Python syntax error ({exc.msg})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(keys, f"{path}: cannot read it ({exc})") from None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return  # names we cannot see without importing it
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif not isinstance(node, ast.Expr):
+            return  # if/try/for blocks may define it: the encode job will tell
+    if attr not in names:
+        raise ConfigError(
+            keys, f"{path} defines no {attr!r}{did_you_mean(attr, names)}; fix the function name"
+        )
 
 
 # ---------------------------------------------------------------- dataset fingerprints
