@@ -533,7 +533,7 @@ CASES = [
         "npy-garbage",
         dict(ge="g_garbage.npy"),
         [],
-        r"g_garbage\.npy: not a readable \.npy file \(no \.npy header.*write it again",
+        r"g_garbage\.npy: not a \.npy file \(no NumPy header\); give an array written by numpy",
     ),
     (
         "npz-archive",
@@ -725,6 +725,14 @@ def bad_stores(d, ranks_store) -> Path:
     shutil.copytree(ranks_store, d / "r_left.zarr.tmp")
     shutil.copytree(ranks_store, d / "r_noarray.zarr")
     shutil.rmtree(d / "r_noarray.zarr" / "ranks")
+    # a partial copy: a chunk file of the ranks gone (zarr would read zeros)
+    shutil.copytree(ranks_store, d / "r_nochunk.zarr")
+    chunks = sorted(p for p in (d / "r_nochunk.zarr" / "ranks" / "c").rglob("*") if p.is_file())
+    chunks[0].unlink()
+    # a chunk file cut short
+    shutil.copytree(ranks_store, d / "r_cut.zarr")
+    chunk = sorted(p for p in (d / "r_cut.zarr" / "ranks" / "c").rglob("*") if p.is_file())[0]
+    chunk.write_bytes(chunk.read_bytes()[:5])
     return d
 
 
@@ -739,13 +747,26 @@ STORE_CASES = [
     (
         "no-complete-mark",
         ["metrics", "{d}/r_incomplete.zarr"],
-        r"r_incomplete\.zarr: incomplete store \(no 'complete' mark\); delete it and run the "
-        r"command that writes it again",
+        r"r_incomplete\.zarr: incomplete store \(no 'complete' mark\); run the command that "
+        r"writes it again \(it replaces the store\)",
     ),
     (
         "missing-array",
         ["metrics", "{d}/r_noarray.zarr"],
-        r"r_noarray\.zarr: ranks store lacks array 'ranks'; delete it and run `rankwise rank`",
+        r"r_noarray\.zarr: ranks store lacks array 'ranks'; run `rankwise rank` again with this "
+        r"--out \(it replaces the store\)",
+    ),
+    (
+        "missing-chunk",
+        ["metrics", "{d}/r_nochunk.zarr"],
+        r"r_nochunk\.zarr: the ranks store is inconsistent \(a rank below 1\): an interrupted "
+        r"write or a partial copy; run `rankwise rank` again",
+    ),
+    (
+        "cut-chunk",
+        ["scores", "{d}/r_cut.zarr"],
+        r"r_cut\.zarr: array 'ranks' of the ranks store cannot be read \(\w+\); the store is "
+        r"corrupt",
     ),
     (
         "wrong-kind",
@@ -1389,3 +1410,86 @@ def test_reassociation_without_any_candidate_names_gap_frames():
         rankwise.evaluate(table, table, emb, emb, protocol="reassociation", gap_frames=10)
     ok = rankwise.evaluate(table, table, emb, emb, protocol="reassociation", gap_frames=4)
     assert (ok.num_queries, ok.num_skipped) == (3, 12)  # only frame 1 has frame + 4
+
+
+# ---------------------------------------------------------------------------
+# outputs never destroy inputs or a user's folder
+# ---------------------------------------------------------------------------
+
+
+def test_out_replaces_only_a_store_of_its_own_kind(d, ranks_store, tmp_path):
+    """`rank --out` / `encode --out` on a user's folder or on an input store was deleted and
+    replaced; now refused before any work. An old ranks store is still replaced."""
+    mine = tmp_path / "mydata"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me\n")
+    proc = run("rank", *inputs(d), "--out", mine)
+    assert_one_line_error(proc, r"mydata is a folder that is not a rankwise store; the ranks store")
+    assert (mine / "notes.txt").read_text() == "keep me\n"
+    proc = run("rank", *inputs(d, ge="g_store.zarr"), "--out", d / "g_store.zarr")
+    assert_one_line_error(proc, r"g_store\.zarr is a rankwise embeddings store; the ranks store")
+    proc = run("encode", "--manifest", d / "q.csv", "--kind", "pixels", "--out", mine)
+    assert_one_line_error(proc, r"mydata is a folder that is not a rankwise store; the embed")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    again = tmp_path / "again.zarr"
+    shutil.copytree(ranks_store, again)
+    assert run("rank", *inputs(d), "--out", again).returncode == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run("rank", *inputs(d), "--out", empty).returncode == 0
+
+
+def test_an_output_is_never_an_input_or_another_output(d, tmp_path):
+    gallery = tmp_path / "g.csv"
+    shutil.copy(d / "g.csv", gallery)
+    before = gallery.read_bytes()
+    proc = run(
+        "evaluate", *inputs(d)[:2], "--gallery", gallery, *inputs(d)[4:], "--output", gallery
+    )
+    assert_one_line_error(proc, r"--output .*g\.csv is also --gallery \(an input\)")
+    assert gallery.read_bytes() == before
+    out = tmp_path / "m.json"
+    store = tmp_path / "r.zarr"
+    assert run("rank", *inputs(d), "--out", store).returncode == 0
+    proc = run("metrics", store, "--output", out, "--text-output", out)
+    assert_one_line_error(proc, r"--text-output .*m\.json is also --output \(an output\)")
+    assert not out.exists()
+
+
+def test_compare_refuses_stores_ranked_on_other_manifests(d, ranks_store, tmp_path):
+    """Same shapes, other queries: paired row by row they gave wrong p-values."""
+    other = tmp_path / "q_other.csv"
+    table = pd.read_csv(d / "q.csv")
+    table["id"] = "other_" + table["id"]
+    table.to_csv(other, index=False)
+    store = tmp_path / "other.zarr"
+    assert run("rank", *inputs(d, q=other), "--out", store).returncode == 0
+    proc = run("compare", ranks_store, store, "--resamples", "20")
+    assert_one_line_error(proc, r"other\.zarr: ranked on another query manifest than")
+
+
+def test_a_file_named_npy_that_is_not_one_says_so(d, tmp_path):
+    fake = tmp_path / "g.npy"
+    shutil.copy(d / "g.csv", fake)
+    proc = run("evaluate", *inputs(d, ge=fake))
+    assert_one_line_error(proc, r"g\.npy: not a \.npy file \(no NumPy header\); give an array")
+
+
+def test_a_failed_prepare_leaves_no_output_folder(tmp_path):
+    out = tmp_path / "prepared"
+    options = json.dumps({"root": str(tmp_path / "nope")})
+    proc = run("prepare", "--loader", "market1501", "--options", options, "--out-dir", out)
+    assert_one_line_error(proc, r"Market-1501 root folder not found")
+    assert not out.exists()
+
+
+def test_api_reads_junk_labels_and_ks_like_the_cli(d):
+    import rankwise
+
+    args = [d / "q.csv", d / "g.csv", d / "q.npy", d / "g.npy"]
+    cli = rankwise.evaluate(*args, protocol="reid", junk_labels=("1", "0"), ks=(5,))
+    # "1,0" was split into characters ('1', ',', '0'); 5 was "not iterable"
+    api = rankwise.evaluate(*args, protocol="reid", junk_labels="1,0", ks=5)
+    assert api.to_json() == cli.to_json()
+    one = rankwise.evaluate(*args, protocol="reid", junk_labels=1)
+    assert one.to_json() == rankwise.evaluate(*args, protocol="reid", junk_labels="1").to_json()

@@ -170,3 +170,32 @@ def test_manifest_check_comes_before_the_row_count(files, tmp_path):
             files["g_store"],
             protocol="recall",
         )
+
+
+def test_zarr_chunks_of_zeros_are_zeros_not_a_partial_copy(tmp_path):
+    """zarr leaves out chunk files of fill values: a user's store with a zero row in its
+    own chunk is valid (it was refused as incomplete); rankwise's stores write every
+    chunk, so there an absent file is still a partial copy."""
+    import zarr
+
+    from rankwise.store import write_embeddings
+
+    rng = np.random.default_rng(0)
+    gallery = rng.normal(size=(6, 4)).astype(np.float32)
+    gallery[2] = 0.0  # euclidean takes zero rows
+    query = rng.normal(size=(3, 4)).astype(np.float32)
+    q = pd.DataFrame({"id": ["a", "b", "c"], "label": ["0", "1", "2"]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(6)], "label": ["0", "1", "2"] * 2})
+    group = zarr.open_group(str(tmp_path / "user.zarr"), mode="w")
+    group.create_array("embeddings", data=gallery, chunks=(1, 4))
+    assert not (tmp_path / "user.zarr" / "embeddings" / "c" / "2" / "0").exists()
+    want = rankwise.evaluate(q, g, query, gallery, distance="euclidean").to_json()
+    got = rankwise.evaluate(q, g, query, str(tmp_path / "user.zarr"), distance="euclidean")
+    assert got.to_json() == want
+    store = tmp_path / "mine.zarr"
+    write_embeddings(store, iter([gallery]), 6, attrs={"encoder": "t"}, chunk_rows=1)
+    chunk = store / "embeddings" / "c" / "2" / "0"
+    assert chunk.is_file()  # the zero row's chunk is written
+    chunk.unlink()
+    with pytest.raises(RankwiseError, match=r"rows 2-2 .* missing from the Zarr store"):
+        rankwise.evaluate(q, g, query, str(store), distance="euclidean")

@@ -199,11 +199,14 @@ def test_protocols_without_a_whole_gallery_ranking_refuse(make_case, protocol):
 @pytest.mark.parametrize(
     "options,message",
     [
-        ({"rerank": "5,2,0.3", "multi_query": "mean"}, "rerank do not combine with multi_query"),
-        ({"aqe": "3,3", "single_gallery_shot": True}, "aqe do not combine with single_gallery"),
+        (
+            {"rerank": "5,2,0.3", "multi_query": "mean"},
+            "rerank cannot be combined with multi_query",
+        ),
+        ({"aqe": "3,3", "single_gallery_shot": True}, "aqe cannot be combined with single_gallery"),
         (
             {"rerank": "5,2,0.3", "aqe": "3,3", "multi_query": "max", "single_gallery_shot": True},
-            "rerank and aqe do not combine with multi_query and single_gallery_shot",
+            "rerank and aqe cannot be combined with multi_query and single_gallery_shot",
         ),
     ],
 )

@@ -153,7 +153,10 @@ def rank(
     problem = inputs.problem(
         gap_frames=gap_frames,
         query_stride=query_stride,
-        junk_labels=tuple(junk_labels),
+        # "-1,0" as the CLI reads it (tuple("-1") would be ('-', '1')); one label alone too
+        junk_labels=JUNK_LABELS.check(
+            [junk_labels] if isinstance(junk_labels, (int, np.integer)) else junk_labels
+        ),
         exclude_same_camera=exclude_same_camera,
         single_gallery_shot=single_gallery_shot,
         shot_repeats=shot_repeats,

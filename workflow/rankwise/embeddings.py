@@ -174,12 +174,17 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _check_chunks_present(array, start: int, stop: int, source: EmbeddingSource) -> None:
-    """Refuse rows whose storage chunk (or shard) file is absent.
+    """Refuse rows whose storage chunk (or shard) file is absent, in a rankwise store.
 
     Zarr silently returns the fill value (zeros) for a chunk that was never written, so
     a store left incomplete by a crash or a partial copy would otherwise be read as
-    zero vectors (an error under cosine, silently wrong numbers under euclidean).
+    zero vectors (an error under cosine, silently wrong numbers under euclidean).  Only
+    rankwise's own stores are checked: they write every chunk, zeros included; other
+    Zarr stores leave out chunks of zeros by design (zarr's ``write_empty_chunks``), so an
+    absent file there is read as zeros, as zarr reads it.
     """
+    if source.attrs is None:
+        return
     try:
         from zarr.core.sync import sync
 
@@ -321,8 +326,18 @@ def _open_npy(path: Path, name: str) -> EmbeddingSource:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         first = _first_line(exc)
+        try:
+            with open(path, "rb") as handle:
+                magic = handle.read(6)
+        except OSError:
+            magic = b""
+        if magic != b"\x93NUMPY":  # another kind of file (a CSV, a pickle) named .npy
+            raise RankwiseError(
+                f"{path}: not a .npy file (no NumPy header); give an array written by "
+                "numpy.save, or a Zarr store"
+            ) from None
         if "pickle" in first or "allow_pickle" in first:
-            first = "no .npy header, or pickled object data"
+            first = "pickled object data"
         raise RankwiseError(
             f"{path}: not a readable .npy file ({first}); the file is "
             "truncated or corrupt: write it again with numpy.save"

@@ -62,6 +62,8 @@ def parse_ks(text: str | Iterable[int]) -> tuple[int, ...]:
     naming ``ks`` (the option spec's parser; the CLI's message names ``--ks``)."""
     from .options import parse_cutoffs
 
+    if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
+        text = [int(text)]  # ks=5, as --ks 5
     return parse_cutoffs(text if isinstance(text, str) else list(text), "ks")
 
 

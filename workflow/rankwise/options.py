@@ -628,7 +628,7 @@ def check_rerank_alone(
     ]
     if used and variant:
         raise RankwiseError(
-            f"{' and '.join(used)} do not combine with {' and '.join(variant)} (not "
+            f"{' and '.join(used)} cannot be combined with {' and '.join(variant)} (not "
             "supported yet: each is exact alone); evaluate them separately"
         )
 

@@ -526,6 +526,7 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
         if get_protocol(attrs["protocol"]).unit == "sketch":
             units += [arrays["group"], arrays["step"]]
         keys = ("protocol", "num_gallery", "protocol_options")
+        keys += ("query_manifest_sha256", "gallery_manifest_sha256")  # `rankwise rank`'s
         return {**{k: attrs[k] for k in keys if k in attrs}, "units": units}
 
     check_pairable(side(arrays_a, attrs_a), side(arrays_b, attrs_b), names)
@@ -553,6 +554,14 @@ def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str])
                 f"{name_b}: {key} {b[key]!r} differs from {name_a}'s "
                 f"{a[key]!r}; compare encoders on the same dataset "
                 "and protocol options"
+            )
+    for side in ("query", "gallery"):
+        key = f"{side}_manifest_sha256"
+        if key in a and key in b and a[key] != b[key]:
+            raise RankwiseError(
+                f"{name_b}: ranked on another {side} manifest than {name_a} (sha256 "
+                f"{b[key][:12]} vs {a[key][:12]}); a paired comparison needs both ranked on "
+                "the same query and gallery manifests"
             )
     ua, ub = a["units"], b["units"]
     same = len(ua) == len(ub) and all(

@@ -66,39 +66,86 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def store_kind(path: str | os.PathLike) -> str | None:
+    """The ``kind`` attribute of the rankwise store at ``path`` (complete or not), else
+    ``None``: read from its Zarr metadata file alone, never opening anything else."""
+    import json
+
+    for meta, key in (("zarr.json", "attributes"), (".zattrs", None)):
+        try:
+            data = json.loads((Path(path) / meta).read_text())
+        except (OSError, ValueError):
+            continue
+        attrs = data.get(key, {}) if key else data
+        kind = attrs.get("kind") if isinstance(attrs, dict) else None
+        return kind if isinstance(kind, str) else None
+    return None
+
+
+def check_replaceable(path: str | os.PathLike, kind: str | None) -> None:
+    """Refuse, before any work, to replace what is at ``path`` unless it is an empty
+    folder or a rankwise ``kind`` store (an old result rerun by hand): a user's folder, an
+    input store or a store of another kind given as the output is never deleted.  A file
+    there is left to the caller (it fails to become a folder, in one line)."""
+    final = Path(path)
+    if kind is None or not final.is_dir() or not any(final.iterdir()):
+        return
+    found = store_kind(final)
+    if found != kind:
+        what = f"a rankwise {found} store" if found else "a folder that is not a rankwise store"
+        raise RankwiseError(
+            f"{final} is {what}; the {kind} store written here would replace it: choose "
+            "another output path (or remove it yourself)"
+        )
+
+
 @contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike, kind: str | None = None) -> Iterator[Path]:
     """Yield an empty folder ``<path>.tmp`` to fill; it replaces ``path`` on success.
 
-    A leftover ``<path>.tmp`` from a killed run is removed first; on any exception the
+    ``kind``: what ``path`` may hold to be replaced (:func:`check_replaceable`, checked
+    first); ``None``: anything (a folder rankwise generates inside its own output).  A
+    leftover ``<path>.tmp`` from a killed run is removed first; on any exception the
     temporary folder is removed and ``path`` is left as it was.
     """
     final = Path(path)
+    check_replaceable(final, kind)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp.mkdir()
+    old = final.with_name(final.name + ".old")
+    if old.exists():  # a replaced result a killed run left behind
+        shutil.rmtree(old)
     try:
         yield tmp
+        if final.is_dir() and not final.is_symlink():
+            # An old result under the final name (a user rerunning by hand) is replaced
+            # whole: moved aside, the new one renamed in, then deleted, so a kill at any
+            # point leaves the old result or the new one, never a half-deleted store.
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old)
+            return
+        if final.exists():
+            shutil.rmtree(final)  # a file there raises; the temporary folder goes with it
+        os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if final.exists():
-        # An old result under the final name (a user rerunning by hand) is replaced whole.
-        shutil.rmtree(final)
-    os.rename(tmp, final)
 
 
 @contextmanager
-def atomic_store(path: str | os.PathLike) -> Iterator[zarr.Group]:
+def atomic_store(path: str | os.PathLike, kind: str | None = None) -> Iterator[zarr.Group]:
     """Yield a fresh Zarr group at ``<path>.tmp``; rename it to ``path`` on success.
 
-    The group is marked ``complete`` just before the rename (see :func:`atomic_directory`).
+    The group is marked ``complete`` just before the rename (see :func:`atomic_directory`;
+    ``kind``: the only store kind it may replace).
     """
     import zarr  # imported lazily: a CLI run on .npy inputs never needs it
 
-    with atomic_directory(path) as tmp:
+    with atomic_directory(path, kind) as tmp:
         group = zarr.open_group(str(tmp), mode="w")
         yield group
         group.attrs["complete"] = True
@@ -129,8 +176,8 @@ def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
     attrs = dict(group.attrs)
     if not attrs.get("complete"):
         raise RankwiseError(
-            f"{p}: incomplete store (no 'complete' mark); delete it and "
-            "run the command that writes it again"
+            f"{p}: incomplete store (no 'complete' mark); run the command that writes it "
+            "again (it replaces the store)"
         )
     if attrs.get("kind") != kind:
         raise RankwiseError(
@@ -157,7 +204,7 @@ def write_embeddings(
     The array is preallocated once D is known (first batch).  ``arrays``: further
     1-D int64 arrays of ``n_rows`` values stored beside it (``manifest_row``).
     """
-    with atomic_store(path) as group:
+    with atomic_store(path, "embeddings") as group:
         arr = None
         row = 0
         for batch in batches:
@@ -172,6 +219,9 @@ def write_embeddings(
                     shape=(n_rows, batch.shape[1]),
                     dtype="float32",
                     chunks=(min(chunk_rows, max(n_rows, 1)), batch.shape[1]),
+                    # every chunk a file, zeros too: an absent file then means a partial
+                    # copy (embeddings._check_chunks_present), never "all zeros"
+                    config={"write_empty_chunks": True},
                 )
             if row + len(batch) > n_rows:
                 raise RankwiseError(
@@ -209,7 +259,7 @@ def write_ranks(
     path: str | os.PathLike, arrays: dict[str, np.ndarray], attrs: dict[str, Any]
 ) -> None:
     """Write a ranks store (see module docstring) atomically."""
-    with atomic_store(path) as group:
+    with atomic_store(path, "ranks") as group:
         dtypes = {name: np.int64 for name in RANK_ARRAYS}
         dtypes.update({k: v for k, v in OPTIONAL_ARRAYS.items() if k in arrays})
         for name, dtype in dtypes.items():
@@ -223,16 +273,53 @@ def write_ranks(
 def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Read a complete ranks store: ``(arrays, attrs)``."""
     group = open_complete_group(path, "ranks")
-    try:
-        arrays = {name: np.asarray(group[name][...]) for name in RANK_ARRAYS}
-        # one lookup per optional name, not a listing of the group (which would also meet
-        # Snakemake's `.snakemake_timestamp` file, and zarr would warn about it)
-        arrays.update({n: np.asarray(group[n][...]) for n in OPTIONAL_ARRAYS if n in group})
-    except KeyError as exc:
+    again = "run `rankwise rank` again with this --out (it replaces the store)"
+    # one lookup per optional name, not a listing of the group (which would also meet
+    # Snakemake's `.snakemake_timestamp` file, and zarr would warn about it)
+    names = [*RANK_ARRAYS, *(n for n in OPTIONAL_ARRAYS if n in group)]
+    arrays = {}
+    for name in names:
+        try:
+            array = group[name]
+        except KeyError:
+            raise RankwiseError(f"{path}: ranks store lacks array {name!r}; {again}") from None
+        except Exception as exc:  # a corrupt array metadata file
+            raise RankwiseError(
+                f"{path}: array {name!r} of the ranks store cannot be read "
+                f"({type(exc).__name__}); the store is corrupt: {again}"
+            ) from None
+        try:
+            arrays[name] = np.asarray(array[...])
+        except Exception as exc:  # zarr/numcodecs raise many types for bad bytes
+            raise RankwiseError(
+                f"{path}: array {name!r} of the ranks store cannot be read "
+                f"({type(exc).__name__}); the store is corrupt: {again}"
+            ) from None
+    problem = _inconsistent(arrays)
+    if problem:
+        # zarr reads an absent chunk file as zeros (and legitimately leaves out chunks of
+        # zeros), so a partial copy shows here rather than as a missing file
         raise RankwiseError(
-            f"{path}: ranks store lacks array {exc}; delete it and run `rankwise rank` again"
-        ) from None
+            f"{path}: the ranks store is inconsistent ({problem}): an interrupted write or "
+            f"a partial copy; {again}"
+        )
     return arrays, dict(group.attrs)
+
+
+def _inconsistent(arrays: dict[str, np.ndarray]) -> str | None:
+    """What is wrong with a ranks store's arrays, else ``None``: every evaluated query has
+    at least one rank (offsets from 0, increasing, ending at the number of ranks), ranks
+    are >= 1, each query's manifest row appears once."""
+    offsets, ranks, rows = arrays["offsets"], arrays["ranks"], arrays["query_index"]
+    if len(offsets) != len(rows) + 1 or (len(offsets) and offsets[0] != 0):
+        return "offsets do not start at 0 with one entry per query"
+    if np.any(np.diff(offsets) < 1) or (len(offsets) and offsets[-1] != len(ranks)):
+        return "offsets are not increasing up to the number of ranks"
+    if len(ranks) and ranks.min() < 1:
+        return "a rank below 1"
+    if len(np.unique(rows)) != len(rows):
+        return "a query row listed twice"
+    return None
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -96,7 +96,7 @@ def _emit(report: dict, output: str | None, text_output: str | None = None) -> N
     click.echo(text, nl=False)
 
 
-@click.command()
+@click.command(cls=shared.Command)
 @shared.inputs
 @shared.ks
 @shared.ap
@@ -111,7 +111,7 @@ def evaluate(ks, ap, output, **kw):
         click.echo(note, err=True)
 
 
-@click.command()
+@click.command(cls=shared.Command)
 @click.option(
     "--query", required=True, type=click.Path(dir_okay=False), help="Query manifest (CSV)."
 )
@@ -183,13 +183,13 @@ def verify(fprs, bins, output, **kw):
     shared.write_json(output, result)
 
 
-@click.command(name="rank")
+@click.command(name="rank", cls=shared.Command)
 @shared.inputs
 @click.option(
     "--out",
     required=True,
-    type=shared.OutputPath(file_okay=False),
-    help="Ranks store to write (Zarr, written atomically).",
+    type=shared.OutputPath(file_okay=False, store="ranks"),
+    help="Ranks store to write (Zarr, written atomically; replaces only a ranks store).",
 )
 def rank(out, **kw):
     """Compute the ranks store that every metric is computed from."""
@@ -197,9 +197,13 @@ def rank(out, **kw):
 
     result, note = _rank(kw, progress=True)
     attrs = dict(result.attrs)
+    from ..hashing import file_sha256
+
     for side in ("query", "gallery"):
         attrs[f"{side}_embeddings"] = _provenance(kw[f"{side}_embeddings"])
         attrs[f"{side}_manifest"] = str(kw[side])
+        # what `compare` checks: two stores ranked on other manifests do not pair
+        attrs[f"{side}_manifest_sha256"] = file_sha256(kw[side])
     write_ranks(out, result.arrays(), attrs)
     click.echo(f"{out}: {attrs['num_queries']} queries ranked, {attrs['num_skipped']} skipped")
     if note:
@@ -219,7 +223,7 @@ def _provenance(path: str) -> dict:
     return {"path": str(path)}
 
 
-@click.command()
+@click.command(cls=shared.Command)
 @click.argument("ranks", type=click.Path())
 @shared.ks
 @shared.ap

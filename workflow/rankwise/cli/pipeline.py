@@ -18,7 +18,7 @@ from . import shared
 from .shared import parse_json_options
 
 
-@click.command("prepare")
+@click.command("prepare", cls=shared.Command)
 @click.option(
     "--loader",
     required=True,
@@ -45,14 +45,20 @@ def prepare(loader: str, options_text: str, out_dir: Path) -> None:
     """Write normalised query and gallery manifests for a dataset."""
     from ..datasets import prepare_dataset
 
-    summary = prepare_dataset(loader, parse_json_options(options_text), out_dir)
+    created = not out_dir.exists()
+    try:
+        summary = prepare_dataset(loader, parse_json_options(options_text), out_dir)
+    except BaseException:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # a failed run leaves nothing behind
+        raise
     click.echo(
         f"prepared {loader}: {summary['query']} query rows, {summary['gallery']} "
         f"gallery rows, {summary['labels']} labels -> {out_dir}"
     )
 
 
-@click.command("encode")
+@click.command("encode", cls=shared.Command)
 @click.option(
     "--manifest",
     required=True,
@@ -76,8 +82,8 @@ def prepare(loader: str, options_text: str, out_dir: Path) -> None:
 @click.option(
     "--out",
     required=True,
-    type=shared.OutputPath(path_type=Path),
-    help="Embedding store to write (Zarr; written atomically).",
+    type=shared.OutputPath(file_okay=False, path_type=Path, store="embeddings"),
+    help="Embedding store to write (Zarr; written atomically; replaces only an embedding store).",
 )
 @spec.BATCH_SIZE.click(help="Images per encoder call.")
 @spec.THREADS.click(

@@ -11,7 +11,7 @@ from .. import options as spec
 from . import shared
 
 
-@click.command()
+@click.command(cls=shared.Command)
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option(
     "--out-dir",

@@ -67,14 +67,54 @@ def unwritable(path: str | Path) -> str | None:
 class OutputPath(click.Path):
     """``click.Path`` of something the command writes: refused when parsed, before any
     work, if it cannot be created (:func:`unwritable`) — a long ranking run must not end
-    on an output path through a file."""
+    on an output path through a file.  ``store``: the rankwise store kind written there,
+    which may replace only an empty folder or a store of that kind
+    (:func:`rankwise.store.check_replaceable`: never a user's folder or an input)."""
+
+    def __init__(self, *args, store: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.store = store
 
     def convert(self, value, param, ctx):
         value = super().convert(value, param, ctx)
         problem = unwritable(value)
         if problem:
             self.fail(problem, param, ctx)
+        if self.store is not None:
+            from ..store import check_replaceable
+
+            try:
+                check_replaceable(value, self.store)
+            except RankwiseError as exc:
+                self.fail(str(exc), param, ctx)
         return value
+
+
+class Command(click.Command):
+    """A rankwise command: before it runs, no output path (:class:`OutputPath`) may be an
+    input path or another output's (``evaluate --output gallery.csv`` replaced the
+    manifest, ``--output m.json --text-output m.json`` kept one of the two)."""
+
+    def invoke(self, ctx: click.Context):
+        seen: dict[str, str] = {}  # real path -> the option that names it
+        for is_output in (False, True):
+            for param in self.params:
+                output = isinstance(param.type, OutputPath)
+                if output != is_output or not isinstance(param.type, click.Path):
+                    continue
+                value = ctx.params.get(param.name or "")
+                for path in value if isinstance(value, (list, tuple)) else [value]:
+                    if path is None or str(path) == "-":
+                        continue
+                    real = os.path.realpath(path)
+                    flag = param.opts[0] if param.opts else str(param.name).upper()
+                    if is_output and real in seen:
+                        raise RankwiseError(
+                            f"{flag} {path} is also {seen[real]}: it would be overwritten; "
+                            f"give {flag} a path of its own"
+                        )
+                    seen.setdefault(real, f"{flag} {'(an output)' if is_output else '(an input)'}")
+        return super().invoke(ctx)
 
 
 _PROTOCOL_HELP = "; ".join(f"{name}: {p.summary}" for name, p in REGISTRY.items())

@@ -20,7 +20,7 @@ def _units(protocol: str, by: str, n_units: int, n_clusters: int) -> str:
     return f"{n_units} {units} (resampled by {unit})"
 
 
-@click.command()
+@click.command(cls=shared.Command)
 @click.argument("ranks_a", type=click.Path())
 @click.argument("ranks_b", type=click.Path())
 @shared.statistics
@@ -114,7 +114,7 @@ def compare(
     )
 
 
-@click.command()
+@click.command(cls=shared.Command)
 @click.argument("ranks", type=click.Path())
 @shared.statistics
 def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
@@ -166,7 +166,7 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     )
 
 
-@click.command()
+@click.command(cls=shared.Command)
 @click.argument("ranks", type=click.Path())
 @spec.KS.click(help="Cutoffs of the hit@K columns.")
 @shared.ap

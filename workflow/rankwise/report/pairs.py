@@ -40,7 +40,7 @@ from ..stats import (
 )
 from ..summary import Summary
 
-_FORMAT = 1
+_FORMAT = 2  # 2: means and intervals from rankwise.metrics.mean (2026-12-01)
 
 
 def _columns(summary: Summary, metrics: list[str]) -> np.ndarray:
