@@ -403,7 +403,9 @@ def test_memory_limit_counts_torch_on_a_torch_device(tmp_path):
     # 1 query x 2 gallery x 2 dims: the estimate is the interpreter's size (+ torch's)
     cpu = estimate_memory_mb(1, 2, 2, 1, EngineOptions(), 1)
     torch_cpu = estimate_memory_mb(1, 2, 2, 1, EngineOptions(device="torch-cpu"), 1)
-    assert torch_cpu - cpu == pytest.approx(500.0)
+    # torch's share: its import measured 470-510 MB resident; with 500 a torch-cpu run
+    # peaked 30-50 MB above the estimate, so 650
+    assert torch_cpu - cpu == pytest.approx(650.0)
     limit = cpu + 100.0
     assert rankwise.evaluate(*_files(tmp_path), memory_limit_mb=limit, workers=1).num_queries == 1
     with pytest.raises(RankwiseError, match=r"^memory limit \S+ MB cannot be met"):
