@@ -101,6 +101,11 @@ def write_inputs(folder: Path, query, gallery, qe, ge, *, camera: bool = True) -
     gallery.to_csv(folder / "g.csv", index=False)
     np.save(folder / "q.npy", qe)
     np.save(folder / "g.npy", ge)
+    return input_args(folder)
+
+
+def input_args(folder: Path) -> list[str]:
+    """``--query q.csv ... --gallery-embeddings g.npy`` of the four files in ``folder``."""
     return [
         "--query",
         str(folder / "q.csv"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import run_rankwise
+from helpers import input_args, run_rankwise
 
 from rankwise.errors import RankwiseError
 from rankwise.feature_ids import read_ids
@@ -66,14 +66,7 @@ def test_a_trailing_delimiter_never_shifts_the_columns_in_evaluate(tmp_path):
     np.save(tmp_path / "g.npy", np.eye(2, 3, dtype=np.float32))
     proc = run_rankwise(
         "evaluate",
-        "--query",
-        tmp_path / "q.csv",
-        "--gallery",
-        tmp_path / "g.csv",
-        "--query-embeddings",
-        tmp_path / "q.npy",
-        "--gallery-embeddings",
-        tmp_path / "g.npy",
+        *input_args(tmp_path),
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -169,14 +162,7 @@ def test_out_of_range_step_in_evaluate_is_one_line(tmp_path):
         "evaluate",
         "--protocol",
         "progressive",
-        "--query",
-        tmp_path / "q.csv",
-        "--gallery",
-        tmp_path / "g.csv",
-        "--query-embeddings",
-        tmp_path / "q.npy",
-        "--gallery-embeddings",
-        tmp_path / "g.npy",
+        *input_args(tmp_path),
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()

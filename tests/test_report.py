@@ -706,9 +706,6 @@ def test_csv_round_trips_through_pandas(doc):
 
 
 def test_latex_tables(doc, tmp_path):
-    import shutil
-    import subprocess
-
     from rankwise.report import render_latex, view
 
     # every LaTeX special character in a name is escaped (the document still compiles)
@@ -734,26 +731,32 @@ def test_latex_tables(doc, tmp_path):
     for dataset in doc["datasets"]:
         assert f"{dataset}: protocol" in text
     assert "(0 skipped)" in text and "p(Holm) $<$ 0.05" in text
+    _assert_compiles(text, tmp_path)
+    assert (tmp_path / "report.pdf").stat().st_size > 0
+
+
+def _assert_compiles(text: str, folder) -> None:
+    """``text`` as report.tex in ``folder`` compiles with pdflatex (skip without it)."""
+    import shutil
+    import subprocess
+
     if shutil.which("pdflatex") is None:
         pytest.skip("pdflatex is not installed (Debian: texlive-latex-recommended)")
-    (tmp_path / "report.tex").write_text(text)
+    (folder / "report.tex").write_text(text)
     done = subprocess.run(
         ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "report.tex"],
-        cwd=tmp_path,
+        cwd=folder,
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",  # TeX echoes 8-bit bytes of the input
         timeout=120,
     )
     assert done.returncode == 0, done.stdout[-3000:]
-    assert (tmp_path / "report.pdf").stat().st_size > 0
 
 
 def test_latex_compiles_with_any_character_in_names(doc, tmp_path):
     """Greek (math mode), CJK and emoji (their code point), Latin-1 and Latin Extended-A,
     ``|`` and ``"``: report.tex still compiles with pdflatex's default fonts."""
-    import shutil
-    import subprocess
-
     from rankwise.report import render_latex
     from rankwise.report.latex import _MATH, _TEXT
 
@@ -764,18 +767,7 @@ def test_latex_compiles_with_any_character_in_names(doc, tmp_path):
     text = render_latex(doc)
     assert r"vit\_\ensuremath{\lambda}0.5 \texttt{[U+6A21]}\texttt{[U+578B]}" in text
     assert r"\texttt{[U+1F600]} a\textbar{}b {\ttfamily\char34}q" in text
-    if shutil.which("pdflatex") is None:
-        pytest.skip("pdflatex is not installed (Debian: texlive-latex-recommended)")
-    (tmp_path / "report.tex").write_text(text)
-    done = subprocess.run(
-        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "report.tex"],
-        cwd=tmp_path,
-        capture_output=True,
-        encoding="utf-8",
-        errors="replace",  # TeX echoes 8-bit bytes of the input
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-3000:]
+    _assert_compiles(text, tmp_path)
 
 
 def test_cli_writes_csv_and_tex(results, tmp_path):

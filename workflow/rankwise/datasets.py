@@ -102,15 +102,16 @@ def relative_path(target: str | os.PathLike, base: str | os.PathLike) -> str:
     return Path(rel).as_posix()
 
 
-def walk_files(folder: Path) -> list[Path]:
+def walk_files(folder: Path, hidden: bool = False) -> list[Path]:
     """Every non-hidden entry below ``folder`` that is not a folder, at any depth, sorted.
 
     Symbolic links to folders are followed (a linked sub-tree counts), except a link
     back to a folder on its own path (a loop), which would list the same files again
-    and again.  Hidden files and folders are skipped; dangling links are listed (the
-    caller decides).  The loaders and the pipeline's fingerprint
-    (:func:`rankwise.pipeline_config.dataset_fingerprints`) both walk with it, so they
-    see the same files.
+    and again.  Hidden files and folders are skipped (listed with ``hidden``: a Zarr v2
+    store's ``.zarray``); dangling links are listed (the caller decides).  The loaders
+    and the pipeline's fingerprints (:func:`rankwise.pipeline_config.dataset_fingerprints`,
+    :func:`rankwise.pipeline_config.folder_digest`) walk with it, so they see the same
+    files.
     """
     found: list[Path] = []
     chains = {os.fspath(folder): frozenset({os.path.realpath(folder)})}
@@ -119,12 +120,12 @@ def walk_files(folder: Path) -> list[Path]:
         kept = []
         for name in sorted(dirs):
             real = os.path.realpath(os.path.join(top, name))
-            if name.startswith(".") or real in chain:
+            if (name.startswith(".") and not hidden) or real in chain:
                 continue
             chains[os.path.join(top, name)] = chain | {real}
             kept.append(name)
         dirs[:] = kept
-        found += [Path(top) / name for name in files if not name.startswith(".")]
+        found += [Path(top) / name for name in files if hidden or not name.startswith(".")]
     return sorted(found)
 
 

@@ -585,13 +585,11 @@ def folder_digest(folder: str | os.PathLike) -> str:
     """sha256 of every file below ``folder`` (hidden ones too: a Zarr v2 store's
     ``.zarray``) by relative name, size and mtime: a precomputed Zarr store whose chunks
     are rewritten in place changes it, where the folder's own mtime does not."""
-    lines = []
-    for top, dirs, files in os.walk(folder, followlinks=True):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(top, name)
-            lines.append(_stat_line(Path(os.path.relpath(path, folder)).as_posix(), path))
-    return "files:" + _digest(lines)
+    from .datasets import walk_files
+
+    root = Path(folder)
+    files = walk_files(root, hidden=True)
+    return "files:" + _digest(_stat_line(p.relative_to(root).as_posix(), p) for p in files)
 
 
 def _images_below(folder: Path, recursive: bool) -> list[str]:

@@ -280,17 +280,10 @@ def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
     arrays = {}
     for name in names:
         try:
-            array = group[name]
+            arrays[name] = np.asarray(group[name][...])
         except KeyError:
             raise RankwiseError(f"{path}: ranks store lacks array {name!r}; {again}") from None
-        except Exception as exc:  # a corrupt array metadata file
-            raise RankwiseError(
-                f"{path}: array {name!r} of the ranks store cannot be read "
-                f"({type(exc).__name__}); the store is corrupt: {again}"
-            ) from None
-        try:
-            arrays[name] = np.asarray(array[...])
-        except Exception as exc:  # zarr/numcodecs raise many types for bad bytes
+        except Exception as exc:  # corrupt metadata or chunk bytes: zarr/numcodecs types
             raise RankwiseError(
                 f"{path}: array {name!r} of the ranks store cannot be read "
                 f"({type(exc).__name__}); the store is corrupt: {again}"
