@@ -5,14 +5,19 @@
 - a column name given twice (exactly, or once with spaces): pandas renames the copy, or
   stripping the names makes two columns of one name;
 - integer columns (``frame``, ``step``) beyond int64, or near its limit where
-  ``frame + gap_frames`` wraps around.
+  ``frame + gap_frames`` wraps around;
+- spaces after the delimiters (``q1, -1, 3``): read verbatim, the label ``" -1"`` is
+  not the junk label and matches no ``-1`` of a file written without spaces.
 
 The same CSV parse reads id files (``feature_ids.read_ids``), so they are checked too.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 from helpers import input_args, run_rankwise
 
@@ -186,3 +191,64 @@ def test_id_files_are_read_like_manifests(tmp_path, text, message):
         read_ids(tmp_path / "ids.csv")
     (tmp_path / "ok.csv").write_text("\ufeffid,score\na,1\nb,2\n", encoding="utf-8")
     assert read_ids(tmp_path / "ok.csv").tolist() == ["a", "b"]
+
+
+SPACED_GALLERY = "id, label, camera\ng0, -1, 2\ng1, 1, 2 \ng2, 2, 2\ng3 ,2,1\n"
+
+
+def test_spaces_around_values_are_not_part_of_them(tmp_path):
+    (tmp_path / "m.csv").write_text(SPACED_GALLERY)
+    table = read_manifest(tmp_path / "m.csv", protocol="reid", role="gallery")
+    assert table.to_dict("list") == {
+        "id": ["g0", "g1", "g2", "g3"],
+        "label": ["-1", "1", "2", "2"],
+        "camera": ["2", "2", "2", "1"],
+    }
+    # a table given to the API reads the same
+    given = pd.DataFrame(
+        {"id": [" a", "b "], "label": [" 1", "2\t"], "sequence": ["s ", "s"], "frame": [" 3", 4]}
+    )
+    table = read_manifest(given, protocol="reassociation", role="gallery")
+    assert table["id"].tolist() == ["a", "b"] and table["label"].tolist() == ["1", "2"]
+    assert table["sequence"].tolist() == ["s", "s"] and table["frame"].tolist() == [3, 4]
+
+
+def _spaced_inputs(folder, gallery_csv):
+    """Two queries; each one's nearest gallery item is a junk row (label -1) or a match."""
+    folder.mkdir(exist_ok=True)
+    q = np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32)
+    g = np.array([[1, 0.01, 0, 0], [1, 0.02, 0, 0], [0, 1, 0.5, 0], [0, 1, 0.01, 0]], np.float32)
+    np.save(folder / "q.npy", q)
+    np.save(folder / "g.npy", g)
+    (folder / "q.csv").write_text("id, label, camera\nq0, 1, 1\nq1, 2, 1\n")
+    (folder / "g.csv").write_text(gallery_csv)
+
+
+def test_a_spaced_junk_label_is_junk_in_evaluate(tmp_path):
+    """The reported case: ``g0, -1, 2`` counted as a distractor ranked first (rank1 50,
+    4 gallery items); the junk row is excluded, as in the file without spaces."""
+    _spaced_inputs(tmp_path / "spaced", SPACED_GALLERY)
+    _spaced_inputs(tmp_path / "plain", SPACED_GALLERY.replace(" ", ""))
+    (tmp_path / "plain" / "q.csv").write_text("id,label,camera\nq0,1,1\nq1,2,1\n")
+    reports = []
+    for name in ("spaced", "plain"):
+        out = tmp_path / f"{name}.json"
+        proc = run_rankwise(
+            "evaluate", "--protocol", "reid", *input_args(tmp_path / name), "--output", out
+        )
+        assert proc.returncode == 0, proc.stderr
+        reports.append(json.loads(out.read_text()))
+    spaced, plain = reports
+    # by hand: q0 (cam 1) -> g1 (label 1, cam 2) after junk g0; q1 -> g3 is same-camera
+    # (cam 1, excluded), g2 (label 2, cam 2) is its match: rank1 100, mAP 100
+    assert spaced["num_gallery"] == 3
+    assert spaced["metrics"]["rank1"] == 100.0 and spaced["metrics"]["map"] == 100.0
+    assert spaced["metrics"] == plain["metrics"]
+
+
+def test_spaces_around_ids_in_id_files_and_manifests_agree(tmp_path):
+    (tmp_path / "ids.csv").write_text("id\n a\nb \n")
+    (tmp_path / "m.csv").write_text("id,label\n a,1\nb ,2\n")
+    assert read_ids(tmp_path / "ids.csv").tolist() == read_manifest(tmp_path / "m.csv")[
+        "id"
+    ].tolist() == ["a", "b"]

@@ -313,6 +313,25 @@ def test_without_the_profile_snakemake_alone_names_no_file(tmp_path):
     assert not any(str(bad) in line for line in lines), lines
 
 
+@pytest.mark.parametrize("folder", [False, True])
+def test_a_missing_configfile_is_one_line_not_a_traceback(tmp_path, folder):
+    """Snakemake logs a 25-line traceback ending in FileNotFoundError for a --configfile
+    typo; the default profile's plugin makes it one line naming the path."""
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    missing = tmp_path / ("a-folder" if folder else "my.yml")
+    if folder:
+        missing.mkdir()
+    proc = snakemake(
+        tmp_path, None, "--dry-run", "--configfile", str(good), str(missing), profile=True
+    )
+    lines = [line for line in error_lines(proc) if not line.startswith("Using workflow")]
+    what = "is a folder, not a config file" if folder else "config file not found"
+    assert lines == [
+        f"error: {missing}: {what}; pass the path of an existing YAML file to --configfile"
+    ], lines
+
+
 def test_the_logger_plugin_is_silent_on_good_configs_and_other_errors(tmp_path):
     from snakemake_logger_plugin_rankwise import command_line_configfiles, syntax_error
 

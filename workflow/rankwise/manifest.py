@@ -3,7 +3,8 @@
 Columns (DESIGN.md): ``id`` and ``label`` always; ``camera`` for ``reid``;
 ``sequence`` and integer ``frame`` for ``reassociation``; ``sketch`` and integer
 ``step`` for ``progressive`` queries; ``path`` when encoding images.  Every value
-is read as a string (labels compare as strings); other columns are kept.
+is read as a string (labels compare as strings), without the spaces around it (``q1, 5, 1``
+reads as ``q1``, ``5``, ``1``); other columns are kept.
 
 :func:`read_manifest` is the one reader, used by every command (``evaluate``/``rank``
 through :func:`rankwise.inputs.open_inputs`, ``encode``, the loaders, the statistics).
@@ -104,6 +105,7 @@ def read_manifest(
         for col in source.columns:  # keep integer columns given as numbers exact
             if col in _INTEGER_COLUMNS and pd.api.types.is_integer_dtype(source[col]):
                 table[col] = source[col].astype(str).to_numpy()
+        table = _stripped(table)
     else:
         path = Path(source)
         if not path.is_file():
@@ -141,7 +143,7 @@ def read_manifest(
 
 
 def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
-    """Every cell of the CSV file ``path`` as a string, column names stripped.
+    """Every cell of the CSV file ``path`` as a string, names and values stripped.
 
     The one CSV parse of the package (manifests, id files). A byte-order mark (Excel's
     "CSV UTF-8") is not part of the first column's name. Refused, each in one line
@@ -150,6 +152,11 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
     (a delimiter at the end of each row: pandas would take the first column as the
     index and shift every value one column left, or drop the extra fields).  ``noun``
     and ``fix`` word the message for an unreadable file.
+
+    Spaces around a value are not part of it: a file written ``q1, -1, 3`` (a space
+    after each comma) read verbatim would have label ``" -1"``, which is not the junk
+    label ``-1`` and not the label ``-1`` of a file written without spaces, so such
+    items would silently count as distractors or lose their matches.
     """
 
     def parse(on_warning: Literal["error", "ignore"]) -> pd.DataFrame:
@@ -180,7 +187,7 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
             _refuse_long_rows(path, noun, fix)
             table = parse("ignore")  # some other warning: read as usual
         table.columns = [str(c).strip() for c in table.columns]
-        return table
+        return _stripped(table, path)
     except pd.errors.ParserError as exc:
         _refuse_long_rows(path, noun, fix)  # e.g. "Expected 3 fields in line 5, saw 4"
         error = exc
@@ -190,6 +197,27 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
     raise RankwiseError(
         f"{path}: not a readable {noun} ({first})" + (f"; {fix}" if fix else "")
     ) from None
+
+
+def _stripped(table: pd.DataFrame, path: Path | None = None) -> pd.DataFrame:
+    """``table`` (all strings) with the spaces around each value removed.
+
+    Stripping costs ~0.4 s per million rows; a file ``path`` with no space or tab in
+    it (the usual case) needs none, which a byte scan tells in milliseconds.
+    """
+    if path is not None and not _has_blanks(path):
+        return table
+    for col in table.columns:
+        table[col] = table[col].str.strip()
+    return table
+
+
+def _has_blanks(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            if b" " in block or b"\t" in block:
+                return True
+    return False
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:

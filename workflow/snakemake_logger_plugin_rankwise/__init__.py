@@ -1,5 +1,5 @@
 """Snakemake logger plugin ``rankwise``: the file, line and column of a YAML syntax error
-in a ``--configfile``.
+in a ``--configfile``, and one line instead of a traceback for a missing one.
 
 Snakemake 9 parses every ``--configfile`` itself, before the workflow's Snakefile runs, and
 reports a syntax error only as ``Config file is not valid JSON or YAML`` (no file, no
@@ -8,8 +8,13 @@ workflow can see it. Logger plugins are set up before that parse and receive tha
 The workflow's default profile (``profiles/default``: ``logger: [rankwise]``) selects this
 one; on that error it re-reads the command line's config files the way Snakemake does
 (JSON, else YAML via ``yte``) and prints, for the first that fails, rankwise's one-line
-message: ``error: my.yaml:12:5: YAML syntax error: ...``. Every other record is ignored;
-Snakemake's own output is unchanged. ``--workflow-profile none`` turns it off.
+message: ``error: my.yaml:12:5: YAML syntax error: ...``.
+
+A ``--configfile`` that does not exist (a typo) makes Snakemake log a 25-line Python
+traceback ending in ``FileNotFoundError``; a filter on Snakemake's logger (it runs before
+any handler, Snakemake's own stream included) replaces that one record's text with
+``error: my.yml: config file not found; ...``. Every other record is left as it is.
+``--workflow-profile none`` turns both off.
 
 Installed with rankwise (a top-level package under ``workflow/``); Snakemake finds logger
 plugins by their module name ``snakemake_logger_plugin_<name>``.
@@ -80,8 +85,49 @@ def syntax_error(paths: list[str]) -> str | None:
     return None
 
 
+def missing_configfile(paths: list[str]) -> str | None:
+    """rankwise's one-line message for the first of ``paths`` that is not a file, else None."""
+    import os
+
+    for path in paths:
+        if not os.path.isfile(path):
+            what = (
+                "is a folder, not a config file" if os.path.isdir(path) else "config file not found"
+            )
+            return f"error: {path}: {what}; pass the path of an existing YAML file to --configfile"
+    return None
+
+
+class _MissingConfigfile(logging.Filter):
+    """Rewrites Snakemake's traceback for a ``--configfile`` it could not open."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            exception = getattr(record, "exception", None)
+            if record.levelno >= logging.ERROR and exception in (
+                "FileNotFoundError",
+                "IsADirectoryError",
+            ):
+                text = str(record.msg)
+                if "configfile" in text:  # snakemake/common/configfile.py in the traceback
+                    line = missing_configfile(command_line_configfiles(sys.argv[1:]))
+                    if line:
+                        record.msg, record.args = line, ()
+        except Exception:  # a logger must never break the run it reports on
+            pass
+        return True
+
+
 class LogHandler(LogHandlerBase):
-    """Adds one line after Snakemake's "not valid JSON or YAML" error; silent otherwise."""
+    """Adds one line after Snakemake's "not valid JSON or YAML" error, and turns the
+    traceback of a missing ``--configfile`` into one line; silent otherwise."""
+
+    def __post_init__(self) -> None:
+        # A logger's filters run before its handlers: Snakemake's own stream handler then
+        # prints the rewritten record.  (This handler runs in a queue thread, too late.)
+        logger = logging.getLogger("snakemake.logging")
+        if not any(isinstance(f, _MissingConfigfile) for f in logger.filters):
+            logger.addFilter(_MissingConfigfile())
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno < logging.ERROR or UNPARSABLE not in str(record.msg):
