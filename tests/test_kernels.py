@@ -385,6 +385,38 @@ def test_kernels_load_without_a_writable_numba_cache():
     assert proc.stdout.split() == ["[25.0,", "1.0]", "-1", "0", "NullCache"]
 
 
+def test_the_first_kernel_call_leaves_scipy_linalg_out_and_numba_dot_works():
+    """numba's first compiled call imports numba.np.arraymath, which probes scipy.linalg
+    (0.1-0.25 s of start-up); kernels.py loads it with scipy.linalg kept out.  In a fresh
+    process: a kernel runs, scipy.linalg is not imported, and a user's own numba
+    function with np.dot still compiles afterwards (numba's dot probes again)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from rankwise import kernels\n"
+        "rows, sq, bad, why = kernels.prepare_rows(np.ones((2, 3), np.float32), False)\n"
+        "print(sq.tolist(), 'scipy.linalg' in sys.modules)\n"
+        "import numba\n"
+        "try:\n"
+        "    dot = numba.njit(lambda a, b: np.dot(a, b))\n"
+        "    print(dot(np.ones(3), np.arange(3.0)))\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "[3.0, 3.0] False"
+    # numba's dot needs scipy's BLAS; where scipy is installed (CI: with the test extras)
+    # it must still work, where it is not numba says so as it always did
+    has_scipy = importlib.util.find_spec("scipy") is not None
+    assert lines[1] == ("3.0" if has_scipy else "TypingError"), proc.stdout
+
+
 @pytest.mark.parametrize("cosine", [False, True])
 def test_fast_key_lies_within_its_bound_of_the_canonical_key(cosine):
     """count_tile decides its too-close-to-call pairs with a float64 key summed in any

@@ -249,6 +249,8 @@ def test_a_spaced_junk_label_is_junk_in_evaluate(tmp_path):
 def test_spaces_around_ids_in_id_files_and_manifests_agree(tmp_path):
     (tmp_path / "ids.csv").write_text("id\n a\nb \n")
     (tmp_path / "m.csv").write_text("id,label\n a,1\nb ,2\n")
-    assert read_ids(tmp_path / "ids.csv").tolist() == read_manifest(tmp_path / "m.csv")[
-        "id"
-    ].tolist() == ["a", "b"]
+    assert (
+        read_ids(tmp_path / "ids.csv").tolist()
+        == read_manifest(tmp_path / "m.csv")["id"].tolist()
+        == ["a", "b"]
+    )

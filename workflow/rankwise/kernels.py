@@ -29,10 +29,35 @@ and exact ties (duplicate rows) stay exact ties.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 from numba import njit as _numba_njit
+
+
+def _load_numba_arraymath_without_scipy_linalg() -> None:
+    """Import ``numba.np.arraymath`` with ``scipy.linalg`` kept out, unless already loaded.
+
+    numba imports that module at the first compiled call of every process, and it
+    probes for a BLAS once by importing ``scipy.linalg.cython_blas``: with scipy
+    installed that import costs 0.1-0.25 s of the engine's start-up (scipy.linalg and
+    its array-API layer), for a flag that only picks how numba compiles
+    ``np.correlate``/``np.convolve`` — which no kernel here uses (``np.dot`` and
+    ``np.linalg`` probe again when they are compiled, and then find scipy).
+    """
+    name = "scipy.linalg.cython_blas"
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    sys.modules[name] = None  # type: ignore[assignment]  # "import name" fails at once
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        if sys.modules.get(name, 0) is None:
+            del sys.modules[name]
+
+
+_load_numba_arraymath_without_scipy_linalg()
 
 #: Unit roundoff of float32.
 _U32 = 2.0**-24
