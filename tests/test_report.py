@@ -421,7 +421,7 @@ def test_a_best_without_statistics_is_left_out_of_the_tests():
         )
         for name in names
     }
-    rows, _ = compare_encoders(
+    rows, _, _ = compare_encoders(
         [("toy", entries)], summaries, resamples=100, seed=0, by="query", best={"toy": "e2"}
     )
     pairs = {(r["a"], r["b"]) for r in rows}

@@ -501,15 +501,18 @@ def unit_scores(
 
 def cmc(arrays: dict[str, np.ndarray], attrs: dict, max_rank: int = 50) -> list[float]:
     """CMC: ``curve[k - 1]`` = % of units whose ``rank`` (:class:`UnitTable`) is <= k,
-    k = 1..``max_rank`` (for sketches: the complete rendering, the curve of ``acc@K``)."""
+    k = 1..``max_rank`` (for sketches: the complete rendering, the curve of ``acc@K``).
+
+    Each point is ``100 * mean(hit@k)`` with :func:`mean`, as the metrics compute
+    ``recall@k`` / ``rank-k``: the same bits (``100 * count / n`` rounds once where they
+    round twice, and differed by an ulp)."""
     first = per_unit(arrays, attrs).rank
     if len(first) == 0:
         return [0.0] * max_rank
     if "shot_pmf" in arrays:  # single-gallery-shot: the mean of P(r <= k)
         shot = (np.asarray(arrays["shot_offsets"]), np.asarray(arrays["shot_pmf"]))
-        return [100.0 * float(np.mean(shot_hits(*shot, k))) for k in range(1, max_rank + 1)]
-    counts = np.bincount(np.minimum(first, max_rank + 1), minlength=max_rank + 2)
-    return [float(x) for x in 100.0 * np.cumsum(counts)[1 : max_rank + 1] / len(first)]
+        return [100.0 * mean(shot_hits(*shot, k)) for k in range(1, max_rank + 1)]
+    return [100.0 * mean(first <= k) for k in range(1, max_rank + 1)]
 
 
 def completion_levels(arrays: dict[str, np.ndarray]) -> list[tuple[float, np.ndarray, np.ndarray]]:

@@ -184,6 +184,19 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
                 "(on_missing: drop) and only the store says which, so the manifest's labels "
                 "cannot be matched to the ranks: restore the store"
             )
+        expected = attrs.get("query_manifest_sha256")
+        if isinstance(labels, (str, os.PathLike)) and expected and os.path.isfile(labels):
+            from .hashing import file_sha256
+
+            # rows are matched by position: a re-sorted or edited manifest of as many rows
+            # would cluster the queries by other labels, silently
+            if file_sha256(labels) != expected:
+                raise RankwiseError(
+                    f"{labels}: not the query manifest the ranks were computed from (its "
+                    f"sha256 {file_sha256(labels)[:12]} differs from the ranks store's "
+                    f"{str(expected)[:12]}: edited, re-sorted or another file); pass that "
+                    "manifest (--labels QUERY.csv) or rank again"
+                )
         table = read_evaluated_manifest(labels, store, protocol=protocol, role="query")
         out = table["label"].astype(str).to_numpy()
         if "sequence" in get_protocol(protocol).required_columns("query"):

@@ -43,9 +43,12 @@ def flip_resamples(resamples: int, num_tests: int) -> int:
     return max(int(resamples), needed)
 
 
-def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: str) -> None:
+def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: str) -> str | None:
     """The checks of :func:`rankwise.stats.compare_ranks` on the report's entries, and
-    the same AP variant."""
+    the same AP variant: an error names the file.  Two evaluations of the same
+    manifests whose evaluated queries differ (an id-keyed store that dropped rows,
+    ``on_missing: drop``) are not an error here: the reason they are not compared is
+    returned (``None``: comparable), and the report says so."""
     from ..stats import check_pairable
 
     name_a, source = entry_a["encoder"], entry_b["source"]
@@ -55,16 +58,32 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
             f"{ap_variant(entry_a)!r} on dataset {dataset!r}; score both with the same --ap"
         )
 
-    def side(entry: dict, summary: Summary) -> dict[str, Any]:
-        options = entry["provenance"]["protocol_options"]
+    def side(entry: dict) -> dict[str, Any]:
+        provenance = entry["provenance"]
+        options = provenance["protocol_options"]
+        # the manifests the ranks were computed on, as `rankwise compare` checks them:
+        # the same row numbers of two other query files are other queries
+        raw = provenance.get("raw") or {}  # the metrics JSON's own provenance
+        manifests = {
+            key: raw[key]
+            for key in ("query_manifest_sha256", "gallery_manifest_sha256")
+            if raw.get(key)
+        }
         return {
             "protocol": entry["protocol"],
             "num_gallery": entry["num_gallery"],
             **({"protocol_options": options} if options is not None else {}),
-            "units": [summary.rows],
+            **manifests,
+            "units": [],
         }
 
-    check_pairable(side(entry_a, a), side(entry_b, b), (name_a, source))
+    check_pairable(side(entry_a), side(entry_b), (name_a, source))
+    if a.rows.shape == b.rows.shape and np.array_equal(a.rows, b.rows):
+        return None
+    return (
+        f"their evaluated queries differ ({len(a.rows)} and {len(b.rows)}; a paired test "
+        "needs the same queries)"
+    )
 
 
 def compare_encoders(
@@ -76,9 +95,10 @@ def compare_encoders(
     by: str,
     best: dict[str, str] | None = None,
     cache: PairCache | None = None,
-) -> tuple[list[dict], int]:
-    """Every paired comparison, Holm-adjusted together (see the module docstring), and
-    the sign flips they used (:func:`flip_resamples`).
+) -> tuple[list[dict], int, list[dict[str, str]]]:
+    """Every paired comparison, Holm-adjusted together (see the module docstring), the
+    sign flips they used (:func:`flip_resamples`), and the pairs not compared
+    (``{"dataset", "a", "b", "reason"}``: evaluated queries that differ).
 
     ``summaries``: each evaluation's :class:`~rankwise.summary.Summary` (``None``: not
     compared). The difference intervals use ``resamples`` bootstrap resamples; the
@@ -88,6 +108,7 @@ def compare_encoders(
 
     cache = cache or PairCache(None)
     plan = []
+    skipped: list[dict[str, str]] = []
     for dataset, entries in groups:
         by_name = {e["encoder"]: e for e in entries if summaries[dataset, e["encoder"]]}
         # the best may be an evaluation without statistics (no ranks store): not compared
@@ -95,7 +116,10 @@ def compare_encoders(
         for a, b in comparison_pairs(list(by_name), best_name if best_name in by_name else None):
             sa, sb = summaries[dataset, a], summaries[dataset, b]
             assert sa is not None and sb is not None
-            _check_pair(by_name[a], by_name[b], sa, sb, dataset)
+            reason = _check_pair(by_name[a], by_name[b], sa, sb, dataset)
+            if reason is not None:
+                skipped.append({"dataset": dataset, "a": a, "b": b, "reason": reason})
+                continue
             names = [n for n in by_name[a]["metrics"] if n in by_name[b]["metrics"]]
             plan.append((dataset, a, b, names, sa, sb))
     n_flips = flip_resamples(resamples, sum(len(p[3]) for p in plan))
@@ -121,23 +145,27 @@ def compare_encoders(
             dataset=dataset,
             names=(a, b),
         )
-    return [
-        {
-            "dataset": row["dataset"],
-            "metric": row["metric"],
-            "a": row["encoder_a"],
-            "b": row["encoder_b"],
-            "value_a": row["a"],
-            "value_b": row["b"],
-            "diff": row["diff"],
-            "ci95": row["ci95"],
-            "p_value": row["p_value"],
-            "p_holm": row["p_holm"],
-            "significant": bool(row["p_holm"] < ALPHA),
-            "test": row["test"],
-            "by": row["by"],
-            "num_units": row["num_units"],
-            "num_clusters": row["num_clusters"],
-        }
-        for row in with_holm(rows)
-    ], n_flips
+    return (
+        [
+            {
+                "dataset": row["dataset"],
+                "metric": row["metric"],
+                "a": row["encoder_a"],
+                "b": row["encoder_b"],
+                "value_a": row["a"],
+                "value_b": row["b"],
+                "diff": row["diff"],
+                "ci95": row["ci95"],
+                "p_value": row["p_value"],
+                "p_holm": row["p_holm"],
+                "significant": bool(row["p_holm"] < ALPHA),
+                "test": row["test"],
+                "by": row["by"],
+                "num_units": row["num_units"],
+                "num_clusters": row["num_clusters"],
+            }
+            for row in with_holm(rows)
+        ],
+        n_flips,
+        skipped,
+    )

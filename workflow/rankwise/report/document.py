@@ -228,10 +228,14 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
 
 def headline_names(entries: list[dict[str, Any]]) -> list[str]:
     """The overview metrics of a dataset's entries: its protocol's ``headline`` metrics
-    that were computed (else its first metric); the first one picks the best encoder."""
-    metrics = entries[0]["metrics"]
-    names = [n for n in get_protocol(entries[0]["protocol"]).headline if n in metrics]
-    return names or list(metrics)[:1]
+    that every entry computed (else the first metric they all have); the first one picks
+    the best encoder.  Only metrics every entry has: one entry without ``recall@1`` (other
+    ``--ks``) would otherwise rank last by it, and the best would depend on the order
+    the files were given."""
+    first = entries[0]["metrics"]
+    common = [n for n in first if all(n in e["metrics"] for e in entries[1:])]
+    names = [n for n in get_protocol(entries[0]["protocol"]).headline if n in common]
+    return names or common[:1] or list(first)[:1]
 
 
 def best_encoder(entries: list[dict[str, Any]]) -> str:
@@ -350,12 +354,12 @@ def build_report(
                     top_k=top_k,
                 )
     best = {dataset: best_encoder(entries) for dataset, entries in groups}
-    comparisons, n_test = (
+    comparisons, n_test, not_compared = (
         compare_encoders(
             groups, summaries, resamples=resamples, seed=seed, by=by, best=best, cache=cache
         )
         if resamples
-        else ([], 0)
+        else ([], 0, [])
     )
     statistics = {
         "resamples": resamples,
@@ -368,6 +372,8 @@ def build_report(
         "correction": "holm",
         "alpha": ALPHA,
         "num_tests": len(comparisons),
+        # pairs of one dataset left untested: their evaluated queries differ
+        "not_compared": not_compared,
         "pairs": f"all pairs up to {ALL_PAIRS_MAX} encoders per dataset, "
         "else each against the previous one and the best against "
         "the others",

@@ -18,8 +18,14 @@ def _table(header: list[str], rows: list[list[str]], align: str = "r") -> str:
     return "\n".join(lines)
 
 
+#: Characters that Markdown would read as markup in a name: a table cell's end, an
+#: HTML tag (``<z>`` vanished in renderers), emphasis, code, links, strike-through.
+#: ``_`` is left as it is: between letters (``epoch_60``) it is never emphasis.
+_MARKUP = str.maketrans({c: "\\" + c for c in "\\|<>*`[]~"})
+
+
 def _escape(text: Any) -> str:
-    return str(text).replace("|", "\\|")
+    return str(text).translate(_MARKUP)
 
 
 def _value(cell: view.ValueCell) -> str:
@@ -85,6 +91,9 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         dropped = view.dropped_rows_note(rows)
         if dropped:
             out += [_escape(dropped), ""]
+        untested = view.not_compared_note(doc, dataset)
+        if untested:
+            out += [_escape(untested), ""]
         out += [_table(["encoder"] + names, _rows(table)), ""]
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:

@@ -291,6 +291,16 @@ def dropped_rows_note(rows: list[dict[str, Any]]) -> str | None:
     return "Manifest rows without features left out (on_missing: drop): " + "; ".join(parts) + "."
 
 
+def not_compared_note(doc: dict[str, Any], dataset: str) -> str | None:
+    """The encoder pairs of ``dataset`` the report did not test, and why; ``None``: none."""
+    skipped = [s for s in doc["statistics"].get("not_compared", []) if s["dataset"] == dataset]
+    if not skipped:
+        return None
+    return (
+        "Not compared: " + "; ".join(f"{s['a']} and {s['b']}: {s['reason']}" for s in skipped) + "."
+    )
+
+
 def provenance_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     """Per encoder, the provenance columns (:data:`PROVENANCE_HEADER`) as text."""
     out = []

@@ -1,0 +1,201 @@
+"""Which evaluations the report pairs, and on which labels: never other queries.
+
+- evaluations ranked on other query/gallery manifests (re-sorted rows, other files) are
+  refused by the report as by `rankwise compare` (the report paired them by row number);
+- ``--by identity`` reads the query manifest by row: a manifest edited or re-sorted
+  since ranking is refused (it silently clustered the queries by other labels);
+- an encoder whose id-keyed features dropped query rows (``on_missing: drop``) is
+  reported, its pairs with the others not tested, and the report says why (the whole
+  report failed);
+- the best checkpoint does not depend on the order of the files when their metric sets
+  differ; the CMC's points are the bits of ``recall@K``; Markdown names are escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import run_rankwise
+
+from rankwise.metrics import cmc, mean
+from rankwise.report.markdown import _escape
+
+N_QUERY, N_GALLERY = 18, 24  # 6 labels: 3 queries and 4 gallery items each
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """q.csv / g.csv with two query embeddings (q.npy, q2.npy, the weaker), random ones
+    (qr.npy), and the same queries re-sorted (qp.csv, qp.npy, q2p.npy)."""
+    root = tmp_path_factory.mktemp("pairing")
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(6, 4))
+    q_labels, g_labels = np.repeat(np.arange(6), 3), np.repeat(np.arange(6), 4)
+    query = pd.DataFrame({"id": [f"q{i}" for i in range(N_QUERY)], "label": q_labels})
+    query.to_csv(root / "q.csv", index=False)
+    gallery = pd.DataFrame({"id": [f"g{i}" for i in range(N_GALLERY)], "label": g_labels})
+    gallery.to_csv(root / "g.csv", index=False)
+    q = (centres[q_labels] + rng.normal(size=(N_QUERY, 4))).astype(np.float32)
+    q2 = (centres[q_labels] + 1.5 * rng.normal(size=(N_QUERY, 4))).astype(np.float32)
+    np.save(root / "q.npy", q)
+    np.save(root / "q2.npy", q2)
+    np.save(root / "qr.npy", rng.normal(size=(N_QUERY, 4)).astype(np.float32))
+    np.save(root / "g.npy", (centres[g_labels] + rng.normal(size=(N_GALLERY, 4))).astype("f4"))
+    order = rng.permutation(N_QUERY)
+    query.iloc[order].to_csv(root / "qp.csv", index=False)
+    np.save(root / "qp.npy", q[order])
+    np.save(root / "q2p.npy", q2[order])
+    return root
+
+
+def ok(*args) -> str:
+    proc = run_rankwise(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def one_error_line(*args) -> str:
+    proc = run_rankwise(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def rank(data: Path, out: Path, query: str = "q.csv", embeddings: str = "q.npy") -> Path:
+    ok(
+        "rank", "--query", data / query, "--query-embeddings", data / embeddings,
+        "--gallery", data / "g.csv", "--gallery-embeddings", data / "g.npy", "--out", out,
+    )  # fmt: skip
+    return out
+
+
+def metrics(store: Path, out: Path, *options: str) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ok("metrics", store, "--output", out, *options)
+    return out
+
+
+def report(tmp_path: Path, *files: Path, resamples: int = 200) -> dict:
+    out = tmp_path / "out"
+    ok(
+        "report", *files, "--json", out / "r.json", "--md", out / "r.md", "--html",
+        out / "r.html", "--resamples", resamples, "--worst-queries", 0,
+    )  # fmt: skip
+    return json.loads((out / "r.json").read_text())
+
+
+def test_the_report_refuses_evaluations_of_another_query_manifest(data, tmp_path):
+    """B and Bp are the same embeddings of the same queries, Bp's rows re-sorted: the
+    report paired them row by row (difference interval [-14, 14] instead of [0, 0])."""
+    a = rank(data, tmp_path / "A.zarr")
+    bp = rank(data, tmp_path / "Bp.zarr", "qp.csv", "q2p.npy")
+    files = [metrics(s, tmp_path / "m" / "ds" / f"{s.stem}.json") for s in (a, bp)]
+    line = one_error_line(
+        "report", *files, "--json", tmp_path / "r.json", "--md", tmp_path / "r.md",
+        "--html", tmp_path / "r.html", "--resamples", 200, "--worst-queries", 0,
+    )  # fmt: skip
+    assert "ranked on another query manifest than A" in line
+    # as `rankwise compare` says
+    assert "ranked on another query manifest" in one_error_line("compare", a, bp)
+
+
+def test_by_identity_refuses_a_query_manifest_changed_since_ranking(data, tmp_path):
+    (tmp_path / "q.csv").write_bytes((data / "q.csv").read_bytes())
+    ok(
+        "rank", "--query", tmp_path / "q.csv", "--query-embeddings", data / "q.npy",
+        "--gallery", data / "g.csv", "--gallery-embeddings", data / "g.npy",
+        "--out", tmp_path / "A.zarr",
+    )  # fmt: skip
+    store = tmp_path / "A.zarr"
+    ci = ["ci", store, "--by", "identity", "--resamples", 300, "--metrics", "map"]
+    before = ok(*ci)
+    shutil.copy(data / "q.csv", tmp_path / "copy.csv")  # the same bytes elsewhere: fine
+    assert ok(*ci, "--labels", tmp_path / "copy.csv") == before
+    line = one_error_line(*ci, "--labels", data / "qp.csv")  # as many rows, re-sorted
+    assert f"{data / 'qp.csv'}: not the query manifest the ranks were computed from" in line
+    shutil.copy(data / "qp.csv", tmp_path / "q.csv")  # the manifest itself re-sorted
+    line = one_error_line(*ci)
+    assert f"{tmp_path / 'q.csv'}: not the query manifest the ranks were computed from" in line
+
+
+def test_an_encoder_that_dropped_query_rows_is_reported_not_compared(data, tmp_path):
+    """One query row without features (on_missing: drop): the report failed ("its
+    evaluated queries differ ... ranked on the same manifests", which they were)."""
+    table = pd.read_csv(data / "q.csv", dtype=str)
+    keep = [i for i in range(N_QUERY) if i != 5]
+    np.save(tmp_path / "qd.npy", np.load(data / "q2.npy")[keep])
+    (tmp_path / "ids.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
+    options = json.dumps(
+        {"path": str(tmp_path / "qd.npy"), "ids": str(tmp_path / "ids.txt"), "on_missing": "drop"}
+    )
+    ok(
+        "encode", "--kind", "precomputed", "--options", options, "--manifest", data / "q.csv",
+        "--out", tmp_path / "qd.zarr",
+    )  # fmt: skip
+    stores = {
+        "A": rank(data, tmp_path / "A.zarr"),
+        "B": rank(data, tmp_path / "B.zarr", embeddings="q2.npy"),
+        "D": rank(data, tmp_path / "D.zarr", embeddings=str(tmp_path / "qd.zarr")),
+    }
+    files = [metrics(s, tmp_path / "m" / "ds" / f"{n}.json") for n, s in stores.items()]
+    doc = report(tmp_path, *files)
+    tested = {(c["a"], c["b"]) for c in doc["comparisons"]}
+    assert tested == {("A", "B")}
+    skipped = doc["statistics"]["not_compared"]
+    assert [(s["a"], s["b"]) for s in skipped] == [("A", "D"), ("B", "D")]
+    assert skipped[0]["reason"].startswith("their evaluated queries differ (18 and 17;")
+    for name in ("r.md", "r.html"):
+        text = (tmp_path / "out" / name).read_text()
+        assert "Not compared: A and D: their evaluated queries differ (18 and 17;" in text
+
+
+def test_the_best_checkpoint_does_not_depend_on_the_order_of_the_files(data, tmp_path):
+    """'good' (scored without recall@1) is higher on every metric both have than 'weak'
+    (random queries); given second, 'weak' was named best by recall@1, which 'good'
+    lacks."""
+    good_store = rank(data, tmp_path / "good.zarr")
+    weak_store = rank(data, tmp_path / "weak.zarr", embeddings="qr.npy")
+    good = metrics(good_store, tmp_path / "m" / "ds" / "good.json", "--ks", "5,10")
+    weak = metrics(weak_store, tmp_path / "m" / "ds" / "weak.json", "--ks", "1,5,10")
+    values = [json.loads(f.read_text())["metrics"] for f in (good, weak)]
+    shared = set(values[0]) & set(values[1])
+    assert all(values[0][n] >= values[1][n] for n in shared), values
+    assert any(values[0][n] > values[1][n] for n in shared), values
+    for order in ((good, weak), (weak, good)):
+        (best,) = report(tmp_path / order[0].stem, *order, resamples=0)["best"]
+        assert best["encoder"] == "good", best
+        assert best["metric"] in shared
+
+
+def test_cmc_points_are_the_bits_of_recall_at_k(data, tmp_path):
+    """100 * count / n rounds once, 100 * mean(hits) twice: 2 of 3 gave 66.66666666666667
+    on the CMC and 66.66666666666666 as recall@K."""
+    hits = np.array([1.0, 1.0, 0.0])
+    assert 100.0 * mean(hits) != 100.0 * 2 / 3  # the case itself
+    arrays = {
+        "offsets": np.array([0, 1, 2, 3]),
+        "ranks": np.array([1, 2, 7]),
+        "query_index": np.arange(3),
+        "group": np.zeros(3, np.int64),
+        "step": np.zeros(3, np.int64),
+    }
+    curve = cmc(arrays, {"protocol": "recall", "num_queries": 3}, max_rank=3)
+    assert curve[1] == 100.0 * mean(hits)
+    store = rank(data, tmp_path / "A.zarr", embeddings="q2.npy")
+    file = metrics(store, tmp_path / "m" / "ds" / "A.json", "--ks", "1,2,3,4,5,10")
+    (entry,) = report(tmp_path, file, resamples=0)["results"]
+    for k in (1, 2, 3, 4, 5, 10):
+        assert entry["cmc"][k - 1] == entry["metrics"][f"recall@{k}"], k
+
+
+def test_markdown_escapes_markup_in_names():
+    """`x|y<z>` lost '<z>' in Markdown renderers (read as an HTML tag)."""
+    assert _escape("x|y<z> a*b [c] `d` ~e~ \\ epoch_60") == (
+        "x\\|y\\<z\\> a\\*b \\[c\\] \\`d\\` \\~e\\~ \\\\ epoch_60"
+    )
