@@ -194,6 +194,11 @@ def _write_zarr_variants(d: Path, gallery: np.ndarray) -> None:
     shutil.copytree(d / "g_store.zarr", d / "g_left.zarr.tmp")
     # a group without the array
     zarr.open_group(str(d / "g_nogroup.zarr"), mode="w")
+    nested = zarr.open_group(str(d / "g_nested.zarr"), mode="w")  # 'embeddings' a group
+    nested.create_group("embeddings").create_array("x", data=gallery)
+    objects = np.empty(len(gallery), dtype=object)  # a valid .npy of Python objects
+    objects[:] = list(gallery)
+    np.save(d / "g_objects.npy", objects, allow_pickle=True)
     # a chunk with garbage bytes (rows 4-7), and a chunk file deleted (rows 8-11)
     shutil.copytree(d / "g_store.zarr", d / "g_badchunk.zarr")
     (d / "g_badchunk.zarr" / "embeddings" / "c" / "1" / "0").write_bytes(b"garbage" * 9)
@@ -554,13 +559,27 @@ CASES = [
         "zarr-incomplete",
         dict(ge="g_incomplete.zarr"),
         [],
-        r"g_incomplete\.zarr: incomplete embedding store; delete it and encode again",
+        r"g_incomplete\.zarr: incomplete embedding store \(an interrupted encode\); "
+        r"encode again \(it replaces the store\)",
     ),
     (
         "zarr-no-array",
         dict(ge="g_nogroup.zarr"),
         [],
         r"g_nogroup\.zarr: Zarr group has no array 'embeddings'",
+    ),
+    (
+        "zarr-embeddings-a-group",
+        dict(ge="g_nested.zarr"),
+        [],
+        r"g_nested\.zarr/embeddings is a Zarr group, not an array; store the \(N, D\)",
+    ),
+    (
+        "npy-of-objects",
+        dict(ge="g_objects.npy"),
+        [],
+        r"g_objects\.npy: an array of Python objects \(pickled\), not numbers; save the "
+        r"embeddings as numbers",
     ),
     ("zarr-not-a-store", dict(ge="not_a_store"), [], r"not_a_store: not a readable Zarr store"),
     (
@@ -1061,7 +1080,8 @@ READER_ENCODE_CASES = [
         "precomputed-incomplete-store",
         "g.csv",
         "g_incomplete.zarr",
-        r"g_incomplete\.zarr: incomplete embedding store; delete it and encode again",
+        r"g_incomplete\.zarr: incomplete embedding store \(an interrupted encode\); "
+        r"encode again \(it replaces the store\)",
     ),
     (
         "precomputed-rows",
@@ -1431,6 +1451,7 @@ def test_out_replaces_only_a_store_of_its_own_kind(d, ranks_store, tmp_path):
     proc = run("encode", "--manifest", d / "q.csv", "--kind", "pixels", "--out", mine)
     assert_one_line_error(proc, r"mydata is a folder that is not a rankwise store; the embed")
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert "remove it" not in proc.stderr  # never advice to delete what may be an input
     again = tmp_path / "again.zarr"
     shutil.copytree(ranks_store, again)
     assert run("rank", *inputs(d), "--out", again).returncode == 0

@@ -15,6 +15,7 @@ The same CSV parse reads id files (``feature_ids.read_ids``), so they are checke
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -254,3 +255,68 @@ def test_spaces_around_ids_in_id_files_and_manifests_agree(tmp_path):
         == read_manifest(tmp_path / "m.csv")["id"].tolist()
         == ["a", "b"]
     )
+
+
+def test_a_no_break_space_is_part_of_a_value_wherever_the_file_has_spaces(tmp_path):
+    """Only spaces and tabs are stripped: a no-break space stayed or went depending on
+    whether another cell of the file held an ordinary space."""
+    (tmp_path / "a.csv").write_text("id,label\nq0,a\u00a0\nq1,b\n", encoding="utf-8")
+    (tmp_path / "b.csv").write_text("id,label\nq0,a\u00a0\nq 1,b\n", encoding="utf-8")
+    assert read_manifest(tmp_path / "a.csv")["label"].tolist() == ["a\u00a0", "b"]
+    assert read_manifest(tmp_path / "b.csv")["label"].tolist() == ["a\u00a0", "b"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # blank lines before the rows: the file's own line numbers
+        ("id,label\n\nq0,a\n\nq1,b\nq0,a\n", "duplicate id 'q0' at rows 3 and 6"),
+        ("id,label\nq0,a\n\n \nq1,b\nq2,\n", "row 6: empty 'label'; every item needs a label"),
+        # a quoted value over two lines: the row starts on line 3
+        ('id,label\nq0,a\n"q\n1",b\nq2,\n', "row 5: empty 'label'"),
+        ("\nid,label\nq0,\n", "row 3: empty 'label'"),
+        ("label,id\n1,\n", "row 2: empty 'id'; every item needs an id"),
+    ],
+)
+def test_rows_are_named_by_their_line_in_the_file(tmp_path, text, message):
+    (tmp_path / "m.csv").write_text(text)
+    with pytest.raises(RankwiseError, match=re.escape(message)):
+        read_manifest(tmp_path / "m.csv")
+
+
+@pytest.mark.parametrize(
+    "text, fix",
+    [
+        (
+            "id;label\nq0;a\n",
+            "the header is separated by semicolons: save the file comma-separated",
+        ),
+        ("id\tlabel\nq0\ta\n", "the header is separated by tabs: save the file comma-separated"),
+        (
+            "ID,Label\nq0,a\n",
+            "column names are lower-case: rename 'ID' to 'id', 'Label' to 'label'",
+        ),
+        ("id,name\nq0,a\n", "add them"),
+    ],
+)
+def test_missing_columns_say_what_is_wrong_with_the_header(tmp_path, text, fix):
+    """Columns that are there, separated by ';' or tabs or capitalised, are not to be
+    "added"."""
+    (tmp_path / "m.csv").write_text(text)
+    with pytest.raises(RankwiseError, match=re.escape(f"; {fix} (found: ")):
+        read_manifest(tmp_path / "m.csv")
+
+
+def test_a_file_in_another_encoding_names_the_line(tmp_path):
+    (tmp_path / "m.csv").write_bytes(b"id,label\nq0,a\nq1,caf\xe9\n")
+    message = r"m\.csv: not a readable CSV manifest: line 3 is not UTF-8 text \(byte 0xe9: "
+    with pytest.raises(RankwiseError, match=message + r".*save it as UTF-8"):
+        read_manifest(tmp_path / "m.csv")
+    (tmp_path / "ids.txt").write_bytes(b"q0\nq\xe9\n")
+    message = r"ids\.txt: not a readable text file of ids: line 2 is not UTF-8 text \(byte 0xe9"
+    with pytest.raises(RankwiseError, match=message):
+        read_ids(tmp_path / "ids.txt")
+    np.save(tmp_path / "ids.npy", np.array([b"q0", b"q\xe9"]))
+    message = r"ids\.npy: id 1 \(0-based\), b'q\\xe9', is not UTF-8"
+    with pytest.raises(RankwiseError, match=message):
+        read_ids(tmp_path / "ids.npy")

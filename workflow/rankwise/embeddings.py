@@ -336,8 +336,11 @@ def _open_npy(path: Path, name: str) -> EmbeddingSource:
                 f"{path}: not a .npy file (no NumPy header); give an array written by "
                 "numpy.save, or a Zarr store"
             ) from None
-        if "pickle" in first or "allow_pickle" in first:
-            first = "pickled object data"
+        if "pickle" in first or "allow_pickle" in first or "Python objects" in first:
+            raise RankwiseError(
+                f"{path}: an array of Python objects (pickled), not numbers; save the "
+                "embeddings as numbers: numpy.save(path, numpy.asarray(x, dtype=numpy.float32))"
+            ) from None
         raise RankwiseError(
             f"{path}: not a readable .npy file ({first}); the file is "
             "truncated or corrupt: write it again with numpy.save"
@@ -373,7 +376,10 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
     if isinstance(node, zarr.Group):
         attrs = dict(node.attrs)
         if attrs.get("kind") == "embeddings" and not attrs.get("complete"):
-            raise RankwiseError(f"{path}: incomplete embedding store; delete it and encode again")
+            raise RankwiseError(
+                f"{path}: incomplete embedding store (an interrupted encode); encode again "
+                "(it replaces the store)"
+            )
         if "embeddings" not in node:
             hint = " (an interrupted run left it)" if tmp.exists() else ""
             raise RankwiseError(
@@ -384,6 +390,11 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
         if attrs.get("kind") != "embeddings" and "ids" in node:
             ids_array = "ids"  # features exported elsewhere, keyed by id
         node = node["embeddings"]
+        if not isinstance(node, zarr.Array):
+            raise RankwiseError(
+                f"{path}/embeddings is a Zarr group, not an array; store the (N, D) "
+                "embeddings as the array 'embeddings' of the group (or pass the array itself)"
+            )
         array_path = "embeddings"
         if manifest_rows is not None and len(manifest_rows) != node.shape[0]:
             raise RankwiseError(

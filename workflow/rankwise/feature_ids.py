@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
-from .manifest import read_csv_strings
+from .manifest import first_non_utf8_line, read_csv_strings
 
 #: on_missing values: refuse ids missing on either side, or keep the ids both sides have.
 ON_MISSING = ("error", "drop")
@@ -90,7 +90,15 @@ def _as_strings(values: np.ndarray, where: str) -> np.ndarray:
     if values.dtype.kind in "USOT":
         if not all(isinstance(v, (str, bytes)) for v in values):
             raise RankwiseError(f"{where}: ids must be integers or strings")
-        decoded = [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+        decoded = []
+        for i, v in enumerate(values):
+            try:
+                decoded.append(v.decode() if isinstance(v, bytes) else str(v))
+            except UnicodeDecodeError:
+                raise RankwiseError(
+                    f"{where}: id {i} (0-based), {bytes(v)!r}, is not UTF-8; save the ids as UTF-8 "
+                    "strings (numpy.save of str, not bytes) or as integers"
+                ) from None
         return np.array(decoded, dtype=object)
     raise RankwiseError(f"{where}: ids have dtype {values.dtype}; save them as integers or strings")
 
@@ -122,8 +130,11 @@ def read_ids(path: str | Path, *, column: str = "id") -> np.ndarray:
         try:
             lines = path.read_text(encoding="utf-8-sig").splitlines()
         except UnicodeDecodeError:
+            line, byte = first_non_utf8_line(path) or (0, 0)
             raise RankwiseError(
-                f"{path}: not a UTF-8 text file of ids; write one id per line"
+                f"{path}: not a readable text file of ids: line {line} is not UTF-8 text (byte "
+                f"0x{byte:02x}: saved in another encoding, e.g. Latin-1 or Windows-1252, or not "
+                "a text file); save it as UTF-8"
             ) from None
         while lines and not lines[-1].strip():  # trailing blank lines
             lines.pop()

@@ -45,6 +45,7 @@ __all__ = [
     "PROTOCOLS",
     "check_nonempty",
     "check_protocol",
+    "first_non_utf8_line",
     "read_csv_strings",
     "read_manifest",
     "required_columns",
@@ -121,7 +122,8 @@ def read_manifest(
         by = f"protocol {protocol!r}" if protocol is not None else "every protocol"
         raise RankwiseError(
             f"{name}: missing column(s) {', '.join(missing)} required by "
-            f"{by} for the {role or 'query and the gallery'}; add them "
+            f"{by} for the {role or 'query and the gallery'}; "
+            f"{_missing_fix(list(table.columns), missing)} "
             f"(found: {', '.join(table.columns) or 'none'})"
         )
     if len(table) == 0:
@@ -133,13 +135,27 @@ def read_manifest(
         i = int(np.flatnonzero(dup)[0])
         first = int(np.flatnonzero(ids == ids[i])[0])
         raise RankwiseError(
-            f"{name}: duplicate id {ids[i]!r} at rows {_row(first)} and "
-            f"{_row(i)}; ids must be unique within a manifest"
+            f"{name}: duplicate id {ids[i]!r} at rows {_row(first, table)} and "
+            f"{_row(i, table)}; ids must be unique within a manifest"
         )
     for col in _INTEGER_COLUMNS:
         if col in needed:
-            table[col] = _to_int(table[col], name, col)
+            table[col] = _to_int(table[col], name, col, table)
     return table
+
+
+def _missing_fix(columns: list[str], missing: list[str]) -> str:
+    """The fix for missing columns: add them, unless the header says what went wrong (a
+    file separated by ``;`` or tabs reads as one column; names are case-sensitive)."""
+    if len(columns) == 1:
+        for mark, what in ((";", "semicolons"), ("\t", "tabs")):
+            if mark in columns[0]:
+                return f"the header is separated by {what}: save the file comma-separated"
+    lower = {c.lower(): c for c in columns}
+    renames = [f"{lower[m]!r} to {m!r}" for m in missing if m in lower]
+    if renames:
+        return "column names are lower-case: rename " + ", ".join(renames)
+    return "add them"
 
 
 def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
@@ -187,11 +203,21 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
             _refuse_long_rows(path, noun, fix)
             table = parse("ignore")  # some other warning: read as usual
         table.columns = [str(c).strip() for c in table.columns]
+        table.attrs["csv_path"] = str(path)  # for the line numbers of error messages
         return _stripped(table, path)
     except pd.errors.ParserError as exc:
         _refuse_long_rows(path, noun, fix)  # e.g. "Expected 3 fields in line 5, saw 4"
         error = exc
-    except (pd.errors.EmptyDataError, UnicodeDecodeError, csv.Error) as exc:
+    except UnicodeDecodeError as exc:
+        line = first_non_utf8_line(path)
+        if line is not None:
+            raise RankwiseError(
+                f"{path}: not a readable {noun}: line {line[0]} is not UTF-8 text (byte "
+                f"0x{line[1]:02x}: saved in another encoding, e.g. Latin-1 or Windows-1252, or "
+                "not a text file); save it as UTF-8"
+            ) from None
+        error = exc
+    except (pd.errors.EmptyDataError, csv.Error) as exc:
         error = exc
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     raise RankwiseError(
@@ -199,16 +225,30 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
     ) from None
 
 
-def _stripped(table: pd.DataFrame, path: Path | None = None) -> pd.DataFrame:
-    """``table`` (all strings) with the spaces around each value removed.
+def first_non_utf8_line(path: Path) -> tuple[int, int] | None:
+    """``(line number, first bad byte)`` of the first line that is not UTF-8, or None."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return number, raw[exc.start]
+    return None
 
-    Stripping costs ~0.4 s per million rows; a file ``path`` with no space or tab in
-    it (the usual case) needs none, which a byte scan tells in milliseconds.
+
+def _stripped(table: pd.DataFrame, path: Path | None = None) -> pd.DataFrame:
+    """``table`` (all strings) with the spaces and tabs around each value removed.
+
+    Only ASCII spaces and tabs (``str.strip()`` would also take a no-break space, which
+    the byte scan below does not look for: the same value would read differently
+    depending on the rest of the file).  Stripping costs ~0.4 s per million rows; a file
+    ``path`` with no space or tab in it (the usual case) needs none, which a byte scan
+    tells in milliseconds.
     """
     if path is not None and not _has_blanks(path):
         return table
     for col in table.columns:
-        table[col] = table[col].str.strip()
+        table[col] = table[col].str.strip(" \t")
     return table
 
 
@@ -221,12 +261,15 @@ def _has_blanks(path: Path) -> bool:
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, fields)`` of each non-blank row (pandas skips blank lines too)."""
+    """``(line number, fields)`` of each non-blank row (pandas skips blank lines too); the
+    line a row starts on (a quoted value may span lines)."""
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle)
+        start = 1
         for row in reader:
             if len(row) > 1 or any(field.strip() for field in row):
-                yield reader.line_num, row
+                yield start, row
+            start = reader.line_num + 1
 
 
 def _csv_header(path: Path) -> list[str]:
@@ -273,23 +316,35 @@ def check_nonempty(table: pd.DataFrame, columns, name: str) -> None:
         empty = np.flatnonzero(table[col].astype(str).str.strip().to_numpy() == "")
         if len(empty):
             raise RankwiseError(
-                f"{name}: row {_row(empty[0])}: empty {col!r}; every item needs a {col}"
+                f"{name}: row {_row(empty[0], table)}: empty {col!r}; every item needs "
+                f"{'an' if col[0] in 'aeiou' else 'a'} {col}"
             )
 
 
-def _row(i: int) -> int:
-    """1-based line number in the CSV file of data row ``i`` (line 1 is the header)."""
+def _row(i: int, table: pd.DataFrame | None = None) -> int:
+    """1-based line number in the CSV file of data row ``i`` (the header's line + 1 + i
+    when no blank line or multi-line value comes between; read from the file, which
+    ``table.attrs["csv_path"]`` names, when one does)."""
+    path = table.attrs.get("csv_path") if table is not None else None
+    if path:
+        try:
+            lines = [line for line, _ in _csv_rows(Path(path))][1:]
+            if i < len(lines):
+                return lines[int(i)]
+        except (OSError, UnicodeDecodeError, csv.Error):
+            pass
     return int(i) + 2
 
 
-def _to_int(column: pd.Series, name: str, col: str) -> pd.Series:
+def _to_int(column: pd.Series, name: str, col: str, table: pd.DataFrame | None = None) -> pd.Series:
     """``column`` as int64; each value an integer within ``-MAX_INTEGER..MAX_INTEGER``."""
     values = column.astype(str).str.strip()
     ok = values.str.fullmatch(r"[+-]?\d+").to_numpy()
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
         raise RankwiseError(
-            f"{name}: row {_row(i)}: column {col!r} must be an integer, found {values.iloc[i]!r}"
+            f"{name}: row {_row(i, table)}: column {col!r} must be an integer, found "
+            f"{values.iloc[i]!r}"
         )
     # At most 18 significant digits convert to int64 exactly; longer ones are out of range.
     digits = values.str.replace(r"^[+-]?0*", "", regex=True).str.len().to_numpy()
@@ -300,7 +355,7 @@ def _to_int(column: pd.Series, name: str, col: str) -> pd.Series:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise RankwiseError(
-            f"{name}: row {_row(i)}: column {col!r} value {values.iloc[i]} is out of range; "
+            f"{name}: row {_row(i, table)}: column {col!r} value {values.iloc[i]} is out of range; "
             f"{col} must be between {-MAX_INTEGER} and {MAX_INTEGER} (renumber, e.g. "
             f"subtract the first {col})"
         )

@@ -95,7 +95,7 @@ def check_replaceable(path: str | os.PathLike, kind: str | None) -> None:
         what = f"a rankwise {found} store" if found else "a folder that is not a rankwise store"
         raise RankwiseError(
             f"{final} is {what}; the {kind} store written here would replace it: choose "
-            "another output path (or remove it yourself)"
+            "another output path"
         )
 
 
