@@ -1437,6 +1437,35 @@ def test_reassociation_without_any_candidate_names_gap_frames():
 # ---------------------------------------------------------------------------
 
 
+def test_outputs_never_replace_what_an_input_store_or_report_names(d, tmp_path):
+    """A ranks store names its manifests and embeddings, a metrics JSON those and its
+    ranks store: `ci --by identity` and the report read them again. `metrics r.zarr
+    --text-output q.csv` replaced the manifest (exit 0); now one line, nothing written."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("q.csv", "g.csv", "q.npy", "g.npy"):
+        shutil.copy(d / name, work / name)
+    store = work / "r.zarr"
+    assert run("rank", *inputs(work), "--out", store).returncode == 0
+    before = {name: (work / name).read_bytes() for name in ("q.csv", "g.csv", "q.npy")}
+    cases = [
+        (["metrics", store, "--text-output", work / "q.csv"], "--text-output", "query manifest"),
+        (["scores", store, "--output", work / "g.csv"], "--output", "gallery manifest"),
+        (["compare", store, store, "--output", work / "q.csv"], "--output", "query manifest"),
+        (["ci", store, "--output", work / "q.npy"], "--output", "query embeddings"),
+    ]
+    for args, flag, what in cases:
+        proc = run(*args)
+        assert_one_line_error(proc, rf"{flag} \S+ is also its {what}, named by \S*r\.zarr")
+    metrics = work / "m.json"
+    assert run("metrics", store, "--output", metrics).returncode == 0
+    proc = run(
+        "report", metrics, "--resamples", 10, "--out-dir", work / "rep", "--md", work / "q.npy"
+    )
+    assert_one_line_error(proc, r"--md \S+q\.npy is also its query embeddings, named by \S*m\.json")
+    assert {name: (work / name).read_bytes() for name in before} == before
+
+
 def test_out_replaces_only_a_store_of_its_own_kind(d, ranks_store, tmp_path):
     """`rank --out` / `encode --out` on a user's folder or on an input store was deleted and
     replaced; now refused before any work. An old ranks store is still replaced."""

@@ -224,7 +224,7 @@ def _provenance(path: str) -> dict:
 
 
 @click.command(cls=shared.Command)
-@click.argument("ranks", type=click.Path())
+@click.argument("ranks", type=shared.InputPath(names="ranks"))
 @shared.ks
 @shared.ap
 @shared.output

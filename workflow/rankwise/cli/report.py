@@ -12,7 +12,9 @@ from . import shared
 
 
 @click.command(cls=shared.Command)
-@click.argument("metrics", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument(
+    "metrics", nargs=-1, required=True, type=shared.InputPath(dir_okay=False, names="metrics")
+)
 @click.option(
     "--out-dir",
     type=shared.OutputPath(file_okay=False),

@@ -90,10 +90,48 @@ class OutputPath(click.Path):
         return value
 
 
+class InputPath(click.Path):
+    """``click.Path`` of an input that names further inputs: a ranks store (its manifests
+    and embeddings, which ``--by identity``, the report and ``ci`` read again) or a
+    metrics JSON (those, its ranks store and statistics).  :class:`Command` protects them
+    like the inputs given on the command line."""
+
+    def __init__(self, *args, names: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.names = names  # "ranks" or "metrics"
+
+    def referenced(self, path: str) -> list[tuple[str, str]]:
+        """``(path, what)`` of the files ``path`` names; [] when it cannot be read (the
+        command itself reports that)."""
+        try:
+            if self.names == "ranks":  # a Zarr v3 group's attributes, without importing zarr
+                with open(os.path.join(path, "zarr.json"), encoding="utf-8") as file:
+                    attrs = json.load(file).get("attributes") or {}
+            else:
+                with open(path, encoding="utf-8") as file:
+                    attrs = json.load(file).get("provenance") or {}
+        except (OSError, ValueError, AttributeError):
+            return []
+        if not isinstance(attrs, dict):
+            return []
+        found = []
+        for side in ("query", "gallery"):
+            embeddings = attrs.get(f"{side}_embeddings")
+            found += [
+                (attrs.get(f"{side}_manifest"), f"its {side} manifest"),
+                (embeddings.get("path") if isinstance(embeddings, dict) else None,
+                 f"its {side} embeddings"),
+            ]  # fmt: skip
+        found += [(attrs.get("ranks"), "its ranks store"), (attrs.get("stats"), "its statistics")]
+        return [(str(p), what) for p, what in found if isinstance(p, str) and p]
+
+
 class Command(click.Command):
     """A rankwise command: before it runs, no output path (:class:`OutputPath`) may be an
-    input path or another output's (``evaluate --output gallery.csv`` replaced the
-    manifest, ``--output m.json --text-output m.json`` kept one of the two)."""
+    input path, a file an input names (:class:`InputPath`: ``metrics r.zarr
+    --text-output q.csv`` replaced the manifest the store was ranked on) or another
+    output's (``evaluate --output gallery.csv`` replaced the manifest, ``--output m.json
+    --text-output m.json`` kept one of the two)."""
 
     def invoke(self, ctx: click.Context):
         seen: dict[str, str] = {}  # real path -> the option that names it
@@ -114,6 +152,11 @@ class Command(click.Command):
                             f"give {flag} a path of its own"
                         )
                     seen.setdefault(real, f"{flag} {'(an output)' if is_output else '(an input)'}")
+                    if isinstance(param.type, InputPath):
+                        for named, what in param.type.referenced(str(path)):
+                            seen.setdefault(
+                                os.path.realpath(named), f"{what}, named by {path} (an input)"
+                            )
         return super().invoke(ctx)
 
 

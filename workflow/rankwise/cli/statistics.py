@@ -21,8 +21,8 @@ def _units(protocol: str, by: str, n_units: int, n_clusters: int) -> str:
 
 
 @click.command(cls=shared.Command)
-@click.argument("ranks_a", type=click.Path())
-@click.argument("ranks_b", type=click.Path())
+@click.argument("ranks_a", type=shared.InputPath(names="ranks"))
+@click.argument("ranks_b", type=shared.InputPath(names="ranks"))
 @shared.statistics
 @spec.EXACT_MAX.click(
     help="Enumerate all 2^n sign flips when there are at most this many queries (identities)."
@@ -115,7 +115,7 @@ def compare(
 
 
 @click.command(cls=shared.Command)
-@click.argument("ranks", type=click.Path())
+@click.argument("ranks", type=shared.InputPath(names="ranks"))
 @shared.statistics
 def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     """Bootstrap confidence interval of every metric of one ranks store."""
@@ -167,7 +167,7 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
 
 
 @click.command(cls=shared.Command)
-@click.argument("ranks", type=click.Path())
+@click.argument("ranks", type=shared.InputPath(names="ranks"))
 @spec.KS.click(help="Cutoffs of the hit@K columns.")
 @shared.ap
 @click.option(
