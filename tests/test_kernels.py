@@ -334,6 +334,12 @@ def test_problem_masks_follow_design_table(protocol):
             "camera": rng.choice(["a", "b"], n_g),
         }
     )
+    # an id in both is one item (its own match never): one label, as build_problem demands
+    shared = gallery["id"].isin(query["id"])
+    gallery.loc[shared, "label"] = gallery.loc[shared, "id"].map(
+        dict(zip(query["id"], query["label"], strict=True))
+    )
+    assert shared.sum() >= 3  # self-exclusion is exercised
     problem = build_problem(query, gallery, protocol, junk_labels=("-1",))
 
     def valid(q, g):

@@ -320,3 +320,31 @@ def test_a_file_in_another_encoding_names_the_line(tmp_path):
     message = r"ids\.npy: id 1 \(0-based\), b'q\\xe9', is not UTF-8"
     with pytest.raises(RankwiseError, match=message):
         read_ids(tmp_path / "ids.npy")
+
+
+@pytest.mark.parametrize("protocol", ["recall", "reid"])
+def test_ids_numbered_in_each_file_with_other_labels_are_an_error(tmp_path, protocol):
+    """Ids 0, 1, 2 in both files: the same id is the same item, never its own match, so
+    gallery item '0' silently left query '0''s ranking (rank1 50, exit 0). Labels that
+    disagree say so; shared ids with the same label are one item, as before."""
+    camera = ",camera" if protocol == "reid" else ""
+    c1, c2 = (",1", ",2") if protocol == "reid" else ("", "")
+    (tmp_path / "q.csv").write_text(f"id,label{camera}\n0,a{c1}\n1,b{c1}\n")
+    (tmp_path / "g.csv").write_text(f"id,label{camera}\n0,b{c2}\n1,b{c2}\n2,a{c2}\n")
+    np.save(tmp_path / "q.npy", np.array([[1, 0], [0, 1]], np.float32))
+    np.save(tmp_path / "g.npy", np.array([[0, 1], [0.1, 1], [1, 0.1]], np.float32))
+    proc = run_rankwise("evaluate", "--protocol", protocol, *input_args(tmp_path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert (
+        "q.csv, " in lines[0]
+        and "g.csv: id '0' is a query (row 2, label 'a') and a gallery item (row 2, label 'b'); "
+        "the same id is the same item"
+        in lines[0]
+        and "(1 of the 2 shared ids differ): give query and gallery items distinct ids" in lines[0]
+    ), lines[0]
+    # the same labels: one item each, left out of its own ranking, as before
+    (tmp_path / "g.csv").write_text(f"id,label{camera}\n0,a{c2}\n1,b{c2}\n2,a{c2}\n")
+    proc = run_rankwise("evaluate", "--protocol", protocol, *input_args(tmp_path))
+    assert proc.returncode == 0, proc.stderr

@@ -407,6 +407,11 @@ class _Rows:
                 f"{self.where(i)}: image {raw!r} not found (looked for "
                 f"{path}); fix the 'path' column or restore the file"
             ) from None
+        except IsADirectoryError:
+            raise RankwiseError(
+                f"{self.where(i)}: image {raw!r} is a folder ({path}), not an image file; "
+                "fix the 'path' column"
+            ) from None
         except (UnidentifiedImageError, OSError, ValueError) as exc:
             raise RankwiseError(
                 f"{self.where(i)}: cannot decode image {path} "

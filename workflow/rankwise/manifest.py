@@ -49,6 +49,7 @@ __all__ = [
     "read_csv_strings",
     "read_manifest",
     "required_columns",
+    "row_line",
 ]
 
 #: Largest magnitude of a value in an integer column (``frame``, ``step``): 2**31 - 1.
@@ -135,8 +136,8 @@ def read_manifest(
         i = int(np.flatnonzero(dup)[0])
         first = int(np.flatnonzero(ids == ids[i])[0])
         raise RankwiseError(
-            f"{name}: duplicate id {ids[i]!r} at rows {_row(first, table)} and "
-            f"{_row(i, table)}; ids must be unique within a manifest"
+            f"{name}: duplicate id {ids[i]!r} at rows {row_line(first, table)} and "
+            f"{row_line(i, table)}; ids must be unique within a manifest"
         )
     for col in _INTEGER_COLUMNS:
         if col in needed:
@@ -316,12 +317,12 @@ def check_nonempty(table: pd.DataFrame, columns, name: str) -> None:
         empty = np.flatnonzero(table[col].astype(str).str.strip().to_numpy() == "")
         if len(empty):
             raise RankwiseError(
-                f"{name}: row {_row(empty[0], table)}: empty {col!r}; every item needs "
+                f"{name}: row {row_line(empty[0], table)}: empty {col!r}; every item needs "
                 f"{'an' if col[0] in 'aeiou' else 'a'} {col}"
             )
 
 
-def _row(i: int, table: pd.DataFrame | None = None) -> int:
+def row_line(i: int, table: pd.DataFrame | None = None) -> int:
     """1-based line number in the CSV file of data row ``i`` (the header's line + 1 + i
     when no blank line or multi-line value comes between; read from the file, which
     ``table.attrs["csv_path"]`` names, when one does)."""
@@ -343,7 +344,7 @@ def _to_int(column: pd.Series, name: str, col: str, table: pd.DataFrame | None =
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
         raise RankwiseError(
-            f"{name}: row {_row(i, table)}: column {col!r} must be an integer, found "
+            f"{name}: row {row_line(i, table)}: column {col!r} must be an integer, found "
             f"{values.iloc[i]!r}"
         )
     # At most 18 significant digits convert to int64 exactly; longer ones are out of range.
@@ -355,8 +356,8 @@ def _to_int(column: pd.Series, name: str, col: str, table: pd.DataFrame | None =
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise RankwiseError(
-            f"{name}: row {_row(i, table)}: column {col!r} value {values.iloc[i]} is out of range; "
-            f"{col} must be between {-MAX_INTEGER} and {MAX_INTEGER} (renumber, e.g. "
+            f"{name}: row {row_line(i, table)}: column {col!r} value {values.iloc[i]} is out of "
+            f"range; {col} must be between {-MAX_INTEGER} and {MAX_INTEGER} (renumber, e.g. "
             f"subtract the first {col})"
         )
     return pd.Series(numbers, index=column.index)

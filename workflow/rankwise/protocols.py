@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError
+from .manifest import row_line
 from .options import (
     EXCLUDE_SAME_CAMERA,
     GAP_FRAMES,
@@ -197,6 +198,8 @@ def build_problem(
     shots = _check_single_shot(protocol, single_gallery_shot, shot_repeats, shot_seed)
     qlab, glab = _codes(query["label"], gallery["label"])
     qid, gid = _codes(query["id"], gallery["id"])
+    if spec.exclude_self and multi_query == "none":  # pooled members: _member_twins
+        _check_shared_ids(query, gallery, qid, gid, qlab, glab, names)
     n_q, n_g = len(query), len(gallery)
     gjunk = np.zeros(n_g, dtype=bool)
     group = np.full(n_q, -1, dtype=np.int64)
@@ -317,6 +320,28 @@ def build_problem(
         gcam=gcam,
         twins=twins,
     )
+
+
+def _check_shared_ids(query, gallery, qid, gid, qlab, glab, names) -> None:
+    """An id in both manifests is one item, never its own match (DESIGN.md): with two
+    labels it is a data error, most often ids numbered independently in each file
+    (``0, 1, 2, ...``), where every gallery item would silently drop out of the ranking
+    of the query that happens to share its number."""
+    at = np.full(int(max(qid.max(initial=-1), gid.max(initial=-1))) + 1, -1, dtype=np.int64)
+    at[gid] = np.arange(len(gid))
+    g = at[qid]
+    bad = np.flatnonzero((g >= 0) & (qlab != glab[np.maximum(g, 0)]))
+    if len(bad):
+        q, j = int(bad[0]), int(g[bad[0]])
+        shared = int(np.count_nonzero(g >= 0))
+        raise RankwiseError(
+            f"{names[0]}, {names[1]}: id {query['id'].iloc[q]!r} is a query (row "
+            f"{row_line(q, query)}, label {query['label'].iloc[q]!r}) and a gallery item (row "
+            f"{row_line(j, gallery)}, label "
+            f"{gallery['label'].iloc[j]!r}); the same id is the same item, never its own "
+            f"match, so its labels must agree ({len(bad)} of the {shared} shared ids differ): "
+            "give query and gallery items distinct ids (e.g. prefix them q/g), or fix the label"
+        )
 
 
 def check_multi_query(multi_query: str, protocol: str, query: pd.DataFrame, name: str) -> str:

@@ -174,6 +174,13 @@ def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
             "check the path"
         ) from None
     attrs = dict(group.attrs)
+    found = attrs.get("kind")
+    if found != kind and isinstance(found, str):  # another rankwise store: not "incomplete"
+        writer = dict(ranks="rank", embeddings="encode").get(kind, kind)
+        raise RankwiseError(
+            f"{p}: a rankwise {found} store, not a {kind} store; give the {kind} store "
+            f"written by `rankwise {writer}`"
+        )
     if not attrs.get("complete"):
         raise RankwiseError(
             f"{p}: incomplete store (no 'complete' mark); run the command that writes it "

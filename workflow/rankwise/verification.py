@@ -130,14 +130,18 @@ def tpr_at_fpr(
     )
     pairs = _Pairs(inputs, problem, distance == "cosine", query_block, gallery_chunk)
     fine, n_neg, positives = pairs.first_pass()
+    where = ", ".join(
+        str(x) if isinstance(x, (str, os.PathLike)) else f"<{role} table>"
+        for x, role in ((query, "query"), (gallery, "gallery"))
+    )
     if n_neg == 0:
         raise RankwiseError(
-            "tpr_at_fpr: no negative pair (every valid pair has the query's label); "
-            "the gallery needs items of other labels"
+            f"{where}: no negative pair (every valid pair has the query's label), so no "
+            "false positive rate; the gallery needs items of other labels"
         )
     if len(positives) == 0:
         raise RankwiseError(
-            "tpr_at_fpr: no positive pair (no valid gallery item shares a query's label); "
+            f"{where}: no positive pair (no valid gallery item shares a query's label); "
             "check the labels and the junk_labels / same-camera settings"
         )
     levels = tuple(sorted(set(fprs) | set(ROC_FPRS)))

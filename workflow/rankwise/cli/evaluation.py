@@ -41,14 +41,64 @@ def _reid_hint(query: str, gallery: str) -> str | None:
     )
 
 
+#: Protocol options of `evaluate`/`rank` and their flags (the flag a user types to change
+#: the default).  --multi-query and --single-gallery-shot refuse other protocols already.
+_TAKEN_BY_PROTOCOL = {
+    "gap_frames": "--gap-frames",
+    "query_stride": "--query-stride",
+    "junk_labels": "--junk-labels",
+    "exclude_same_camera": "--keep-same-camera",
+    "shot_repeats": "--shot-repeats",
+    "shot_seed": "--shot-seed",
+}
+
+
+def _refuse_ignored_options(kw: dict, given_protocol: bool) -> None:
+    """An option the protocol does not take, typed on the command line with a value other
+    than its default, is an error: it would be ignored without a word (``--junk-labels
+    b`` under ``recall`` kept label b).  Defaults passed explicitly (as the pipeline does
+    for every dataset) are fine."""
+    from click.core import ParameterSource
+
+    from ..errors import RankwiseError
+    from ..registry import REGISTRY, get_protocol
+
+    ctx = click.get_current_context()
+    params = {p.name: p for p in ctx.command.params}
+    taken = get_protocol(kw["protocol"]).options
+    for name, flag in _TAKEN_BY_PROTOCOL.items():
+        if ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
+            continue
+        param = params[name]
+        if kw[name] == param.process_value(ctx, param.get_default(ctx)):
+            continue
+        if name in taken and name.startswith("shot_") and not kw["single_gallery_shot"]:
+            raise RankwiseError(
+                f"{flag} applies with --single-gallery-shot only; add it or drop {flag}"
+            )
+        if name in taken:
+            continue
+        takers = " or ".join(n for n, spec in REGISTRY.items() if name in spec.options)
+        running = (
+            f"not {kw['protocol']!r}" if given_protocol else "and without --protocol, recall runs"
+        )
+        raise RankwiseError(
+            f"{flag} applies to protocol {takers} only, {running}: it would be ignored; "
+            f"pass --protocol {takers.split(' or ')[0]} or drop {flag}"
+        )
+
+
 def _rank(kw: dict, progress: bool):
     """Rank with the command's options; returns ``(result, note or None)``."""
     from ..api import rank
 
     note = None
-    if kw["protocol"] is None:
-        note = _reid_hint(kw["query"], kw["gallery"])
+    given_protocol = kw["protocol"] is not None
+    if not given_protocol:
         kw["protocol"] = "recall"
+    _refuse_ignored_options(kw, given_protocol)
+    if not given_protocol:
+        note = _reid_hint(kw["query"], kw["gallery"])
     from ..devices import tiles_for
     from ..options import AQE, check_rerank
 

@@ -77,6 +77,8 @@ class OutputPath(click.Path):
 
     def convert(self, value, param, ctx):
         value = super().convert(value, param, ctx)
+        if str(value) == "-":  # not stdout: a file named "-" would appear
+            self.fail("'-' is not an output path here; give a file name", param, ctx)
         problem = unwritable(value)
         if problem:
             self.fail(problem, param, ctx)

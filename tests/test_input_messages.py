@@ -1,0 +1,75 @@
+"""One line that names the file and the fix, for inputs a probe of the CLI found worded
+wrongly: a verification without negative pairs (no file named), a ranks command given
+an embedding store ("incomplete store"), an image path that is a folder ("cannot decode
+... replace the file"), ``--output -`` (a file named ``-`` appeared)."""
+
+from __future__ import annotations
+
+import numpy as np
+from helpers import input_args, run_rankwise
+from PIL import Image
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def write(folder, query="id,label\nq,a\n", gallery="id,label\ng1,a\ng2,b\n"):
+    (folder / "q.csv").write_text(query)
+    (folder / "g.csv").write_text(gallery)
+    np.save(folder / "q.npy", np.array([[0.0, 0.0]], np.float32))
+    np.save(folder / "g.npy", np.array([[1.0, 0.0], [2.0, 0.0]], np.float32))
+
+
+def test_verify_without_negative_pairs_names_the_manifests(tmp_path):
+    write(tmp_path, gallery="id,label\ng1,a\ng2,a\n")
+    proc = run_rankwise(
+        "verify",
+        *input_args(tmp_path),
+        "--protocol",
+        "recall",
+        "--distance",
+        "euclidean",
+        "--output",
+        tmp_path / "v.json",
+    )
+    line = one_error_line(proc)
+    assert f"{tmp_path / 'q.csv'}, {tmp_path / 'g.csv'}: no negative pair" in line, line
+    assert "tpr_at_fpr" not in line and not (tmp_path / "v.json").exists()
+
+
+def test_a_ranks_command_given_an_embedding_store_says_which_store_it_is(tmp_path):
+    (tmp_path / "img").mkdir()
+    for i in range(2):
+        Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(tmp_path / "img" / f"{i}.png")
+    (tmp_path / "m.csv").write_text("id,label,path\na,1,img/0.png\nb,2,img/1.png\n")
+    store = tmp_path / "e.zarr"
+    encode = ["encode", "--manifest", tmp_path / "m.csv", "--kind", "pixels", "--out", store]
+    assert run_rankwise(*encode, "--no-progress").returncode == 0
+    line = one_error_line(run_rankwise("metrics", store))
+    assert f"{store}: a rankwise embeddings store, not a ranks store; give the ranks store " in line
+    assert "incomplete" not in line
+
+
+def test_an_image_path_that_is_a_folder_says_so(tmp_path):
+    (tmp_path / "img" / "sub dir").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "img" / "0.png")
+    (tmp_path / "m.csv").write_text("id,label,path\na,1,img/0.png\nb,2,img/sub dir\n")
+    proc = run_rankwise(
+        "encode", "--manifest", tmp_path / "m.csv", "--kind", "pixels", "--out",
+        tmp_path / "e.zarr", "--no-progress",
+    )  # fmt: skip
+    line = one_error_line(proc)
+    assert "image 'img/sub dir' is a folder" in line and "not an image file" in line, line
+    assert "replace the file" not in line
+
+
+def test_output_dash_is_refused_not_a_file_named_dash(tmp_path):
+    write(tmp_path)
+    proc = run_rankwise("evaluate", *input_args(tmp_path), "--output", "-", cwd=tmp_path)
+    line = one_error_line(proc)
+    assert "'--output': '-' is not an output path here; give a file name" in line, line
+    assert not (tmp_path / "-").exists()
