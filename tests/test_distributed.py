@@ -73,3 +73,46 @@ def test_reranking_on_a_cluster_matches_threads(tmp_path, cluster, options):
     on_cluster = rankwise.rank(*files, scheduler=cluster, **kwargs, **options)
     for key in ("offsets", "ranks", "query_index"):
         np.testing.assert_array_equal(getattr(on_cluster, key), getattr(threaded, key))
+
+
+def test_a_scheduler_address_that_is_not_one_is_a_clear_error(tmp_path):
+    """A malformed address (ValueError) was a traceback with exit status 1."""
+    files = _reid_files(tmp_path, seed=5)
+    for address, what in (("garbage", "missing port number"), ("http://x:1", "unknown address")):
+        with pytest.raises(rankwise.RankwiseError, match=f"not a usable scheduler address.*{what}"):
+            rankwise.evaluate(*files, protocol="reid", scheduler=address)
+
+
+def test_a_port_where_no_scheduler_answers_does_not_hang(monkeypatch):
+    """Something other than a Dask scheduler on the port: distributed's client waited
+    forever. The client connects in a thread given a deadline (here 0.2 s, a client that
+    never returns standing for the silent peer)."""
+    import threading
+
+    from rankwise import ranking
+
+    never = threading.Event()
+
+    class Silent:
+        def __init__(self, address, timeout):
+            never.wait()
+
+    monkeypatch.setattr(ranking, "_CONNECT_S", 0.2)
+    with pytest.raises(rankwise.RankwiseError, match=r"did not answer within 0\.2 s: something"):
+        ranking._connect(Silent, "tcp://127.0.0.1:8799")
+    never.set()
+
+
+def test_a_scheduler_without_workers_is_a_clear_error(tmp_path, monkeypatch):
+    """It failed after Dask's timeout with "TimeoutError: No valid workers found"."""
+    from rankwise import ranking
+
+    monkeypatch.setattr(ranking, "_WORKERS_S", 1.0)
+    files = _reid_files(tmp_path, seed=6)
+    with distributed.LocalCluster(
+        n_workers=0, processes=False, dashboard_address=":0", silence_logs=40
+    ) as lc:
+        with pytest.raises(
+            rankwise.RankwiseError, match=r"has no workers \(none joined within 1 s\); start some"
+        ):
+            rankwise.evaluate(*files, protocol="reid", scheduler=lc.scheduler_address)

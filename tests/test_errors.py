@@ -790,7 +790,8 @@ STORE_CASES = [
     (
         "wrong-kind",
         ["metrics", "{d}/g_store.zarr"],
-        r"g_store\.zarr: expected a rankwise ranks store, found kind='embeddings'",
+        r"g_store\.zarr: a rankwise embeddings store, not a ranks store; give the ranks store "
+        r"written by `rankwise rank`",
     ),
     ("not-a-store", ["metrics", "{d}/g.npy"], r"g\.npy: not a readable Zarr store"),
     (

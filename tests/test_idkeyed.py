@@ -719,3 +719,18 @@ def test_the_pipeline_tracks_each_splits_ids_file():
         "f.npy",
         "f.txt",
     ]
+
+
+def test_a_foreign_store_with_a_manifest_row_array_is_refused(tmp_path):
+    """rankwise reads a store's rows in manifest order; a 'manifest_row' array in a store
+    it did not write was ignored, the rows silently misaligned."""
+    import zarr
+
+    from rankwise.embeddings import open_embeddings
+
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    group = zarr.open_group(str(tmp_path / "e.zarr"), mode="w", zarr_format=3)
+    group.create_array("embeddings", data=rows[[1, 0, 3, 2]])
+    group.create_array("manifest_row", data=np.array([1, 0, 3, 2]))
+    with pytest.raises(RankwiseError, match=r"e\.zarr: has a 'manifest_row' array but is not an"):
+        open_embeddings(tmp_path / "e.zarr", name="gallery embeddings")

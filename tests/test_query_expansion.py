@@ -65,6 +65,20 @@ def test_one_neighbour_under_cosine_is_the_plain_ranking():
     assert one.attrs["protocol_options"]["aqe"] == {"k": 1, "alpha": 3.0}
 
 
+def test_each_item_is_first_in_its_own_neighbours_even_when_tied():
+    """Gallery row g0 = 3 x the query: they tie exactly under cosine, and the query (the
+    lower item) came first in g0's list, so `aqe=1,1` replaced g0 by the query (recall@1
+    0 -> 100). The item itself is always first: k = 1 changes nothing."""
+    q = pd.DataFrame({"id": ["q0"], "label": ["A"]})
+    g = pd.DataFrame({"id": ["g0", "g1"], "label": ["A", "B"]})
+    qe = np.array([[1.0, 0.0]], np.float32)
+    ge = np.array([[3.0, 0.0], [1.5, 0.3]], np.float32)
+    plain = rankwise.evaluate(q, g, qe, ge, distance="euclidean", ks=(1,))
+    one = rankwise.evaluate(q, g, qe, ge, distance="euclidean", ks=(1,), aqe="1,1")
+    assert plain.metrics["recall@1"] == 0.0
+    assert one.metrics == plain.metrics
+
+
 @pytest.mark.parametrize(
     "engine",
     [{"query_block": 1, "gallery_chunk": 2, "workers": 1}, {"query_block": 7, "workers": 2}],
@@ -83,6 +97,8 @@ def test_tiles_and_workers_never_change_a_number(engine):
         ("0,3", r"aqe k must be a positive integer, got 0"),
         ("5,-1", r"aqe alpha must be a non-negative number, got -1"),
         ("5", r"aqe must be k,alpha \(e.g. 5,3\)"),
+        # inf zeroed every weight and was reported as "a zero vector" of the expanded rows
+        ("5,inf", r"aqe alpha must be a non-negative number, got inf"),
     ],
 )
 def test_library_refuses_bad_settings(value, message):

@@ -416,9 +416,18 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
 
 
 def _manifest_rows(group, attrs: dict, path: Path) -> np.ndarray | None:
-    """A rankwise store's ``manifest_row`` array (rows kept from its manifest), or None."""
-    if attrs.get("kind") != "embeddings" or MANIFEST_ROW not in group:
+    """A rankwise store's ``manifest_row`` array (rows kept from its manifest), or None.
+
+    Another store with such an array is refused: its rows would be read in storage
+    order, silently misaligned with the manifest if they are not in its order."""
+    if MANIFEST_ROW not in group:
         return None
+    if attrs.get("kind") != "embeddings":
+        raise RankwiseError(
+            f"{path}: has a '{MANIFEST_ROW}' array but is not an embeddings store written by "
+            "rankwise, whose rows are read in the manifest's order; store the rows in "
+            "manifest order without it, or give an 'ids' array to align them by id"
+        )
     rows = np.asarray(group[MANIFEST_ROW][...], dtype=np.int64)
     total = (attrs.get(ID_ALIGNMENT) or {}).get("manifest_rows")
     if (

@@ -58,7 +58,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """A finite real (``inf`` as AQE's alpha zeroed every weight: "a zero vector")."""
+    return (
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    )
 
 
 def _fmt(x: float) -> str:

@@ -27,6 +27,19 @@ from .errors import RankwiseError
 from .kernels import pair_keys
 
 
+def _self_first(nn: np.ndarray) -> np.ndarray:
+    """Each row's neighbour list ``(N, k)`` with the item itself first, the others in
+    their order.  A row parallel to one of lower index ties with the item exactly (or
+    beats it by a rounding) and would come first, or push the item out of a short list:
+    ``--aqe 1,1`` replaced such a row by the other one."""
+    n, k = nn.shape
+    items = np.arange(n, dtype=nn.dtype)
+    others = np.where(nn == items[:, None], -1, nn)
+    order = np.argsort(others == -1, axis=1, kind="stable")  # the item's slot last
+    others = np.take_along_axis(others, order, axis=1)[:, : k - 1]
+    return np.concatenate([items[:, None], others], axis=1)
+
+
 def estimate_memory_mb(
     n_query: int,
     n_gallery: int,
@@ -85,6 +98,7 @@ def expand(
     nn, _ = neighbours(
         unit, sq, k, options.query_block, options.gallery_chunk, True, runner, squared=False
     )
+    nn = _self_first(nn)
     rows = np.repeat(np.arange(n_all, dtype=np.int64), k)
     sim = -pair_keys(unit, unit, rows, nn.ravel(), True)  # canonical cos(i, j)
     alpha = float(aqe["alpha"])

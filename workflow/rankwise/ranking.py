@@ -263,14 +263,7 @@ class _Runner:
             if isinstance(options.scheduler, Client):
                 self.client = options.scheduler
             else:
-                try:
-                    self.client = Client(options.scheduler, timeout=10)
-                except OSError as exc:
-                    raise RankwiseError(
-                        f"cannot reach the Dask scheduler at "
-                        f"{options.scheduler!r} ({exc}); start it or fix "
-                        "the address"
-                    ) from None
+                self.client = _connect(Client, str(options.scheduler))
             self.workers = max(1, sum(self.client.nthreads().values()))
 
     @property
@@ -291,6 +284,57 @@ class _Runner:
         import dask.threaded
 
         return dask.threaded.get(graph, keys, num_workers=self.workers)
+
+
+#: Seconds to wait for a scheduler's answer, and then for its first worker.
+_CONNECT_S = 30.0
+_WORKERS_S = 15.0
+
+
+def _connect(client_class, address: str):
+    """A dask.distributed client of the scheduler at ``address`` with at least one
+    worker, or one line saying what is wrong: an unreachable or malformed address, a
+    port where something other than a Dask scheduler answers (the client would wait
+    forever: it connects in a thread given :data:`_CONNECT_S`), no workers (the first
+    task would fail after Dask's timeout with "No valid workers found")."""
+    import threading
+
+    where = f"the Dask scheduler at {address!r} (--scheduler)"
+    result: dict = {}
+
+    def connect() -> None:
+        try:
+            result["client"] = client_class(address, timeout=10)
+        except BaseException as exc:  # handed to the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=connect, name="rankwise-connect", daemon=True)
+    thread.start()
+    thread.join(_CONNECT_S)
+    if thread.is_alive():
+        raise RankwiseError(
+            f"{where} did not answer within {_CONNECT_S:g} s: something other than a Dask "
+            "scheduler listens there; give the address the scheduler prints (tcp://host:8786)"
+        )
+    error = result.get("error")
+    if isinstance(error, OSError):
+        raise RankwiseError(f"cannot reach {where} ({error}); start it or fix the address")
+    if error is not None:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise RankwiseError(
+            f"{where}: not a usable scheduler address ({type(error).__name__}: {first}); give "
+            "the address the scheduler prints (tcp://host:8786)"
+        )
+    client = result["client"]
+    try:
+        client.wait_for_workers(1, timeout=_WORKERS_S)
+    except Exception:  # distributed's TimeoutError
+        client.close()
+        raise RankwiseError(
+            f"{where} has no workers (none joined within {_WORKERS_S:g} s); start some "
+            f"(dask worker {address}) or run without --scheduler"
+        ) from None
+    return client
 
 
 def _chunk_groups(bounds: np.ndarray, gallery: EmbeddingSource, cosine: bool, runner):
