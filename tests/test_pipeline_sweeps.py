@@ -102,6 +102,25 @@ def test_a_dataset_naming_the_entry_gets_the_whole_sweep(workdir):
     assert planned(workdir, config) == {}  # every checkpoint of `run`, and not pixels
 
 
+def test_a_dataset_can_name_one_checkpoint_of_a_sweep(workdir):
+    """`encoders: [run@epoch_2]`, the name the sweep gives that file, was refused as
+    "cannot be a folder name"; now that checkpoint alone (here the report changes only:
+    the other one drops out), and a stem the sweep does not have is named."""
+    config = copy.deepcopy(CONFIG)
+    config["datasets"]["market"]["encoders"] = ["run@epoch_2"]
+    assert planned(workdir, config) == {"report": 1, "all": 1}
+    config["datasets"]["market"]["encoders"] = ["run@epoch_9"]
+    lines = error_lines(snakemake(workdir, config, "--dry-run"))
+    assert len(lines) == 1, lines
+    assert (
+        "datasets.market.encoders: 'run@epoch_9': the sweep 'run' has no checkpoint 'epoch_9'"
+        in lines[0]
+    ), lines
+    config["datasets"]["market"]["encoders"] = ["run@@x"]
+    lines = error_lines(snakemake(workdir, config, "--dry-run"))
+    assert len(lines) == 1 and "is neither an encoder name nor entry@name" in lines[0], lines
+
+
 def test_a_glob_matching_nothing_names_the_pattern(workdir):
     config = copy.deepcopy(CONFIG)
     config["encoders"]["run"]["checkpoints"] = "runs/baseline/epoch_*.pth"

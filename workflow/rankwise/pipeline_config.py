@@ -211,6 +211,11 @@ def _describe(error) -> tuple[list[Any], str]:
         wanted = error.validator_value
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
         return keys, f"expected {wanted}, got {_short(instance)}"
+    if kind in ("pattern", "not") and "@" in str(instance) and keys[-2:-1] == ["encoders"]:
+        return keys, (
+            f"{_short(instance)} is neither an encoder name nor entry@name (one checkpoint "
+            "of a sweep, as the sweep names it): letters, digits and _ . + - around one @"
+        )
     if kind in ("pattern", "not"):  # only the names' pattern uses these
         return keys, (
             f"name {_short(instance)} cannot be a folder name; use letters, digits "
@@ -256,6 +261,14 @@ def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, lis
                 "an empty list evaluates nothing; list encoder names, or null for every encoder",
             )
         for encoder in (dataset or {}).get("encoders") or []:
+            entry, _, stem = encoder.partition("@")
+            if encoder not in known and stem and entry in sweeps:
+                found = [n.partition("@")[2] for n in sweeps[entry]]
+                raise ConfigError(
+                    ["datasets", name, "encoders"],
+                    f"{encoder!r}: the sweep {entry!r} has no checkpoint {stem!r}"
+                    f"{did_you_mean(stem, found)} (it has: {', '.join(found) or 'none'})",
+                )
             if encoder not in known:
                 raise ConfigError(
                     ["datasets", name, "encoders"],
