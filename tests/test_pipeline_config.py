@@ -321,6 +321,8 @@ def test_sweep_passes_the_file_as_the_kinds_option(tmp_path, monkeypatch, kind, 
             "a/best.onnx and b/best.onnx have the same stem 'best'",
         ),
         (["r/epoch 1.onnx"], "r/*.onnx", "the stem 'epoch 1' cannot be part of an encoder name"),
+        # run@ep.json's metrics file would be run@ep.json.json beside run@ep's run@ep.json
+        (["r/ep.json.onnx", "r/ep.onnx"], "r/*.onnx", "the stem 'ep.json' cannot be part of an"),
     ],
 )
 def test_sweep_errors(tmp_path, monkeypatch, files, pattern, message):

@@ -59,9 +59,7 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     """A finite real (``inf`` as AQE's alpha zeroed every weight: "a zero vector")."""
-    return (
-        isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    )
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _fmt(x: float) -> str:

@@ -437,11 +437,14 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
                     f"{stems[stem]} and {file} have the same stem {stem!r} "
                     f"(the encoder name {name}@{stem}); narrow the pattern",
                 )
-            if not _NAME.match(stem):
+            if not _NAME.match(stem) or stem.endswith((".tmp", ".zarr", ".json", ".txt")):
+                # the schema's rule for names: ep.json.pt would make metrics files
+                # run@ep.json.json beside run@ep.json (the one of run@ep)
                 raise ConfigError(
                     ["encoders", name, "checkpoints"],
                     f"{file}: the stem {stem!r} cannot be part of an encoder "
-                    "name; rename the file (letters, digits, _ . + -)",
+                    "name; rename the file (letters, digits, _ . + -, not ending in .tmp, "
+                    ".zarr, .json or .txt)",
                 )
             stems[stem] = file
             base = {k: v for k, v in entry.items() if k != "checkpoints"}
