@@ -190,10 +190,11 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
 
             # rows are matched by position: a re-sorted or edited manifest of as many rows
             # would cluster the queries by other labels, silently
-            if file_sha256(labels) != expected:
+            found = file_sha256(labels)
+            if found != expected:
                 raise RankwiseError(
                     f"{labels}: not the query manifest the ranks were computed from (its "
-                    f"sha256 {file_sha256(labels)[:12]} differs from the ranks store's "
+                    f"sha256 {found[:12]} differs from the ranks store's "
                     f"{str(expected)[:12]}: edited, re-sorted or another file); pass that "
                     "manifest (--labels QUERY.csv) or rank again"
                 )

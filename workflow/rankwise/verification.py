@@ -130,10 +130,7 @@ def tpr_at_fpr(
     )
     pairs = _Pairs(inputs, problem, distance == "cosine", query_block, gallery_chunk)
     fine, n_neg, positives = pairs.first_pass()
-    where = ", ".join(
-        str(x) if isinstance(x, (str, os.PathLike)) else f"<{role} table>"
-        for x, role in ((query, "query"), (gallery, "gallery"))
-    )
+    where = ", ".join(inputs.names)
     if n_neg == 0:
         raise RankwiseError(
             f"{where}: no negative pair (every valid pair has the query's label), so no "

@@ -105,15 +105,16 @@ class InputPath(click.Path):
     def referenced(self, path: str) -> list[tuple[str, str]]:
         """``(path, what)`` of the files ``path`` names; [] when it cannot be read (the
         command itself reports that)."""
-        try:
-            if self.names == "ranks":  # a Zarr v3 group's attributes, without importing zarr
-                with open(os.path.join(path, "zarr.json"), encoding="utf-8") as file:
-                    attrs = json.load(file).get("attributes") or {}
-            else:
+        if self.names == "ranks":
+            from ..store import store_attrs
+
+            attrs = store_attrs(path)
+        else:
+            try:
                 with open(path, encoding="utf-8") as file:
                     attrs = json.load(file).get("provenance") or {}
-        except (OSError, ValueError, AttributeError):
-            return []
+            except (OSError, ValueError, AttributeError):
+                return []
         if not isinstance(attrs, dict):
             return []
         found = []
