@@ -192,14 +192,7 @@ def single_shot_flag(wildcards):
     return "--all-gallery-shots"
 def rerank_flags(wildcards):
     """The dataset's query expansion and re-ranking as `rankwise rank` flags ("" = none)."""
-    dataset = DATASETS[wildcards.dataset]
-    flags = []
-    if dataset["aqe"] is not None:
-        flags.append(f"--aqe {dataset['aqe']['k']},{dataset['aqe']['alpha']}")
-    if dataset["rerank"] is not None:
-        rerank = dataset["rerank"]
-        flags.append(f"--rerank {rerank['k1']},{rerank['k2']},{rerank['lambda']}")
-    return " ".join(flags)
+    return pipeline_config.rerank_flags(DATASETS[wildcards.dataset])
 
 
 def verification_pairs(pattern):

@@ -203,8 +203,8 @@ def test_schema_errors_are_one_line_with_the_key_path(mutate, message):
 def test_unknown_key_without_a_close_match_lists_the_valid_keys():
     text = _error(lambda c: c["datasets"]["market"].update(zzz=1))
     assert (
-        "unknown key 'zzz'; valid: ap, aqe, distance, encoders, exclude_same_camera, gap_frames"
-        in text
+        "unknown key 'zzz'; valid: ap, aqe, distance, drop_junk, encoders, exclude_same_camera, "
+        "gap_frames" in text
     )
 
 

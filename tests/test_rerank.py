@@ -388,6 +388,24 @@ def test_pipeline_reranks_in_the_rank_stage(tmp_path):
     )
     assert entry["metrics"] == pytest.approx(want.metrics, abs=1e-9)
     assert entry["metrics"] != pytest.approx(plain.metrics, abs=1e-9)
+    # junk rows out of the neighbour sets (torchreid's loaders): rank and what follows
+    config["datasets"]["market"]["drop_junk"] = True
+    proc = _snakemake(tmp_path, config, "--dry-run")
+    assert planned_jobs(proc.stdout + proc.stderr) == {
+        "rank": 1,
+        "metrics": 1,
+        "report": 1,
+        "all": 1,
+    }
+    proc = _snakemake(tmp_path, config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (entry,) = json.loads((tmp_path / "results/report.json").read_text())["results"]
+    dropped = rankwise.evaluate(
+        *manifests, *embeddings, protocol="reid", distance="euclidean", ks=(1, 5),
+        rerank="6,3,0.3", drop_junk=True,
+    )  # fmt: skip
+    assert entry["metrics"] == pytest.approx(dropped.metrics, abs=1e-9)
+    assert entry["metrics"] != pytest.approx(want.metrics, abs=1e-9)
     config["datasets"]["market"]["rerank"] = {"k1": 8, "k2": 3, "lambda": 0.3}
     proc = _snakemake(tmp_path, config, "--dry-run")
     assert planned_jobs(proc.stdout + proc.stderr) == {

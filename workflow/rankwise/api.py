@@ -12,6 +12,7 @@ from .errors import RankwiseError
 from .metrics import AP_VARIANTS, compute_metrics, parse_ks
 from .options import (
     DEVICE,
+    DROP_JUNK,
     EXCLUDE_SAME_CAMERA,
     GALLERY_CHUNK,
     JUNK_LABELS,
@@ -120,6 +121,7 @@ def rank(
     shot_seed: int = SHOT_SEED.default,
     rerank: dict | str | None = None,
     aqe: dict | str | None = None,
+    drop_junk: bool = DROP_JUNK.default,
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
     workers: int | None = None,
@@ -130,13 +132,14 @@ def rank(
 ) -> RankResult:
     """Validate the inputs and compute the ranks (see :func:`evaluate` for parameters)."""
     from .inputs import open_inputs
-    from .options import AQE, check_rerank, check_rerank_alone
+    from .options import AQE, check_drop_junk, check_rerank, check_rerank_alone
     from .ranking import EngineOptions, check_distance, compute_ranks
 
     check_distance(distance)
     rerank = check_rerank(rerank, get_protocol(protocol).name)
     aqe = check_rerank(aqe, protocol, "aqe", AQE)
     check_rerank_alone(rerank, aqe, multi_query, single_gallery_shot)
+    drop_junk = check_drop_junk(drop_junk, protocol, rerank, aqe)
     options = EngineOptions(
         query_block=query_block,
         gallery_chunk=gallery_chunk,
@@ -174,8 +177,9 @@ def rank(
     # (2M gallery rows hold ~240 MB of Python strings).
     del inputs
     result = compute_ranks(
-        problem, q_src, g_src, distance=distance, options=options, rerank=rerank, aqe=aqe
-    )
+        problem, q_src, g_src, distance=distance, options=options, rerank=rerank, aqe=aqe,
+        drop_junk=drop_junk,
+    )  # fmt: skip
     # what --by identity's labels must match (rankwise.stats.query_labels)
     result.attrs["num_query_rows"] = query_rows
     if shots is not None:
@@ -226,6 +230,7 @@ def evaluate(
     shot_seed: int = SHOT_SEED.default,
     rerank: dict | str | None = None,
     aqe: dict | str | None = None,
+    drop_junk: bool = DROP_JUNK.default,
     ap: str = "standard",
     query_block: int = QUERY_BLOCK.default,
     gallery_chunk: int = GALLERY_CHUNK.default,
@@ -265,6 +270,10 @@ def evaluate(
     aqe : average query expansion (recall, reid; fast-reid's AQE, applied before
         ``rerank``): ``{"k": 5, "alpha": 3.0}`` or ``"5,3"``; None (default): none.
         See :mod:`rankwise.query_expansion`.
+    drop_junk : reid with ``rerank`` or ``aqe``: leave the gallery rows with a junk label
+        out of the neighbour sets as well, as torchreid's and fast-reid's dataset loaders
+        do (they drop those rows); default False: every gallery row is an item of the
+        neighbour sets, as in Zhong et al.'s code.  Junk rows are never ranked either way.
     ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
@@ -301,6 +310,7 @@ def evaluate(
         shot_seed=shot_seed,
         rerank=rerank,
         aqe=aqe,
+        drop_junk=drop_junk,
         query_block=query_block,
         gallery_chunk=gallery_chunk,
         workers=workers,

@@ -64,6 +64,24 @@ class EmbeddingSource:
     attrs: dict | None = None  # a rankwise store's attributes (None for other sources)
     manifest_rows: np.ndarray | None = None  # (N,) when the store holds a subset of rows
     ids_array: str | None = None  # "ids": a Zarr group (not a rankwise store) keyed by ids
+    source_rows: np.ndarray | None = None  # (N,) rows taken from ``path``: :meth:`subset`
+
+    def row_number(self, row: int) -> int:
+        """The row of the file that row ``row`` of this source is (messages name it)."""
+        return int(self.source_rows[row]) if self.source_rows is not None else int(row)
+
+    def subset(self, rows: np.ndarray) -> EmbeddingSource:
+        """Rows ``rows`` (ascending) read into memory, as a source whose messages name
+        their rows in this one."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return EmbeddingSource(
+            kind="array",
+            shape=(len(rows), self.shape[1]),
+            name=self.name,
+            path=self.path,
+            array=self.take(rows),
+            source_rows=rows if self.source_rows is None else self.source_rows[rows],
+        )
 
     @property
     def num_manifest_rows(self) -> int:

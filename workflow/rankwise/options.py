@@ -588,6 +588,16 @@ AQE = Option(
 )
 
 
+DROP_JUNK = Option(
+    "drop_junk",
+    "boolean",
+    False,
+    help="reid with rerank/aqe: gallery rows with a junk label are left out of the "
+    "neighbour sets too, as torchreid's and fast-reid's loaders drop them (they are never "
+    "ranked either way); false = Zhong et al.'s code on the whole gallery",
+)
+
+
 def rerank_applies(protocol: str) -> bool:
     """Whether re-ranking applies: one query per unit, every gallery item a candidate."""
     spec = get_protocol(protocol)
@@ -610,6 +620,25 @@ def check_rerank(
             f"ranked against the whole gallery (protocols {valid}); drop {label}"
         )
     return checked
+
+
+def check_drop_junk(
+    drop_junk: Any, protocol: str, rerank: Any, aqe: Any, label: str = "drop_junk"
+) -> bool:
+    """:data:`DROP_JUNK` checked: on, it needs a protocol with junk labels and re-ranking
+    or query expansion to act on (it changes nothing else: junk rows are never ranked)."""
+    on = DROP_JUNK.check(drop_junk, label)
+    if on and "drop_junk" not in get_protocol(protocol).options:
+        raise RankwiseError(
+            f"{label} applies to protocol reid only (junk labels), not {protocol!r}; remove {label}"
+        )
+    if on and rerank is None and aqe is None:
+        others = "--rerank or --aqe" if label.startswith("--") else "rerank or aqe"
+        raise RankwiseError(
+            f"{label} only changes the neighbour sets of re-ranking and query expansion "
+            f"(junk rows are never ranked): add {others}, or remove {label}"
+        )
+    return on
 
 
 def check_rerank_alone(
@@ -706,6 +735,7 @@ EVALUATION = group(
     SHOT_SEED,
     AQE,
     RERANK,
+    DROP_JUNK,
     VERIFICATION,
     AP,
 )

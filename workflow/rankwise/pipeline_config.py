@@ -276,11 +276,31 @@ def check_dataset_encoders(datasets: dict, encoders: dict, sweeps: dict[str, lis
                 )
 
 
+def rerank_flags(dataset: dict) -> str:
+    """A checked dataset entry's query expansion and re-ranking as `rankwise rank` flags
+    ("" = none).  ``drop_junk`` goes with them only: alone it changes nothing (junk rows
+    are never ranked), so it changes no param and reruns nothing, like an option the
+    protocol does not take."""
+    from .registry import get_protocol
+
+    flags = []
+    if dataset.get("aqe") is not None:
+        flags.append(f"--aqe {dataset['aqe']['k']},{dataset['aqe']['alpha']}")
+    if dataset.get("rerank") is not None:
+        rerank = dataset["rerank"]
+        flags.append(f"--rerank {rerank['k1']},{rerank['k2']},{rerank['lambda']}")
+    taken = "drop_junk" in get_protocol(dataset["protocol"]).options
+    if flags and taken and dataset.get("drop_junk"):
+        flags.append("--drop-junk")
+    return " ".join(flags)
+
+
 def check_reranking(datasets: dict) -> None:
     """``datasets.<name>.rerank`` / ``aqe`` / ``verification``: what the schema cannot say
     (k2 <= k1, a protocol they apply to), as :func:`rankwise.options.check_rerank` and
     :func:`~rankwise.options.check_verification`; a partial mapping gets its defaults
-    filled in (in place)."""
+    filled in (in place).  (``drop_junk`` without either changes nothing:
+    :func:`rerank_flags`.)"""
     from .options import AQE, RERANK, check_rerank, check_rerank_alone, check_verification
 
     for name, dataset in datasets.items():

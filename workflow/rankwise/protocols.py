@@ -30,7 +30,7 @@ than 2 candidates, or none of its label).  The gallery is unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -105,6 +105,32 @@ class Problem:
             valid[mine - start] = True
             return valid, valid & (self.glab[start:stop] == self.qlab[q])
         return dense_masks(self, np.int64(q), np.arange(start, stop, dtype=np.int64))
+
+    def gallery_subset(self, keep: np.ndarray) -> Problem:
+        """The same problem on gallery rows ``keep`` only (ascending), numbered from 0.
+
+        Every pair's gallery item must be kept; ``num_gallery`` stays as it is (it
+        counts the rows that can be ranked, and only never-ranked rows may be left out:
+        ``drop_junk`` leaves out the junk rows).
+        """
+        keep = np.asarray(keep, dtype=np.int64)
+        n_old, n_new = len(self.glab), len(keep)
+        new = np.full(n_old, -1, dtype=np.int64)
+        new[keep] = np.arange(n_new)
+        pair_g = new[self.pair_g]
+        if (pair_g < 0).any():
+            raise ValueError("gallery_subset: a pair's gallery item is not kept")
+        q, g = np.divmod(self.twins, max(n_old, 1))  # twins are keys q * G + g
+        kept = new[g] >= 0
+        return replace(
+            self,
+            glab=self.glab[keep],
+            gid=self.gid[keep],
+            gjunk=self.gjunk[keep],
+            gcam=None if self.gcam is None else self.gcam[keep],
+            pair_g=pair_g,
+            twins=np.sort(q[kept] * n_new + new[g[kept]]),
+        )
 
 
 def dense_masks(codes, q: np.ndarray | np.integer, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

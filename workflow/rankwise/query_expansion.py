@@ -109,7 +109,9 @@ def expand(
         item, other = int(rows[t]), int(nn.ravel()[t])
 
         def where(i: int) -> str:
-            return f"{query.name} row {i}" if i < n_query else f"{gallery.name} row {i - n_query}"
+            if i < n_query:
+                return f"{query.name} row {query.row_number(i)}"
+            return f"{gallery.name} row {gallery.row_number(i - n_query)}"
 
         raise RankwiseError(
             f"aqe alpha {alpha:g} is not an integer, and {where(item)} (0-based) has a "

@@ -162,6 +162,7 @@ def prepare_chunk(
 
 def _bad_row_message(source: EmbeddingSource, row: int, why: int, sq: float = 0.0) -> str:
     where = source.path or source.name
+    row = source.row_number(row)
     if why == 1:
         return (
             f"{where}: {source.name} row {row} (0-based) contains NaN or inf; fix or drop that item"
@@ -374,6 +375,7 @@ def compute_ranks(
     options: EngineOptions | None = None,
     rerank: dict[str, Any] | None = None,
     aqe: dict[str, Any] | None = None,
+    drop_junk: bool = False,
 ) -> RankResult:
     """Ranks of every evaluated query's relevant items (see module docstring).
 
@@ -388,6 +390,9 @@ def compute_ranks(
     aqe : ``{"k", "alpha"}`` (:data:`rankwise.options.AQE`): rank the average-query-
         expanded embeddings (:mod:`rankwise.query_expansion`; before any re-ranking, as
         fast-reid does), recorded in ``protocol_options``.
+    drop_junk : with ``rerank`` or ``aqe``, leave the gallery's junk rows out of the
+        neighbour sets too (torchreid's and fast-reid's loaders never read them; they are
+        never ranked either way), recorded in ``protocol_options``.
     """
     options = options or EngineOptions()
     check_distance(distance)
@@ -399,7 +404,13 @@ def compute_ranks(
     dim = int(query.shape[1])
     runner = _Runner(options)
     if options.memory_limit_mb is not None:
-        _check_memory(problem, query, gallery, options, tiles.name, runner.workers, rerank, aqe)
+        _check_memory(
+            problem, query, gallery, options, tiles.name, runner.workers, rerank, aqe, drop_junk
+        )
+    kept = None  # the gallery rows left, when junk rows are dropped
+    if drop_junk and (rerank is not None or aqe is not None) and problem.gjunk.any():
+        kept = np.flatnonzero(~problem.gjunk)
+        problem, gallery = problem.gallery_subset(kept), gallery.subset(kept)
     if aqe is not None:
         from .query_expansion import expand
 
@@ -436,6 +447,9 @@ def compute_ranks(
                 problem, evaluated.astype(np.int64), qrows, qsq, gallery, cosine=cosine,
                 k=TOP_STORED, block=options.query_block, chunk=options.gallery_chunk,
             )  # fmt: skip
+    if kept is not None and "top_items" in extra_arrays:  # rows of the whole gallery
+        top = extra_arrays["top_items"]
+        extra_arrays["top_items"] = np.where(top >= 0, kept[np.maximum(top, 0)], -1)
     attrs = {
         "protocol": problem.protocol,
         "distance": distance,
@@ -447,6 +461,7 @@ def compute_ranks(
             problem.options,
             **({"aqe": dict(aqe)} if aqe else {}),
             **({"rerank": dict(rerank)} if rerank else {}),
+            **({"drop_junk": True} if drop_junk else {}),
         ),
     }
     return RankResult(
@@ -460,11 +475,14 @@ def compute_ranks(
     )
 
 
-def _check_memory(problem, query, gallery, options, device, workers, rerank, aqe) -> None:
+def _check_memory(
+    problem, query, gallery, options, device, workers, rerank, aqe, drop_junk=False
+) -> None:
     """Refuse, before any work, a run whose estimated peak exceeds the memory limit:
     the plain engine's estimate, or re-ranking's when larger (its stages replace the
     plain tiles); with query expansion, the larger of its own peak and the ranking's
-    plus the expanded rows it leaves."""
+    plus the expanded rows it leaves; with ``drop_junk``, plus the kept gallery rows
+    read into memory."""
     n_query, n_gallery, dim = query.shape[0], gallery.shape[0], int(query.shape[1])
     chunk = int(np.diff(_chunk_bounds(n_gallery, gallery, options.gallery_chunk)).max())
     need = estimate_memory_mb(
@@ -490,6 +508,8 @@ def _check_memory(problem, query, gallery, options, device, workers, rerank, aqe
         )
         need = max(_BASE_MB + during, need + after)  # expansion, then ranking
         extra += ", query expansion"
+    if drop_junk and (rerank is not None or aqe is not None):
+        need += 4.0 * dim * n_gallery / 2**20
     if need > options.memory_limit_mb:
         raise RankwiseError(
             f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "

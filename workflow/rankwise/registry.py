@@ -100,6 +100,7 @@ _SPECS = (
             "single_gallery_shot",
             "shot_repeats",
             "shot_seed",
+            "drop_junk",
         ),
     ),
     ProtocolSpec(

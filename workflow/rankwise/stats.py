@@ -593,9 +593,9 @@ def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str])
 def ranked_set(key: str, value):
     """What must agree between two paired stores: re-ranking changes the distance, not
     who is ranked, so a re-ranked store pairs with a plain one ("+RK" against the same
-    encoder)."""
+    encoder); so does ``drop_junk`` (junk rows are never ranked)."""
     if key == "protocol_options" and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k != "rerank"}
+        return {k: v for k, v in value.items() if k not in ("rerank", "drop_junk")}
     return value
 
 

@@ -50,6 +50,7 @@ _TAKEN_BY_PROTOCOL = {
     "exclude_same_camera": "--keep-same-camera",
     "shot_repeats": "--shot-repeats",
     "shot_seed": "--shot-seed",
+    "drop_junk": "--drop-junk",
 }
 
 
@@ -100,11 +101,12 @@ def _rank(kw: dict, progress: bool):
     if not given_protocol:
         note = _reid_hint(kw["query"], kw["gallery"])
     from ..devices import tiles_for
-    from ..options import AQE, check_rerank
+    from ..options import AQE, check_drop_junk, check_rerank
 
     # the messages name the flags
     check_rerank(kw["rerank"], kw["protocol"], "--rerank")
     check_rerank(kw["aqe"], kw["protocol"], "--aqe", AQE)
+    check_drop_junk(kw["drop_junk"], kw["protocol"], kw["rerank"], kw["aqe"], "--drop-junk")
     tiles_for(kw["device"], "--device")  # cuda without a usable GPU
     result = rank(
         kw["query"],
@@ -123,6 +125,7 @@ def _rank(kw: dict, progress: bool):
         shot_seed=kw["shot_seed"],
         rerank=kw["rerank"],
         aqe=kw["aqe"],
+        drop_junk=kw["drop_junk"],
         query_block=kw["query_block"],
         gallery_chunk=kw["gallery_chunk"],
         workers=kw["workers"],

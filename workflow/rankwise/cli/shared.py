@@ -251,6 +251,12 @@ inputs = stack(
         help="recall/reid: fast-reid's average query expansion of every embedding, e.g. "
         "5,3 (before --rerank); default: none.",
     ),
+    spec.DROP_JUNK.click(
+        flag="--drop-junk/--keep-junk",
+        help="reid with --rerank/--aqe: leave gallery rows with a junk label out of the "
+        "neighbour sets too, as torchreid's and fast-reid's loaders do (default: keep them, "
+        "as Zhong et al.'s code on the whole gallery); junk rows are never ranked.",
+    ),
     spec.QUERY_BLOCK.click(help="Queries per tile."),
     spec.GALLERY_CHUNK.click(help="Gallery rows per tile."),
     spec.WORKERS.click(help="Threads (default: all cores)."),
