@@ -465,3 +465,76 @@ def average_query_expansion(query_emb, gallery_emb, k=5, alpha=3.0):
     weights = np.take_along_axis(sim, nearest, axis=1) ** alpha
     expanded = (raw[nearest] * weights[:, :, None]).mean(axis=1).astype(np.float32)
     return expanded[:n_q], expanded[n_q:]
+
+
+def fastreid_jaccard_reranking(
+    query_emb, gallery_emb, distance: str, k1=20, k2=6, lambda_value=0.3
+):
+    """fast-reid's re-ranked distance, densely in float64: its ``ReidEvaluator`` with
+    ``TEST.RERANK.ENABLED`` computes ``build_dist(q, g, "jaccard", k1, k2) * (1 - lambda)
+    + build_dist(q, g, TEST.METRIC) * lambda`` (``fastreid/utils/compute_dist.py``'s
+    ``compute_jaccard_distance``, from OpenUnReID), re-written here from that code:
+
+    - features: the rows, L2-normalised (float32, as rankwise prepares them) under
+      ``cosine``; raw under ``euclidean``; N = Q + G items, queries first;
+    - ``initial_rank``: each item's k1 nearest by squared L2 (faiss's exact search;
+      here ties in item order), itself included -- k1 columns, so ``initial_rank[i,
+      :k1 + 1]`` holds k1 items;
+    - R(i, k) = members of ``initial_rank[i, :k + 1]`` whose own ``initial_rank[j, :k +
+      1]`` holds i; E(i) = R(i, k1) and every R(c, round(k1/2)) sharing more than 2/3 of
+      its members with it;
+    - V(i, E(i)) = softmax(-squared L2 between the features) (unit rows: 2 (1 - cos));
+    - V' = mean of V over ``initial_rank[i, :k2]``; m = sum of element-wise minima,
+      J = 1 - m / (2 - m), negatives set to 0;
+    - the original distance: ``1 - cos`` (cosine) or squared L2 (euclidean).
+    """
+    n_q = len(query_emb)
+    x = np.concatenate([query_emb, gallery_emb]).astype(np.float32).astype(np.float64)
+    # every sum in one fixed order (the canonical keys' and rankwise's): with lambda = 0
+    # many re-ranked distances are mathematically equal, and stay equal bit for bit only
+    # when both sides add the same terms in the same order
+    d = np.zeros((len(x), len(x)))
+    if distance == "cosine":
+        x = (x / np.sqrt((x**2).sum(axis=1, keepdims=True))).astype(np.float32).astype(np.float64)
+        for k in range(x.shape[1]):
+            d += x[:, None, k] * x[None, :, k]
+        d = 1.0 - d
+        sq_l2 = 2.0 * d
+    else:
+        for k in range(x.shape[1]):
+            d += (x[:, None, k] - x[None, :, k]) ** 2
+        sq_l2 = d
+    n = len(x)
+    initial_rank = np.argsort(sq_l2, axis=1, kind="stable")[:, :k1]
+
+    def reciprocal(i, k):
+        ahead = initial_rank[i, : k + 1]
+        back = initial_rank[ahead, : k + 1]
+        return ahead[np.flatnonzero((back == i).any(axis=1))]
+
+    half = int(np.around(k1 / 2))
+    v = np.zeros((n, n))
+    for i in range(n):
+        core = reciprocal(i, k1)
+        expansion = core
+        for c in core:
+            extra = reciprocal(c, half)
+            if len(np.intersect1d(extra, core)) > 2 / 3 * len(extra):
+                expansion = np.append(expansion, extra)
+        expansion = np.unique(expansion)
+        logits = -sq_l2[i, expansion]
+        weight = np.exp(logits - logits.max())  # softmax, as torch computes it
+        total = 0.0
+        for w in weight:
+            total += w
+        v[i, expansion] = weight / total
+    if k2 != 1:
+        v = np.stack([v[initial_rank[i, :k2]].mean(axis=0) for i in range(n)])
+    jaccard = np.empty((n_q, n))
+    for i in range(n_q):
+        shared = np.zeros(n)
+        for k in np.flatnonzero(v[i]):  # ascending columns, as the original
+            shared += np.minimum(v[i, k], v[:, k])
+        jaccard[i] = 1.0 - shared / (2.0 - shared)
+    jaccard[jaccard < 0] = 0.0
+    return (jaccard * (1 - lambda_value) + d[:n_q] * lambda_value)[:, n_q:]

@@ -90,7 +90,7 @@ def test_reid_equals_the_reference_port(seed, distance, setting):
     lists = np.split(got.ranks, got.offsets[1:-1])
     for mine, theirs in zip(lists, ref.ranks, strict=True):
         np.testing.assert_array_equal(mine, theirs)
-    assert got.attrs["protocol_options"]["rerank"] == rerank
+    assert got.attrs["protocol_options"]["rerank"] == {**rerank, "variant": "torchreid"}
 
 
 @pytest.mark.parametrize("setting", [(20, 6, 0.3), (6, 3, 0.0)])
@@ -177,7 +177,8 @@ BAD = [
     ({"k1": 5, "k2": 6, "lambda": 0.3}, "rerank: k2 must be at most k1, got k2=6 > k1=5"),
     ({"k1": 5, "k2": 2, "lambda": 1.5}, r"rerank lambda must be a number >= 0 and <= 1, got 1.5"),
     ({"k1": 5, "k2": 2, "lambda": -0.1}, r"rerank lambda must be a number >= 0 and <= 1"),
-    ("20,6", r"rerank must be k1,k2,lambda \(e.g. 20,6,0.3\)"),
+    ("20,6", r"rerank must be k1,k2,lambda\[,variant\] \(e.g. 20,6,0.3\)"),
+    ("20,6,0.3,zhong", r"rerank variant must be one of torchreid, fastreid, got 'zhong'"),
     ({"k3": 1}, r"rerank: unknown key\(s\) k3; valid keys: k1, k2, lambda"),
 ]
 
@@ -267,7 +268,12 @@ def test_cli_records_rerank_in_the_store_and_the_report(tmp_path, cli):
     )
     assert proc.returncode == 0, proc.stderr
     attrs = dict(zarr.open_group(out, mode="r").attrs)
-    assert attrs["protocol_options"]["rerank"] == {"k1": 20, "k2": 6, "lambda": 0.3}
+    assert attrs["protocol_options"]["rerank"] == {
+        "k1": 20,
+        "k2": 6,
+        "lambda": 0.3,
+        "variant": "torchreid",
+    }
     proc = cli("metrics", out, "--output", tmp_path / "m.json")
     assert proc.returncode == 0, proc.stderr
     report = pd.read_json(tmp_path / "m.json", typ="series")
@@ -284,7 +290,12 @@ def test_config_checks_what_the_schema_cannot():
 
     datasets = {"m": {"protocol": "reid", "rerank": {"k1": 10}}, "n": {"protocol": "recall"}}
     pc.check_reranking(datasets)
-    assert datasets["m"]["rerank"] == {"k1": 10, "k2": 6, "lambda": 0.3}  # defaults filled
+    assert datasets["m"]["rerank"] == {  # defaults filled
+        "k1": 10,
+        "k2": 6,
+        "lambda": 0.3,
+        "variant": "torchreid",
+    }
     with pytest.raises(
         RankwiseError, match=r"^datasets\.m: rerank: k2 must be at most k1, got k2=6 > k1=5$"
     ):
@@ -406,6 +417,17 @@ def test_pipeline_reranks_in_the_rank_stage(tmp_path):
     )  # fmt: skip
     assert entry["metrics"] == pytest.approx(dropped.metrics, abs=1e-9)
     assert entry["metrics"] != pytest.approx(want.metrics, abs=1e-9)
+    # the default variant named: the same flags, nothing reruns; fast-reid's: rank on
+    config["datasets"]["market"]["rerank"]["variant"] = "torchreid"
+    assert planned_jobs(_snakemake(tmp_path, config, "--dry-run").stdout) == {}
+    config["datasets"]["market"]["rerank"]["variant"] = "fastreid"
+    proc = _snakemake(tmp_path, config, "--dry-run")
+    assert planned_jobs(proc.stdout + proc.stderr) == {
+        "rank": 1,
+        "metrics": 1,
+        "report": 1,
+        "all": 1,
+    }
     config["datasets"]["market"]["rerank"] = {"k1": 8, "k2": 3, "lambda": 0.3}
     proc = _snakemake(tmp_path, config, "--dry-run")
     assert planned_jobs(proc.stdout + proc.stderr) == {
@@ -444,6 +466,90 @@ def test_re_ranked_store_pairs_with_the_plain_one():
     )
     with pytest.raises(RankwiseError, match="differs"):
         stats.compare_ranks(plain.arrays(), plain.attrs, other.arrays(), other.attrs, resamples=10)
+
+
+# ------------------------------------------------------------------ fast-reid's variant
+
+FASTREID_SETTINGS = [(20, 6, 0.3), (5, 3, 0.5), (7, 1, 0.1), (4, 4, 0.0), (12, 2, 1.0), (1, 1, 0.3)]
+
+
+@pytest.mark.parametrize("setting", FASTREID_SETTINGS, ids=lambda s: "-".join(map(str, s)))
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fastreid_variant_equals_the_port_of_its_evaluator(seed, distance, setting):
+    """``variant: fastreid`` against tests/reference.py's float64 port of fast-reid's
+    ``compute_jaccard_distance`` mixed as its ``ReidEvaluator`` does; it is not
+    torchreid's re_ranking."""
+    from reference import fastreid_jaccard_reranking
+
+    q, g, qe, ge = market_like(seed, distance)
+    k1, k2, lam = setting
+    rerank = {"k1": k1, "k2": k2, "lambda": lam, "variant": "fastreid"}
+    got = rankwise.rank(q, g, qe, ge, protocol="reid", distance=distance, rerank=rerank)
+    final = fastreid_jaccard_reranking(qe, ge, distance, k1, k2, lam)
+    ref = evaluate_reference(q, g, qe, ge, protocol="reid", distance=distance, dist=final)
+    _check(rankwise.api.result_from_ranks(got), ref)
+    for mine, theirs in zip(np.split(got.ranks, got.offsets[1:-1]), ref.ranks, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert got.attrs["protocol_options"]["rerank"] == rerank
+    if lam < 1 and k1 > 1:  # else both rank by the plain distance (k1 = 1: J is 1)
+        torchreid = rankwise.rank(
+            q,
+            g,
+            qe,
+            ge,
+            protocol="reid",
+            distance=distance,
+            rerank={**rerank, "variant": "torchreid"},
+        )
+        assert not np.array_equal(torchreid.ranks, got.ranks)
+
+
+def test_cli_takes_the_variant_as_a_fourth_value(tmp_path, cli):
+    q, g, qe, ge = market_like(2)
+    q.to_csv(tmp_path / "q.csv", index=False)
+    g.to_csv(tmp_path / "g.csv", index=False)
+    np.save(tmp_path / "q.npy", qe)
+    np.save(tmp_path / "g.npy", ge)
+    inputs = {
+        "--query": tmp_path / "q.csv",
+        "--gallery": tmp_path / "g.csv",
+        "--query-embeddings": tmp_path / "q.npy",
+        "--gallery-embeddings": tmp_path / "g.npy",
+    }
+    out = tmp_path / "r.json"
+    proc = cli(
+        "evaluate", "--protocol", "reid", "--rerank", "8,3,0.3,fastreid", "--output", out,
+        options=inputs,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = pd.read_json(out, typ="series")
+    want = rankwise.evaluate(q, g, qe, ge, protocol="reid", rerank="8,3,0.3,fastreid")
+    assert report["metrics"] == pytest.approx(want.metrics, abs=1e-12)
+    other = rankwise.evaluate(q, g, qe, ge, protocol="reid", rerank="8,3,0.3")
+    assert report["metrics"] != pytest.approx(other.metrics, abs=1e-9)
+
+
+def test_fastreid_variant_with_aqe_and_without_junk_as_its_evaluator_on_market():
+    """fast-reid's evaluator on Market-1501: junk dropped at load, AQE, then its
+    re-ranking; tiles and workers change nothing."""
+    from reference import average_query_expansion, fastreid_jaccard_reranking
+
+    q, g, qe, ge = market_like(3, "cosine")
+    options = dict(protocol="reid", distance="cosine", aqe="3,3", rerank="10,4,0.3,fastreid")
+    got = rankwise.rank(q, g, qe, ge, drop_junk=True, **options)
+    keep = (g["label"] != "-1").to_numpy()
+    eq, eg = average_query_expansion(qe, ge[keep], 3, 3.0)
+    final = fastreid_jaccard_reranking(eq, eg, "cosine", 10, 4, 0.3)
+    g2 = g[keep].reset_index(drop=True)
+    ref = evaluate_reference(q, g2, eq, eg, protocol="reid", distance="cosine", dist=final)
+    for mine, theirs in zip(np.split(got.ranks, got.offsets[1:-1]), ref.ranks, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    tiled = rankwise.rank(
+        q, g, qe, ge, drop_junk=True, query_block=4, gallery_chunk=9, workers=2, **options
+    )
+    np.testing.assert_array_equal(tiled.ranks, got.ranks)
+    np.testing.assert_array_equal(tiled.extra["top_items"], got.extra["top_items"])
 
 
 def test_float32_reference_differs_from_float64_only_by_rounding():

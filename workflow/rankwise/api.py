@@ -265,8 +265,10 @@ def evaluate(
         item per identity (``"exact"``: the expectation over all draws), ``map`` and
         ``minp`` on the full list (:mod:`rankwise.single_shot` defines the draws).
     rerank : k-reciprocal re-ranking (recall, reid): ``{"k1": 20, "k2": 6, "lambda":
-        0.3}`` (missing keys take these defaults) or ``"20,6,0.3"``; None (default) ranks
-        on the plain distance.  See :mod:`rankwise.rerank`.
+        0.3, "variant": "torchreid"}`` (missing keys take these defaults) or
+        ``"20,6,0.3"``; ``variant`` ``"fastreid"`` (``"20,6,0.3,fastreid"``) is fast-reid's
+        evaluator's jaccard re-ranking instead of torchreid's ``re_ranking``; None
+        (default) ranks on the plain distance.  See :mod:`rankwise.rerank`.
     aqe : average query expansion (recall, reid; fast-reid's AQE, applied before
         ``rerank``): ``{"k": 5, "alpha": 3.0}`` or ``"5,3"``; None (default): none.
         See :mod:`rankwise.query_expansion`.

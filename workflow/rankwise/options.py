@@ -77,7 +77,9 @@ class Option:
     line), ``numbers`` (``length`` numbers, each within the bounds), ``object`` (a
     mapping), ``record`` (named ``fields``, each an option: a mapping in the config and
     the library, or ``"a,b,c"`` in field order as on the command line; ``relation``
-    checks the fields together and returns a message or None). ``minimum`` /
+    checks the fields together and returns a message or None; the last ``optional_tail``
+    fields may be left out of the ``"a,b,c"`` form, and an ``enum`` field is a word
+    there). ``minimum`` /
     ``maximum`` are inclusive, ``above`` / ``below`` exclusive.
     ``nullable``: ``None`` is a value (meaning "automatic" / "not given").
     ``required``: no default; a loader / encoder must be given this key.
@@ -111,6 +113,7 @@ class Option:
     words: tuple[str, ...] = ()
     fields: tuple[Option, ...] = ()
     relation: Callable[[dict[str, Any]], str | None] | None = None
+    optional_tail: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -244,20 +247,23 @@ class Option:
         names = [f.name for f in self.fields]
         # a field holding a list (verification's fprs) has no "a,b,c" form
         scalar = all(not isinstance(f.default, (list, tuple)) for f in self.fields)
-        form = (
-            f"{','.join(names)} (e.g. {','.join(_fmt(f.default) for f in self.fields)}) "
-            f"or a mapping with keys {', '.join(names)}"
-            if scalar
-            else f"a mapping with keys {', '.join(names)}"
-        )
+        least = len(names) - self.optional_tail
+        form = f"a mapping with keys {', '.join(names)}"
+        if scalar:
+            text = ",".join(names[:least]) + "".join(f"[,{n}]" for n in names[least:])
+            example = ",".join(_fmt(f.default) for f in self.fields[:least])
+            form = f"{text} (e.g. {example}) or {form}"
         if isinstance(value, str) and scalar:
             tokens = [t.strip() for t in value.split(",")]
-            if len(tokens) != len(names):
+            if not least <= len(tokens) <= len(names):
                 raise bad(form)
-            given: dict[str, Any] = {}
-            for name, token in zip(names, tokens, strict=True):
+            given: dict[str, Any] = {f.name: f.default for f in self.fields}
+            for f, token in zip(self.fields, tokens, strict=False):  # a tail may be left out
+                if f.kind == "enum":
+                    given[f.name] = token
+                    continue
                 try:
-                    given[name] = int(token) if re.fullmatch(r"[+-]?\d+", token) else float(token)
+                    given[f.name] = int(token) if re.fullmatch(r"[+-]?\d+", token) else float(token)
                 except ValueError:
                     raise bad(form) from None
         elif isinstance(value, dict):
@@ -552,6 +558,10 @@ SHOT_SEED = Option(
 )
 
 
+#: The k-reciprocal re-ranking variants (rankwise.rerank says how they differ).
+RERANK_VARIANTS = ("torchreid", "fastreid")
+
+
 def _k2_within_k1(values: dict[str, Any]) -> str | None:
     if values["k2"] > values["k1"]:
         return f"k2 must be at most k1, got k2={values['k2']} > k1={values['k1']}"
@@ -569,10 +579,19 @@ RERANK = Option(
         Option(
             "lambda", "number", 0.3, minimum=0, maximum=1, help="weight of the original distance"
         ),
+        Option(
+            "variant",
+            "enum",
+            "torchreid",
+            choices=RERANK_VARIANTS,
+            help="torchreid = Zhong et al.'s re_ranking (torchreid, fast-reid's re_ranking); "
+            "fastreid = fast-reid's evaluator (TEST.RERANK: jaccard distance, OpenUnReID)",
+        ),
     ),
     relation=_k2_within_k1,
-    help="recall/reid, k-reciprocal re-ranking (Zhong et al. 2017) with k1, k2, lambda; "
-    "null = none",
+    optional_tail=1,
+    help="recall/reid, k-reciprocal re-ranking (Zhong et al. 2017) with k1, k2, lambda and "
+    "the variant; null = none",
 )
 AQE = Option(
     "aqe",

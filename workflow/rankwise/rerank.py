@@ -34,6 +34,25 @@ float64 rounding); its ``np.argsort`` (quicksort) orders exactly tied neighbours
 arbitrarily, which can change F at the k1 + 1 / h + 1 / k2 boundaries; pairs sharing
 no neighbour have J = 1 in both.  Older copies (float16 V) differ more.
 
+``variant: fastreid`` -- fast-reid's own evaluator (``ReidEvaluator`` with
+``TEST.RERANK.ENABLED``) does not call ``re_ranking``: it takes ``build_dist(q, g,
+"jaccard", k1, k2)`` (``compute_jaccard_distance`` in ``fastreid/utils/compute_dist.py``,
+from OpenUnReID) and mixes it with its plain distance.  On the same N items, with the
+features ``x`` (the prepared rows: L2-normalised under cosine, raw under euclidean) and
+``s(i, j) = |x_i - x_j|^2`` (``2 d`` for unit rows, d under euclidean):
+
+    F(i, k)   = the k items nearest to i by s (faiss's exact search), at most k1 of
+                them: its ``initial_rank`` has k1 columns, so R(i, k1) uses F(i, k1)
+                and R(c, h) F(c, min(h + 1, k1)); ties here by item index
+    V(i, j)   = softmax over j in E(i) of -s(i, j)          (no division by M_i)
+    J         as above, negatives set to 0
+    final(q, g) = (1 - lambda) J(q, g) + lambda d(q, g)     (its plain distance: 1 - cos
+                                                            or squared L2)
+
+with E, V' and m as above; fast-reid works in float32 (faiss, torch), rankwise in
+float64 with the canonical d.  Its "+RK" numbers differ from torchreid's re_ranking by
+several points on small galleries.
+
 Out of core: (1) per block of item rows, float32 BLAS tiles against column chunks
 screen the pairs and canonical distances decide the top (k1 + 1) neighbours by (d^2,
 index) and M_i exactly (:func:`neighbour_task`), never the N x N matrix; (2) the
@@ -201,19 +220,23 @@ def neighbour_task(x, sq, lo, hi, k, chunk, cosine, squared=True):
     return best_i, row_max
 
 
-def _final(jaccard, d, scale, lam):
-    """``(1 - lambda) J + lambda o`` with ``o = d^2 / M`` (0 when M = 0): one formula for
-    every pair, so that a recomputed pair gets the same bits."""
+def _final(jaccard, d, scale, lam, fastreid=False):
+    """``(1 - lambda) J + lambda o`` with ``o = d^2 / M`` (0 when M = 0), or with
+    ``fastreid``: ``(1 - lambda) max(J, 0) + lambda d``: one formula for every pair, so
+    that a recomputed pair gets the same bits."""
+    if fastreid:
+        return np.maximum(jaccard, 0.0) * (1.0 - lam) + d * lam
     original = np.divide(d * d, scale, out=np.zeros_like(d), where=scale > 0)
     return jaccard * (1.0 - lam) + original * lam
 
 
-def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine):
+def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine, fastreid=False):
     """Per query block: ``final`` against every gallery item, then the sorted ranks of
     each query's valid relevant items (DESIGN.md: ties count against the query).
 
     J is exact (sparse); o comes from the float32 BLAS tile, within a bound of the
-    canonical o (``|d_a^2 - d^2| <= eps (2 |d_a| + eps)``).  The relevant items' finals
+    canonical o (``|d_a^2 - d^2| <= eps (2 |d_a| + eps)``; ``fastreid``: o is d, within
+    eps).  The relevant items' finals
     use canonical d; a non-relevant item whose approximate final lies within its bound
     of one of them is recomputed with canonical d, any other sits on the same side of
     every threshold either way -- so the counts are those of canonical d everywhere.
@@ -244,11 +267,14 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine)
             d[:, c0:c1] = sq[rows][:, None] + gsq[None, :] - 2.0 * s
             eps[:, c0:c1] = bound * (an[:, None] + np.sqrt(gsq)[None, :]) ** 2
     scale = row_max[rows][:, None]
-    final = _final(jaccard, d, scale, lam)
+    final = _final(jaccard, d, scale, lam, fastreid)
     # the bound on final, plus float64 rounding of the formula itself
-    err = np.divide(
-        lam * eps * (2.0 * np.abs(d) + eps), scale, out=np.zeros_like(d), where=scale > 0
-    )
+    if fastreid:
+        err = lam * eps
+    else:
+        err = np.divide(
+            lam * eps * (2.0 * np.abs(d) + eps), scale, out=np.zeros_like(d), where=scale > 0
+        )
     err += 1e-13 * (1.0 + np.abs(final))
     valid, relevant = dense_masks(codes, rows[:, None], np.arange(n_gallery)[None, :])
     out = []
@@ -260,7 +286,7 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine)
             query = np.full(len(cols), rows[b], dtype=np.int64)
             keys = pair_keys(x, x, query, cols + n_query, cosine)
             dist = keys + 1.0 if cosine else keys
-            return _final(jaccard[b, cols], dist, scale[b], lam)
+            return _final(jaccard[b, cols], dist, scale[b], lam, fastreid)
 
         thr = np.sort(exact(np.flatnonzero(relevant[b])))
         others = np.flatnonzero(valid[b] & ~relevant[b])
@@ -357,15 +383,24 @@ def _expansion_sets(nn: np.ndarray, k1: int) -> list[np.ndarray]:
     return sets
 
 
-def _weights(x, sets, row_max, cosine) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """V as CSR ``(ptr, idx, val)``: ``exp(-o)`` over E(i), normalised per row."""
+def _weights(x, sets, row_max, cosine, fastreid=False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """V as CSR ``(ptr, idx, val)``: ``exp(-o)`` over E(i), normalised per row; with
+    ``fastreid`` o is the squared L2 distance of the features (unit rows under cosine:
+    ``2 d``), shifted by the row's smallest o first, as torch's softmax does."""
     sizes = np.array([len(s) for s in sets], dtype=np.int64)
     ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     idx = np.concatenate(sets).astype(np.int64) if len(sets) else np.zeros(0, np.int64)
     rows = np.repeat(np.arange(len(sets), dtype=np.int64), sizes)
     d = pair_distances(x, rows, idx, cosine)
-    scale = row_max[rows]
-    o = np.divide(d * d, scale, out=np.zeros_like(d), where=scale > 0)
+    if fastreid:
+        o = 2.0 * d if cosine else d
+        if len(o):
+            low = np.zeros(len(sets))
+            low[sizes > 0] = np.minimum.reduceat(o, ptr[:-1][sizes > 0])
+            o = o - low[rows]
+    else:
+        scale = row_max[rows]
+        o = np.divide(d * d, scale, out=np.zeros_like(d), where=scale > 0)
     w = np.exp(-o)
     val = w / np.bincount(rows, weights=w, minlength=len(sets))[rows]
     return ptr, idx, val
@@ -492,12 +527,15 @@ def rerank_ranks(
     sq = np.concatenate([qsq, gsq])
     n_all, n_gallery = len(x), len(x) - n_query
     k1, k2, lam = int(rerank["k1"]), int(rerank["k2"]), float(rerank["lambda"])
-    keep = min(k1 + 1, n_all)
+    fastreid = rerank.get("variant") == "fastreid"
+    # fast-reid's initial_rank has k1 columns (by d: squared L2 of the features), so its
+    # [:, :k1 + 1] slices hold k1 items; torchreid's has all, sorted by d^2
+    keep = min(k1 if fastreid else k1 + 1, n_all)
     shared = runner.put(x)
     block, chunk = options.query_block, options.gallery_chunk
-    nn, row_max = neighbours(x, sq, keep, block, chunk, cosine, runner)
+    nn, row_max = neighbours(x, sq, keep, block, chunk, cosine, runner, squared=not fastreid)
 
-    v = _weights(x, _expansion_sets(nn, k1), row_max, cosine)
+    v = _weights(x, _expansion_sets(nn, k1), row_max, cosine, fastreid)
     v = _expand(v, nn, min(k2, keep))
     sparse = dict(
         zip(
@@ -527,6 +565,7 @@ def rerank_ranks(
             lam,
             chunk,
             cosine,
+            fastreid,
         )
     parts = runner.get(graph, [key("final", lo) for lo in spans])
     lists = [r for part, _ in parts for r in part]

@@ -241,9 +241,10 @@ inputs = stack(
     spec.SHOT_SEED.click(help="--single-gallery-shot: seed of the draws."),
     spec.RERANK.click(
         default=None,
-        metavar="K1,K2,LAMBDA",
+        metavar="K1,K2,LAMBDA[,VARIANT]",
         help="recall/reid: k-reciprocal re-ranking (Zhong et al. 2017), e.g. 20,6,0.3 "
-        "(k2 <= k1, 0 <= lambda <= 1); default: none.",
+        "(k2 <= k1, 0 <= lambda <= 1); VARIANT torchreid (default: torchreid's re_ranking) "
+        "or fastreid (fast-reid's evaluator: its jaccard distance); default: none.",
     ),
     spec.AQE.click(
         default=None,
