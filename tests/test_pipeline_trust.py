@@ -103,7 +103,9 @@ def error_lines(proc) -> list[str]:
 def workdir(tmp_path_factory):
     path = tmp_path_factory.mktemp("trust")
     write_data(path)
-    run_ok(path, CONFIG)
+    proc = snakemake(path, CONFIG, profile=True)  # as a user runs it: the default profile
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path / "first-run.txt").write_text(proc.stdout + proc.stderr)
     return path
 
 
@@ -363,6 +365,26 @@ def test_default_profile_is_compact(workdir):
     assert "input:" not in out and "reason:" not in out
     verbose = run_ok(workdir, config, "--dry-run")
     assert "input:" in verbose  # --workflow-profile none: Snakemake's full descriptions
+
+
+def test_finished_jobs_are_named_by_their_wildcards(workdir):
+    """The quiet output shows no job descriptions; the profile's logger plugin adds each
+    job's wildcards to Snakemake's "Finished jobid" line (a job without any: unchanged)."""
+    import re
+
+    out = (workdir / "first-run.txt").read_text()
+    finished = [line for line in out.splitlines() if line.startswith("Finished jobid:")]
+    assert len(finished) == 3 + 6 + 3 + 3 + 1 + 1  # prepare, encode, rank, metrics, report, all
+    for rule, name in [
+        ("prepare", "dataset=own"),
+        ("encode", "dataset=mk, encoder=pixels, split=gallery"),
+        ("rank", "dataset=demo, encoder=pixels"),
+    ]:
+        assert any(
+            re.fullmatch(rf"Finished jobid: \d+ \(Rule: {rule}; {name}\)", f) for f in finished
+        )
+    assert any(re.fullmatch(r"Finished jobid: \d+ \(Rule: report\)", f) for f in finished)
+    assert "input:" not in out
 
 
 def test_logs_hold_no_progress_bars(workdir):

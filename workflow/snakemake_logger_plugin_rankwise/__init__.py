@@ -13,8 +13,12 @@ message: ``error: my.yaml:12:5: YAML syntax error: ...``.
 A ``--configfile`` that does not exist (a typo) makes Snakemake log a 25-line Python
 traceback ending in ``FileNotFoundError``; a filter on Snakemake's logger (it runs before
 any handler, Snakemake's own stream included) replaces that one record's text with
-``error: my.yml: config file not found; ...``. Every other record is left as it is.
-``--workflow-profile none`` turns both off.
+``error: my.yml: config file not found; ...``.  A second filter names each finished job
+by its wildcards: with the profile's ``quiet: [rules]`` Snakemake prints only ``Finished
+jobid: 35 (Rule: encode)``, which does not say which dataset or encoder; it becomes
+``Finished jobid: 35 (Rule: encode; dataset=market, encoder=osnet, split=query)``, from
+the job's start record (which the quiet output does not show).  Every other record is
+left as it is.  ``--workflow-profile none`` turns all of this off.
 
 Installed with rankwise (a top-level package under ``workflow/``); Snakemake finds logger
 plugins by their module name ``snakemake_logger_plugin_<name>``.
@@ -27,6 +31,7 @@ import sys
 from dataclasses import dataclass
 
 from snakemake_interface_logger_plugins.base import LogHandlerBase
+from snakemake_interface_logger_plugins.common import LogEvent
 from snakemake_interface_logger_plugins.settings import LogHandlerSettingsBase
 
 # Snakemake's message for a config file it cannot parse (snakemake/common/configfile.py)
@@ -118,6 +123,31 @@ class _MissingConfigfile(logging.Filter):
         return True
 
 
+class _JobNames(logging.Filter):
+    """Adds a job's wildcards to Snakemake's "Finished jobid: N (Rule: r)" line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: dict[int, str] = {}  # jobid -> "dataset=..., encoder=..."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            event = getattr(record, "event", None)
+            if event == LogEvent.JOB_INFO:
+                wildcards = getattr(record, "wildcards", None) or {}
+                name = ", ".join(f"{k}={v}" for k, v in dict(wildcards).items())
+                if name:
+                    self.names[int(getattr(record, "jobid", -1))] = name
+            elif event == LogEvent.JOB_FINISHED:
+                name = self.names.pop(int(getattr(record, "job_id", -1)), None)
+                text = str(record.msg)
+                if name and text.endswith(")") and not record.args:
+                    record.msg = f"{text[:-1]}; {name})"
+        except Exception:  # a logger must never break the run it reports on
+            pass
+        return True
+
+
 class LogHandler(LogHandlerBase):
     """Adds one line after Snakemake's "not valid JSON or YAML" error, and turns the
     traceback of a missing ``--configfile`` into one line; silent otherwise."""
@@ -126,8 +156,9 @@ class LogHandler(LogHandlerBase):
         # A logger's filters run before its handlers: Snakemake's own stream handler then
         # prints the rewritten record.  (This handler runs in a queue thread, too late.)
         logger = logging.getLogger("snakemake.logging")
-        if not any(isinstance(f, _MissingConfigfile) for f in logger.filters):
-            logger.addFilter(_MissingConfigfile())
+        for kind in (_MissingConfigfile, _JobNames):
+            if not any(isinstance(f, kind) for f in logger.filters):
+                logger.addFilter(kind())
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno < logging.ERROR or UNPARSABLE not in str(record.msg):
