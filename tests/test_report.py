@@ -548,6 +548,58 @@ def test_by_identity(results):
     assert {r["by"] for r in doc["comparisons"]} == {"identity"}
 
 
+def test_a_note_says_when_few_clusters_rule_out_significance(results):
+    """With C clusters the exact sign-flip test's p is at least 2^(1 - C) (the observed
+    signs and their mirror image); Holm multiplies the smallest by the number of tests."""
+    from rankwise.report import render_markdown, view
+
+    def doc(*datasets, flips=10_000):
+        rows = [
+            {"dataset": d, "test": t, "num_clusters": c, "p_value": 1.0}
+            for d, t, c, n in datasets
+            for _ in range(n)
+        ]
+        return {
+            "statistics": {
+                "alpha": 0.05,
+                "num_tests": len(rows),
+                "flip_resamples": flips,
+                "by": "identity",
+            },
+            "comparisons": rows,
+            "results": [{"dataset": d, "protocol": "reid"} for d, *_ in datasets],
+        }
+
+    five = view.unattainable_note(doc(("a", "exact", 5, 1)), "a")
+    assert five == (
+        "No difference on a can be significant: with 5 identities the paired sign-flip test "
+        "gives p >= 0.0625, and significance needs p < 0.05; compare by query or on more "
+        "identities."
+    )
+    assert view.unattainable_note(doc(("a", "exact", 6, 1)), "a") is None  # 0.03125
+    # 0.03125 x 2 tests: Holm's first step already fails, for every dataset of the report
+    two = doc(("a", "exact", 6, 1), ("b", "exact", 6, 1))
+    assert "gives p >= 0.0312, and Holm over 2 tests needs p < 0.025;" in view.unattainable_note(
+        two, "b"
+    )
+    assert view.unattainable_note(doc(("a", "exact", 6, 1), ("b", "exact", 7, 1)), "a") is None
+    # one dataset with many units keeps the others' chances: only the raw bound remains
+    mixed = doc(("a", "exact", 6, 1), ("b", "sign-flip", 300, 1))
+    assert view.unattainable_note(mixed, "a") is None
+    assert view.unattainable_note(mixed, "b") is None
+    # the real report: where the note appears, nothing of that dataset is significant
+    _, metrics = results
+    for by in ("identity", "query"):
+        real = build_report(metrics, resamples=200, by=by, worst_queries=0)
+        for dataset in {r["dataset"] for r in real["results"]}:
+            note = view.unattainable_note(real, dataset)
+            rows = [c for c in real["comparisons"] if c["dataset"] == dataset]
+            if note:
+                assert not any(c["significant"] for c in rows)
+                assert f"No difference on {dataset} can be significant" in render_markdown(real)
+            assert note is None or all(c["p_holm"] >= 0.05 for c in rows)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

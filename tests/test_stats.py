@@ -474,6 +474,35 @@ def test_cli_compare_by_identity_and_metrics(stores, tmp_path):
     assert rows[0]["num_clusters"] == len(set(persons)) <= 16
     assert rows[0]["test"] == "exact" and rows[0]["dataset"] == "toy"
     assert "identities" in done.output
+    assert "no difference can reach" not in done.output  # 2^(1 - C) x 2 < 0.05
+
+
+def test_cli_compare_says_when_few_identities_rule_out_significance(tmp_path):
+    """4 persons: the exact test's p is at least 2^(1 - 4) = 0.125 whatever the data."""
+    rng = np.random.default_rng(0)
+    q = pd.DataFrame({"id": [f"q{i}" for i in range(8)], "label": [str(i % 4) for i in range(8)]})
+    q["camera"] = 1
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(20)], "label": [str(i % 4) for i in range(20)]})
+    g["camera"] = 2
+    centres = rng.normal(size=(4, 6))
+    ge = (centres[np.arange(20) % 4] + rng.normal(size=(20, 6))).astype(np.float32)
+    q.to_csv(tmp_path / "q.csv", index=False)
+    paths = []
+    for name, noise in (("a", 0.3), ("b", 3.0)):
+        qe = (centres[np.arange(8) % 4] + noise * rng.normal(size=(8, 6))).astype(np.float32)
+        result = rankwise.rank(q, g, qe, ge, protocol="reid")
+        attrs = dict(result.attrs, query_manifest=str(tmp_path / "q.csv"))
+        paths.append(str(tmp_path / f"{name}.zarr"))
+        write_ranks(paths[-1], result.arrays(), attrs)
+    args = ["compare", *paths, "--resamples", "200", "--metrics", "map"]
+    done = CliRunner().invoke(main, [*args, "--by", "identity"])
+    assert done.exit_code == 0, done.output
+    assert (
+        "note: with 4 identities the sign-flip test gives p >= 0.125 (p_holm >= 0.125 over 1 "
+        "metrics): no difference can reach p_holm < 0.05" in done.output
+    )
+    by_query = CliRunner().invoke(main, args)  # 8 queries: p can reach 2^-7
+    assert by_query.exit_code == 0 and "no difference can reach" not in by_query.output
 
 
 @pytest.mark.parametrize(

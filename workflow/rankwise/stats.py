@@ -675,6 +675,15 @@ def compare_ranks(
     )
 
 
+def smallest_p(test: str, num_clusters: int, flips: int) -> float:
+    """The smallest p-value a sign-flip test can give: ``2^(1 - C)`` when all ``2^C``
+    flips of its C clusters are enumerated (``test == "exact"``: the observed signs and
+    their mirror image always count), ``1 / (flips + 1)`` with random flips."""
+    if test == "exact":
+        return 2.0 ** (1 - num_clusters)
+    return 1.0 / (flips + 1)
+
+
 def paired_sums(va: np.ndarray, vb: np.ndarray, cluster: np.ndarray) -> np.ndarray:
     """Cluster sums ``(C, m)`` of the per-unit differences ``vb - va``."""
     return _cluster_sums(vb - va, cluster)[0]

@@ -248,9 +248,9 @@ def render_html(doc: dict[str, Any], *, links_from: str | os.PathLike = ".") -> 
         dropped = view.dropped_rows_note(rows)
         if dropped:
             parts.append(f'<p class="meta">{_esc(dropped)}</p>')
-        untested = view.not_compared_note(doc, dataset)
-        if untested:
-            parts.append(f'<p class="meta">{_esc(untested)}</p>')
+        for note in (view.not_compared_note(doc, dataset), view.unattainable_note(doc, dataset)):
+            if note:
+                parts.append(f'<p class="meta">{_esc(note)}</p>')
         parts.append(_html_table(["encoder"] + [_esc(n) for n in names], _value_rows(table)))
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:

@@ -146,7 +146,8 @@ def _caption(doc: dict[str, Any], dataset: str, first: dict[str, Any], differenc
             f"Below: differences b - a in percentage points, {view.SIGNIFICANT_MARK} "
             f"significant ({view.significance_rule(doc)}). "
         )
-    return _tex(text + view.stats_sentence(doc))
+    note = view.unattainable_note(doc, dataset) if differences else None
+    return _tex(text + view.stats_sentence(doc) + (f" {note}" if note else ""))
 
 
 def render_latex(doc: dict[str, Any]) -> str:

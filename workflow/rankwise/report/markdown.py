@@ -91,9 +91,9 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         dropped = view.dropped_rows_note(rows)
         if dropped:
             out += [_escape(dropped), ""]
-        untested = view.not_compared_note(doc, dataset)
-        if untested:
-            out += [_escape(untested), ""]
+        for note in (view.not_compared_note(doc, dataset), view.unattainable_note(doc, dataset)):
+            if note:
+                out += [_escape(note), ""]
         out += [_table(["encoder"] + names, _rows(table)), ""]
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..registry import get_protocol
-from ..stats import EXACT_MAX, format_p
+from ..stats import EXACT_MAX, format_p, smallest_p
 from .document import headline_names
 
 #: The mark of a significant difference.
@@ -298,6 +298,40 @@ def not_compared_note(doc: dict[str, Any], dataset: str) -> str | None:
         return None
     return (
         "Not compared: " + "; ".join(f"{s['a']} and {s['b']}: {s['reason']}" for s in skipped) + "."
+    )
+
+
+def unattainable_note(doc: dict[str, Any], dataset: str) -> str | None:
+    """Why no difference on ``dataset`` can be marked significant, when that follows from
+    the number of clusters alone (few identities with ``by: identity``); ``None`` otherwise.
+
+    A row is significant when ``p_holm < alpha``.  Holm's first step multiplies the
+    report's smallest p by the number of tests m, so if every row's
+    :func:`rankwise.stats.smallest_p` times m is at least alpha nothing in the report can
+    be; else a row whose smallest p is at least alpha cannot be.
+    """
+    s = doc["statistics"]
+    rows = dataset_comparisons(doc, dataset)
+    if not rows:
+        return None
+    alpha, m, flips = s["alpha"], s["num_tests"], s["flip_resamples"]
+
+    def least(c: dict[str, Any]) -> float:
+        return smallest_p(c["test"], c["num_clusters"], flips)
+
+    floor = min(least(c) for c in rows)
+    if floor >= alpha:
+        why = f"significance needs p < {alpha:g}"
+    elif min(least(c) for c in doc["comparisons"]) * m >= alpha:
+        why = f"Holm over {m} tests needs p < {alpha / m:.2g}"
+    else:
+        return None
+    protocol = next(r["protocol"] for r in doc["results"] if r["dataset"] == dataset)
+    units = "identities" if s["by"] == "identity" else units_name(protocol)
+    clusters = max(c["num_clusters"] for c in rows)
+    return (
+        f"No difference on {dataset} can be significant: with {clusters} {units} the paired "
+        f"sign-flip test gives p >= {floor:.3g}, and {why}; compare by query or on more {units}."
     )
 
 
