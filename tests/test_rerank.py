@@ -90,7 +90,7 @@ def test_reid_equals_the_reference_port(seed, distance, setting):
     lists = np.split(got.ranks, got.offsets[1:-1])
     for mine, theirs in zip(lists, ref.ranks, strict=True):
         np.testing.assert_array_equal(mine, theirs)
-    assert got.attrs["protocol_options"]["rerank"] == {**rerank, "variant": "torchreid"}
+    assert got.attrs["protocol_options"]["rerank"] == rerank  # the default variant: not recorded
 
 
 @pytest.mark.parametrize("setting", [(20, 6, 0.3), (6, 3, 0.0)])
@@ -268,12 +268,7 @@ def test_cli_records_rerank_in_the_store_and_the_report(tmp_path, cli):
     )
     assert proc.returncode == 0, proc.stderr
     attrs = dict(zarr.open_group(out, mode="r").attrs)
-    assert attrs["protocol_options"]["rerank"] == {
-        "k1": 20,
-        "k2": 6,
-        "lambda": 0.3,
-        "variant": "torchreid",
-    }
+    assert attrs["protocol_options"]["rerank"] == {"k1": 20, "k2": 6, "lambda": 0.3}
     proc = cli("metrics", out, "--output", tmp_path / "m.json")
     assert proc.returncode == 0, proc.stderr
     report = pd.read_json(tmp_path / "m.json", typ="series")

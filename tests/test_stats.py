@@ -498,11 +498,28 @@ def test_cli_compare_says_when_few_identities_rule_out_significance(tmp_path):
     done = CliRunner().invoke(main, [*args, "--by", "identity"])
     assert done.exit_code == 0, done.output
     assert (
-        "note: with 4 identities the sign-flip test gives p >= 0.125 (p_holm >= 0.125 over 1 "
-        "metrics): no difference can reach p_holm < 0.05" in done.output
+        "note: no difference can reach p_holm < 0.05: with 4 identities the paired sign-flip "
+        "test gives p >= 0.125, and significance needs p < 0.05; compare by query or on more "
+        "identities" in done.output
     )
     by_query = CliRunner().invoke(main, args)  # 8 queries: p can reach 2^-7
     assert by_query.exit_code == 0 and "no difference can reach" not in by_query.output
+    # 9 metrics: Holm's first step needs p < 0.0056, and 8 queries give 2^-7 at best
+    many = CliRunner().invoke(
+        main, ["compare", *paths, "--resamples", "200", "--ks", "1,2,3,4,5,10"]
+    )
+    assert many.exit_code == 0, many.output
+    assert (
+        "with 8 queries the paired sign-flip test gives p >= 0.00781, and Holm over 9 tests "
+        "needs p < 0.0056; use more queries" in many.output
+    )
+    # random flips: the floor is 1 / (flips + 1), whatever the queries
+    few = CliRunner().invoke(main, [*args, "--exact-max", "1", "--resamples", "10"])
+    assert few.exit_code == 0, few.output
+    assert (
+        "with 10 random sign flips the paired test gives p >= 0.0909, and significance needs "
+        "p < 0.05; use more resamples" in few.output
+    )
 
 
 @pytest.mark.parametrize(

@@ -646,10 +646,14 @@ def check_drop_junk(
 ) -> bool:
     """:data:`DROP_JUNK` checked: on, it needs a protocol with junk labels and re-ranking
     or query expansion to act on (it changes nothing else: junk rows are never ranked)."""
+    from .registry import REGISTRY
+
     on = DROP_JUNK.check(drop_junk, label)
     if on and "drop_junk" not in get_protocol(protocol).options:
+        takers = " or ".join(n for n, spec in REGISTRY.items() if "drop_junk" in spec.options)
         raise RankwiseError(
-            f"{label} applies to protocol reid only (junk labels), not {protocol!r}; remove {label}"
+            f"{label} applies to protocol {takers} only (junk labels), not {protocol!r}; "
+            f"remove {label}"
         )
     if on and rerank is None and aqe is None:
         others = "--rerank or --aqe" if label.startswith("--") else "rerank or aqe"

@@ -120,7 +120,9 @@ class Problem:
         pair_g = new[self.pair_g]
         if (pair_g < 0).any():
             raise ValueError("gallery_subset: a pair's gallery item is not kept")
-        q, g = np.divmod(self.twins, max(n_old, 1))  # twins are keys q * G + g
+        # twins (multi_query, keys q * G + g) cannot meet drop_junk today (re-ranking and
+        # AQE refuse multi_query); re-keyed anyway, so the subset is right for any problem
+        q, g = np.divmod(self.twins, max(n_old, 1))
         kept = new[g] >= 0
         return replace(
             self,

@@ -123,7 +123,10 @@ def expand(
     for t in range(k):  # sum over the k neighbours in their order, then the mean
         expanded += raw[nn[:, t]].astype(np.float64) * weights[:, t : t + 1]
     expanded = (expanded / k).astype(np.float32)
-    return (
+    out = (
         open_embeddings(expanded[:n_query], name=f"{query.name} (expanded)"),
         open_embeddings(expanded[n_query:], name=f"{gallery.name} (expanded)"),
     )
+    for new, old in zip(out, (query, gallery), strict=True):
+        new.source_rows = old.source_rows  # messages keep naming the file's rows
+    return out

@@ -384,7 +384,7 @@ def compute_ranks(
     problem : from :func:`rankwise.protocols.build_problem`.
     query, gallery : embedding sources, ``(Q, D)`` and ``(G, D)``.
     distance : ``"cosine"`` or ``"euclidean"``.
-    rerank : ``{"k1", "k2", "lambda"}`` (:func:`rankwise.rerank.check_rerank`): rank on
+    rerank : ``{"k1", "k2", "lambda", "variant"}`` (:func:`rankwise.options.check_rerank`): rank on
         the k-reciprocal re-ranked distance instead (:mod:`rankwise.rerank`), recorded
         in ``protocol_options``.
     aqe : ``{"k", "alpha"}`` (:data:`rankwise.options.AQE`): rank the average-query-
@@ -460,7 +460,7 @@ def compute_ranks(
         "protocol_options": dict(
             problem.options,
             **({"aqe": dict(aqe)} if aqe else {}),
-            **({"rerank": dict(rerank)} if rerank else {}),
+            **({"rerank": _recorded(rerank)} if rerank else {}),
             **({"drop_junk": True} if drop_junk else {}),
         ),
     }
@@ -473,6 +473,14 @@ def compute_ranks(
         attrs=attrs,
         extra=extra_arrays,
     )
+
+
+def _recorded(rerank: dict[str, Any]) -> dict[str, Any]:
+    """``rerank`` as stores record it: the default variant left out, so that a store of
+    torchreid's re-ranking records what stores did before there were variants."""
+    from .options import RERANK_VARIANTS
+
+    return {k: v for k, v in rerank.items() if not (k == "variant" and v == RERANK_VARIANTS[0])}
 
 
 def _check_memory(
@@ -508,8 +516,8 @@ def _check_memory(
         )
         need = max(_BASE_MB + during, need + after)  # expansion, then ranking
         extra += ", query expansion"
-    if drop_junk and (rerank is not None or aqe is not None):
-        need += 4.0 * dim * n_gallery / 2**20
+    if drop_junk and (rerank is not None or aqe is not None) and problem.gjunk.any():
+        need += 4.0 * dim * int((~problem.gjunk).sum()) / 2**20  # the kept rows, read in
     if need > options.memory_limit_mb:
         raise RankwiseError(
             f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "

@@ -507,7 +507,8 @@ def rerank_ranks(
     qrows, qsq : ``(Q, D)`` float32 prepared query rows and their float64 squared norms
         (:func:`rankwise.kernels.prepare_rows`); gallery: source ``(G, D)``.
     cosine : the distance is ``cosine`` (else ``euclidean``).
-    rerank : ``{"k1", "k2", "lambda"}`` (:func:`rankwise.options.check_rerank`).
+    rerank : ``{"k1", "k2", "lambda"}`` and optionally ``"variant"`` (``"fastreid"``:
+        fast-reid's evaluator, module docstring) (:func:`rankwise.options.check_rerank`).
     options, runner : :class:`rankwise.ranking.EngineOptions` and its runner (threads or
         a cluster); tiling and workers never change a number.
 

@@ -76,6 +76,8 @@ from .options import DEFAULT_RESAMPLES  # noqa: E402  (declared once, with the o
 
 #: Up to this many clusters the sign-flip test enumerates all 2^C flips (exact p-value).
 EXACT_MAX = 16
+#: A difference is significant when its Holm-adjusted p-value is below this (the report).
+ALPHA = 0.05
 #: Elements per block of resamples (block rows x clusters); bounds memory only.
 _BLOCK_ELEMENTS = 1 << 20
 #: Statistics within this fraction of sum |D_c| of the observed one count as ties.
@@ -682,6 +684,41 @@ def smallest_p(test: str, num_clusters: int, flips: int) -> float:
     if test == "exact":
         return 2.0 ** (1 - num_clusters)
     return 1.0 / (flips + 1)
+
+
+def never_significant(
+    test: str,
+    num_clusters: int,
+    flips: int,
+    num_tests: int,
+    *,
+    by: str,
+    units: str,
+    alpha: float = ALPHA,
+    smallest_in_all: float | None = None,
+) -> str | None:
+    """Why no Holm-adjusted p-value of these tests can fall below ``alpha`` whatever the
+    data, or None: every p is at least :func:`smallest_p`, and Holm's first step
+    multiplies the smallest p of all ``num_tests`` tests (``smallest_in_all``; default
+    this test's) by ``num_tests``.  ``units``: what a cluster is when ``by="query"``."""
+    floor = smallest_p(test, num_clusters, flips)
+    if floor >= alpha:
+        why = f"significance needs p < {alpha:g}"
+    elif (floor if smallest_in_all is None else smallest_in_all) * num_tests >= alpha:
+        why = f"Holm over {num_tests} tests needs p < {alpha / num_tests:.2g}"
+    else:
+        return None
+    if test != "exact":  # the floor is the number of random flips, not the data
+        return (
+            f"with {flips} random sign flips the paired test gives p >= {floor:.3g}, and "
+            f"{why}; use more resamples"
+        )
+    units = "identities" if by == "identity" else units
+    advice = "compare by query or on more identities" if by == "identity" else f"use more {units}"
+    return (
+        f"with {num_clusters} {units} the paired sign-flip test gives p >= {floor:.3g}, and "
+        f"{why}; {advice}"
+    )
 
 
 def paired_sums(va: np.ndarray, vb: np.ndarray, cluster: np.ndarray) -> np.ndarray:

@@ -138,6 +138,8 @@ class _JobNames(logging.Filter):
                 name = ", ".join(f"{k}={v}" for k, v in dict(wildcards).items())
                 if name:
                     self.names[int(getattr(record, "jobid", -1))] = name
+            elif event == LogEvent.JOB_ERROR:
+                self.names.pop(int(getattr(record, "jobid", -1)), None)
             elif event == LogEvent.JOB_FINISHED:
                 name = self.names.pop(int(getattr(record, "job_id", -1)), None)
                 text = str(record.msg)
@@ -150,7 +152,8 @@ class _JobNames(logging.Filter):
 
 class LogHandler(LogHandlerBase):
     """Adds one line after Snakemake's "not valid JSON or YAML" error, and turns the
-    traceback of a missing ``--configfile`` into one line; silent otherwise."""
+    traceback of a missing ``--configfile`` into one line (:class:`_MissingConfigfile`),
+    and names finished jobs by their wildcards (:class:`_JobNames`); silent otherwise."""
 
     def __post_init__(self) -> None:
         # A logger's filters run before its handlers: Snakemake's own stream handler then

@@ -48,7 +48,7 @@ def compare(
     Prints, per metric, A, B, the difference B - A (percentage points), its paired
     bootstrap interval, the sign-flip randomisation p-value and the Holm-adjusted one.
     """
-    from ..stats import ci_key, compare_ranks, format_p, smallest_p
+    from ..stats import ALPHA, ci_key, compare_ranks, format_p, never_significant
     from ..store import read_ranks
 
     arrays_a, attrs_a = read_ranks(ranks_a)
@@ -97,16 +97,16 @@ def compare(
         for r in rows
     ]
     click.echo(shared.table(header, body), nl=False)
-    floor = smallest_p(first["test"], first["num_clusters"], resamples)
-    if floor * len(rows) >= 0.05:  # not even the smallest p_holm can be below 0.05
-        units = "identities" if by == "identity" else get_protocol(attrs_a["protocol"]).units
-        click.echo(
-            f"note: with {first['num_clusters']} {units} the sign-flip test gives p >= "
-            f"{floor:.3g} (p_holm >= {min(1.0, floor * len(rows)):.3g} over {len(rows)} "
-            "metrics): no difference can reach p_holm < 0.05; compare by query or on more "
-            f"{units}",
-            err=True,
-        )
+    why = never_significant(
+        first["test"],
+        first["num_clusters"],
+        resamples,
+        len(rows),
+        by=by,
+        units=get_protocol(attrs_a["protocol"]).units,
+    )
+    if why:
+        click.echo(f"note: no difference can reach p_holm < {ALPHA:g}: {why}", err=True)
     shared.write_json(
         output,
         {

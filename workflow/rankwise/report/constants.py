@@ -5,10 +5,12 @@ read from :mod:`rankwise.registry`, never mapped here."""
 
 from __future__ import annotations
 
+#: A comparison is marked significant when its Holm-adjusted p-value is below this
+#: (declared with the tests it applies to).
+from ..stats import ALPHA  # noqa: F401  (the report's modules import it from here)
+
 #: Ranks listed in the Markdown CMC table.
 CMC_TABLE_RANKS = (1, 5, 10, 20, 50)
-#: A comparison is marked significant when its Holm-adjusted p-value is below this.
-ALPHA = 0.05
 #: Up to this many encoders in a dataset, every pair is compared; beyond, each to the previous
 #: one and the best to the others (linear in the number of encoders, not quadratic).
 ALL_PAIRS_MAX = 4

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..registry import get_protocol
-from ..stats import EXACT_MAX, format_p, smallest_p
+from ..stats import EXACT_MAX, format_p, never_significant, smallest_p
 from .document import headline_names
 
 #: The mark of a significant difference.
@@ -302,37 +302,30 @@ def not_compared_note(doc: dict[str, Any], dataset: str) -> str | None:
 
 
 def unattainable_note(doc: dict[str, Any], dataset: str) -> str | None:
-    """Why no difference on ``dataset`` can be marked significant, when that follows from
-    the number of clusters alone (few identities with ``by: identity``); ``None`` otherwise.
-
-    A row is significant when ``p_holm < alpha``.  Holm's first step multiplies the
-    report's smallest p by the number of tests m, so if every row's
-    :func:`rankwise.stats.smallest_p` times m is at least alpha nothing in the report can
-    be; else a row whose smallest p is at least alpha cannot be.
-    """
+    """Why no difference on ``dataset`` can be marked significant whatever the data (few
+    clusters: :func:`rankwise.stats.never_significant`, Holm over every test of the
+    report); ``None`` otherwise."""
     s = doc["statistics"]
     rows = dataset_comparisons(doc, dataset)
     if not rows:
         return None
-    alpha, m, flips = s["alpha"], s["num_tests"], s["flip_resamples"]
 
     def least(c: dict[str, Any]) -> float:
-        return smallest_p(c["test"], c["num_clusters"], flips)
+        return smallest_p(c["test"], c["num_clusters"], s["flip_resamples"])
 
-    floor = min(least(c) for c in rows)
-    if floor >= alpha:
-        why = f"significance needs p < {alpha:g}"
-    elif min(least(c) for c in doc["comparisons"]) * m >= alpha:
-        why = f"Holm over {m} tests needs p < {alpha / m:.2g}"
-    else:
-        return None
+    row = min(rows, key=least)  # one comparison's queries: the rows share C and test
     protocol = next(r["protocol"] for r in doc["results"] if r["dataset"] == dataset)
-    units = "identities" if s["by"] == "identity" else units_name(protocol)
-    clusters = max(c["num_clusters"] for c in rows)
-    return (
-        f"No difference on {dataset} can be significant: with {clusters} {units} the paired "
-        f"sign-flip test gives p >= {floor:.3g}, and {why}; compare by query or on more {units}."
+    why = never_significant(
+        row["test"],
+        row["num_clusters"],
+        s["flip_resamples"],
+        s["num_tests"],
+        by=s["by"],
+        units=units_name(protocol),
+        alpha=s["alpha"],
+        smallest_in_all=min(least(c) for c in doc["comparisons"]),
     )
+    return None if why is None else f"No difference on {dataset} can be significant: {why}."
 
 
 def provenance_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
