@@ -83,6 +83,23 @@ def test_a_scheduler_address_that_is_not_one_is_a_clear_error(tmp_path):
             rankwise.evaluate(*files, protocol="reid", scheduler=address)
 
 
+def test_a_malformed_address_is_refused_before_any_client_starts():
+    """Decided without distributed's event loop: in the client's start-up the same
+    mistake surfaced as a bare AssertionError once, under load (a CI run)."""
+    from rankwise import ranking
+
+    def never(*args, **kwargs):
+        raise AssertionError("no client may be started for a malformed address")
+
+    for address, what in (
+        ("garbage", "missing port number in address 'garbage'"),
+        ("tcp://host", "missing port number in address 'host'"),
+        ("http://x:1", "unknown address scheme 'http'"),
+    ):
+        with pytest.raises(rankwise.RankwiseError, match=f"not a usable scheduler address.*{what}"):
+            ranking._connect(never, address)
+
+
 def test_a_port_where_no_scheduler_answers_does_not_hang(monkeypatch):
     """Something other than a Dask scheduler on the port: distributed's client waited
     forever. The client connects in a thread given a deadline (here 0.2 s, a client that

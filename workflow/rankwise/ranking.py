@@ -301,6 +301,7 @@ def _connect(client_class, address: str):
     import threading
 
     where = f"the Dask scheduler at {address!r} (--scheduler)"
+    _check_address(address, where)
     result: dict = {}
 
     def connect() -> None:
@@ -336,6 +337,27 @@ def _connect(client_class, address: str):
             f"(dask worker {address}) or run without --scheduler"
         ) from None
     return client
+
+
+def _check_address(address: str, where: str) -> None:
+    """A malformed address (no port, an unknown scheme) as one line, decided here without
+    an event loop: inside the client's start-up the same mistake could surface as another
+    error, depending on the state of distributed's shared loop (an AssertionError, seen
+    under load)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+
+    try:
+        scheme, location = parse_address(address)
+        get_backend(scheme)
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(location)
+    except ValueError as error:
+        first = (str(error).strip().splitlines() or ["ValueError"])[0]
+        raise RankwiseError(
+            f"{where}: not a usable scheduler address (ValueError: {first}); give the address "
+            "the scheduler prints (tcp://host:8786)"
+        ) from None
 
 
 def _chunk_groups(bounds: np.ndarray, gallery: EmbeddingSource, cosine: bool, runner):
