@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 import zarr
+from helpers import write_inputs
 from reference import (
     average_query_expansion,
     evaluate_reference,
@@ -150,18 +151,9 @@ def test_store_pairs_with_the_plain_one():
 )
 def test_cli_refuses_in_one_line_and_writes_nothing(tmp_path, cli, args, message):
     q, g, qe, ge = market_like(0)
-    q.to_csv(tmp_path / "q.csv", index=False)
-    g.to_csv(tmp_path / "g.csv", index=False)
-    np.save(tmp_path / "q.npy", qe)
-    np.save(tmp_path / "g.npy", ge)
-    inputs = {
-        "--query": tmp_path / "q.csv",
-        "--gallery": tmp_path / "g.csv",
-        "--query-embeddings": tmp_path / "q.npy",
-        "--gallery-embeddings": tmp_path / "g.npy",
-    }
+    inputs = write_inputs(tmp_path, q, g, qe, ge)
     out = tmp_path / "ranks.zarr"
-    proc = cli("rank", *args, "--drop-junk", "--out", out, options=inputs)
+    proc = cli("rank", *args, "--drop-junk", "--out", out, *inputs)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
@@ -169,7 +161,7 @@ def test_cli_refuses_in_one_line_and_writes_nothing(tmp_path, cli, args, message
     assert not list(tmp_path.glob("ranks.zarr*"))
     proc = cli(
         "rank", "--protocol", "reid", "--rerank", "20,6,0.3", "--drop-junk", "--out", out,
-        options=inputs,
+        *inputs,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert dict(zarr.open_group(out, mode="r").attrs)["protocol_options"]["drop_junk"] is True

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import zarr
 from conftest import recall_case, reid_case
+from helpers import write_inputs
 from reference import evaluate_reference, re_ranking, rerank_input_distances
 
 import rankwise
@@ -243,16 +244,7 @@ def test_cli_refuses_in_one_line_and_writes_nothing(
 
 def test_cli_records_rerank_in_the_store_and_the_report(tmp_path, cli):
     q, g, qe, ge = market_like(0)
-    q.to_csv(tmp_path / "q.csv", index=False)
-    g.to_csv(tmp_path / "g.csv", index=False)
-    np.save(tmp_path / "q.npy", qe)
-    np.save(tmp_path / "g.npy", ge)
-    inputs = {
-        "--query": tmp_path / "q.csv",
-        "--gallery": tmp_path / "g.csv",
-        "--query-embeddings": tmp_path / "q.npy",
-        "--gallery-embeddings": tmp_path / "g.npy",
-    }
+    inputs = write_inputs(tmp_path, q, g, qe, ge)
     out = tmp_path / "ranks.zarr"
     proc = cli(
         "rank",
@@ -264,7 +256,7 @@ def test_cli_records_rerank_in_the_store_and_the_report(tmp_path, cli):
         "20,6,0.3",
         "--out",
         out,
-        options=inputs,
+        *inputs,
     )
     assert proc.returncode == 0, proc.stderr
     attrs = dict(zarr.open_group(out, mode="r").attrs)
@@ -502,20 +494,11 @@ def test_fastreid_variant_equals_the_port_of_its_evaluator(seed, distance, setti
 
 def test_cli_takes_the_variant_as_a_fourth_value(tmp_path, cli):
     q, g, qe, ge = market_like(2)
-    q.to_csv(tmp_path / "q.csv", index=False)
-    g.to_csv(tmp_path / "g.csv", index=False)
-    np.save(tmp_path / "q.npy", qe)
-    np.save(tmp_path / "g.npy", ge)
-    inputs = {
-        "--query": tmp_path / "q.csv",
-        "--gallery": tmp_path / "g.csv",
-        "--query-embeddings": tmp_path / "q.npy",
-        "--gallery-embeddings": tmp_path / "g.npy",
-    }
+    inputs = write_inputs(tmp_path, q, g, qe, ge)
     out = tmp_path / "r.json"
     proc = cli(
         "evaluate", "--protocol", "reid", "--rerank", "8,3,0.3,fastreid", "--output", out,
-        options=inputs,
+        *inputs,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     report = pd.read_json(out, typ="series")

@@ -562,6 +562,13 @@ SHOT_SEED = Option(
 RERANK_VARIANTS = ("torchreid", "fastreid")
 
 
+def recorded_rerank(rerank: dict[str, Any]) -> dict[str, Any]:
+    """A checked ``rerank`` as stores record it and the rank rule's flag gives it: the
+    default variant left out, so torchreid's re-ranking reads as it did before there were
+    variants (its stores and pipeline params unchanged)."""
+    return {k: v for k, v in rerank.items() if not (k == "variant" and v == RERANK_VARIANTS[0])}
+
+
 def _k2_within_k1(values: dict[str, Any]) -> str | None:
     if values["k2"] > values["k1"]:
         return f"k2 must be at most k1, got k2={values['k2']} > k1={values['k1']}"

@@ -281,18 +281,14 @@ def rerank_flags(dataset: dict) -> str:
     ("" = none).  ``drop_junk`` goes with them only: alone it changes nothing (junk rows
     are never ranked), so it changes no param and reruns nothing, like an option the
     protocol does not take."""
-    from .options import RERANK_VARIANTS
+    from .options import recorded_rerank
     from .registry import get_protocol
 
     flags = []
     if dataset.get("aqe") is not None:
         flags.append(f"--aqe {dataset['aqe']['k']},{dataset['aqe']['alpha']}")
-    if dataset.get("rerank") is not None:
-        rerank = dataset["rerank"]
-        flag = f"--rerank {rerank['k1']},{rerank['k2']},{rerank['lambda']}"
-        variant = rerank.get("variant", RERANK_VARIANTS[0])
-        # the default variant is left out: the flags (a param) stay those of before
-        flags.append(flag if variant == RERANK_VARIANTS[0] else f"{flag},{variant}")
+    if dataset.get("rerank") is not None:  # k1,k2,lambda[,variant], in field order
+        flags.append("--rerank " + ",".join(map(str, recorded_rerank(dataset["rerank"]).values())))
     taken = "drop_junk" in get_protocol(dataset["protocol"]).options
     if flags and taken and dataset.get("drop_junk"):
         flags.append("--drop-junk")

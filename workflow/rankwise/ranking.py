@@ -34,7 +34,15 @@ import numpy as np
 from . import kernels
 from .embeddings import EmbeddingSource, check_same_dim
 from .errors import RankwiseError
-from .options import DEVICE, DISTANCE, GALLERY_CHUNK, MEMORY_LIMIT, QUERY_BLOCK, WORKERS
+from .options import (
+    DEVICE,
+    DISTANCE,
+    GALLERY_CHUNK,
+    MEMORY_LIMIT,
+    QUERY_BLOCK,
+    WORKERS,
+    recorded_rerank,
+)
 from .protocols import Problem
 
 if TYPE_CHECKING:
@@ -322,11 +330,7 @@ def _connect(client_class, address: str):
     if isinstance(error, OSError):
         raise RankwiseError(f"cannot reach {where} ({error}); start it or fix the address")
     if error is not None:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise RankwiseError(
-            f"{where}: not a usable scheduler address ({type(error).__name__}: {first}); give "
-            "the address the scheduler prints (tcp://host:8786)"
-        )
+        raise _unusable_address(where, error)
     client = result["client"]
     try:
         client.wait_for_workers(1, timeout=_WORKERS_S)
@@ -353,11 +357,16 @@ def _check_address(address: str, where: str) -> None:
         if scheme in ("tcp", "tls", "ws", "wss"):
             parse_host_port(location)
     except ValueError as error:
-        first = (str(error).strip().splitlines() or ["ValueError"])[0]
-        raise RankwiseError(
-            f"{where}: not a usable scheduler address (ValueError: {first}); give the address "
-            "the scheduler prints (tcp://host:8786)"
-        ) from None
+        raise _unusable_address(where, error) from None
+
+
+def _unusable_address(where: str, error: BaseException) -> RankwiseError:
+    """The one line for an address distributed cannot use, naming its complaint."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return RankwiseError(
+        f"{where}: not a usable scheduler address ({type(error).__name__}: {first}); give the "
+        "address the scheduler prints (tcp://host:8786)"
+    )
 
 
 def _chunk_groups(bounds: np.ndarray, gallery: EmbeddingSource, cosine: bool, runner):
@@ -425,13 +434,14 @@ def compute_ranks(
     check_same_dim(query, gallery)
     dim = int(query.shape[1])
     runner = _Runner(options)
-    if options.memory_limit_mb is not None:
-        _check_memory(
-            problem, query, gallery, options, tiles.name, runner.workers, rerank, aqe, drop_junk
-        )
     kept = None  # the gallery rows left, when junk rows are dropped
     if drop_junk and (rerank is not None or aqe is not None) and problem.gjunk.any():
         kept = np.flatnonzero(~problem.gjunk)
+    if options.memory_limit_mb is not None:
+        _check_memory(
+            problem, query, gallery, options, tiles.name, runner.workers, rerank, aqe, kept
+        )
+    if kept is not None:
         problem, gallery = problem.gallery_subset(kept), gallery.subset(kept)
     if aqe is not None:
         from .query_expansion import expand
@@ -482,7 +492,7 @@ def compute_ranks(
         "protocol_options": dict(
             problem.options,
             **({"aqe": dict(aqe)} if aqe else {}),
-            **({"rerank": _recorded(rerank)} if rerank else {}),
+            **({"rerank": recorded_rerank(rerank)} if rerank else {}),
             **({"drop_junk": True} if drop_junk else {}),
         ),
     }
@@ -497,22 +507,14 @@ def compute_ranks(
     )
 
 
-def _recorded(rerank: dict[str, Any]) -> dict[str, Any]:
-    """``rerank`` as stores record it: the default variant left out, so that a store of
-    torchreid's re-ranking records what stores did before there were variants."""
-    from .options import RERANK_VARIANTS
-
-    return {k: v for k, v in rerank.items() if not (k == "variant" and v == RERANK_VARIANTS[0])}
-
-
 def _check_memory(
-    problem, query, gallery, options, device, workers, rerank, aqe, drop_junk=False
+    problem, query, gallery, options, device, workers, rerank, aqe, kept=None
 ) -> None:
     """Refuse, before any work, a run whose estimated peak exceeds the memory limit:
     the plain engine's estimate, or re-ranking's when larger (its stages replace the
     plain tiles); with query expansion, the larger of its own peak and the ranking's
-    plus the expanded rows it leaves; with ``drop_junk``, plus the kept gallery rows
-    read into memory."""
+    plus the expanded rows it leaves; plus the ``kept`` gallery rows read into memory when
+    junk rows are dropped."""
     n_query, n_gallery, dim = query.shape[0], gallery.shape[0], int(query.shape[1])
     chunk = int(np.diff(_chunk_bounds(n_gallery, gallery, options.gallery_chunk)).max())
     need = estimate_memory_mb(
@@ -538,8 +540,8 @@ def _check_memory(
         )
         need = max(_BASE_MB + during, need + after)  # expansion, then ranking
         extra += ", query expansion"
-    if drop_junk and (rerank is not None or aqe is not None) and problem.gjunk.any():
-        need += 4.0 * dim * int((~problem.gjunk).sum()) / 2**20  # the kept rows, read in
+    if kept is not None:
+        need += 4.0 * dim * len(kept) / 2**20
     if need > options.memory_limit_mb:
         raise RankwiseError(
             f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "
