@@ -89,20 +89,20 @@ def encoder_files(wildcards):
 
 
 @lru_cache(maxsize=None)
-def _sha256(path, size, mtime_ns):
+def _sha256(path, size, mtime_ns, ctime_ns):
     from rankwise.hashing import file_sha256
 
     return file_sha256(path)
 
 
 def encoder_hash(wildcards):
-    """sha256 of each file the encoder reads (cached by path, size and mtime); a folder
+    """sha256 of each file the encoder reads (cached by its stat stamp); a folder
     (a Zarr store) by the names, sizes and mtimes of every file below it."""
     hashes = {}
     for path in map(str, encoder_files(wildcards)):
         if os.path.isfile(path):
             stat = os.stat(path)
-            hashes[path] = _sha256(path, stat.st_size, stat.st_mtime_ns)
+            hashes[path] = _sha256(path, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
         elif os.path.isdir(path):
             hashes[path] = pipeline_config.folder_digest(path)
     return hashes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -535,6 +536,22 @@ def test_hash_cache(tmp_path: Path):
     assert file_sha256(file, cache_path=cache, min_cached_size=0) == "f" * 64
     cache.write_text("{corrupt")
     assert file_sha256(file, cache_path=cache, min_cached_size=0) == new
+
+
+def test_hash_cache_sees_a_same_size_rewrite_with_its_mtime_restored(tmp_path: Path):
+    """`cp -p` / `touch -r` over a file keep size, mtime and inode; the change time moves."""
+    cache = tmp_path / "hashes.json"
+    file = tmp_path / "epoch.pth"
+    file.write_bytes(b"a" * 1000)
+    before = file.stat()
+    assert file_sha256(file, cache_path=cache, min_cached_size=0) == hashlib.sha256(b"a" * 1000).hexdigest()
+    time.sleep(0.02)  # ctime has the file system's clock resolution
+    with open(file, "r+b") as handle:  # in place: the inode stays
+        handle.write(b"b" * 1000)
+    os.utime(file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = file.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    assert file_sha256(file, cache_path=cache, min_cached_size=0) == hashlib.sha256(b"b" * 1000).hexdigest()
 
 
 def test_hash_missing_file(tmp_path: Path):

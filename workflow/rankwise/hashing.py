@@ -1,10 +1,13 @@
-"""Content hashes of files (checkpoints, manifests), cached by ``(path, size, mtime)``.
+"""Content hashes of files (checkpoints, manifests), cached by the file's stat stamp.
 
 A checkpoint of a few hundred MB takes seconds to hash; Snakemake jobs and repeated
 ``rankwise encode`` calls would hash it again and again.  :func:`file_sha256` keeps
-a small JSON cache mapping ``(resolved path, size, mtime_ns)`` to the digest, so a
-file is hashed once until it changes.  Touching a file (new mtime, same bytes) costs
-one re-hash and gives the same digest: the digest depends on the bytes only.
+a small JSON cache mapping the resolved path to ``(size, mtime_ns, inode, ctime_ns)``
+and the digest, so a file is hashed once until it changes.  Touching a file (new mtime,
+same bytes) costs one re-hash and gives the same digest: the digest depends on the bytes
+only.  The change time is in the stamp because it cannot be set back: a rewrite of the
+same size whose mtime is then restored (``cp -p``, ``touch -r``, ``rsync -t`` over an
+existing file) keeps size, mtime and inode, but every write moves ``st_ctime_ns``.
 
 Cache location, first that applies:
 
@@ -82,7 +85,7 @@ def file_sha256(
     cache_path: str | os.PathLike | None = None,
     min_cached_size: int = MIN_CACHED_SIZE,
 ) -> str:
-    """The SHA-256 hex digest of a file's bytes, cached by ``(path, size, mtime_ns)``.
+    """The SHA-256 hex digest of a file's bytes, cached by its stat stamp (module docstring).
 
     Parameters
     ----------
@@ -106,7 +109,12 @@ def file_sha256(
     if location is None or stat.st_size < min_cached_size:
         return _hash_bytes(file)
     key = str(file.resolve())
-    stamp = {"size": int(stat.st_size), "mtime_ns": int(stat.st_mtime_ns), "ino": int(stat.st_ino)}
+    stamp = {
+        "size": int(stat.st_size),
+        "mtime_ns": int(stat.st_mtime_ns),
+        "ino": int(stat.st_ino),
+        "ctime_ns": int(stat.st_ctime_ns),
+    }
     entries = _read_cache(location)
     cached = entries.get(key)
     if (

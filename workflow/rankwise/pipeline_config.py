@@ -661,7 +661,7 @@ def _files_below(folder: Path) -> list[str]:
 
 
 def _file_lines(path: Path) -> list[str]:
-    """The file's sha256 (cached by path, size and mtime), or 'missing'."""
+    """The file's sha256 (cached by its stat stamp, see rankwise.hashing), or 'missing'."""
     from .hashing import file_sha256
 
     return [f"{path}\t{file_sha256(path)}" if path.is_file() else f"{path}\tmissing"]
