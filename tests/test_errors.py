@@ -1544,3 +1544,14 @@ def test_api_reads_junk_labels_and_ks_like_the_cli(d):
     assert api.to_json() == cli.to_json()
     one = rankwise.evaluate(*args, protocol="reid", junk_labels=1)
     assert one.to_json() == rankwise.evaluate(*args, protocol="reid", junk_labels="1").to_json()
+
+
+def test_first_line_of_an_exception_for_one_line_messages():
+    from rankwise.errors import first_line
+
+    assert first_line(ValueError("\n  bad header\nsecond line")) == "bad header"
+    assert first_line(EOFError()) == "EOFError"  # no text: the type names it
+    assert first_line(RuntimeError("   ")) == "RuntimeError"
+    long = first_line(RuntimeError("x" * 500), limit=120)
+    assert len(long) == 120 and long.endswith("...")  # a cut shows it is cut
+    assert first_line(RuntimeError("y" * 120), limit=120) == "y" * 120

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import RankwiseError
+from .errors import RankwiseError, first_line
 
 #: Store attribute: sha256 of the bytes of the manifest CSV the store was encoded from.
 MANIFEST_SHA256 = "manifest_csv_sha256"
@@ -147,7 +147,7 @@ class EmbeddingSource:
             start, stop = self._narrow(start, stop)
             raise RankwiseError(
                 f"{self.path}: cannot read rows {start}-{stop - 1} (0-based) of the {self.name} "
-                f"({type(exc).__name__}: {_first_line(exc)}); the file is corrupt or was "
+                f"({type(exc).__name__}: {first_line(exc)}); the file is corrupt or was "
                 "changed during the run: write it again"
             ) from None
 
@@ -184,11 +184,6 @@ class EmbeddingSource:
             except Exception:
                 return lo, hi
         return start, stop
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 def _check_chunks_present(array, start: int, stop: int, source: EmbeddingSource) -> None:
@@ -343,7 +338,7 @@ def _open_npy(path: Path, name: str) -> EmbeddingSource:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        first = _first_line(exc)
+        first = first_line(exc)
         try:
             with open(path, "rb") as handle:
                 magic = handle.read(6)

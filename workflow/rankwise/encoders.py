@@ -96,7 +96,7 @@ from .embeddings import (
     check_rows,
     open_embeddings,
 )
-from .errors import RankwiseError
+from .errors import RankwiseError, first_line
 from .feature_ids import ON_MISSING, Alignment
 from .hashing import file_sha256
 from .manifest import check_nonempty, read_manifest
@@ -700,8 +700,9 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
             str(model), sess_options=settings, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:  # onnxruntime raises its own exception types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RankwiseError(f"{model}: onnxruntime cannot load the model ({first})") from None
+        raise RankwiseError(
+            f"{model}: onnxruntime cannot load the model ({first_line(exc)})"
+        ) from None
     inputs = {i.name: i for i in session.get_inputs()}
     input_name = opts["input"] or next(iter(inputs))
     if input_name not in inputs:

@@ -8,3 +8,12 @@ the file, row or column at fault and what to do about it.
 
 class RankwiseError(ValueError):
     """Bad input: a one-line, user-facing message that names the fix."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's first non-empty line for a one-line message (its type name when it
+    has no text), cut at ``limit`` characters with an ellipsis that shows the cut."""
+    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    if not line:
+        return type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import RankwiseError
+from .errors import RankwiseError, first_line
 from .manifest import first_non_utf8_line, read_csv_strings
 
 #: on_missing values: refuse ids missing on either side, or keep the ids both sides have.
@@ -113,7 +113,7 @@ def read_ids(path: str | Path, *, column: str = "id") -> np.ndarray:
             values = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
             raise RankwiseError(
-                f"{path}: not a readable .npy array of ids ({str(exc).splitlines()[0][:120]}); "
+                f"{path}: not a readable .npy array of ids ({first_line(exc, 120)}); "
                 "save a 1-D integer or string array with numpy.save"
             ) from None
         return _as_strings(values, str(path))

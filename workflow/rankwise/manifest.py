@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from .errors import RankwiseError
+from .errors import RankwiseError, first_line
 from .registry import INTEGER_COLUMNS as _INTEGER_COLUMNS
 from .registry import PROTOCOLS, REGISTRY, ROLES, get_protocol
 
@@ -220,9 +220,8 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
         error = exc
     except (pd.errors.EmptyDataError, csv.Error) as exc:
         error = exc
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     raise RankwiseError(
-        f"{path}: not a readable {noun} ({first})" + (f"; {fix}" if fix else "")
+        f"{path}: not a readable {noun} ({first_line(error)})" + (f"; {fix}" if fix else "")
     ) from None
 
 

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import RankwiseError
+from .errors import RankwiseError, first_line
 
 if TYPE_CHECKING:  # imported lazily at run time
     from concurrent.futures import ThreadPoolExecutor
@@ -135,7 +135,7 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
         except Exception as exc:  # safetensors raises its own error types
             raise RankwiseError(
                 f"{path}: not a readable safetensors file "
-                f"({_first_line(exc)}); check options.checkpoint"
+                f"({first_line(exc)}); check options.checkpoint"
             ) from None
     else:
         import pickle
@@ -160,7 +160,7 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
                 "'weights.pth')"
             ) from None
         except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
-            reason = "unrecognised content" if isinstance(exc, KeyError) else _first_line(exc)
+            reason = "unrecognised content" if isinstance(exc, KeyError) else first_line(exc)
             raise RankwiseError(
                 f"{path}: not a readable torch checkpoint ({reason}); check options.checkpoint"
             ) from None
@@ -215,11 +215,6 @@ def _unpickling_reason(path: Path, exc: BaseException) -> str:
     cause = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
     what = cause.group(1).strip()[:120] if cause else "not a file written by torch.save"
     return f"{what}; check options.checkpoint"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 def _listing(keys: list[str], shown: int = 5) -> str:
@@ -358,7 +353,7 @@ def _torchscript_model(path: Path) -> Any:
             model = torch.jit.load(str(path), map_location="cpu")
     except (RuntimeError, ValueError, OSError) as exc:
         raise RankwiseError(
-            f"{path}: not a TorchScript module ({_first_line(exc)}); save one "
+            f"{path}: not a TorchScript module ({first_line(exc)}); save one "
             "with torch.jit.script(model).save(path) or torch.jit.trace, or "
             "use kind timm / reid for a state dict"
         ) from None
@@ -447,7 +442,7 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         except (RuntimeError, AssertionError) as exc:
             raise RankwiseError(
                 f"{file}: the model failed on a batch of shape "
-                f"{tuple(x.shape)} ({_first_line(exc)}); check "
+                f"{tuple(x.shape)} ({first_line(exc)}); check "
                 "options.input_size and the model file"
             ) from None
         if not isinstance(out, torch.Tensor):
