@@ -437,7 +437,10 @@ def re_ranking(q_g_dist, q_q_dist, g_g_dist, k1=20, k2=6, lambda_value=0.3, dtyp
         weight = np.exp(-dist[i, expanded])
         v[i, expanded] = weight / weight.sum()
     if k2 != 1:
-        v = np.stack([v[order[i, :k2]].mean(axis=0) for i in range(n)])
+        # neighbour rows added in ascending index (the original: in distance order):
+        # the same sum, but two items with the same neighbours get bitwise-equal rows,
+        # so ties exact in the definition stay ties (lambda = 0) in any row order
+        v = np.stack([v[np.sort(order[i, :k2])].mean(axis=0) for i in range(n)])
     jaccard = np.empty((n_q, n), dtype=dtype)
     for i in range(n_q):
         # m accumulated over i's non-zero columns in ascending order, as the original
@@ -484,7 +487,8 @@ def fastreid_jaccard_reranking(
       1]`` holds i; E(i) = R(i, k1) and every R(c, round(k1/2)) sharing more than 2/3 of
       its members with it;
     - V(i, E(i)) = softmax(-squared L2 between the features) (unit rows: 2 (1 - cos));
-    - V' = mean of V over ``initial_rank[i, :k2]``; m = sum of element-wise minima,
+    - V' = mean of V over ``initial_rank[i, :k2]`` (added in ascending index); m = sum
+      of element-wise minima,
       J = 1 - m / (2 - m), negatives set to 0;
     - the original distance: ``1 - cos`` (cosine) or squared L2 (euclidean).
     """
@@ -528,8 +532,8 @@ def fastreid_jaccard_reranking(
         for w in weight:
             total += w
         v[i, expansion] = weight / total
-    if k2 != 1:
-        v = np.stack([v[initial_rank[i, :k2]].mean(axis=0) for i in range(n)])
+    if k2 != 1:  # neighbour rows in ascending index, as in re_ranking above
+        v = np.stack([v[np.sort(initial_rank[i, :k2])].mean(axis=0) for i in range(n)])
     jaccard = np.empty((n_q, n))
     for i in range(n_q):
         shared = np.zeros(n)

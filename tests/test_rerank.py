@@ -171,6 +171,57 @@ def test_gallery_and_query_row_order_never_change_a_number(perm_seed):
         np.testing.assert_array_equal(ranks, mine[row])
 
 
+def few_persons(seed: int, nq: int, ng: int):
+    """5 persons in 4 dimensions, 3 junk and 3 distractor rows: tight clusters where
+    several items have the same k2 nearest neighbours (in another order)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(6, 4))
+    rows = {"q": [], "g": []}
+    emb = {"q": [], "g": []}
+    for side, n in (("q", nq), ("g", ng)):
+        for i in range(n):
+            person = int(rng.integers(1, 6))
+            rows[side].append((f"{side}{i}", str(person), int(rng.integers(1, 4))))
+            emb[side].append(centres[person] + 0.8 * rng.normal(size=4))
+    for label in ("-1", "0"):
+        for i in range(3):
+            rows["g"].append((f"x{label}{i}", label, int(rng.integers(1, 4))))
+            emb["g"].append(rng.normal(size=4))
+    frame = lambda r: pd.DataFrame(r, columns=["id", "label", "camera"])
+    return frame(rows["q"]), frame(rows["g"]), *(np.asarray(emb[s], np.float32) for s in "qg")
+
+
+@pytest.mark.parametrize(
+    "seed, sizes, protocol, rerank, order",
+    [
+        (0, (8, 20), "recall", "5,5,0", "reversed"),
+        (10, (10, 30), "reid", "20,6,0,fastreid", "shuffled"),
+    ],
+)
+def test_lambda_zero_ties_of_equal_neighbour_lists_survive_any_row_order(
+    seed, sizes, protocol, rerank, order
+):
+    """At lambda = 0 only the Jaccard distance counts; two items whose k2 neighbours are
+    the same items in another order have mathematically equal expanded rows, so an exact
+    tie the tie rule decides. Summed in neighbour order they differed by one rounding,
+    and which side won depended on the gallery's row order (mAP moved by 3 points)."""
+    q, g, qe, ge = few_persons(seed, *sizes)
+    p = (
+        np.arange(len(g))[::-1]
+        if order == "reversed"
+        else np.random.default_rng(seed).permutation(len(g))
+    )
+    kwargs = {"protocol": protocol, "distance": "cosine", "rerank": rerank, "ks": (1, 5)}
+    base = rankwise.evaluate(q, g, qe, ge, **kwargs).metrics
+    moved = rankwise.evaluate(q, g.iloc[p].reset_index(drop=True), qe, ge[p], **kwargs).metrics
+    assert moved == base
+    if not rerank.endswith("fastreid"):
+        k1, k2, lam = map(float, rerank.split(","))
+        setting = (int(k1), int(k2), lam)
+        ref = _reference(q, g, qe, ge, protocol, "cosine", setting, ks=(1, 5))
+        assert base == pytest.approx(ref.metrics, abs=TOL)
+
+
 # ------------------------------------------------------------------ bad input
 
 BAD = [

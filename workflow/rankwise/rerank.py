@@ -407,7 +407,13 @@ def _weights(x, sets, row_max, cosine, fastreid=False) -> tuple[np.ndarray, np.n
 
 
 def _expand(v, nn, k2, block: int = 8192):
-    """V' as CSR: row i is the mean of V's rows F(i, k2) (k2 = 1: V itself)."""
+    """V' as CSR: row i is the mean of V's rows F(i, k2) (k2 = 1: V itself).
+
+    Each column's terms are added in ascending source row, not in F(i, k2)'s distance
+    order: two items with the same neighbours in another order then get bitwise-equal
+    rows, so a tie that is exact in the definition (common at lambda = 0, where only the
+    Jaccard distance counts) stays one and the tie rule decides it, whatever the row order.
+    """
     ptr, idx, val = v
     if k2 == 1:
         return v
@@ -420,8 +426,8 @@ def _expand(v, nn, k2, block: int = 8192):
         n = sizes[flat]
         owner = np.repeat(np.repeat(np.arange(lo, lo + len(src)), k2), n)
         at = np.repeat(ptr[flat], n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
-        col, value = idx[at], val[at]
-        order = np.lexsort((col, owner))
+        col, value, source = idx[at], val[at], np.repeat(flat, n)
+        order = np.lexsort((source, col, owner))
         owner, col, value = owner[order], col[order], value[order]
         start = np.flatnonzero(np.r_[True, (owner[1:] != owner[:-1]) | (col[1:] != col[:-1])])
         out_idx.append(col[start])
