@@ -482,13 +482,14 @@ def test_pipeline_reranks_in_the_rank_stage(tmp_path):
 
 
 def test_re_ranked_store_pairs_with_the_plain_one():
-    """ "+RK" against the same encoder: a paired comparison and intervals work on it; a
-    different protocol option still refuses."""
+    """ "+RK" (and "+AQE") against the same encoder: a paired comparison and intervals
+    work on it; a different protocol option still refuses."""
     from rankwise import stats
 
     q, g, qe, ge = market_like(0)
     plain = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean")
     rk = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean", rerank="20,6,0.3")
+    result = lambda store: rankwise.api.result_from_ranks(store).metrics
     rows = stats.compare_ranks(
         plain.arrays(), plain.attrs, rk.arrays(), rk.attrs, metrics="map,rank1", resamples=200
     )
@@ -499,6 +500,12 @@ def test_re_ranked_store_pairs_with_the_plain_one():
     assert by_name["map"]["b"] == pytest.approx(want, abs=1e-9)
     cis = stats.metric_cis(rk.arrays(), rk.attrs, metrics="map", resamples=200)
     assert cis["map"][0] <= want <= cis["map"][1]
+    # query expansion too: "+AQE" against plain, "+RK+AQE" (junk dropped) against "+RK"
+    for a, options in ((plain, {}), (rk, {"rerank": "20,6,0.3", "drop_junk": True})):
+        b = rankwise.rank(q, g, qe, ge, protocol="reid", distance="euclidean", aqe="5,3", **options)
+        row = stats.compare_ranks(a.arrays(), a.attrs, b.arrays(), b.attrs, metrics="map")[0]
+        diff = result(b)["map"] - result(a)["map"]
+        assert diff != 0 and row["diff"] == pytest.approx(diff, abs=1e-9)
     other = rankwise.rank(
         q, g, qe, ge, protocol="reid", distance="euclidean", junk_labels=(), rerank="20,6,0.3"
     )

@@ -592,12 +592,17 @@ def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str])
         )
 
 
+#: Protocol options that change the distance, not who is ranked against whom.
+DISTANCE_ONLY_OPTIONS = ("rerank", "aqe", "drop_junk")
+
+
 def ranked_set(key: str, value):
-    """What must agree between two paired stores: re-ranking changes the distance, not
-    who is ranked, so a re-ranked store pairs with a plain one ("+RK" against the same
-    encoder); so does ``drop_junk`` (junk rows are never ranked)."""
+    """What must agree between two paired stores: re-ranking and query expansion change
+    the distance, not who is ranked, so their stores pair with a plain one ("+RK", "+AQE",
+    "+RK+AQE" against the same encoder); so does ``drop_junk`` (junk rows are never
+    ranked)."""
     if key == "protocol_options" and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in ("rerank", "drop_junk")}
+        return {k: v for k, v in value.items() if k not in DISTANCE_ONLY_OPTIONS}
     return value
 
 
