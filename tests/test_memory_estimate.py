@@ -53,10 +53,16 @@ print(json.dumps({"peak": peak, "estimate": estimate}))
 """
 
 
-@pytest.mark.parametrize("mode", ["plain", "rerank", "aqe", "rerank+aqe"])
-def test_the_estimate_holds_the_measured_peak(mode):
+@pytest.mark.parametrize(
+    "mode, sizes",
+    [
+        *((mode, (2000, 16000, 192)) for mode in ("plain", "rerank", "aqe", "rerank+aqe")),
+        ("rerank+aqe", (40, 300, 16)),  # tiles no larger than Q x G
+    ],
+)
+def test_the_estimate_holds_the_measured_peak(mode, sizes):
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, "2000", "16000", "192", mode],
+        [sys.executable, "-c", PROBE, *map(str, sizes), mode],
         capture_output=True,
         text=True,
         timeout=300,
@@ -92,6 +98,16 @@ def test_a_limit_between_plain_and_reranking_refuses_only_reranking():
     rankwise.rank(*case, protocol="recall", memory_limit_mb=limit)  # runs
     with pytest.raises(RankwiseError, match=r"workers, re-ranking\); lower --query-block"):
         rankwise.rank(*case, protocol="recall", memory_limit_mb=limit, rerank=rerank)
+
+
+def test_tiny_runs_are_not_charged_for_tiles_larger_than_their_pairs():
+    """8 queries x 26 gallery items were estimated ~100 MB above the plain ranking (a
+    full-size tile per worker), and lowering --query-block or --gallery-chunk, which the
+    refusal advises, changed nothing."""
+    case = _case(n_query=8, n_gallery=26, dim=4)
+    plain = _estimate(*case, workers=1)
+    for extra in ({"rerank": "5,2,0.3"}, {"aqe": "3,3"}, {"rerank": "5,2,0.3", "aqe": "3,3"}):
+        assert _estimate(*case, workers=1, **extra) < plain + 1.0, extra
 
 
 def test_cli_refuses_reranking_over_the_limit_in_one_line(tmp_path):

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import write_inputs
 from reference import (
     average_query_expansion,
     evaluate_reference,
@@ -150,9 +151,37 @@ def test_fractional_alpha_on_a_negative_cosine_is_an_error_naming_the_rows():
     g = pd.DataFrame({"id": [f"g{i}" for i in range(30)], "label": [str(i % 3) for i in range(30)]})
     qe = rng.normal(size=(10, 6)).astype(np.float32)
     ge = rng.normal(size=(30, 6)).astype(np.float32)
-    message = r"aqe alpha 2.5 is not an integer, and .* row \d+ \(0-based\) has a neighbour"
+    message = r"row \d+ \(0-based\) has a neighbour .* and aqe alpha 2.5 is not an integer"
     with pytest.raises(RankwiseError, match=message):
         rankwise.evaluate(q, g, qe, ge, protocol="recall", aqe={"k": 40, "alpha": 2.5})
     got = rankwise.evaluate(q, g, qe, ge, protocol="recall", aqe={"k": 40, "alpha": 3})
     eq, eg = average_query_expansion(qe, ge, 40, 3.0)
     _check(got, evaluate_reference(q, g, eq, eg, protocol="recall", distance="cosine"))
+
+
+def test_cli_messages_name_the_files_and_fit_query_expansion(tmp_path, cli):
+    """The rows are named in their files; a zero row is an error under AQE whatever the
+    ranking distance (it weighs neighbours by cosine), so "use --distance euclidean"
+    would not help."""
+    rng = np.random.default_rng(0)
+    q = pd.DataFrame({"id": [f"q{i}" for i in range(10)], "label": [str(i % 3) for i in range(10)]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(30)], "label": [str(i % 3) for i in range(30)]})
+    qe = rng.normal(size=(10, 6)).astype(np.float32)
+    ge = rng.normal(size=(30, 6)).astype(np.float32)
+    inputs = write_inputs(tmp_path / "a", q, g, qe, ge)
+    proc = cli("evaluate", *inputs, "--protocol", "recall", "--aqe", "40,2.5")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert re.search(r"/a/[qg]\.npy: (query|gallery) embeddings row \d+ \(0-based\)", proc.stderr)
+    assert "(--aqe k,alpha)" in proc.stderr
+    ge[4] = 0.0
+    inputs = write_inputs(tmp_path / "b", q, g, qe, ge)
+    args = ("--protocol", "recall", "--distance", "euclidean")
+    proc = cli("evaluate", *inputs, *args, "--aqe", "3,3")
+    assert proc.returncode == 2, proc.stderr
+    assert re.fullmatch(
+        r"error: \S+/b/g\.npy: gallery embeddings row 4 \(0-based\) is a zero vector, which has "
+        r"no cosine distance; fix that item or drop query expansion \(aqe\), which weighs rows "
+        r"by their cosine\n",
+        proc.stderr,
+    ), proc.stderr
+    assert cli("evaluate", *inputs, *args).returncode == 0  # without AQE the row is fine

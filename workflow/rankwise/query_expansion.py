@@ -63,7 +63,10 @@ def estimate_memory_mb(
 
     n_all = n_query + n_gallery
     during = (28.0 * dim * n_all + 32.0 * n_all * int(aqe["k"])) / 2**20
-    after = (4.0 * dim * n_all + 48.0 * TOP_TILE_VALUES) / 2**20
+    # the top items' tile, as tiled_top_items shapes it (never more pairs than Q x G)
+    c = max(1, min(chunk, n_gallery))
+    top_pairs = max(1, min(block, n_query, TOP_TILE_VALUES // c)) * c
+    after = (4.0 * dim * n_all + 48.0 * top_pairs) / 2**20
     return during + neighbour_pass_mb(n_all, block, chunk, workers), after
 
 
@@ -82,14 +85,16 @@ def expand(
     aqe : ``{"k", "alpha"}`` (:data:`rankwise.options.AQE`).
     options, runner : :class:`rankwise.ranking.EngineOptions` and its runner.
     """
-    from .ranking import prepare_chunk
+    from .ranking import prepare_chunk, row_location
     from .rerank import neighbours
 
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     raw = np.concatenate([query.read(0, n_query), gallery.read(0, n_gallery)]).astype(np.float32)
+    # whatever the ranking distance: the expansion weighs neighbours by cosine similarity
+    fix = "fix that item or drop query expansion (aqe), which weighs rows by their cosine"
     (qu, qsq), (gu, gsq) = (
-        prepare_chunk(query, 0, n_query, True),
-        prepare_chunk(gallery, 0, n_gallery, True),
+        prepare_chunk(query, 0, n_query, True, zero_fix=fix),
+        prepare_chunk(gallery, 0, n_gallery, True, zero_fix=fix),
     )
     unit, sq = np.concatenate([qu, gu]), np.concatenate([qsq, gsq])
     n_all = len(raw)
@@ -109,14 +114,12 @@ def expand(
         item, other = int(rows[t]), int(nn.ravel()[t])
 
         def where(i: int) -> str:
-            if i < n_query:
-                return f"{query.name} row {query.row_number(i)}"
-            return f"{gallery.name} row {gallery.row_number(i - n_query)}"
+            return row_location(query, i) if i < n_query else row_location(gallery, i - n_query)
 
         raise RankwiseError(
-            f"aqe alpha {alpha:g} is not an integer, and {where(item)} (0-based) has a "
-            f"neighbour with a negative cosine similarity ({sim[t]:.4g}, {where(other)}): "
-            f"cos^{alpha:g} is undefined there; use an integer alpha (e.g. 3) or a smaller k"
+            f"{where(item)} has a neighbour with a negative cosine similarity ({sim[t]:.4g}; "
+            f"{where(other)}), and aqe alpha {alpha:g} is not an integer: cos^{alpha:g} is "
+            "undefined there; use an integer alpha (e.g. 3) or a smaller k (--aqe k,alpha)"
         )
     weights = np.power(sim, alpha).reshape(n_all, k)
     expanded = np.zeros(raw.shape, dtype=np.float64)

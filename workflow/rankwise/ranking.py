@@ -147,7 +147,13 @@ EUCLIDEAN_MAX_SQ = 2.0**120
 
 
 def prepare_chunk(
-    source: EmbeddingSource, start: int, stop: int, cosine: bool, *, check_range: bool = True
+    source: EmbeddingSource,
+    start: int,
+    stop: int,
+    cosine: bool,
+    *,
+    check_range: bool = True,
+    zero_fix: str = "fix that item or use --distance euclidean",
 ):
     """Per chunk: read rows ``[start, stop)``, normalise (cosine), check every row.
 
@@ -156,10 +162,11 @@ def prepare_chunk(
     outside ``[EUCLIDEAN_MIN_SQ, EUCLIDEAN_MAX_SQ]`` (where float32 tiles can no longer
     be bounded: ranks would silently be wrong) is an error naming the source and the
     row.  ``check_range=False``: rows read to be pooled, checked when ranked.
+    ``zero_fix``: the advice for a zero row under cosine.
     """
     rows, sq, bad, why = kernels.prepare_rows(source.read(start, stop), cosine)
     if bad >= 0:
-        raise RankwiseError(_bad_row_message(source, start + bad, why))
+        raise RankwiseError(_bad_row_message(source, start + bad, why, zero_fix=zero_fix))
     if not cosine and check_range:
         out = (sq != 0.0) & ((sq < EUCLIDEAN_MIN_SQ) | (sq > EUCLIDEAN_MAX_SQ))
         if out.any():
@@ -168,24 +175,29 @@ def prepare_chunk(
     return rows, sq
 
 
-def _bad_row_message(source: EmbeddingSource, row: int, why: int, sq: float = 0.0) -> str:
-    where = source.path or source.name
-    row = source.row_number(row)
+def row_location(source: EmbeddingSource, row: int) -> str:
+    """``<file>: <name> row <n> (0-based)``, the row counted in the file."""
+    return f"{source.path or source.name}: {source.name} row {source.row_number(row)} (0-based)"
+
+
+def _bad_row_message(
+    source: EmbeddingSource,
+    row: int,
+    why: int,
+    sq: float = 0.0,
+    zero_fix: str = "fix that item or use --distance euclidean",
+) -> str:
+    where = row_location(source, row)
     if why == 1:
-        return (
-            f"{where}: {source.name} row {row} (0-based) contains NaN or inf; fix or drop that item"
-        )
+        return f"{where} contains NaN or inf; fix or drop that item"
     if why == 3:
         return (
-            f"{where}: {source.name} row {row} (0-based) has norm {np.sqrt(sq):.3g}, outside "
+            f"{where} has norm {np.sqrt(sq):.3g}, outside "
             "[2^-50, 2^60] (8.9e-16 to 1.2e18), where float32 tiles cannot rank euclidean "
             "distances exactly; multiply all embeddings by one constant (euclidean ranks do "
             "not change) or use --distance cosine"
         )
-    return (
-        f"{where}: {source.name} row {row} (0-based) is a zero vector, which has no "
-        "cosine distance; fix that item or use --distance euclidean"
-    )
+    return f"{where} is a zero vector, which has no cosine distance; {zero_fix}"
 
 
 def _pair_keys_task(prep, qrows, pair_q, pair_g_local, cosine):

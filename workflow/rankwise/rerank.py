@@ -476,7 +476,8 @@ def estimate_memory_mb(
     bytes), the neighbour lists (``N (k1 + 1)`` distances and indices, and their merge
     buffers), V, V' and V's inverted gallery index (12 bytes a non-zero).  Per worker at
     a time: the neighbour pass's tile (:func:`neighbour_pass_mb`), later the final
-    stage's (six arrays of :data:`_TILE_VALUES` float64).
+    stage's (six float64 arrays of a query block against the gallery, at most
+    :data:`_TILE_VALUES` values).
     """
     from .ranking import _BASE_MB
 
@@ -488,10 +489,11 @@ def estimate_memory_mb(
         + 32.0 * n_all * keep
         + 12.0 * expansion * (n_all + (int(rerank["k2"]) + 1) * (n_all + n_gallery))
     )
-    tiles = max(
-        neighbour_pass_mb(n_all, block, chunk, workers), workers * 6 * 8.0 * _TILE_VALUES / 2**20
-    )
-    return _BASE_MB + held / 2**20 + tiles
+    # the final stage's tiles: rows_per_task x G (as rerank_ranks), one per busy worker
+    rows = max(1, min(block, n_query, _TILE_VALUES // max(n_gallery, 1)))
+    busy = min(workers, -(-max(n_query, 1) // rows))
+    final = busy * 6 * 8.0 * rows * n_gallery / 2**20
+    return _BASE_MB + held / 2**20 + max(neighbour_pass_mb(n_all, block, chunk, workers), final)
 
 
 def rerank_ranks(
