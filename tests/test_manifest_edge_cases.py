@@ -348,3 +348,28 @@ def test_ids_numbered_in_each_file_with_other_labels_are_an_error(tmp_path, prot
     (tmp_path / "g.csv").write_text(f"id,label{camera}\n0,a{c2}\n1,b{c2}\n2,a{c2}\n")
     proc = run_rankwise("evaluate", "--protocol", protocol, *input_args(tmp_path))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_nul_character_is_one_line_in_the_reader_the_loader_and_the_fingerprint(tmp_path):
+    """A NUL names no file (os.stat and realpath raise ValueError: a traceback in
+    `rankwise prepare` and in the pipeline's rerun fingerprint) and numpy's fixed-width
+    strings drop it at the end of an id, so it is refused, naming the line."""
+    from rankwise import pipeline_config
+
+    (tmp_path / "q.csv").write_text("id,label,path\nq0,L0,a.png\n")
+    (tmp_path / "g.csv").write_text("id,label,path\ng0,L0,b.png\ng1,L1,img_\x001.png\n")
+    with pytest.raises(RankwiseError, match=r"g\.csv: row 3: column 'path' contains a NUL"):
+        read_manifest(tmp_path / "g.csv")
+    (tmp_path / "ids.csv").write_text("id,label\nq0\x00,L0\nq0,L0\n")
+    with pytest.raises(RankwiseError, match=r"ids\.csv: row 2: column 'id' contains a NUL"):
+        read_manifest(tmp_path / "ids.csv")
+    options = {"query": str(tmp_path / "q.csv"), "gallery": str(tmp_path / "g.csv")}
+    proc = run_rankwise(
+        "prepare", "--loader", "manifest", "--options", json.dumps(options),
+        "--out-dir", tmp_path / "out",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.fullmatch(r"error: \S+g\.csv: row 3: column 'path' contains a NUL.*\n", proc.stderr)
+    # the rerun fingerprint (read while Snakemake builds the DAG) does not crash
+    prints = pipeline_config.dataset_fingerprints("manifest", options)
+    assert set(prints) == {"query", "gallery"}

@@ -130,6 +130,7 @@ def read_manifest(
     if len(table) == 0:
         raise RankwiseError(f"{name}: the {what} has no rows; it needs at least one item")
     check_nonempty(table, [c for c in needed if c not in _INTEGER_COLUMNS], name)
+    _refuse_nul(table, name)
     ids = table["id"].to_numpy()
     dup = pd.Series(ids).duplicated(keep="first").to_numpy()
     if dup.any():
@@ -307,6 +308,27 @@ def _check_unique_columns(columns: list[str], name: str) -> None:
             raise RankwiseError(
                 f"{name}: column {col!r} appears twice (after stripping spaces); rename "
                 "or remove one"
+            )
+
+
+def _refuse_nul(table: pd.DataFrame, name: str) -> None:
+    """A NUL character names no file (the OS refuses it) and numpy's fixed-width
+    strings drop it at the end of a value, so two ids could silently become one."""
+    path = table.attrs.get("csv_path")
+    if path:  # one scan of the file's bytes spares a scan of every column of big files
+        try:
+            if b"\0" not in Path(path).read_bytes():
+                return
+        except OSError:
+            pass
+    for col in table.columns:
+        if pd.api.types.is_numeric_dtype(table[col]):
+            continue
+        nul = np.flatnonzero(table[col].astype(str).str.contains("\x00", regex=False).to_numpy())
+        if len(nul):
+            raise RankwiseError(
+                f"{name}: row {row_line(nul[0], table)}: column {col!r} contains a NUL "
+                "character (byte 0); remove it from the file"
             )
 
 

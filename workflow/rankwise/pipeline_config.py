@@ -612,7 +612,7 @@ def _digest(lines: Iterable[str]) -> str:
 def _stat_line(label: str, path: str | os.PathLike) -> str:
     try:
         stat = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the name (prepare names the row)
         return f"{label}\tmissing"
     return f"{label}\t{stat.st_size}\t{stat.st_mtime_ns}"
 
