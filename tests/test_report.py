@@ -700,6 +700,20 @@ def test_css_is_package_data(report):
 # ---------------------------------------------------------------- overview, CSV, LaTeX
 
 
+def test_a_tie_on_the_first_headline_metric_goes_to_the_next_one_not_to_the_file_order():
+    """rank1 100 for all three (easy data), mAP 100 / 100 / 99.17: whichever order the
+    files come in, the best has mAP 100 and is the first of the two full ties."""
+    from rankwise.report.document import best_encoder, best_index
+
+    def entry(name, rank1, mAP):
+        return {"encoder": name, "protocol": "reid", "metrics": {"rank1": rank1, "map": mAP}}
+
+    a, b, c = entry("pixels", 100.0, 100.0), entry("hist", 100.0, 100.0), entry("py", 100.0, 99.17)
+    assert best_encoder([c, a, b]) == "pixels" and best_index([c, a, b]) == 1
+    assert best_encoder([a, b, c]) == "pixels" and best_encoder([b, c, a]) == "hist"
+    assert best_encoder([entry("x", 90.0, 10.0), entry("y", 91.0, 5.0)]) == "y"  # rank1 first
+
+
 def test_overview_shows_every_headline_metric_and_the_best_checkpoint(doc, report):
     from rankwise.registry import get_protocol
     from rankwise.report import view
@@ -716,10 +730,13 @@ def test_overview_shows_every_headline_metric_and_the_best_checkpoint(doc, repor
     assert [b["dataset"] for b in doc["best"]] == doc["datasets"]
     for best in doc["best"]:
         entries = [r for r in doc["results"] if r["dataset"] == best["dataset"]]
+        names = [n for d, n in header if d == best["dataset"]]
         values = [r["metrics"][best["metric"]] for r in entries]
-        assert best["metric"] == header[[d for d, _ in header].index(best["dataset"])][1]
+        assert best["metric"] == names[0]
         assert best["value"] == max(values)
-        assert best["encoder"] == entries[values.index(max(values))]["encoder"]
+        # the first headline metric, the next ones on ties, the first entry on full ties
+        keys = [tuple(r["metrics"][n] for n in names) for r in entries]
+        assert best["encoder"] == entries[keys.index(max(keys))]["encoder"]
         assert best["checkpoint"] == f"{best['encoder']}.onnx"
     md = (report / "report.md").read_text()
     html_text = (report / "report.html").read_text()

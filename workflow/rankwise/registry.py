@@ -8,7 +8,7 @@ about a protocol is declared here once, as data:
 - :func:`rankwise.protocols.build_problem` reads the validity flags
   (``exclude_self``, ``exclude_same_camera``, ``junk_labels``, ``candidates``),
 - the metrics read ``metric_families`` (report order) and the statistics ``unit``,
-- the report reads ``headline`` (overview metrics; the first picks the best encoder),
+- the report reads ``headline`` (overview metrics; they pick the best encoder, in order),
 - the CLI choices and help, and the config schema's ``protocol`` enum, read
   :data:`PROTOCOLS` and ``summary``.
 
@@ -38,7 +38,8 @@ class ProtocolSpec:
     columns : ``{role: required manifest columns}`` for ``query`` and ``gallery``.
     metric_families : metric families in report order; ``K`` stands for each cutoff
         (``"rankK"`` -> ``rank1``, ``rank5``, ...).
-    headline : the overview's metrics; ``headline[0]`` picks the best encoder.
+    headline : the overview's metrics; they pick the best encoder (``headline[0]``, the
+        next ones on ties).
     unit, units : what one evaluated unit is called (``query`` / ``sketch``).
     exclude_self : the gallery item with the query's id is never ranked.
     exclude_same_camera : gallery items with the query's label AND camera are not ranked

@@ -238,15 +238,25 @@ def headline_names(entries: list[dict[str, Any]]) -> list[str]:
     return names or common[:1] or list(first)[:1]
 
 
+def best_index(entries: list[dict[str, Any]]) -> int:
+    """Index of the best entry: the highest first headline metric, ties broken by the next
+    headline metrics (re-ID: rank1, then mAP), the first given only when all are equal --
+    a tie on rank-1 (common: 100 on easy data) no longer follows the order of the files."""
+    names = headline_names(entries)
+
+    def key(i: int) -> tuple:
+        return (*(entries[i]["metrics"].get(n, -np.inf) for n in names), -i)
+
+    return max(range(len(entries)), key=key)
+
+
 def best_encoder(entries: list[dict[str, Any]]) -> str:
-    """The encoder with the highest first headline metric (the first one on ties)."""
-    name = (headline_names(entries) or [""])[0]
-    values = [e["metrics"].get(name, -np.inf) for e in entries]
-    return entries[int(np.argmax(values))]["encoder"]
+    """The encoder of :func:`best_index`."""
+    return entries[best_index(entries)]["encoder"]
 
 
 def _best(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The best checkpoint of one dataset, by its first headline metric."""
+    """The best checkpoint of one dataset (:func:`best_index`), by its first headline metric."""
     name = best_encoder(entries)
     entry = next(e for e in entries if e["encoder"] == name)
     metric = (headline_names(entries) or [""])[0]

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..registry import get_protocol
 from ..stats import EXACT_MAX, format_p, never_significant, smallest_p
+from .document import best_index as best_row
 from .document import headline_names
 
 #: The mark of a significant difference.
@@ -136,13 +137,6 @@ def sweep_positions(rows: list[dict[str, Any]]) -> list[int] | None:
         numbers.append(int(found[-1]))
     ordered = all(a < b for a, b in itertools.pairwise(numbers))
     return numbers if len(entries) == 1 and ordered else None
-
-
-def best_row(rows: list[dict[str, Any]]) -> int:
-    """Index of the row with the highest first headline metric (the first on ties)."""
-    name = (headline_names(rows) or [""])[0]
-    values = [r["metrics"].get(name, float("-inf")) for r in rows]
-    return max(range(len(rows)), key=lambda i: (values[i], -i))
 
 
 def metric_names(rows: list[dict[str, Any]]) -> list[str]:
