@@ -277,6 +277,8 @@ def test_not_combined_with_multi_query_or_single_gallery_shot(options, message):
         ("reid", "5,2,2", r"--rerank lambda must be a number >= 0 and <= 1, got 2"),
         ("progressive", "5,2,0.3", r"--rerank does not apply to protocol 'progressive'"),
         ("reassociation", "5,2,0.3", r"--rerank does not apply to protocol 'reassociation'"),
+        # the flag takes only the text form: no "or a mapping with keys" advice
+        ("reid", "20,6", r"--rerank must be k1,k2,lambda\[,variant\] \(e\.g\. 20,6,0\.3\), got"),
     ],
 )
 def test_cli_refuses_in_one_line_and_writes_nothing(

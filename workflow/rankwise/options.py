@@ -252,7 +252,8 @@ class Option:
         if scalar:
             text = ",".join(names[:least]) + "".join(f"[,{n}]" for n in names[least:])
             example = ",".join(_fmt(f.default) for f in self.fields[:least])
-            form = f"{text} (e.g. {example}) or {form}"
+            # a command-line flag takes the text form only; the config and the API both
+            form = f"{text} (e.g. {example})" + ("" if label.startswith("--") else f" or {form}")
         if isinstance(value, str) and scalar:
             tokens = [t.strip() for t in value.split(",")]
             if not least <= len(tokens) <= len(names):
