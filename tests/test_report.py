@@ -603,7 +603,8 @@ def test_a_note_says_when_few_clusters_rule_out_significance(results):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--resamples", "-1"], "--resamples must be a non-negative integer"),
+        (["--resamples", "-1"], "--resamples must be an integer in 0..10000000"),
+        (["--resamples", "100000000"], "--resamples must be an integer in 0..10000000"),
         (["--top-k", "0"], "--top-k must be at least 1"),
         (["--worst-queries", "-2"], "--worst-queries must be a non-negative integer"),
     ],

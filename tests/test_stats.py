@@ -365,7 +365,7 @@ def test_compare_refuses_different_queries(change, message):
     "options, message",
     [
         ({"metrics": "map,recall@1"}, "unknown metric 'recall@1'.*valid metrics"),
-        ({"resamples": 0}, "^resamples must be a positive integer"),
+        ({"resamples": 0}, r"^resamples must be an integer in 1\.\.10000000, got 0"),
         ({"seed": -1}, "^seed must be a non-negative integer"),
         ({"confidence": 1.5}, "^confidence must be between 0 and 1"),
         ({"by": "person"}, "^by must be one of query, identity"),
@@ -529,6 +529,9 @@ def test_cli_compare_says_when_few_identities_rule_out_significance(tmp_path):
         (["b", "--metrics", "map,acc@1"], "unknown metric 'acc@1'"),
         (["b", "--resamples", "0"], "--resamples"),
         (["b", "--by", "identity", "--labels", "nowhere.csv"], "nowhere.csv"),
+        # labels without --by identity were ignored: a by-query answer that looked clustered
+        (["b", "--labels", "nowhere.csv"], "only with by='identity' (--by identity)"),
+        (["b", "--resamples", "100000000000000000000"], "--resamples must be"),
     ],
 )
 def test_cli_compare_errors(stores, args, message):
@@ -536,6 +539,30 @@ def test_cli_compare_errors(stores, args, message):
     done = CliRunner().invoke(main, ["compare", str(paths["a"]), str(paths[args[0]]), *args[1:]])
     assert done.exit_code == 2
     assert "error:" in done.output and message in done.output
+
+
+def test_api_refuses_what_would_give_a_wrong_p_value():
+    """Labels of another length paired the wrong units (a p of 1 became 0.002); a NaN
+    made every flip compare false (p = 0, "highly significant")."""
+    d = np.r_[np.full(10, 0.5), np.full(10, -0.5)]
+    assert stats.sign_flip_test(d) == 1.0
+    for clusters in (np.arange(5), np.arange(30), np.zeros((20, 1))):
+        with pytest.raises(RankwiseError, match="clusters must have one entry per value"):
+            stats.sign_flip_test(d, clusters=clusters)
+    for bad in ([0.1, -0.2, np.nan, 0.3], [0.1, np.inf]):
+        with pytest.raises(RankwiseError, match=r"differences\[\d\] is (nan|inf); every value"):
+            stats.sign_flip_test(bad)
+        with pytest.raises(RankwiseError, match=r"values\[\d\] is (nan|inf)"):
+            stats.bootstrap_ci(bad)
+
+
+def test_cli_interval_header_never_rounds_to_100_percent(stores):
+    paths, _ = stores
+    done = CliRunner().invoke(
+        main, ["ci", str(paths["a"]), "--resamples", "50", "--confidence", "0.9999999"]
+    )
+    assert done.exit_code == 0, done.output
+    assert "99.99999% CI" in done.output and "100% CI" not in done.output
 
 
 def test_cli_ci_and_scores(stores, tmp_path):

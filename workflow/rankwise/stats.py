@@ -299,6 +299,27 @@ def _resampled_means(
     return centre + _bootstrap_means(sums, sizes, resamples, rng)
 
 
+def _units(values, clusters, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as a finite non-empty 1-D float64 array and the cluster index of each
+    (0..C-1; every unit its own cluster when ``clusters`` is None).  A NaN would make
+    every comparison false (a sign-flip p of 0), labels of another length would pair
+    the wrong units: both are refused."""
+    values = np.asarray(values, np.float64)
+    if values.ndim != 1 or len(values) == 0:
+        raise RankwiseError(f"{name} must be a non-empty 1-D array, got shape {values.shape}")
+    if not np.isfinite(values).all():
+        i = int(np.flatnonzero(~np.isfinite(values))[0])
+        raise RankwiseError(f"{name}[{i}] is {values[i]}; every value must be a finite number")
+    if clusters is None:
+        return values, np.arange(len(values))
+    clusters = np.asarray(clusters)
+    if clusters.shape != values.shape:
+        raise RankwiseError(
+            f"clusters must have one entry per value: shape {clusters.shape} vs {values.shape}"
+        )
+    return values, np.unique(clusters, return_inverse=True)[1]
+
+
 def _percentile_interval(boot: np.ndarray, confidence: float) -> np.ndarray:
     """``(2, m)``: the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles."""
     alpha = 1.0 - confidence
@@ -329,18 +350,7 @@ def bootstrap_ci(
     ``[low, high]``
     """
     _check_options(resamples, seed, confidence, "query")
-    values = np.asarray(values, np.float64)
-    if values.ndim != 1 or len(values) == 0:
-        raise RankwiseError(f"values must be a non-empty 1-D array, got shape {values.shape}")
-    if clusters is None:
-        cluster = np.arange(len(values))
-    else:
-        clusters = np.asarray(clusters)
-        if clusters.shape != values.shape:
-            raise RankwiseError(
-                f"clusters must have one entry per value: shape {clusters.shape} vs {values.shape}"
-            )
-        cluster = np.unique(clusters, return_inverse=True)[1]
+    values, cluster = _units(values, clusters, "values")
     boot = _resampled_means(values[:, None], cluster, resamples, _streams(seed)[0])
     low, high = _percentile_interval(boot, confidence)[:, 0]
     return [float(low), float(high)]
@@ -384,6 +394,12 @@ def metric_cis(
 
 def clusters_of(rows: np.ndarray, attrs: dict, *, by: str = "query", labels=None) -> np.ndarray:
     """Cluster number of every unit (query manifest rows ``rows``) for ``by``."""
+    if labels is not None and by != "identity":
+        # silently resampling by query would look like the identity-level answer
+        raise RankwiseError(
+            "labels (--labels) cluster the queries only with by='identity' (--by identity); "
+            "add it, or leave the labels out"
+        )
     return _clusters(rows, query_labels(attrs, labels) if by == "identity" else None)
 
 
@@ -493,14 +509,7 @@ def sign_flip_test(
     the p-value (float in (0, 1]).
     """
     _check_options(resamples, seed, 0.95, "query")
-    d = np.asarray(differences, np.float64)
-    if d.ndim != 1 or len(d) == 0:
-        raise RankwiseError(f"differences must be a non-empty 1-D array, got shape {d.shape}")
-    cluster = (
-        np.arange(len(d))
-        if clusters is None
-        else np.unique(np.asarray(clusters), return_inverse=True)[1]
-    )
+    d, cluster = _units(differences, clusters, "differences")
     sums, _ = _cluster_sums(d[:, None], cluster)
     p, _ = _flip_pvalues(sums, resamples, seed, _check_exact(exact_max))
     return float(p[0])

@@ -83,7 +83,7 @@ def compare(
         f"{_units(attrs_a['protocol'], by, first['num_units'], first['num_clusters'])}; "
         f"{resamples} bootstrap resamples, {test}, seed {seed}"
     )
-    header = ["metric", "A", "B", "diff", f"{100 * confidence:g}% CI", "p", "p_holm"]
+    header = ["metric", "A", "B", "diff", f"{ci_key(confidence)[2:]}% CI", "p", "p_holm"]
     body = [
         [
             r["metric"],
@@ -154,7 +154,7 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
         f"{get_protocol(attrs['protocol']).units}; "
         f"{resamples} bootstrap resamples by {by}, seed {seed}"
     )
-    header = ["metric", "value", f"{100 * confidence:g}% CI"]
+    header = ["metric", "value", f"{ci_key(confidence)[2:]}% CI"]
     body = [
         [n, f"{point[n]:.2f}", f"[{intervals[n][0]:.2f}, {intervals[n][1]:.2f}]"] for n in names
     ]
