@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 import rankwise
+from rankwise import encoders
 from rankwise.encoders import ENCODER_KINDS, encode_manifest, hog_features
 from rankwise.errors import RankwiseError
 from rankwise.hashing import file_sha256
@@ -193,6 +194,8 @@ def test_python_factory_from_file(manifest: Path, tmp_path: Path):
         },
     }
     assert attrs["checkpoint_hash"] is None
+    # what a model's forward pass may round by: recorded to reproduce the bytes
+    assert attrs["forward"] == {"batch_size": 3, "threads": encoders.default_workers()}
 
 
 def test_python_factory_module(manifest: Path, tmp_path: Path, monkeypatch):
@@ -447,6 +450,28 @@ def test_image_beyond_pils_size_guard_is_one_line(manifest: Path, tmp_path: Path
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the others: at most 30 x 17
     Image.new("RGB", (80, 30)).save(tmp_path / "data" / "img1.png")
     with pytest.raises(RankwiseError, match=r"row 3 \(id 'x1'\): image .*img1\.png is too large"):
+        encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
+    assert not (tmp_path / "e.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    "array, name",
+    [
+        (np.linspace(134, 65314, 12 * 8).reshape(12, 8).astype(np.uint16), "img2.png"),  # I;16
+        (np.linspace(0, 1, 12 * 8).reshape(12, 8).astype(np.float32), "img2.tif"),  # F
+    ],
+)
+def test_wide_pixels_are_an_error_not_a_clipped_image(array, name, manifest: Path, tmp_path):
+    """PIL's convert("RGB") clips 16-bit values at 255 (99.6 % white) and floats in [0, 1]
+    to black: the embedding of a blank image, stored with exit status 0."""
+    Image.fromarray(array).save(tmp_path / "data" / name)
+    assert Image.open(tmp_path / "data" / name).mode in ("I;16", "F")
+    table = pd.read_csv(manifest, dtype=str)
+    table.loc[2, "path"] = f"../data/{name}"
+    table.to_csv(manifest, index=False)
+    with pytest.raises(
+        RankwiseError, match=r"row 4 \(id 'x2'\): image .* has '(I;16|F)' pixels .*8-bit RGB"
+    ):
         encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
     assert not (tmp_path / "e.zarr").exists()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -351,23 +352,34 @@ def test_checkpoint_of_another_architecture(manifest: Path, tmp_path: Path):
     assert "shape mismatch(es) (checkpoint vs model): " in message
 
 
-def test_pickled_python_object_is_refused_not_executed(timm_model, manifest: Path, tmp_path: Path):
-    _, state = timm_model
+@pytest.mark.parametrize("saved", ["dict with args", "whole model"])
+def test_pickled_python_object_is_refused_not_executed(
+    saved, timm_model, manifest: Path, tmp_path: Path, monkeypatch
+):
+    """Refused, and the advised re-save works for both (it said m['state_dict'], which a
+    whole model saved with torch.save(model) cannot take)."""
+    model, state = timm_model
     ckpt = tmp_path / "args.pth"
-    torch.save({"args": argparse.Namespace(lr=0.1), "state_dict": state}, ckpt)
-    with pytest.raises(
-        RankwiseError,
-        match=r"args\.pth: the checkpoint holds a Python object "
-        r"\(argparse\.Namespace\) that torch\.load\("
+    if saved == "whole model":
+        torch.save(model, ckpt)
+        name = r"timm\.models\.\w+\.\w+"
+    else:
+        torch.save({"args": argparse.Namespace(lr=0.1), "state_dict": state}, ckpt)
+        name = r"argparse\.Namespace"
+    options = {"model": "resnet10t", "checkpoint": str(ckpt)}
+    with pytest.raises(RankwiseError) as info:
+        encode_manifest(manifest, "timm", options, tmp_path / "x.zarr", progress=False)
+    message = str(info.value)
+    assert re.match(
+        rf"\S+args\.pth: the checkpoint holds a Python object \({name}\) that torch\.load\("
         r"weights_only=True\) refuses",
-    ):
-        encode_manifest(
-            manifest,
-            "timm",
-            {"model": "resnet10t", "checkpoint": str(ckpt)},
-            tmp_path / "x.zarr",
-            progress=False,
-        )
+        message,
+    ), message
+    monkeypatch.chdir(tmp_path)
+    exec(message.split("save its weights alone: ")[1], {"torch": torch, "f": str(ckpt)})
+    options["checkpoint"] = str(tmp_path / "weights.pth")
+    encode_manifest(manifest, "timm", options, tmp_path / "x.zarr", progress=False)
+    assert (tmp_path / "x.zarr").is_dir()
 
 
 @pytest.mark.parametrize(

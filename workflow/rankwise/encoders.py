@@ -368,6 +368,10 @@ def _checkpoint(kind: str, value: Any, name: str) -> Path:
 # ---------------------------------------------------------------- images
 
 
+#: PIL modes holding more than 8 bits a channel (integer or float).
+_WIDE_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
+
+
 @dataclass
 class _Rows:
     """The manifest rows being encoded, for file access and error messages."""
@@ -398,10 +402,21 @@ class _Rows:
             path = self.manifest.parent / path
         try:
             with Image.open(path) as image:
+                if image.mode in _WIDE_MODES:
+                    # PIL's convert clips 16-bit values at 255 and floats in [0, 1] to 0 or
+                    # 1: a silently white or black image (torchreid's and timm's loaders,
+                    # which call convert("RGB") too, would see the same)
+                    raise RankwiseError(
+                        f"{self.where(i)}: image {path} has {image.mode!r} pixels (16-bit or "
+                        "floating point), which 8-bit conversion would clip; save it as an "
+                        "8-bit RGB or greyscale image"
+                    )
                 # PIL converts to HSV from RGB only
                 image = (
                     image.convert("RGB").convert("HSV") if mode == "HSV" else image.convert(mode)
                 )
+        except RankwiseError:
+            raise
         except FileNotFoundError:
             raise RankwiseError(
                 f"{self.where(i)}: image {raw!r} not found (looked for "
@@ -958,6 +973,9 @@ def encode_manifest(
     }
     if encoder.preprocessing is not None:
         attrs["preprocessing"] = encoder.preprocessing
+    # a model's forward pass (torch's and onnxruntime's CPU kernels) can round differently
+    # with the batch's size and the thread count (~1e-7): what reproduces these bytes
+    attrs["forward"] = {"batch_size": batch_size, "threads": workers}
     extra = None
     if alignment is not None:
         ids_file = Path(alignment.ids)

@@ -156,8 +156,8 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
             raise RankwiseError(
                 f"{path}: the checkpoint holds a Python object ({found.group(1)}) that "
                 "torch.load(weights_only=True) refuses to run; if you trust the file, save its "
-                "weights alone: torch.save(torch.load(f, weights_only=False)['state_dict'], "
-                "'weights.pth')"
+                "weights alone: m = torch.load(f, weights_only=False); torch.save(m.state_dict() "
+                "if isinstance(m, torch.nn.Module) else m['state_dict'], 'weights.pth')"
             ) from None
         except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
             reason = "unrecognised content" if isinstance(exc, KeyError) else first_line(exc)
