@@ -146,6 +146,11 @@ EUCLIDEAN_MIN_SQ = 2.0**-100
 EUCLIDEAN_MAX_SQ = 2.0**120
 
 
+#: The advice for a zero row under cosine (query expansion, cosine whatever the distance,
+#: gives its own).
+ZERO_ROW_FIX = "fix that item or use --distance euclidean"
+
+
 def prepare_chunk(
     source: EmbeddingSource,
     start: int,
@@ -153,7 +158,7 @@ def prepare_chunk(
     cosine: bool,
     *,
     check_range: bool = True,
-    zero_fix: str = "fix that item or use --distance euclidean",
+    zero_fix: str = ZERO_ROW_FIX,
 ):
     """Per chunk: read rows ``[start, stop)``, normalise (cosine), check every row.
 
@@ -185,7 +190,7 @@ def _bad_row_message(
     row: int,
     why: int,
     sq: float = 0.0,
-    zero_fix: str = "fix that item or use --distance euclidean",
+    zero_fix: str = ZERO_ROW_FIX,
 ) -> str:
     where = row_location(source, row)
     if why == 1:
