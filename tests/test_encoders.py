@@ -571,11 +571,15 @@ def test_hash_cache_sees_a_same_size_rewrite_with_its_mtime_restored(tmp_path: P
     before = file.stat()
     sha = file_sha256(file, cache_path=cache, min_cached_size=0)
     assert sha == hashlib.sha256(b"a" * 1000).hexdigest()
-    time.sleep(0.02)  # ctime has the file system's clock resolution
     with open(file, "r+b") as handle:  # in place: the inode stays
         handle.write(b"b" * 1000)
     os.utime(file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    deadline = time.monotonic() + 3.0  # file systems with coarse (up to 1 s) timestamps
+    while file.stat().st_ctime_ns == before.st_ctime_ns and time.monotonic() < deadline:
+        time.sleep(0.05)
+        os.utime(file, ns=(before.st_atime_ns, before.st_mtime_ns))  # moves ctime only
     after = file.stat()
+    assert after.st_ctime_ns != before.st_ctime_ns
     stamp = ("st_size", "st_mtime_ns", "st_ino")
     assert [getattr(after, k) for k in stamp] == [getattr(before, k) for k in stamp]
     sha = file_sha256(file, cache_path=cache, min_cached_size=0)
