@@ -54,7 +54,7 @@ from typing import Any
 
 import pandas as pd
 
-from .errors import RankwiseError
+from .errors import RankwiseError, first_line
 from .options import Option, OptionSet
 
 FRAME_RANGES = ("all", "first-half", "second-half")
@@ -211,8 +211,7 @@ def read_seqinfo(folder: Path) -> Sequence:
         parser.read(path)
     except configparser.Error as exc:
         raise RankwiseError(
-            f"{path}: not a valid ini file ({exc.message.splitlines()[0]}); "
-            f"expected {_SEQINFO_EXAMPLE}"
+            f"{path}: not a valid ini file ({first_line(exc)}); expected {_SEQINFO_EXAMPLE}"
         ) from None
     if "Sequence" not in parser:
         raise RankwiseError(f"{path}: no [Sequence] section; expected {_SEQINFO_EXAMPLE}")

@@ -33,7 +33,7 @@ import numpy as np
 
 from . import kernels
 from .embeddings import EmbeddingSource, check_same_dim
-from .errors import RankwiseError
+from .errors import RankwiseError, first_line
 from .options import (
     DEVICE,
     DISTANCE,
@@ -379,10 +379,9 @@ def _check_address(address: str, where: str) -> None:
 
 def _unusable_address(where: str, error: BaseException) -> RankwiseError:
     """The one line for an address distributed cannot use, naming its complaint."""
-    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return RankwiseError(
-        f"{where}: not a usable scheduler address ({type(error).__name__}: {first}); give the "
-        "address the scheduler prints (tcp://host:8786)"
+        f"{where}: not a usable scheduler address ({type(error).__name__}: "
+        f"{first_line(error)}); give the address the scheduler prints (tcp://host:8786)"
     )
 
 
