@@ -510,3 +510,77 @@ def test_an_option_the_protocol_ignores_is_refused(tmp_path, protocol, option, m
     plain = run_rankwise("evaluate", *args)
     given = run_rankwise("evaluate", *args, *defaults)
     assert given.returncode == 0 and given.stdout == plain.stdout, given.stderr
+
+
+# ---------------------------------------------------------------------------
+# reports name the options that differ from the protocol's defaults
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["recall", "reid", "reassociation", "progressive"])
+def test_default_options_are_what_a_default_run_records(protocol, make_case):
+    """``options.default_options`` is written separately from ``build_problem``: a
+    default run of every protocol must record exactly it (else every default report
+    would carry a ``protocol_options`` key, or a changed one would not)."""
+    from rankwise.manifest import read_manifest
+    from rankwise.options import default_options
+    from rankwise.protocols import build_problem
+
+    case = make_case(protocol)
+    problem = build_problem(
+        read_manifest(case.query, protocol=protocol, role="query"),
+        read_manifest(case.gallery, protocol=protocol, role="gallery"),
+        protocol,
+    )
+    assert problem.options == default_options(protocol)
+
+
+def test_evaluate_names_non_default_options(tmp_path, make_case):
+    """A re-ranked, junk-dropping, trapezoid-AP run says so in its JSON and text
+    report; a default run keeps exactly DESIGN.md's keys."""
+    import json
+
+    from helpers import write_inputs
+
+    case = make_case("reid")
+    args = write_inputs(tmp_path, case.query, case.gallery, case.query_emb, case.gallery_emb)
+    base = ["evaluate", *args, "--protocol", "reid", "--distance", "euclidean"]
+    plain = run_rankwise(*base, "--output", str(tmp_path / "plain.json"))
+    assert plain.returncode == 0, plain.stderr
+    keys = list(json.loads((tmp_path / "plain.json").read_text()))
+    assert keys == [
+        "protocol", "distance", "num_queries", "num_skipped", "num_gallery",
+        "embedding_dim", "metrics",
+    ]  # fmt: skip
+    assert "protocol options" not in plain.stdout and "\nap: " not in plain.stdout
+
+    out = tmp_path / "rr.json"
+    rr = run_rankwise(
+        *base, "--rerank", "6,3,0.3", "--drop-junk", "--keep-same-camera",
+        "--ap", "trapezoid", "--output", str(out),
+    )  # fmt: skip
+    assert rr.returncode == 0, rr.stderr
+    report = json.loads(out.read_text())
+    assert report["ap"] == "trapezoid"
+    assert report["protocol_options"] == {
+        "junk_labels": ["-1"],
+        "exclude_same_camera": False,
+        "rerank": {"k1": 6, "k2": 3, "lambda": 0.3},
+        "drop_junk": True,
+    }
+    assert "\nap: trapezoid\n" in rr.stdout
+    assert '"rerank": {"k1": 6, "k2": 3, "lambda": 0.3}' in rr.stdout
+
+    # `rankwise metrics` of the same ranks says the same
+    store = tmp_path / "rr.zarr"
+    ranked = run_rankwise(
+        "rank", *args, "--protocol", "reid", "--distance", "euclidean", "--rerank",
+        "6,3,0.3", "--drop-junk", "--keep-same-camera", "--out", str(store),
+    )  # fmt: skip
+    assert ranked.returncode == 0, ranked.stderr
+    scored = run_rankwise("metrics", str(store), "--output", str(tmp_path / "m.json"))
+    assert scored.returncode == 0, scored.stderr
+    again = json.loads((tmp_path / "m.json").read_text())
+    assert again["protocol_options"] == report["protocol_options"]
+    assert "ap" not in again
+    assert again["metrics"] != report["metrics"]  # trapezoid AP vs standard

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from .options import (
     SHOT_REPEATS,
     SHOT_SEED,
     SINGLE_GALLERY_SHOT,
+    default_options,
 )
 from .registry import get_protocol
 
@@ -64,11 +66,33 @@ class EvaluationResult:
         return {key: getattr(self, key) for key in REPORT_KEYS}
 
 
+def variant_keys(attrs: dict[str, Any], ap: str = "standard") -> dict[str, Any]:
+    """What a report adds to DESIGN.md's keys so that it says which numbers it holds:
+    ``protocol_options`` when the ranks store's options differ from its protocol's
+    defaults (re-ranking, query expansion, multi-query, single-gallery-shot, other junk
+    labels, kept same-camera matches, another gap), ``ap`` when it is not the standard
+    AP. Empty for a default run, whose report keeps exactly DESIGN.md's keys."""
+    keys: dict[str, Any] = {}
+    options = attrs.get("protocol_options") or {}
+    if options != default_options(attrs["protocol"]):
+        keys["protocol_options"] = options
+    if ap != "standard":
+        keys["ap"] = ap
+    return keys
+
+
 def format_text(report: dict[str, Any]) -> str:
-    """Text report of a JSON report dict."""
+    """Text report of a JSON report dict (with the keys of :func:`variant_keys` when
+    present)."""
     lines = [
         "[evaluation]",
         f"protocol: {report['protocol']}",
+        *(
+            [f"protocol options: {json.dumps(report['protocol_options'], sort_keys=True)}"]
+            if "protocol_options" in report
+            else []
+        ),
+        *([f"ap: {report['ap']}"] if "ap" in report else []),
         f"distance: {report['distance']}",
         f"num queries: {report['num_queries']}",
         f"num skipped: {report['num_skipped']}",

@@ -754,6 +754,21 @@ AP = Option(
     help="AP variant: standard, or the official Market-1501 trapezoid",
 )
 
+
+def default_options(protocol: str) -> dict:
+    """The ``options`` :func:`rankwise.protocols.build_problem` records for ``protocol``
+    with every option at its default: what a report need not mention."""
+    spec = get_protocol(protocol)
+    if spec.candidates == "sequence_gap":
+        return {"gap_frames": GAP_FRAMES.default, "query_stride": QUERY_STRIDE.default}
+    options: dict = {}
+    if spec.junk_labels:
+        options["junk_labels"] = sorted({str(j) for j in JUNK_LABELS.default})
+    if spec.exclude_same_camera:
+        options["exclude_same_camera"] = EXCLUDE_SAME_CAMERA.default
+    return options
+
+
 #: The options of a dataset entry in the config that say how it is evaluated.
 EVALUATION = group(
     PROTOCOL,

@@ -156,10 +156,11 @@ def _emit(report: dict, output: str | None, text_output: str | None = None) -> N
 @shared.output
 def evaluate(ks, ap, output, **kw):
     """Rank and score in one go; print the text report, write the JSON report."""
-    from ..api import result_from_ranks
+    from ..api import result_from_ranks, variant_keys
 
     ranks, note = _rank(kw, progress=False)
-    _emit(result_from_ranks(ranks, ks=ks, ap=ap).to_json(), output)
+    report = result_from_ranks(ranks, ks=ks, ap=ap).to_json()
+    _emit(report | variant_keys(ranks.attrs, ap), output)
     if note:
         click.echo(note, err=True)
 
@@ -299,12 +300,13 @@ def _provenance(path: str) -> dict:
 @spec.BY.click(help="With --stats-output: resample queries, or identities.")
 def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
     """Score a ranks store: print the text report, write the JSON report (+ provenance)."""
-    from ..api import REPORT_KEYS, result_from_ranks
+    from ..api import REPORT_KEYS, result_from_ranks, variant_keys
     from ..store import read_ranks
 
     arrays, attrs = read_ranks(ranks)
     report = result_from_ranks((arrays, attrs), ks=ks, ap=ap).to_json()
     assert tuple(report) == REPORT_KEYS
+    report |= variant_keys(attrs, ap)
     report["provenance"] = {k: v for k, v in attrs.items() if k not in ("complete", "kind")}
     report["provenance"].update({"ks": list(ks), "ap": ap, "ranks": str(ranks)})
     if stats_output:
