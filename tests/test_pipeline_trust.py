@@ -334,14 +334,41 @@ def test_a_missing_configfile_is_one_line_not_a_traceback(tmp_path, folder):
     ], lines
 
 
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [("", "is empty"), ("# nothing yet\n", "is empty"), ("- a\n- b\n", "holds a list"),
+     ("7\n", "holds a number"), ("[1, 2]", "holds a list")],  # the last one: JSON
+)  # fmt: skip
+def test_a_configfile_without_top_level_keys_is_named(tmp_path, text, what):
+    """Snakemake's "must be given as JSON or YAML with keys at top level" names no file;
+    the default profile's plugin adds one line that does (the first such file)."""
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    proc = snakemake(tmp_path, None, "--dry-run", "--configfile", str(good), str(bad), profile=True)
+    assert proc.returncode != 0
+    lines = [line for line in error_lines(proc) if not line.startswith("Using workflow")]
+    assert len(lines) <= 3, lines
+    assert lines[-1] == (
+        f"error: {bad}: the config file {what}, not a mapping of keys; write top-level keys "
+        "such as 'datasets:' and 'encoders:' (config/config.yaml)"
+    ), lines
+
+
 def test_the_logger_plugin_is_silent_on_good_configs_and_other_errors(tmp_path):
-    from snakemake_logger_plugin_rankwise import command_line_configfiles, syntax_error
+    from snakemake_logger_plugin_rankwise import (
+        command_line_configfiles,
+        not_a_mapping,
+        syntax_error,
+    )
 
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
     as_json = tmp_path / "c.json"
     as_json.write_text('{"report": {"title": "t"}}')
     assert syntax_error([str(good), str(as_json), str(tmp_path / "missing.yaml")]) is None
+    assert not_a_mapping([str(good), str(as_json), str(tmp_path / "missing.yaml")]) is None
     bad = tmp_path / "bad.yaml"
     bad.write_text(BROKEN)
     assert syntax_error([str(good), str(bad)]).startswith(f"error: {bad}:5:13: YAML syntax")

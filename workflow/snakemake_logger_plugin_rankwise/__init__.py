@@ -8,7 +8,10 @@ workflow can see it. Logger plugins are set up before that parse and receive tha
 The workflow's default profile (``profiles/default``: ``logger: [rankwise]``) selects this
 one; on that error it re-reads the command line's config files the way Snakemake does
 (JSON, else YAML via ``yte``) and prints, for the first that fails, rankwise's one-line
-message: ``error: my.yaml:12:5: YAML syntax error: ...``.
+message: ``error: my.yaml:12:5: YAML syntax error: ...``.  An empty config file, or one
+whose top level is a list or a scalar, gets Snakemake's "must be given as JSON or YAML with
+keys at top level" (again no file): the plugin adds ``error: my.yaml: the config file is
+empty, not a mapping of keys; ...``.
 
 A ``--configfile`` that does not exist (a typo) makes Snakemake log a 25-line Python
 traceback ending in ``FileNotFoundError``; a filter on Snakemake's logger (it runs before
@@ -34,8 +37,10 @@ from snakemake_interface_logger_plugins.base import LogHandlerBase
 from snakemake_interface_logger_plugins.common import LogEvent
 from snakemake_interface_logger_plugins.settings import LogHandlerSettingsBase
 
-# Snakemake's message for a config file it cannot parse (snakemake/common/configfile.py)
+# Snakemake's messages for a config file it cannot parse, and for one that parses to
+# something other than a mapping (snakemake/common/configfile.py); neither names the file
 UNPARSABLE = "Config file is not valid JSON or YAML"
+NOT_A_MAPPING = "Config file must be given as JSON or YAML with keys at top level"
 
 
 @dataclass
@@ -87,6 +92,33 @@ def syntax_error(paths: list[str]) -> str | None:
             return None
         except Exception:
             continue  # not ours to explain (a missing file: Snakemake names it)
+    return None
+
+
+def not_a_mapping(paths: list[str]) -> str | None:
+    """rankwise's one-line message for the first of ``paths`` that parses (as Snakemake
+    parses it) to something other than a mapping of keys, else None."""
+    import json
+
+    import yte
+
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                try:
+                    config = json.load(f)
+                except ValueError:
+                    f.seek(0)
+                    config = yte.process_yaml(f, require_use_yte=True)
+        except Exception:
+            continue  # not ours to explain (unparsable or missing: the other messages)
+        if not isinstance(config, dict):
+            kinds = {list: "holds a list", str: "holds a string", bool: "holds a boolean"}
+            what = "is empty" if config is None else kinds.get(type(config), "holds a number")
+            return (
+                f"error: {path}: the config file {what}, not a mapping of keys; write "
+                "top-level keys such as 'datasets:' and 'encoders:' (config/config.yaml)"
+            )
     return None
 
 
@@ -151,7 +183,8 @@ class _JobNames(logging.Filter):
 
 
 class LogHandler(LogHandlerBase):
-    """Adds one line after Snakemake's "not valid JSON or YAML" error, and turns the
+    """Adds one line naming the file after Snakemake's "not valid JSON or YAML" and "keys
+    at top level" errors, and turns the
     traceback of a missing ``--configfile`` into one line (:class:`_MissingConfigfile`),
     and names finished jobs by their wildcards (:class:`_JobNames`); silent otherwise."""
 
@@ -164,10 +197,14 @@ class LogHandler(LogHandlerBase):
                 logger.addFilter(kind())
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno < logging.ERROR or UNPARSABLE not in str(record.msg):
+        if record.levelno < logging.ERROR:
+            return
+        text = str(record.msg)
+        check = syntax_error if UNPARSABLE in text else not_a_mapping
+        if UNPARSABLE not in text and NOT_A_MAPPING not in text:
             return
         try:
-            line = syntax_error(command_line_configfiles(sys.argv[1:]))
+            line = check(command_line_configfiles(sys.argv[1:]))
         except Exception:  # a logger must never break the run it reports on
             return
         if line:
