@@ -162,3 +162,93 @@ def test_metrics_with_other_ks_and_ap_from_the_same_ranks(make_case, cli, tmp_pa
     assert set(got) == set(api) and set(got["metrics"]) == {"rank2", "rank4", "map", "minp", "mrr"}
     for name in api["metrics"]:
         assert got["metrics"][name] == pytest.approx(api["metrics"][name], abs=1e-9), name
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _noisy(case, seed):
+    """Embeddings of a second "encoder" on the same manifests."""
+    rng = np.random.default_rng(seed)
+    return (
+        case.query_emb + 0.5 * rng.standard_normal(case.query_emb.shape).astype(np.float32),
+        case.gallery_emb + 0.5 * rng.standard_normal(case.gallery_emb.shape).astype(np.float32),
+    )
+
+
+def _statistics(case, other, by, old=False):
+    """Intervals, a paired comparison with random sign flips, and (progressive) the
+    completion curve of ``case`` and a second encoder's embeddings ``other``.
+    ``old``: stores as written before unit keys (units in store order)."""
+    from rankwise import stats
+    from rankwise.summary import progressive_curve
+
+    options = {k: v for k, v in case.kwargs().items() if k != "ks"}
+    stores = []
+    for qe, ge in ((case.query_emb, case.gallery_emb), other):
+        result = rankwise.rank(case.query, case.gallery, qe, ge, **options)
+        arrays = result.arrays()
+        if old:
+            arrays.pop("unit_key")
+        stores.append((arrays, result.attrs))
+    labels = case.query if by == "identity" else None
+    common = {"ks": (1, 2), "resamples": 300, "seed": 7, "by": by, "labels": labels}
+    out = {
+        "cis": stats.metric_cis(*stores[0], **common),
+        "compare": stats.compare_ranks(*stores[0], *stores[1], exact_max=0, **common),
+    }
+    if case.protocol == "progressive":
+        out["curve"] = progressive_curve(*stores[0], resamples=300, seed=7)
+    return out
+
+
+@pytest.mark.parametrize("protocol", list(PROTOCOL_CASES))
+@pytest.mark.parametrize("by", ["query", "identity"])
+def test_row_order_changes_no_interval_or_test(make_case, protocol, by):
+    """The statistics number their units by query id (the store's ``unit_key``), so the
+    same manifests in another row order give the same bits at the same seed; before,
+    a permuted query manifest moved intervals and random-flip p-values (audit,
+    2026-12-02; e.g. mrr's interval [40.86, 63.13] vs [40.88, 63.97])."""
+    case = _case(make_case, protocol)
+    other = _noisy(case, 1)
+    base = _statistics(case, other, by)
+    perm, qp, gp = case.permuted(12)
+    got = _statistics(perm, (other[0][qp], other[1][gp]), by)
+    assert got == base
+    # without unit keys (a store of an earlier version) the row order shows
+    old = _statistics(case, other, by, old=True)
+    moved = _statistics(perm, (other[0][qp], other[1][gp]), by, old=True)
+    if by == "query":
+        assert moved["cis"] != old["cis"]
+
+
+def test_a_store_without_unit_keys_pairs_with_one_that_has_them(make_case):
+    """A project ranked before unit keys gains a new checkpoint: the paired comparison
+    aligns the new store's units to the old one's by query row (the report likewise, by
+    its summaries' rows), giving the numbers of two old stores."""
+    from rankwise import stats
+    from rankwise.summary import summarise
+
+    case = _case(make_case, "reid").permuted(3, gallery=False)[0]
+    options = {k: v for k, v in case.kwargs().items() if k != "ks"}
+    a = rankwise.rank(*case.args(), **options)
+    b = rankwise.rank(case.query, case.gallery, *_noisy(case, 2), **options)
+    old_a = {k: v for k, v in a.arrays().items() if k != "unit_key"}
+    old_b = {k: v for k, v in b.arrays().items() if k != "unit_key"}
+    common = {"resamples": 300, "seed": 7, "exact_max": 0}
+    both_old = stats.compare_ranks(old_a, a.attrs, old_b, b.attrs, **common)
+    mixed = stats.compare_ranks(old_a, a.attrs, b.arrays(), b.attrs, **common)
+    assert mixed == both_old
+    new = stats.compare_ranks(a.arrays(), a.attrs, b.arrays(), b.attrs, **common)
+    assert new != both_old  # the ids are not in row order: another numbering of units
+
+    names = ["map", "rank1"]
+    sa = summarise(old_a, a.attrs, metrics=names, resamples=0)
+    sb = summarise(b.arrays(), b.attrs, metrics=names, resamples=0)
+    assert not np.array_equal(sa.rows, sb.rows)
+    aligned = sb.aligned(sa.rows)
+    np.testing.assert_array_equal(aligned.rows, sa.rows)
+    np.testing.assert_array_equal(
+        aligned.values, summarise(old_b, b.attrs, metrics=names, resamples=0).values
+    )
+    assert sb.aligned(sa.rows[:-1]) is None

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -351,6 +351,45 @@ class UnitTable:
         """``{name: 100 * mean}``: the metrics, in percent (:func:`mean`)."""
         return {name: 100.0 * mean(self.values[:, j]) for j, name in enumerate(self.names)}
 
+    def in_key_order(self, arrays: dict[str, np.ndarray]) -> UnitTable:
+        """The units sorted by :func:`unit_keys` (the table itself for a store without
+        them): what the statistics resample, so that a query manifest with the same rows
+        in another order gives the same intervals and tests at the same seed."""
+        keys = unit_keys(arrays, self)
+        if keys is None:
+            return self
+        order = np.argsort(keys, kind="stable")
+        return replace(
+            self,
+            index=self.index[order],
+            rows=self.rows[order],
+            last_rows=self.last_rows[order],
+            rank=self.rank[order],
+            num_relevant=self.num_relevant[order],
+            values=self.values[order],
+        )
+
+
+def unit_keys(arrays: dict[str, np.ndarray], table: UnitTable | None = None) -> np.ndarray | None:
+    """A key per unit that does not depend on the query manifest's row order, from the
+    store's ``unit_key`` (each evaluated query's place in the string order of the query
+    ids): a query's own key, a sketch's the smallest key of its renderings.  ``table``
+    given: the keys of its units; else one per sketch number (sketch protocols) or per
+    evaluated query in store order.  ``None`` for a store without ``unit_key``."""
+    if "unit_key" not in arrays:
+        return None
+    key = np.asarray(arrays["unit_key"], np.int64)
+    group = np.asarray(arrays["group"], np.int64)
+    if len(group) and group.min() >= 0:  # sketches
+        per_sketch = np.full(int(group.max()) + 1, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(per_sketch, group, key)
+        return per_sketch if table is None else per_sketch[table.index]
+    if table is None:
+        return key
+    by_row = np.empty(int(np.max(arrays["query_index"], initial=-1)) + 1, np.int64)
+    by_row[np.asarray(arrays["query_index"], np.int64)] = key
+    return by_row[table.rows]
+
 
 def mean(values) -> float:
     """The mean of ``values`` (1-D), the same bits in any order of them (a permuted query
@@ -522,7 +561,9 @@ def completion_levels(arrays: dict[str, np.ndarray]) -> list[tuple[float, np.nda
     Returns
     -------
     ``[(completion, ranks, sketch), ...]`` by ascending completion: the target's rank
-    ``r_t`` (float64) of every rendering at that level and its sketch number.
+    ``r_t`` (float64) of every rendering at that level and its sketch: the sketch's
+    :func:`unit_keys` key when the store has them (the same for any row order of the
+    query manifest), else its sketch number.
     """
     offsets, ranks = arrays["offsets"], arrays["ranks"]
     first = ranks[offsets[:-1]].astype(np.float64)
@@ -532,8 +573,10 @@ def completion_levels(arrays: dict[str, np.ndarray]) -> list[tuple[float, np.nda
     completion = np.round(100.0 * t / np.repeat(sizes, sizes), 6)
     if len(np.unique(completion)) > 20:
         completion = 10.0 * np.ceil(completion / 10.0 - 1e-9)
+    keys = unit_keys(arrays)
+    sketch = group if keys is None else keys[group]
     return [
-        (float(level), r[completion == level], group[completion == level])
+        (float(level), r[completion == level], sketch[completion == level])
         for level in np.unique(completion)
     ]
 

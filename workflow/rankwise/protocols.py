@@ -92,6 +92,9 @@ class Problem:
     # multi-query: sorted keys ``q * G + g`` of the gallery items that carry one of pooled
     # query q's member ids (the same items: never ranked for q); empty otherwise
     twins: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # (Q,) int64, each query row's place in the string order of the query ids: the
+    # statistics number their units by it, never by row order (``unit_key`` in stores)
+    qkey: np.ndarray | None = None
 
     def valid_relevant(self, q: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Masks ``(stop - start,)`` of the valid and the relevant items among gallery
@@ -347,6 +350,7 @@ def build_problem(
         qcam=qcam,
         gcam=gcam,
         twins=twins,
+        qkey=np.unique(query["id"].astype(str).to_numpy(), return_inverse=True)[1].astype(np.int64),
     )
 
 

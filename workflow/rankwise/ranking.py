@@ -498,6 +498,8 @@ def compute_ranks(
     if kept is not None and "top_items" in extra_arrays:  # rows of the whole gallery
         top = extra_arrays["top_items"]
         extra_arrays["top_items"] = np.where(top >= 0, kept[np.maximum(top, 0)], -1)
+    if problem.qkey is not None:  # the statistics' unit order (rankwise.metrics.unit_keys)
+        extra_arrays["unit_key"] = problem.qkey[evaluated]
     attrs = {
         "protocol": problem.protocol,
         "distance": distance,

@@ -18,8 +18,10 @@ that are resampled (or sign-flipped) as wholes: with ``by="query"`` every unit i
 its own cluster; with ``by="identity"`` a cluster is all the units of one label
 (one person in ``reid``: its queries are not independent; one track, i.e. sequence
 and label, in ``reassociation``; a sketch's target in ``progressive``).  Clusters
-are numbered in sorted label order (units: in store order).  With cluster sums ``S_c``
-and sizes ``n_c``:
+are numbered in sorted label order; units are taken in the order of their query ids
+(:meth:`rankwise.metrics.UnitTable.in_key_order`; a store written before unit keys: in
+store order), so the same rows in another manifest order give the same numbers at the
+same seed.  With cluster sums ``S_c`` and sizes ``n_c``:
 
 - **Bootstrap** (Efron & Tibshirani, 1993): draw ``C`` clusters with replacement,
   ``B`` times; the resampled metric is ``sum S_c / sum n_c`` over the drawn
@@ -122,7 +124,24 @@ def unit_table(
             "the ranks store has no evaluated query; there is nothing to "
             "resample (check the manifests and the protocol)"
         )
-    return per_unit(arrays, attrs, metrics, ap=ap)
+    return per_unit(arrays, attrs, metrics, ap=ap).in_key_order(arrays)
+
+
+def align_units(rows_b: np.ndarray, rows_a: np.ndarray) -> np.ndarray | None:
+    """The permutation ``p`` with ``rows_b[p] == rows_a`` (B's units in A's order: the
+    same units, by query manifest row, listed in another order -- a store written before
+    unit keys lists them in store order), or ``None`` when the units differ."""
+    rows_a, rows_b = np.asarray(rows_a), np.asarray(rows_b)
+    if rows_a.shape != rows_b.shape:
+        return None
+    if np.array_equal(rows_a, rows_b):
+        return np.arange(len(rows_a))
+    order_a, order_b = np.argsort(rows_a, kind="stable"), np.argsort(rows_b, kind="stable")
+    if not np.array_equal(rows_a[order_a], rows_b[order_b]):
+        return None
+    perm = np.empty(len(rows_a), np.int64)
+    perm[order_a] = order_b
+    return perm
 
 
 def resolve_metrics(
@@ -666,9 +685,14 @@ def compare_ranks(
     exact_max = _check_exact(exact_max)
     flips = resamples if flips is None else _check_flips(flips)
     _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names)
+    stores = ((arrays_a, attrs_a), (arrays_b, attrs_b))
     metric_list = resolve_metrics(attrs_a["protocol"], metrics, ks)
-    table_a = unit_table(arrays_a, attrs_a, metric_list, ap)
-    va, vb = table_a.values, unit_table(arrays_b, attrs_b, metric_list, ap).values
+    table_a, table_b = (unit_table(*store, metric_list, ap) for store in stores)
+    # the same units (checked above); their order differs only when one store predates
+    # unit keys
+    perm = align_units(table_b.rows, table_a.rows)
+    assert perm is not None
+    va, vb = table_a.values, table_b.values[perm]
     rows = table_a.rows
     cluster = clusters_of(rows, attrs_a, by=by, labels=labels)
     estimates = paired_estimates(

@@ -7,7 +7,8 @@ and the metrics of that JSON:
 - ``ci95``: the bootstrap interval of every metric (:func:`rankwise.stats.metric_cis`),
 - ``cmc``: the CMC curve, ranks 1..``cmc_max_rank`` (:func:`rankwise.metrics.cmc`),
 - ``progressive``: the sketch completion curve with its intervals (``progressive`` only),
-- the per-unit values ``(n_units, m)`` in store order (:func:`rankwise.metrics.per_unit`),
+- the per-unit values ``(n_units, m)`` in unit-key order
+  (:meth:`rankwise.metrics.UnitTable.in_key_order`),
   the units' query manifest rows ``(n_units,)`` and their cluster numbers ``(n_units,)``
   (for ``by``), from which the report's paired tests are computed without reading the
   ranks store again,
@@ -26,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,18 @@ class Summary:
             digest.update(f"{array.dtype.str}{array.shape}".encode())
             digest.update(array.tobytes())
         return digest.hexdigest()
+
+    def aligned(self, rows: np.ndarray) -> Summary | None:
+        """This summary with its units in the order of ``rows`` (the same units listed in
+        another order: :func:`rankwise.stats.align_units`), or ``None`` when they differ."""
+        from .stats import align_units
+
+        perm = align_units(self.rows, rows)
+        if perm is None:
+            return None
+        return replace(
+            self, values=self.values[perm], rows=self.rows[perm], cluster=self.cluster[perm]
+        )
 
     def matches(self, settings: dict[str, Any]) -> bool:
         """Whether it was computed for these settings (``SETTINGS`` keys given)."""
@@ -103,7 +116,7 @@ def summarise(
     table = (
         stats.unit_table(arrays, attrs, metrics, ap)
         if resamples
-        else per_unit(arrays, attrs, metrics, ap=ap)
+        else per_unit(arrays, attrs, metrics, ap=ap).in_key_order(arrays)
     )
     cluster = stats.clusters_of(table.rows, attrs, by=by, labels=labels)
     ci95 = (
