@@ -156,6 +156,7 @@ def test_metrics_with_other_ks_and_ap_from_the_same_ranks(make_case, cli, tmp_pa
     assert proc.returncode == 0, proc.stderr
     got = read_json(tmp_path / "m2.json")
     got.pop("provenance")
+    assert got.pop("ap") == "trapezoid"  # named: not the standard AP (api.variant_keys)
     api = rankwise.evaluate(*case.args(), **case.kwargs(ks=(2, 4), ap="trapezoid")).to_json()
     standard = rankwise.evaluate(*case.args(), **case.kwargs(ks=(2, 4))).to_json()
     assert api["metrics"]["map"] != standard["metrics"]["map"]

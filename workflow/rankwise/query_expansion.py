@@ -1,11 +1,11 @@
 """Average query expansion (AQE) out of core: embeddings -> expanded embeddings.
 
 fast-reid's ``aqe`` (``fastreid/evaluation/query_expansion.py``, one expansion round,
-after Chum et al., ICCV 2007), over the N = Q + G items (every query row, then every
-gallery row) with raw rows ``x`` and cosine similarities ``s`` of the L2-normalised
-rows:
+after Chum et al., ICCV 2007), over the N = Q + G items (the queries, then the gallery
+items, each in the string order of their ids: :func:`rankwise.rerank.item_order`) with
+raw rows ``x`` and cosine similarities ``s`` of the L2-normalised rows:
 
-    N(i)   = the k items most similar to i (i itself first; ties in item order)
+    N(i)   = the k items most similar to i (i itself first; ties in that item order)
     x'(i)  = (1/k) sum_{j in N(i)} s(i, j)^alpha x(j)
 
 Queries and gallery are both expanded; ranking then uses ``x'`` under the dataset's
@@ -76,6 +76,7 @@ def expand(
     aqe: dict[str, Any],
     options,
     runner,
+    order: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[EmbeddingSource, EmbeddingSource]:
     """The expanded query and gallery embeddings (module docstring) as in-memory sources.
 
@@ -84,6 +85,8 @@ def expand(
     query, gallery : sources ``(Q, D)`` / ``(G, D)``.
     aqe : ``{"k", "alpha"}`` (:data:`rankwise.options.AQE`).
     options, runner : :class:`rankwise.ranking.EngineOptions` and its runner.
+    order : ``(qorder, gorder)``, the item order (:func:`rankwise.rerank.item_order`);
+        ``None``: row order.  The results are in row order either way.
     """
     from .ranking import prepare_chunk, row_location
     from .rerank import neighbours
@@ -98,6 +101,14 @@ def expand(
     )
     unit, sq = np.concatenate([qu, gu]), np.concatenate([qsq, gsq])
     n_all = len(raw)
+    # item position -> row of [query; gallery] (exactly tied neighbours at the k cut and
+    # the order of the sums follow the ids, not the manifests' row order)
+    perm = (
+        np.arange(n_all, dtype=np.int64)
+        if order is None
+        else np.concatenate([order[0], n_query + np.asarray(order[1])]).astype(np.int64)
+    )
+    raw, unit, sq = raw[perm], unit[perm], sq[perm]
     k = min(int(aqe["k"]), n_all)
     # most similar first: by d = 1 - cos itself (fast-reid's order), not by its square
     nn, _ = neighbours(
@@ -111,7 +122,7 @@ def expand(
     if len(negative) and not alpha.is_integer():
         # cos^alpha of a negative cosine has no real value (fast-reid's aqe gives NaN)
         t = int(negative[0])
-        item, other = int(rows[t]), int(nn.ravel()[t])
+        item, other = int(perm[rows[t]]), int(perm[nn.ravel()[t]])
 
         def where(i: int) -> str:
             return row_location(query, i) if i < n_query else row_location(gallery, i - n_query)
@@ -125,7 +136,9 @@ def expand(
     expanded = np.zeros(raw.shape, dtype=np.float64)
     for t in range(k):  # sum over the k neighbours in their order, then the mean
         expanded += raw[nn[:, t]].astype(np.float64) * weights[:, t : t + 1]
-    expanded = (expanded / k).astype(np.float32)
+    by_row = np.empty(raw.shape, dtype=np.float32)
+    by_row[perm] = (expanded / k).astype(np.float32)  # item positions -> rows
+    expanded = by_row
     out = (
         open_embeddings(expanded[:n_query], name=f"{query.name} (expanded)"),
         open_embeddings(expanded[n_query:], name=f"{gallery.name} (expanded)"),

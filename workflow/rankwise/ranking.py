@@ -461,8 +461,9 @@ def compute_ranks(
         problem, gallery = problem.gallery_subset(kept), gallery.subset(kept)
     if aqe is not None:
         from .query_expansion import expand
+        from .rerank import item_order
 
-        query, gallery = expand(query, gallery, aqe, options, runner)
+        query, gallery = expand(query, gallery, aqe, options, runner, item_order(problem))
     qrows, qsq = prepare_chunk(query, 0, query.shape[0], cosine)
     bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
     evaluated = np.flatnonzero(~problem.skip)

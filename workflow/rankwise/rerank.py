@@ -2,8 +2,10 @@
 
 The numbers are those of the published ``re_ranking(q_g_dist, q_q_dist, g_g_dist, k1,
 k2, lambda_value)`` that torchreid (``torchreid/utils/rerank.py``) and fast-reid use,
-computed in float64.  Over the N = Q + G items (every query row, then every gallery
-row), with d the input distance:
+computed in float64.  Over the N = Q + G items (the queries, then the gallery items,
+each in the string order of their ids, :func:`item_order`: "item index" below is this
+position, so exactly tied neighbours never follow the manifests' row order), with d the
+input distance:
 
     o(i, j)   = d(i, j)^2 / M_i,  M_i = max_j d(i, j)^2      (the reference squares d and
                                                             divides by column maxima)
@@ -230,9 +232,16 @@ def _final(jaccard, d, scale, lam, fastreid=False):
     return jaccard * (1.0 - lam) + original * lam
 
 
-def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine, fastreid=False):
+def final_task(
+    rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine, fastreid=False, at=None
+):
     """Per query block: ``final`` against every gallery item, then the sorted ranks of
     each query's valid relevant items (DESIGN.md: ties count against the query).
+
+    ``rows`` are query rows and the results are in gallery row order; ``at = (qpos,
+    gpos)`` gives each query row's and gallery row's item position in ``x`` (and in
+    ``sq``, ``row_max``, ``sparse``) when the items are laid out in id order
+    (:func:`item_order`; ``None``: row order).
 
     J is exact (sparse); o comes from the float32 BLAS tile, within a bound of the
     canonical o (``|d_a^2 - d^2| <= eps (2 |d_a| + eps)``; ``fastreid``: o is d, within
@@ -250,10 +259,11 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine,
     ptr, idx, val = sparse["ptr"], sparse["idx"], sparse["val"]
     cptr, crow, cval = sparse["cptr"], sparse["crow"], sparse["cval"]
     n_gallery = x.shape[0] - n_query
+    qpos, gpos = at if at is not None else (None, None)
+    items = rows if qpos is None else qpos[rows]  # the queries' positions in x
     bound = error_bound_factor(x.shape[1])
-    m = min_sums(rows, ptr, idx, val, cptr, crow, cval, n_gallery)
-    jaccard = 1.0 - m / (2.0 - m)
-    a, an = x[rows], np.sqrt(sq[rows])
+    m = min_sums(items, ptr, idx, val, cptr, crow, cval, n_gallery)
+    a, an = x[items], np.sqrt(sq[items])
     d = np.empty_like(m)
     eps = np.empty_like(m)
     for c0 in range(0, n_gallery, chunk):
@@ -264,9 +274,12 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine,
             d[:, c0:c1] = 1.0 - s
             eps[:, c0:c1] = bound * an[:, None] * np.sqrt(gsq)[None, :]
         else:
-            d[:, c0:c1] = sq[rows][:, None] + gsq[None, :] - 2.0 * s
+            d[:, c0:c1] = sq[items][:, None] + gsq[None, :] - 2.0 * s
             eps[:, c0:c1] = bound * (an[:, None] + np.sqrt(gsq)[None, :]) ** 2
-    scale = row_max[rows][:, None]
+    if gpos is not None:  # item positions -> gallery rows
+        m, d, eps = m[:, gpos], d[:, gpos], eps[:, gpos]
+    jaccard = 1.0 - m / (2.0 - m)
+    scale = row_max[items][:, None]
     final = _final(jaccard, d, scale, lam, fastreid)
     # the bound on final, plus float64 rounding of the formula itself
     if fastreid:
@@ -283,8 +296,8 @@ def final_task(rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine,
 
         def exact(cols, b=b):
             """Canonical finals of query ``rows[b]`` against gallery ``cols``."""
-            query = np.full(len(cols), rows[b], dtype=np.int64)
-            keys = pair_keys(x, x, query, cols + n_query, cosine)
+            query = np.full(len(cols), items[b], dtype=np.int64)
+            keys = pair_keys(x, x, query, (cols if gpos is None else gpos[cols]) + n_query, cosine)
             dist = keys + 1.0 if cosine else keys
             return _final(jaccard[b, cols], dist, scale[b], lam, fastreid)
 
@@ -496,6 +509,17 @@ def estimate_memory_mb(
     return _BASE_MB + held / 2**20 + max(neighbour_pass_mb(n_all, block, chunk, workers), final)
 
 
+def item_order(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """``(qorder, gorder)``: the query rows and the gallery rows in the string order of
+    their ids (ties, i.e. repeated ids, in row order): the order in which re-ranking
+    and AQE lay out their items, so that the manifests' row order changes no number."""
+    qkey = problem.qkey if problem.qkey is not None else np.arange(len(problem.qlab))
+    return (
+        np.argsort(qkey, kind="stable").astype(np.int64),
+        np.argsort(problem.gallery_keys(), kind="stable").astype(np.int64),
+    )
+
+
 def rerank_ranks(
     problem: Problem,
     qrows: np.ndarray,
@@ -532,8 +556,12 @@ def rerank_ranks(
         raise RankwiseError(f"rerank does not apply to protocol {problem.protocol!r}")
     n_query = len(qrows)
     grows, gsq = prepare_chunk(gallery, 0, gallery.shape[0], cosine)
-    x = np.concatenate([qrows, grows])
-    sq = np.concatenate([qsq, gsq])
+    # items in id order (queries first): exactly tied neighbours at a k cut and the
+    # order of V's sums then follow the ids, never the manifests' row order
+    qorder, gorder = item_order(problem)
+    x = np.concatenate([qrows[qorder], grows[gorder]])
+    sq = np.concatenate([qsq[qorder], gsq[gorder]])
+    at = (np.argsort(qorder), np.argsort(gorder))
     n_all, n_gallery = len(x), len(x) - n_query
     k1, k2, lam = int(rerank["k1"]), int(rerank["k2"]), float(rerank["lambda"])
     fastreid = rerank.get("variant") == "fastreid"
@@ -575,6 +603,7 @@ def rerank_ranks(
             chunk,
             cosine,
             fastreid,
+            at,
         )
     parts = runner.get(graph, [key("final", lo) for lo in spans])
     lists = [r for part, _ in parts for r in part]
