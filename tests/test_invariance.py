@@ -253,3 +253,26 @@ def test_a_store_without_unit_keys_pairs_with_one_that_has_them(make_case):
         aligned.values, summarise(old_b, b.attrs, metrics=names, resamples=0).values
     )
     assert sb.aligned(sa.rows[:-1]) is None
+
+
+@pytest.mark.parametrize(
+    "option, value", [("--resamples", "5"), ("--seed", "3"), ("--by", "identity"),
+                      ("--cmc-max-rank", "7")],
+)  # fmt: skip
+def test_metrics_refuses_statistics_options_without_stats_output(
+    make_case, cli, tmp_path, option, value
+):
+    """`rankwise metrics --resamples 5` computed no statistics and said nothing (audit,
+    2026-12-02): an option that would be ignored is one line and exit 2; its default
+    typed out (as the pipeline's metrics rule does, always with --stats-output) is fine."""
+    _rank_store(cli, _case(make_case, "reid"), tmp_path)
+    store = tmp_path / "ranks.zarr"
+    proc = cli("metrics", store, option, value)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"error: {option} sets the statistics of --stats-output, which is not given: it "
+        f"would be ignored; add --stats-output FILE.npz (or use `rankwise ci`), or drop {option}"
+    ]
+    assert cli("metrics", store, "--resamples", "10000", "--by", "query").returncode == 0
+    given = cli("metrics", store, option, value, "--stats-output", tmp_path / "s.npz")
+    assert given.returncode == 0, given.stderr

@@ -277,6 +277,27 @@ def _provenance(path: str) -> dict:
     return {"path": str(path)}
 
 
+def _refuse_statistics_without_output() -> None:
+    """`rankwise metrics` computes statistics only for --stats-output: a statistics option
+    typed with another value than its default would be ignored without a word."""
+    from click.core import ParameterSource
+
+    from ..errors import RankwiseError
+
+    ctx = click.get_current_context()
+    for param in ctx.command.params:
+        if param.name not in ("cmc_max_rank", "resamples", "seed", "by"):
+            continue
+        if ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        if ctx.params[param.name] != param.process_value(ctx, param.get_default(ctx)):
+            flag = param.opts[0]
+            raise RankwiseError(
+                f"{flag} sets the statistics of --stats-output, which is not given: it would "
+                f"be ignored; add --stats-output FILE.npz (or use `rankwise ci`), or drop {flag}"
+            )
+
+
 @click.command(cls=shared.Command)
 @click.argument("ranks", type=shared.InputPath(names="ranks"))
 @shared.ks
@@ -303,6 +324,8 @@ def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
     from ..api import REPORT_KEYS, result_from_ranks, variant_keys
     from ..store import read_ranks
 
+    if not stats_output:
+        _refuse_statistics_without_output()
     arrays, attrs = read_ranks(ranks)
     report = result_from_ranks((arrays, attrs), ks=ks, ap=ap).to_json()
     assert tuple(report) == REPORT_KEYS
