@@ -238,10 +238,11 @@ def final_task(
     """Per query block: ``final`` against every gallery item, then the sorted ranks of
     each query's valid relevant items (DESIGN.md: ties count against the query).
 
-    ``rows`` are query rows and the results are in gallery row order; ``at = (qpos,
-    gpos)`` gives each query row's and gallery row's item position in ``x`` (and in
-    ``sq``, ``row_max``, ``sparse``) when the items are laid out in id order
-    (:func:`item_order`; ``None``: row order).
+    ``rows`` are query rows; ``at = (qpos, gorder)`` gives each query row's item
+    position in ``x`` (and in ``sq``, ``row_max``, ``sparse``) and the gallery row at
+    each gallery position, when the items are laid out in id order (:func:`item_order`;
+    ``None``: row order).  Columns stay in position order (a count does not depend on
+    it); the validity masks are taken at the positions' rows, the top items given as rows.
 
     J is exact (sparse); o comes from the float32 BLAS tile, within a bound of the
     canonical o (``|d_a^2 - d^2| <= eps (2 |d_a| + eps)``; ``fastreid``: o is d, within
@@ -259,7 +260,7 @@ def final_task(
     ptr, idx, val = sparse["ptr"], sparse["idx"], sparse["val"]
     cptr, crow, cval = sparse["cptr"], sparse["crow"], sparse["cval"]
     n_gallery = x.shape[0] - n_query
-    qpos, gpos = at if at is not None else (None, None)
+    qpos, gorder = at if at is not None else (None, None)
     items = rows if qpos is None else qpos[rows]  # the queries' positions in x
     bound = error_bound_factor(x.shape[1])
     m = min_sums(items, ptr, idx, val, cptr, crow, cval, n_gallery)
@@ -276,8 +277,6 @@ def final_task(
         else:
             d[:, c0:c1] = sq[items][:, None] + gsq[None, :] - 2.0 * s
             eps[:, c0:c1] = bound * (an[:, None] + np.sqrt(gsq)[None, :]) ** 2
-    if gpos is not None:  # item positions -> gallery rows
-        m, d, eps = m[:, gpos], d[:, gpos], eps[:, gpos]
     jaccard = 1.0 - m / (2.0 - m)
     scale = row_max[items][:, None]
     final = _final(jaccard, d, scale, lam, fastreid)
@@ -289,15 +288,16 @@ def final_task(
             lam * eps * (2.0 * np.abs(d) + eps), scale, out=np.zeros_like(d), where=scale > 0
         )
     err += 1e-13 * (1.0 + np.abs(final))
-    valid, relevant = dense_masks(codes, rows[:, None], np.arange(n_gallery)[None, :])
+    gallery_rows = np.arange(n_gallery) if gorder is None else gorder  # of each position
+    valid, relevant = dense_masks(codes, rows[:, None], gallery_rows[None, :])
     out = []
     top = np.full((len(rows), TOP_STORED), -1, dtype=np.int64)
     for b in range(len(rows)):
 
         def exact(cols, b=b):
-            """Canonical finals of query ``rows[b]`` against gallery ``cols``."""
+            """Canonical finals of query ``rows[b]`` against gallery positions ``cols``."""
             query = np.full(len(cols), items[b], dtype=np.int64)
-            keys = pair_keys(x, x, query, (cols if gpos is None else gpos[cols]) + n_query, cosine)
+            keys = pair_keys(x, x, query, cols + n_query, cosine)
             dist = keys + 1.0 if cosine else keys
             return _final(jaccard[b, cols], dist, scale[b], lam, fastreid)
 
@@ -311,6 +311,8 @@ def final_task(
         ahead = np.sort(approx)
         out.append(1 + np.searchsorted(ahead, thr, side="right") + np.arange(len(thr)))
         top[b] = _top(np.flatnonzero(valid[b]), final[b], err[b], relevant[b], exact)
+    if gorder is not None:  # positions -> gallery rows
+        top = np.where(top >= 0, gorder[np.maximum(top, 0)], -1)
     return out, top
 
 
@@ -559,9 +561,12 @@ def rerank_ranks(
     # items in id order (queries first): exactly tied neighbours at a k cut and the
     # order of V's sums then follow the ids, never the manifests' row order
     qorder, gorder = item_order(problem)
-    x = np.concatenate([qrows[qorder], grows[gorder]])
+    x = np.empty((n_query + len(grows), qrows.shape[1]), dtype=qrows.dtype)
+    np.take(qrows, qorder, axis=0, out=x[:n_query])
+    np.take(grows, gorder, axis=0, out=x[n_query:])
+    del grows  # the prepared gallery rows live on in x only
     sq = np.concatenate([qsq[qorder], gsq[gorder]])
-    at = (np.argsort(qorder), np.argsort(gorder))
+    at = (np.argsort(qorder), gorder)
     n_all, n_gallery = len(x), len(x) - n_query
     k1, k2, lam = int(rerank["k1"]), int(rerank["k2"]), float(rerank["lambda"])
     fastreid = rerank.get("variant") == "fastreid"
