@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -189,6 +189,10 @@ def rank(
         shot_repeats=shot_repeats,
         shot_seed=shot_seed,
     )
+    if rerank is not None or aqe is not None:  # their item order (rerank.item_order)
+        from .protocols import id_keys
+
+        problem = replace(problem, gkey=id_keys(inputs.gallery["id"].to_numpy()))
     q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
     shots = None
     if problem.options.get("single_gallery_shot"):

@@ -513,12 +513,14 @@ def estimate_memory_mb(
 
 def item_order(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     """``(qorder, gorder)``: the query rows and the gallery rows in the string order of
-    their ids (ties, i.e. repeated ids, in row order): the order in which re-ranking
-    and AQE lay out their items, so that the manifests' row order changes no number."""
+    their ids (``problem.qkey``, ``problem.gkey``; repeated ids, or keys not set: in row
+    order): the order in which re-ranking and AQE lay out their items, so that the
+    manifests' row order changes no number."""
     qkey = problem.qkey if problem.qkey is not None else np.arange(len(problem.qlab))
+    gkey = problem.gkey if problem.gkey is not None else np.arange(len(problem.glab))
     return (
         np.argsort(qkey, kind="stable").astype(np.int64),
-        np.argsort(problem.gallery_keys(), kind="stable").astype(np.int64),
+        np.argsort(gkey, kind="stable").astype(np.int64),
     )
 
 
