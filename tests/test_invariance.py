@@ -276,3 +276,40 @@ def test_metrics_refuses_statistics_options_without_stats_output(
     assert cli("metrics", store, "--resamples", "10000", "--by", "query").returncode == 0
     given = cli("metrics", store, option, value, "--stats-output", tmp_path / "s.npz")
     assert given.returncode == 0, given.stderr
+
+
+def test_progressive_curve_with_grouped_levels_is_row_order_free():
+    """Sketches of 23, 7 and 31 renderings: more than 20 completion levels, grouped into
+    tenths, so a level averages renderings of several sketches; its mean reciprocal rank
+    was np.mean's (row-order dependent in the last digit, review 2026-12-02), now
+    :func:`rankwise.metrics.mean`'s; its interval numbers sketches by key."""
+    import pandas as pd
+
+    from rankwise.summary import progressive_curve
+
+    rng = np.random.default_rng(0)
+    dim, n_gallery = 8, 30
+    ge = rng.standard_normal((n_gallery, dim)).astype(np.float32)
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(n_gallery)],
+                      "label": [f"L{i}" for i in range(n_gallery)]})  # fmt: skip
+    rows, emb = [], []
+    for s in range(12):
+        steps, target = [23, 7, 31][s % 3], int(rng.integers(n_gallery))
+        for t in range(steps):
+            rows.append({"id": f"s{s}_{t}", "sketch": f"S{s}", "step": t, "label": f"L{target}"})
+            noise = (steps - t) / steps * 3 * rng.standard_normal(dim)
+            emb.append(ge[target] + noise.astype(np.float32))
+    q, qe = pd.DataFrame(rows), np.array(emb, np.float32)
+
+    def curve(q, qe, g, ge):
+        result = rankwise.rank(q, g, qe, ge, protocol="progressive", distance="cosine")
+        return progressive_curve(result.arrays(), result.attrs, resamples=300, seed=4)
+
+    base = curve(q, qe, g, ge)
+    assert len(base["completion"]) == 10  # grouped
+    for seed in range(3):
+        qp = np.random.default_rng(seed).permutation(len(q))
+        gp = np.random.default_rng(seed + 10).permutation(n_gallery)
+        moved = curve(q.iloc[qp].reset_index(drop=True), qe[qp],
+                      g.iloc[gp].reset_index(drop=True), ge[gp])  # fmt: skip
+        assert moved == base, seed
