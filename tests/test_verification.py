@@ -231,7 +231,13 @@ def test_cli_verify_prints_and_writes_the_library_numbers(tmp_path, cli):
 
 
 @pytest.mark.parametrize(
-    "fprs,message", [("0", "--fprs must be numbers between 0 and 1"), ("x", "--fprs must be")]
+    "fprs,message",
+    [
+        ("0", "--fprs must be numbers between 0 and 1"),
+        ("x", "--fprs must be"),
+        # one JSON key for both: one level was dropped silently (audit 2026-12-02)
+        ("0.24999999,0.25", "--fprs: 0.24999999 and 0.25 are both reported as '0.25'"),
+    ],
 )
 def test_cli_verify_refuses_in_one_line(tmp_path, cli, fprs, message):
     q, g, qe, ge = market_like(0)
@@ -249,3 +255,55 @@ def test_cli_verify_without_negative_pairs_exits_2(tmp_path, cli):
     emb = np.eye(2, dtype=np.float32)
     proc = cli("verify", *_write(tmp_path, q, g, emb[:1], emb), "--protocol", "recall")
     assert proc.returncode == 2 and "no negative pair" in proc.stderr
+
+
+def test_a_pair_on_a_histogram_edge_counts_in_the_bin_above():
+    """Bin b is [edges[b], edges[b+1]) in distance. The bins were filled by squared
+    distance with edge keys d * d, which round above the key of a pair at distance d:
+    the positive at exactly sqrt(8) = edges[1] was counted in bin 0 (audit 2026-12-02)."""
+    q = pd.DataFrame({"id": ["q0"], "label": ["1"], "camera": ["0"]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(4)], "label": ["1", "1", "1", "2"],
+                      "camera": ["1"] * 4})  # fmt: skip
+    qe = np.array([[1, 1]], np.float32)
+    ge = np.array([[1, 1], [5, 5], [3, 3], [2, 1]], np.float32)  # d = 0, sqrt(32), sqrt(8)
+    got = tpr_at_fpr(q, g, qe, ge, protocol="reid", distance="euclidean", fprs=(0.5,), bins=2)
+    assert got["histogram"]["edges"][1] == math.sqrt(8.0)
+    assert got["histogram"]["positive"] == [1, 2]
+    # integer data in bulk: every pair binned by its distance against the printed edges
+    for distance in ("euclidean", "cosine"):
+        q, g, qe, ge = _many_pairs(5, distance, quantised=True)
+        got = tpr_at_fpr(q, g, qe, ge, protocol="recall", distance=distance, bins=13)
+        valid, relevant = protocol_masks("recall", q, g)
+        d = distance_matrix(qe, ge, distance)
+        edges = np.array(got["histogram"]["edges"])
+        for mask, key in ((valid & relevant, "positive"), (valid & ~relevant, "negative")):
+            b = np.clip(np.searchsorted(edges, d[mask], side="right") - 1, 0, len(edges) - 2)
+            assert got["histogram"][key] == np.bincount(b, minlength=len(edges) - 1).tolist()
+
+
+def test_all_zero_embeddings_under_euclidean():
+    """Every distance 0 (a collapsed encoder): ZeroDivisionError in the first pass before;
+    now the tie rule's answer, TPR 0 at threshold 0, every pair in one bin."""
+    q = pd.DataFrame({"id": ["q0", "q1"], "label": ["1", "2"]})
+    g = pd.DataFrame({"id": ["g0", "g1", "g2"], "label": ["1", "2", "3"]})
+    got = tpr_at_fpr(q, g, np.zeros((2, 4), np.float32), np.zeros((3, 4), np.float32),
+                     protocol="recall", distance="euclidean", fprs=(0.01, 0.5), bins=5)  # fmt: skip
+    assert got["tpr@fpr"] == {"0.01": 0.0, "0.5": 0.0}
+    assert got["threshold@fpr"] == {"0.01": 0.0, "0.5": 0.0}
+    assert sum(got["histogram"]["positive"]) == 2 and sum(got["histogram"]["negative"]) == 4
+    assert max(got["histogram"]["negative"]) == 4
+
+
+@pytest.mark.parametrize("junk", ["-1", -1, ["-1"]])
+def test_junk_labels_are_read_as_rankwise_rank_reads_them(junk):
+    """``junk_labels="-1"`` was split into the labels '-' and '1' (label 1 dropped as
+    junk); ``-1`` raised TypeError."""
+    q = pd.DataFrame({"id": ["q0", "q1"], "label": ["1", "2"], "camera": ["a", "a"]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(5)], "label": ["1", "1", "2", "-1", "3"],
+                      "camera": ["b"] * 5})  # fmt: skip
+    rng = np.random.default_rng(0)
+    qe, ge = rng.normal(size=(2, 4)).astype(np.float32), rng.normal(size=(5, 4)).astype(np.float32)
+    want = tpr_at_fpr(q, g, qe, ge, protocol="reid", distance="euclidean", junk_labels=("-1",))
+    got = tpr_at_fpr(q, g, qe, ge, protocol="reid", distance="euclidean", junk_labels=junk)
+    assert got == want
+    assert (got["num_positive_pairs"], got["num_negative_pairs"]) == (3, 5)

@@ -72,7 +72,15 @@ def check_fprs(fprs: Iterable[float] | str, label: str = "fprs") -> tuple[float,
         raise bad from None
     if not out or any(not (0.0 < x < 1.0) for x in out):
         raise bad
-    return tuple(sorted(set(out)))
+    levels = tuple(sorted(set(out)))
+    keys = [f"{x:g}" for x in levels]  # the reports' keys
+    for a, b, key in zip(levels, levels[1:], keys[1:], strict=False):
+        if f"{a:g}" == key:  # one would silently replace the other in the JSON
+            raise RankwiseError(
+                f"{label}: {a!r} and {b!r} are both reported as {key!r} (6 significant "
+                "digits); give levels that differ there"
+            )
+    return levels
 
 
 def tpr_at_fpr(
@@ -126,7 +134,11 @@ def tpr_at_fpr(
     workers = WORKERS.check(workers) or os.cpu_count() or 1
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
     problem = inputs.problem(
-        junk_labels=tuple(junk_labels), exclude_same_camera=exclude_same_camera
+        # one label or "-1,0" as rankwise.rank reads them (tuple("-1") is ('-', '1'))
+        junk_labels=JUNK_LABELS.check(
+            [junk_labels] if isinstance(junk_labels, (int, np.integer)) else junk_labels
+        ),
+        exclude_same_camera=exclude_same_camera,
     )
     pairs = _Pairs(inputs, problem, distance == "cosine", query_block, gallery_chunk)
     fine, n_neg, positives = pairs.first_pass()
@@ -176,6 +188,18 @@ def tpr_at_fpr(
     }
 
 
+def _float_order(x: float) -> int:
+    """An integer of each float64 in the floats' order (-0.0 and 0.0 both 0)."""
+    i = int(np.array([x], dtype=np.float64).view(np.int64)[0])
+    return i if i >= 0 else -(i & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _order_float(i: int) -> np.float64:
+    """The float64 of :func:`_float_order`'s integer ``i``."""
+    bits = i if i >= 0 else (-i) - (1 << 63)  # sign bit set: magnitude - 2^63 as int64
+    return np.array([bits], dtype=np.int64).view(np.float64)[0]
+
+
 def _histogram(keys: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Counts of ``keys`` in ``[edges[b], edges[b+1])`` (the last bin closed)."""
     b = np.searchsorted(edges, keys, side="right") - 1
@@ -212,7 +236,8 @@ class _Pairs:
             self.lo, self.hi = -1.0 - self.eps, 1.0 + self.eps
         else:
             self.eps = factor * (qmax + gmax) ** 2
-            self.lo, self.hi = 0.0, (qmax + gmax) ** 2 + self.eps
+            # every row zero: every key is exactly 0 (a range of 1 keeps the bins apart)
+            self.lo, self.hi = 0.0, ((qmax + gmax) ** 2 + self.eps) or 1.0
         self.width = (self.hi - self.lo) / FINE_BINS
 
     def _chunk(self, c0: int):
@@ -278,7 +303,27 @@ class _Pairs:
         d = np.linspace(self.to_distance(lo), self.to_distance(hi), bins + 1)
         keys = d - 1.0 if self.cosine else d * d
         keys[0], keys[-1] = lo, hi  # exactly the range, whatever the round trip
+        for b in range(1, bins):
+            keys[b] = self._least_key(keys[b], lo)
         return keys
+
+    def _least_key(self, key: float, floor: float) -> float:
+        """The smallest key (above ``floor``) whose distance is that of ``key``: the key
+        of a distance edge, so that a pair's key lies at or above it exactly when its
+        distance lies at or above the edge the report prints (``d * d`` can round above
+        the key of a pair at distance d: a pair on an edge fell into the bin below).
+        Bisection on the floats' order; the distance is monotone in the key."""
+        target = float(self.to_distance(key))
+        lo, hi = _float_order(floor), _float_order(key)
+        if float(self.to_distance(_order_float(lo))) >= target:
+            return float(_order_float(lo))
+        while hi - lo > 1:  # distance(lo) < target <= distance(hi)
+            mid = (lo + hi) // 2
+            if float(self.to_distance(_order_float(mid))) >= target:
+                hi = mid
+            else:
+                lo = mid
+        return float(_order_float(hi))
 
     def to_distance(self, key):
         """Distance d of canonical key(s): cosine ``1 + key``, euclidean ``sqrt(key)``."""
