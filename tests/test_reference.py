@@ -329,6 +329,13 @@ def test_cli_evaluate_matches_reference(
     assert proc.returncode == 0, proc.stderr
     ref = evaluate_reference(*case.args(), **case.kwargs(ap=ap))
     got = read_json(tmp_path / "r.json")
+    # options other than the defaults are named (api.variant_keys), the defaults not
+    assert got.pop("ap", "standard") == ap
+    options = got.pop("protocol_options", None)
+    if "gap_frames" in opts and opts["gap_frames"] != 1:
+        assert options == {"gap_frames": opts["gap_frames"], "query_stride": 1}
+    else:
+        assert options is None
     _assert_matches_reference(got, ref.to_json())
     assert "[evaluation]" in proc.stdout and "[metrics]" in proc.stdout
     assert proc.stdout.index("[evaluation]") < proc.stdout.index("[metrics]")
