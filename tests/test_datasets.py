@@ -203,6 +203,24 @@ def test_msmt17_missing_image_names_list_line(tmp_path: Path):
         prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
 
 
+def test_msmt17_list_files_in_utf8_with_bom_or_another_encoding(tmp_path: Path):
+    """A Latin-1 byte gave a UnicodeDecodeError traceback (audit 2026-12-02); a byte-order
+    mark (Windows editors) is read past."""
+    root = tmp_path / "MSMT17_V1"
+    _msmt17(root)
+    listing = root / "list_gallery.txt"
+    listing.write_bytes(b"\xef\xbb\xbf" + listing.read_bytes())
+    summary = prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "bom")
+    assert summary["gallery"] == 4
+    listing.write_bytes(listing.read_bytes().replace(b"morning_0033", b"matin\xe9_0033"))
+    with pytest.raises(
+        RankwiseError,
+        match=r"list_gallery\.txt: not a readable MSMT17 list file: line 1 is not UTF-8 text "
+        r"\(byte 0xe9: .*\); save it as UTF-8$",
+    ):
+        prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
+
+
 def test_msmt17_bad_line(tmp_path: Path):
     root = tmp_path / "MSMT17_V1"
     _msmt17(root)

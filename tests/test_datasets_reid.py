@@ -112,6 +112,17 @@ def test_veri776_bad_list_line(veri: Path, tmp_path: Path, line: str, message: s
     assert not (tmp_path / "out" / "query.csv").exists()
 
 
+def test_veri776_list_in_another_encoding_is_one_line(veri: Path, tmp_path: Path):
+    """A UnicodeDecodeError traceback before (audit 2026-12-02)."""
+    (veri / "name_query.txt").write_bytes(b"\xff" + (veri / "name_query.txt").read_bytes())
+    with pytest.raises(
+        RankwiseError,
+        match=r"name_query\.txt: not a readable VeRi-776 list file: line 1 is not UTF-8 text "
+        r"\(byte 0xff: .*\); save it as UTF-8$",
+    ):
+        prepare_dataset("veri776", {"root": str(veri)}, tmp_path / "out")
+
+
 def test_veri776_missing_list(veri: Path, tmp_path: Path):
     (veri / "name_query.txt").unlink()
     with pytest.raises(

@@ -240,7 +240,12 @@ GT = r"MOT17-02-DPM/gt/gt\.txt: line 9: "
         ),
         ("x,1,2,3,10,12,1,1,1", GT + r"frame must be an integer, found 'x'"),
         ("2,4.2,2,3,10,12,1,1,1", GT + r"id must be an integer, found '4\.2'"),
-        ("2,4,2,3,ten,12,1,1,1", GT + r"box must be a number, found 'ten'"),
+        ("2,4,2,3,ten,12,1,1,1", GT + r"box must be a finite number, found 'ten'"),
+        # nan/inf: a traceback from round() before (audit 2026-12-02)
+        ("2,4,2,3,nan,12,1,1,1", GT + r"box must be a finite number, found 'nan'"),
+        ("2,4,2,3,10,inf,1,1,1", GT + r"box must be a finite number, found 'inf'"),
+        # a nan conf passed the conf > 0 filter silently
+        ("2,4,2,3,10,12,nan,1,1", GT + r"conf must be a finite number, found 'nan'"),
         (
             "2,4,50,5,5,5,1,1,1",
             GT + r"box \(left 50, top 5, width 5, height 5\) has no pixel "
@@ -280,6 +285,31 @@ def test_mot_visibility_needs_its_column(mot: Path, tmp_path: Path):
         r"options\.min_visibility\)",
     ):
         _prepare(mot, tmp_path / "out", min_visibility=0.3)
+
+
+def test_mot_nan_visibility_is_refused_not_cropped(mot: Path, tmp_path: Path):
+    """nan < min_visibility is False: a nan visibility passed the filter and was cropped."""
+    _append_gt(mot, "2,4,5,5,5,5,1,1,nan")
+    with pytest.raises(RankwiseError, match=GT + r"visibility must be a finite number"):
+        _prepare(mot, tmp_path / "out", min_visibility=0.3)
+    assert _empty(tmp_path / "out")
+
+
+def test_mot_files_that_are_not_utf8_are_one_line(mot: Path, tmp_path: Path):
+    """gt.txt and seqinfo.ini in another encoding: UnicodeDecodeError tracebacks before."""
+    for detector in ("DPM", "FRCNN", "SDP"):  # the variants share one ground truth
+        gt = mot / "train" / f"MOT17-02-{detector}" / "gt" / "gt.txt"
+        gt.write_bytes(gt.read_bytes() + b"# caf\xe9\n")
+    with pytest.raises(
+        RankwiseError,
+        match=r"MOT17-02-DPM/gt/gt\.txt: not a readable MOT ground truth: line 9 is not UTF-8 "
+        r"text \(byte 0xe9: .*\); save it as UTF-8$",
+    ):
+        _prepare(mot, tmp_path / "out")
+    ini = mot / "train" / "MOT17-04-FRCNN" / "seqinfo.ini"
+    ini.write_bytes(ini.read_bytes().replace(b"[Sequence]", b"[Sequence]\n; \xff"))
+    with pytest.raises(RankwiseError, match=r"seqinfo\.ini: not a readable seqinfo\.ini: line 2"):
+        _prepare(mot, tmp_path / "out")
 
 
 def test_mot_tree_errors(mot: Path, tmp_path: Path):

@@ -59,6 +59,7 @@ import pandas as pd
 
 from .demo import OPTIONS as DEMO_OPTIONS
 from .errors import RankwiseError
+from .manifest import read_utf8_text
 from .options import Option, OptionSet
 from .registry import PROTOCOLS
 from .store import atomic_directory, write_text_atomic
@@ -294,7 +295,8 @@ def _load_msmt17(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
                 "the folder holding list_query.txt and list_gallery.txt"
             )
         rows = []
-        for number, line in enumerate(listing.read_text().splitlines(), start=1):
+        text = read_utf8_text(listing, "MSMT17 list file")
+        for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             fields = line.split()

@@ -54,6 +54,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import RankwiseError
+from .manifest import read_utf8_text
 from .options import Option, OptionSet
 
 # ---------------------------------------------------------------- option checks
@@ -246,7 +247,8 @@ def _veri_listed(root: Path, listing_name: str, folder_name: str) -> pd.DataFram
         )
     rows: list[dict[str, Any]] = []
     seen: dict[str, int] = {}  # name -> line
-    for number, line in enumerate(listing.read_text().splitlines(), start=1):
+    text = read_utf8_text(listing, "VeRi-776 list file")
+    for number, line in enumerate(text.splitlines(), start=1):
         name = line.strip()
         if not name:
             continue

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RankwiseError, first_line
-from .manifest import first_non_utf8_line, read_csv_strings
+from .manifest import read_csv_strings, read_utf8_text
 
 #: on_missing values: refuse ids missing on either side, or keep the ids both sides have.
 ON_MISSING = ("error", "drop")
@@ -127,15 +127,7 @@ def read_ids(path: str | Path, *, column: str = "id") -> np.ndarray:
         values = table[column].str.strip().to_numpy(dtype=object)
         first_row = 2  # line of the first id (after the header)
     else:
-        try:
-            lines = path.read_text(encoding="utf-8-sig").splitlines()
-        except UnicodeDecodeError:
-            line, byte = first_non_utf8_line(path) or (0, 0)
-            raise RankwiseError(
-                f"{path}: not a readable text file of ids: line {line} is not UTF-8 text (byte "
-                f"0x{byte:02x}: saved in another encoding, e.g. Latin-1 or Windows-1252, or not "
-                "a text file); save it as UTF-8"
-            ) from None
+        lines = read_utf8_text(path, "text file of ids").splitlines()
         while lines and not lines[-1].strip():  # trailing blank lines
             lines.pop()
         values = np.array([line.strip() for line in lines], dtype=object)

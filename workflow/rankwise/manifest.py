@@ -48,6 +48,7 @@ __all__ = [
     "first_non_utf8_line",
     "read_csv_strings",
     "read_manifest",
+    "read_utf8_text",
     "required_columns",
     "row_line",
 ]
@@ -211,19 +212,33 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
         _refuse_long_rows(path, noun, fix)  # e.g. "Expected 3 fields in line 5, saw 4"
         error = exc
     except UnicodeDecodeError as exc:
-        line = first_non_utf8_line(path)
-        if line is not None:
-            raise RankwiseError(
-                f"{path}: not a readable {noun}: line {line[0]} is not UTF-8 text (byte "
-                f"0x{line[1]:02x}: saved in another encoding, e.g. Latin-1 or Windows-1252, or "
-                "not a text file); save it as UTF-8"
-            ) from None
+        if first_non_utf8_line(path) is not None:
+            raise not_utf8(path, noun) from None
         error = exc
     except (pd.errors.EmptyDataError, csv.Error) as exc:
         error = exc
     raise RankwiseError(
         f"{path}: not a readable {noun} ({first_line(error)})" + (f"; {fix}" if fix else "")
     ) from None
+
+
+def not_utf8(path: Path, noun: str) -> RankwiseError:
+    """The one-line error for a text file ``path`` (a ``noun``) that is not UTF-8."""
+    line, byte = first_non_utf8_line(path) or (0, 0)
+    return RankwiseError(
+        f"{path}: not a readable {noun}: line {line} is not UTF-8 text (byte 0x{byte:02x}: "
+        "saved in another encoding, e.g. Latin-1 or Windows-1252, or not a text file); "
+        "save it as UTF-8"
+    )
+
+
+def read_utf8_text(path: Path, noun: str) -> str:
+    """The text of ``path`` (UTF-8; a leading byte-order mark dropped), or
+    :func:`not_utf8`'s one line naming the first line that is not."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise not_utf8(Path(path), noun) from None
 
 
 def first_non_utf8_line(path: Path) -> tuple[int, int] | None:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import configparser
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import RankwiseError, first_line
+from .manifest import read_utf8_text
 from .options import Option, OptionSet
 
 FRAME_RANGES = ("all", "first-half", "second-half")
@@ -208,7 +210,7 @@ def read_seqinfo(folder: Path) -> Sequence:
         )
     parser = configparser.ConfigParser()
     try:
-        parser.read(path)
+        parser.read_string(read_utf8_text(path, "seqinfo.ini"), source=str(path))
     except configparser.Error as exc:
         raise RankwiseError(
             f"{path}: not a valid ini file ({first_line(exc)}); expected {_SEQINFO_EXAMPLE}"
@@ -305,12 +307,16 @@ def _number(text: str, where: str, what: str, integer: bool) -> float:
             f"lines such as {_GT_EXAMPLE}"
         )
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
+        value = math.nan
+    # nan/inf too: a nan visibility or conf passes every "<" filter, a nan box crashes
+    if not math.isfinite(value):
         raise RankwiseError(
-            f"{where}: {what} must be a number, found {text!r}; expected lines "
+            f"{where}: {what} must be a finite number, found {text!r}; expected lines "
             f"such as {_GT_EXAMPLE}"
-        ) from None
+        )
+    return value
 
 
 def read_boxes(sequence: Sequence, opts: dict[str, Any]) -> list[Box]:
@@ -321,7 +327,7 @@ def read_boxes(sequence: Sequence, opts: dict[str, Any]) -> list[Box]:
     boxes: list[Box] = []
     seen: dict[tuple[int, int], int] = {}  # (frame, track) -> line
     frames_found: dict[int, bool] = {}
-    for number, line in enumerate(gt.read_text().splitlines(), start=1):
+    for number, line in enumerate(read_utf8_text(gt, "MOT ground truth").splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{gt}: line {number}"
