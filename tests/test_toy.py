@@ -477,3 +477,15 @@ def test_api_unknown_protocol_raises_listing_valid_ones():
         rankwise.evaluate(q, g, e, e, protocol="bogus")
     for name in ("recall", "reid", "reassociation", "progressive"):
         assert name in str(info.value)
+
+
+def test_progressive_one_item_gallery_counts_m_at_a_as_one():
+    """m@A = (N - r)/(N - 1) is 0/0 with one gallery item; the README's convention: 1
+    (the target can only be first), so m@A = m@B = 100."""
+    q = pd.DataFrame(
+        {"id": ["s0", "s1"], "label": ["t", "t"], "sketch": ["a", "a"], "step": [1, 2]}
+    )
+    g = pd.DataFrame({"id": ["g0"], "label": ["t"]})
+    emb = np.array([[1.0, 0.0], [0.6, 0.8]], np.float32)
+    got = rankwise.evaluate(q, g, emb, emb[:1] * 2, protocol="progressive", distance="cosine")
+    assert got.metrics["m@A"] == 100.0 and got.metrics["m@B"] == 100.0
