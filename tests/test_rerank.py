@@ -263,6 +263,16 @@ def mirror_pairs(seed: int):
     return q, g, qe, np.concatenate([half, mirror])
 
 
+def _shuffled_metrics(q, g, qe, ge, seed, **kwargs):
+    """The metrics of the same inputs with query and gallery rows shuffled by ``seed``."""
+    rng = np.random.default_rng(seed)
+    qp, gp = rng.permutation(len(q)), rng.permutation(len(g))
+    return rankwise.evaluate(
+        q.iloc[qp].reset_index(drop=True), g.iloc[gp].reset_index(drop=True),
+        qe[qp], ge[gp], **kwargs,
+    ).metrics  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "options",
     [
@@ -283,13 +293,7 @@ def test_exactly_tied_neighbours_never_follow_the_row_order(options):
     kwargs = {"protocol": "recall", "distance": "euclidean", "ks": (1, 5), **options}
     base = rankwise.evaluate(q, g, qe, ge, **kwargs).metrics
     for seed in range(4):
-        rng = np.random.default_rng(seed)
-        qp, gp = rng.permutation(len(q)), rng.permutation(len(g))
-        moved = rankwise.evaluate(
-            q.iloc[qp].reset_index(drop=True), g.iloc[gp].reset_index(drop=True),
-            qe[qp], ge[gp], **kwargs,
-        ).metrics  # fmt: skip
-        assert moved == base, seed
+        assert _shuffled_metrics(q, g, qe, ge, seed, **kwargs) == base, seed
 
 
 @pytest.mark.parametrize("rerank", ["5,5,0", "6,3,0", "20,6,0,fastreid"])
@@ -302,13 +306,7 @@ def test_lambda_zero_never_follows_the_row_order(rerank):
     for seed in range(12):
         q, g, qe, ge = few_persons(seed, 8, 24)
         base = rankwise.evaluate(q, g, qe, ge, **kwargs).metrics
-        rng = np.random.default_rng(100 + seed)
-        qp, gp = rng.permutation(len(q)), rng.permutation(len(g))
-        moved = rankwise.evaluate(
-            q.iloc[qp].reset_index(drop=True), g.iloc[gp].reset_index(drop=True),
-            qe[qp], ge[gp], **kwargs,
-        ).metrics  # fmt: skip
-        assert moved == base, seed
+        assert _shuffled_metrics(q, g, qe, ge, 100 + seed, **kwargs) == base, seed
 
 
 # ------------------------------------------------------------------ bad input

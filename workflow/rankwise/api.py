@@ -24,6 +24,7 @@ from .options import (
     SHOT_REPEATS,
     SHOT_SEED,
     SINGLE_GALLERY_SHOT,
+    check_junk_labels,
     default_options,
 )
 from .registry import get_protocol
@@ -180,10 +181,7 @@ def rank(
     problem = inputs.problem(
         gap_frames=gap_frames,
         query_stride=query_stride,
-        # "-1,0" as the CLI reads it (tuple("-1") would be ('-', '1')); one label alone too
-        junk_labels=JUNK_LABELS.check(
-            [junk_labels] if isinstance(junk_labels, (int, np.integer)) else junk_labels
-        ),
+        junk_labels=check_junk_labels(junk_labels),
         exclude_same_camera=exclude_same_camera,
         single_gallery_shot=single_gallery_shot,
         shot_repeats=shot_repeats,

@@ -212,8 +212,9 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
         _refuse_long_rows(path, noun, fix)  # e.g. "Expected 3 fields in line 5, saw 4"
         error = exc
     except UnicodeDecodeError as exc:
-        if first_non_utf8_line(path) is not None:
-            raise not_utf8(path, noun) from None
+        line = first_non_utf8_line(path)
+        if line is not None:
+            raise not_utf8(path, noun, line) from None
         error = exc
     except (pd.errors.EmptyDataError, csv.Error) as exc:
         error = exc
@@ -222,9 +223,10 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
     ) from None
 
 
-def not_utf8(path: Path, noun: str) -> RankwiseError:
-    """The one-line error for a text file ``path`` (a ``noun``) that is not UTF-8."""
-    line, byte = first_non_utf8_line(path) or (0, 0)
+def not_utf8(path: Path, noun: str, where: tuple[int, int] | None = None) -> RankwiseError:
+    """The one-line error for a text file ``path`` (a ``noun``) that is not UTF-8, at
+    ``where`` (:func:`first_non_utf8_line`, found again when not given)."""
+    line, byte = where or first_non_utf8_line(path) or (0, 0)
     return RankwiseError(
         f"{path}: not a readable {noun}: line {line} is not UTF-8 text (byte 0x{byte:02x}: "
         "saved in another encoding, e.g. Latin-1 or Windows-1252, or not a text file); "

@@ -527,6 +527,14 @@ QUERY_STRIDE = Option(
 JUNK_LABELS = Option(
     "junk_labels", "labels", ("-1",), help="reid, gallery labels removed before ranking"
 )
+
+
+def check_junk_labels(value: Any) -> tuple[str, ...]:
+    """:data:`JUNK_LABELS` checked as the Python API takes it: a sequence, ``"-1,0"`` as
+    the CLI reads it (``tuple("-1")`` would be ``('-', '1')``), or one integer label."""
+    return JUNK_LABELS.check([value] if isinstance(value, numbers.Integral) else value)
+
+
 EXCLUDE_SAME_CAMERA = Option(
     "exclude_same_camera",
     "boolean",

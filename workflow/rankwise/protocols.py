@@ -190,7 +190,7 @@ def id_keys(ids) -> np.ndarray:
     rank[np.asarray(sorted(range(len(text)), key=text.__getitem__), dtype=np.int64)] = np.arange(
         len(text)
     )
-    return rank[codes].astype(np.int64)
+    return rank[codes]
 
 
 def _codes(query: pd.Series, gallery: pd.Series) -> tuple[np.ndarray, np.ndarray]:

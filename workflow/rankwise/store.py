@@ -30,10 +30,10 @@ Optional arrays (protocol variants; :data:`OPTIONAL_ARRAYS`), written when prese
     top_items        int64 (n_eval, 20)  re-ranked or query-expanded: each query's nearest
                                          valid gallery rows by the distance that ranked,
                                          -1-padded (the report's worst queries show them)
-    unit_key     int64 (n_eval,)      the query's place in the string order of the query
-                                      manifest's ids: the order in which the statistics
-                                      number units (rankwise.metrics.unit_keys); stores
-                                      written before it have none (units in store order)
+    unit_key         int64 (n_eval,)     the query's place in the string order of the
+                                         query manifest's ids: the order in which the
+                                         statistics number units (rankwise.metrics.
+                                         unit_keys); older stores have none (store order)
 """
 
 from __future__ import annotations

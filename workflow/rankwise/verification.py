@@ -39,6 +39,7 @@ Memory: the fine histogram, the positives' keys and the bracketed keys -- never 
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Iterable
@@ -48,7 +49,13 @@ import numpy as np
 
 from .errors import RankwiseError
 from .kernels import _canonical_key, njit
-from .options import JUNK_LABELS, VERIFICATION_BINS, VERIFICATION_FPRS, check_all_pairs
+from .options import (
+    JUNK_LABELS,
+    VERIFICATION_BINS,
+    VERIFICATION_FPRS,
+    check_all_pairs,
+    check_junk_labels,
+)
 
 #: The FPR levels fast-reid reports (the ``verification`` option's default).
 FPRS = VERIFICATION_FPRS.default
@@ -73,8 +80,8 @@ def check_fprs(fprs: Iterable[float] | str, label: str = "fprs") -> tuple[float,
     if not out or any(not (0.0 < x < 1.0) for x in out):
         raise bad
     levels = tuple(sorted(set(out)))
-    keys = [f"{x:g}" for x in levels]  # the reports' keys
-    for a, b, key in zip(levels, levels[1:], keys[1:], strict=False):
+    for a, b in itertools.pairwise(levels):
+        key = f"{b:g}"  # the reports' key
         if f"{a:g}" == key:  # one would silently replace the other in the JSON
             raise RankwiseError(
                 f"{label}: {a!r} and {b!r} are both reported as {key!r} (6 significant "
@@ -134,10 +141,7 @@ def tpr_at_fpr(
     workers = WORKERS.check(workers) or os.cpu_count() or 1
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
     problem = inputs.problem(
-        # one label or "-1,0" as rankwise.rank reads them (tuple("-1") is ('-', '1'))
-        junk_labels=JUNK_LABELS.check(
-            [junk_labels] if isinstance(junk_labels, (int, np.integer)) else junk_labels
-        ),
+        junk_labels=check_junk_labels(junk_labels),  # as rankwise.rank reads them
         exclude_same_camera=exclude_same_camera,
     )
     pairs = _Pairs(inputs, problem, distance == "cosine", query_block, gallery_chunk)

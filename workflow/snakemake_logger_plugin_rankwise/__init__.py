@@ -65,25 +65,31 @@ def command_line_configfiles(argv: list[str]) -> list[str]:
     return [str(f) for f in args.configfile or []]
 
 
-def syntax_error(paths: list[str]) -> str | None:
-    """rankwise's one-line message for the first file Snakemake cannot parse, else None."""
+def _parse(path: str):
+    """``path`` parsed as Snakemake parses a config file (snakemake/common/configfile.py:
+    JSON, else YAML through ``yte``); its errors propagate."""
     import json
 
-    import yaml
     import yte
+
+    with open(path, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except ValueError:
+            f.seek(0)
+        return yte.process_yaml(f, require_use_yte=True)
+
+
+def syntax_error(paths: list[str]) -> str | None:
+    """rankwise's one-line message for the first file Snakemake cannot parse, else None."""
+    import yaml
 
     from rankwise.errors import RankwiseError
     from rankwise.pipeline_config import load_yaml
 
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                try:
-                    json.load(f)
-                    continue
-                except ValueError:
-                    f.seek(0)
-                yte.process_yaml(f, require_use_yte=True)
+            _parse(path)
         except yaml.YAMLError:
             try:
                 load_yaml(path)
@@ -98,18 +104,9 @@ def syntax_error(paths: list[str]) -> str | None:
 def not_a_mapping(paths: list[str]) -> str | None:
     """rankwise's one-line message for the first of ``paths`` that parses (as Snakemake
     parses it) to something other than a mapping of keys, else None."""
-    import json
-
-    import yte
-
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                try:
-                    config = json.load(f)
-                except ValueError:
-                    f.seek(0)
-                    config = yte.process_yaml(f, require_use_yte=True)
+            config = _parse(path)
         except Exception:
             continue  # not ours to explain (unparsable or missing: the other messages)
         if not isinstance(config, dict):
@@ -182,6 +179,10 @@ class _JobNames(logging.Filter):
         return True
 
 
+#: Snakemake's config-file messages -> the check that names the file
+_CHECKS = {UNPARSABLE: syntax_error, NOT_A_MAPPING: not_a_mapping}
+
+
 class LogHandler(LogHandlerBase):
     """Adds one line naming the file after Snakemake's "not valid JSON or YAML" and "keys
     at top level" errors, and turns the
@@ -200,8 +201,8 @@ class LogHandler(LogHandlerBase):
         if record.levelno < logging.ERROR:
             return
         text = str(record.msg)
-        check = syntax_error if UNPARSABLE in text else not_a_mapping
-        if UNPARSABLE not in text and NOT_A_MAPPING not in text:
+        check = next((check for key, check in _CHECKS.items() if key in text), None)
+        if check is None:
             return
         try:
             line = check(command_line_configfiles(sys.argv[1:]))

@@ -54,24 +54,29 @@ _TAKEN_BY_PROTOCOL = {
 }
 
 
+def _typed_non_default(ctx: click.Context, name: str) -> bool:
+    """Whether option ``name`` was typed on the command line with a value other than its
+    default (a default typed out, as the pipeline passes every option, is not)."""
+    from click.core import ParameterSource
+
+    if ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
+        return False
+    param = next(p for p in ctx.command.params if p.name == name)
+    return ctx.params[name] != param.process_value(ctx, param.get_default(ctx))
+
+
 def _refuse_ignored_options(kw: dict, given_protocol: bool) -> None:
     """An option the protocol does not take, typed on the command line with a value other
     than its default, is an error: it would be ignored without a word (``--junk-labels
     b`` under ``recall`` kept label b).  Defaults passed explicitly (as the pipeline does
     for every dataset) are fine."""
-    from click.core import ParameterSource
-
     from ..errors import RankwiseError
     from ..registry import REGISTRY, get_protocol
 
     ctx = click.get_current_context()
-    params = {p.name: p for p in ctx.command.params}
     taken = get_protocol(kw["protocol"]).options
     for name, flag in _TAKEN_BY_PROTOCOL.items():
-        if ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
-            continue
-        param = params[name]
-        if kw[name] == param.process_value(ctx, param.get_default(ctx)):
+        if not _typed_non_default(ctx, name):
             continue
         if name in taken and name.startswith("shot_") and not kw["single_gallery_shot"]:
             raise RankwiseError(
@@ -280,17 +285,13 @@ def _provenance(path: str) -> dict:
 def _refuse_statistics_without_output() -> None:
     """`rankwise metrics` computes statistics only for --stats-output: a statistics option
     typed with another value than its default would be ignored without a word."""
-    from click.core import ParameterSource
-
     from ..errors import RankwiseError
 
     ctx = click.get_current_context()
     for param in ctx.command.params:
-        if param.name not in ("cmc_max_rank", "resamples", "seed", "by"):
-            continue
-        if ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
-            continue
-        if ctx.params[param.name] != param.process_value(ctx, param.get_default(ctx)):
+        if param.name in ("cmc_max_rank", "resamples", "seed", "by") and _typed_non_default(
+            ctx, param.name
+        ):
             flag = param.opts[0]
             raise RankwiseError(
                 f"{flag} sets the statistics of --stats-output, which is not given: it would "
