@@ -357,6 +357,27 @@ def test_not_combined_with_multi_query_or_single_gallery_shot(options, message):
 
 
 @pytest.mark.parametrize(
+    "flags,message",
+    [
+        (
+            ("--rerank", "5,2,0.3", "--multi-query", "mean"),
+            "--rerank cannot be combined with --multi-query",
+        ),
+        (
+            ("--aqe", "3,3", "--single-gallery-shot"),
+            "--aqe cannot be combined with --single-gallery-shot",
+        ),
+    ],
+)
+def test_cli_refusal_of_the_combination_names_flags(tmp_path, make_case, cli, flags, message):
+    inputs = make_case("reid").write(tmp_path)
+    proc = cli("rank", "--protocol", "reid", *flags, "--out", tmp_path / "r.zarr", options=inputs)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize(
     "protocol,value,message",
     [
         ("reid", "0,1,0.3", r"--rerank k1 must be a positive integer, got 0"),

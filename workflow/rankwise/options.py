@@ -684,14 +684,23 @@ def check_drop_junk(
 
 
 def check_rerank_alone(
-    rerank: Any, aqe: Any, multi_query: Any = "none", single_gallery_shot: Any = False
+    rerank: Any,
+    aqe: Any,
+    multi_query: Any = "none",
+    single_gallery_shot: Any = False,
+    flags: bool = False,
 ) -> None:
     """Re-ranking and query expansion are not combined with ``multi_query`` or
     ``single_gallery_shot`` (yet): the pooled queries were never tested through the
-    k-reciprocal sets, and the single-shot draws rank on the plain distance."""
-    used = [n for n, v in (("rerank", rerank), ("aqe", aqe)) if v is not None]
+    k-reciprocal sets, and the single-shot draws rank on the plain distance.  ``flags``:
+    the message names the CLI's flags (``--multi-query``) instead of the keys."""
+
+    def name(key: str) -> str:
+        return "--" + key.replace("_", "-") if flags else key
+
+    used = [name(n) for n, v in (("rerank", rerank), ("aqe", aqe)) if v is not None]
     variant = [
-        n
+        name(n)
         for n, on in (
             ("multi_query", multi_query not in (None, "none")),
             ("single_gallery_shot", single_gallery_shot is True),

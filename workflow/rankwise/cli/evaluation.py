@@ -106,11 +106,14 @@ def _rank(kw: dict, progress: bool):
     if not given_protocol:
         note = _reid_hint(kw["query"], kw["gallery"])
     from ..devices import tiles_for
-    from ..options import AQE, check_drop_junk, check_rerank
+    from ..options import AQE, check_drop_junk, check_rerank, check_rerank_alone
 
     # the messages name the flags
     check_rerank(kw["rerank"], kw["protocol"], "--rerank")
     check_rerank(kw["aqe"], kw["protocol"], "--aqe", AQE)
+    check_rerank_alone(
+        kw["rerank"], kw["aqe"], kw["multi_query"], kw["single_gallery_shot"], flags=True
+    )
     check_drop_junk(kw["drop_junk"], kw["protocol"], kw["rerank"], kw["aqe"], "--drop-junk")
     tiles_for(kw["device"], "--device")  # cuda without a usable GPU
     result = rank(
