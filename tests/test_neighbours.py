@@ -29,7 +29,8 @@ def test_top_items_match_brute_force_and_ranks():
         valid = ~((glab == qlab[q]) & (gcam == qcam[q]))
         rel = glab == qlab[q]
         idx = np.flatnonzero(valid)
-        order = idx[np.lexsort((idx, rel[idx], d[idx]))][:5]
+        ids = gallery["id"].to_numpy(str)  # ties: the smaller id ("g10" < "g2"), not the row
+        order = idx[np.lexsort((ids[idx], rel[idx], d[idx]))][:5]
         np.testing.assert_array_equal(top["gallery_index"], order)
         np.testing.assert_array_equal(top["relevant"], rel[order])
         np.testing.assert_allclose(top["distance_key"], d[order])
@@ -150,8 +151,11 @@ def test_tiled_top_items_equal_the_exact_scan_for_every_query(distance, block, c
     """The rank stage's tiled top items (BLAS screen + canonical keys) equal the exact
     per-query scan of :func:`nearest_items`, ties included (integer embeddings, copied
     gallery rows, fewer valid items than k for some queries), for any tiling."""
+    from dataclasses import replace
+
     from rankwise.inputs import open_inputs
     from rankwise.neighbours import nearest_items, tiled_top_items
+    from rankwise.protocols import id_keys
     from rankwise.ranking import prepare_chunk
 
     rng = np.random.default_rng(7)
@@ -163,11 +167,13 @@ def test_tiled_top_items_equal_the_exact_scan_for_every_query(distance, block, c
     qe[np.all(qe == 0, axis=1), 0] = 1.0
     q = pd.DataFrame({"id": [f"q{i}" for i in range(n_q)], "label": rng.integers(0, 4, n_q),
                       "camera": rng.integers(0, 2, n_q)})  # fmt: skip
-    g = pd.DataFrame({"id": [f"g{i}" for i in range(n_g)], "label": rng.integers(0, 4, n_g),
-                      "camera": rng.integers(0, 2, n_g)})  # fmt: skip
+    # ids not in row order, so that a tie broken by row would show
+    g = pd.DataFrame({"id": [f"g{i}" for i in rng.permutation(n_g)], "label":
+                      rng.integers(0, 4, n_g), "camera": rng.integers(0, 2, n_g)})  # fmt: skip
     g.loc[:5, "label"] = -1  # junk: fewer valid items
     inputs = open_inputs(q, g, qe, ge, protocol="reid")
-    problem = inputs.problem()
+    # ties by gallery id, as the rank stage lays them out (api.rank sets gkey for AQE)
+    problem = replace(inputs.problem(), gkey=id_keys(g["id"].to_numpy()))
     cosine = distance == "cosine"
     qrows, qsq = prepare_chunk(inputs.query_embeddings, 0, n_q, cosine)
     rows = np.flatnonzero(~problem.skip).astype(np.int64)
@@ -181,3 +187,43 @@ def test_tiled_top_items_equal_the_exact_scan_for_every_query(distance, block, c
         listed = entry["gallery_index"].tolist()
         assert got[t].tolist() == listed + [-1] * (k - len(listed))
     assert (got == -1).any() and (got >= 0).sum() > len(rows)
+
+
+def test_top_items_and_worst_queries_do_not_follow_row_order(tmp_path):
+    """Exact ties -- identical gallery vectors of one label, queries with equal AP -- go
+    to the smaller id, so the report's worst queries and their top items are the same
+    for the manifests' rows in any order (ids chosen so that string order is not row
+    order)."""
+    from rankwise.report.worst import worst_queries_of
+
+    rng = np.random.default_rng(3)
+    n_q, n_g = 6, 12
+    q = pd.DataFrame({"id": [f"q{i}" for i in (7, 10, 2, 30, 5, 1)], "label": list("aabbcc"),
+                      "camera": [0] * n_q})  # fmt: skip
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(3, 3 + n_g)], "label": list("abcxyz" * 2),
+                      "camera": [1] * n_g})  # fmt: skip
+    ge = rng.normal(size=(n_g, 4)).astype(np.float32)
+    ge[6:] = ge[:6]  # every gallery vector twice, with its label: exact ties
+    qe = np.repeat(ge[:3], 2, axis=0)  # two queries per label, identical: equal APs
+
+    def worst(perm_q, perm_g, folder):
+        folder.mkdir()
+        paths = []
+        for name, table, emb, perm in (("q", q, qe, perm_q), ("g", g, ge, perm_g)):
+            table.iloc[perm].to_csv(folder / f"{name}.csv", index=False)
+            np.save(folder / f"{name}.npy", emb[perm])
+            paths += [folder / f"{name}.csv", folder / f"{name}.npy"]
+        result = rankwise.rank(*paths[::2], *paths[1::2], protocol="reid", distance="euclidean")
+        attrs = dict(result.attrs, query_manifest=str(paths[0]), gallery_manifest=str(paths[2]),
+                     query_embeddings={"path": str(paths[1])},
+                     gallery_embeddings={"path": str(paths[3])})  # fmt: skip
+        found = worst_queries_of(result.arrays(), attrs, n=4, top_k=8)["queries"]
+        return [(x["id"], x["score"], [(t["id"], t["relevant"]) for t in x["top"]]) for x in found]
+
+    plain = worst(np.arange(n_q), np.arange(n_g), tmp_path / "a")
+    shuffled = worst(rng.permutation(n_q), rng.permutation(n_g), tmp_path / "b")
+    assert plain == shuffled
+    # every AP is 1: the four smallest ids in string order, not the first four rows
+    assert [x[0] for x in plain] == ["q1", "q10", "q2", "q30"]
+    # q1 (label c) meets its two identical gallery vectors at distance 0: by id
+    assert plain[0][2][:2] == [("g11", True), ("g5", True)]

@@ -2,10 +2,11 @@
 
 :func:`top_items` / :func:`nearest_items`: a chunked scan of the gallery for a few
 queries (canonical keys, the engine's tie rule: at equal distance a non-relevant item
-comes first), never the ``Q x G`` matrix.  :func:`tiled_top_items`: the same list for
-every evaluated query, from float32 BLAS tiles with canonical keys only where the error
-bound leaves the order open (the rank stage stores it for query-expanded embeddings,
-which the report could not reproduce from the stored ones).
+comes first, then the smaller gallery id), never the ``Q x G`` matrix.
+:func:`tiled_top_items`: the same list for every evaluated query, from float32 BLAS
+tiles with canonical keys only where the error bound leaves the order open (the rank
+stage stores it for query-expanded embeddings, which the report could not reproduce
+from the stored ones).
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ def nearest_items(
         else np.zeros((0, q_src.shape[1]), np.float32)
     )
     best: list[list[tuple]] = [[] for _ in rows]
+    # exact ties (identical vectors) go to the smaller gallery id, not the earlier row:
+    # the list does not depend on the manifest's row order
+    gallery_ids = inputs.gallery["id"].astype(str).to_numpy()
     for start in range(0, g_src.shape[0], chunk):
         stop = min(start + chunk, g_src.shape[0])
         grows = prepare_chunk(g_src, start, stop, cosine)[0]
@@ -127,12 +131,12 @@ def nearest_items(
             keys = kernels.pair_keys(
                 qrows, grows, np.full(len(idx), n, np.int64), idx.astype(np.int64), cosine
             )
-            best[n] += zip(keys, relevant[idx], idx + start, strict=True)
-            best[n] = sorted(best[n])[:k]  # (key, non-relevant first, row order)
+            best[n] += zip(keys, relevant[idx], gallery_ids[idx + start], idx + start, strict=True)
+            best[n] = sorted(best[n])[:k]  # (key, non-relevant first, id)
     return [
         {
             "query_index": r,
-            "gallery_index": np.array([b[2] for b in items], np.int64),
+            "gallery_index": np.array([b[3] for b in items], np.int64),
             "distance_key": np.array([b[0] for b in items], np.float64),
             "relevant": np.array([b[1] for b in items], bool),
         }
@@ -149,7 +153,8 @@ def tiled_top_items(
     k: int, block: int, chunk: int,
 ) -> np.ndarray:  # fmt: skip
     """The ``k`` nearest valid gallery items of each query row in ``rows`` by (canonical
-    key, relevant after non-relevant, index), ``(len(rows), k)`` int64, ``-1``-padded.
+    key, relevant after non-relevant, id: ``problem.gkey``, else index), ``(len(rows),
+    k)`` int64, ``-1``-padded.
 
     Pass 1 keeps per row the k smallest upper bounds ``k~ + eps`` over its valid items
     (the k-th of them is at or above the k-th canonical key); pass 2 computes the
@@ -200,6 +205,8 @@ def tiled_top_items(
     for t, parts in enumerate(found):
         if parts:
             key, rel, col = np.concatenate(parts, axis=1)
-            order = np.lexsort((col, rel, key))[:k]
+            col = col.astype(np.int64)
+            tie = col if problem.gkey is None else problem.gkey[col]
+            order = np.lexsort((tie, rel, key))[:k]
             out[t, : len(order)] = col[order].astype(np.int64)
     return out

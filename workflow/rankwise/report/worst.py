@@ -52,7 +52,8 @@ def worst_queries_of(
     """The ``n`` evaluated queries with the lowest score, and their top-``top_k`` items.
 
     The score is AP (``ap`` variant) per query; for ``progressive``, m@B per sketch, the
-    sketch being shown by its complete rendering.  Ties go to the lower manifest row.
+    sketch being shown by its complete rendering.  Ties go to the smaller query id (the
+    store's ``unit_key``; the lower manifest row in a store written without it).
     The top items need the manifests and embedding stores the ranks store names
     (``query_manifest``..., ``query_embeddings.path``...); without them ``top`` is
     ``None`` and ids are manifest rows.
@@ -69,10 +70,11 @@ def worst_queries_of(
 
     protocol = attrs["protocol"]
     table = per_unit(arrays, attrs, [_WORST_METRIC[get_protocol(protocol).unit]], ap=ap)
+    table = table.in_key_order(arrays)  # ties: the smaller id, whatever the row order
     name = _WORST_SCORE[table.unit]
     rows, score, rank = table.last_rows, table.values[:, 0], table.rank
     relevant = table.num_relevant
-    pick = np.lexsort((rows, score))[:n]
+    pick = np.argsort(score, kind="stable")[:n]
     q_path, g_path = attrs.get("query_manifest"), attrs.get("gallery_manifest")
     provenance = [attrs.get(f"{side}_embeddings") or {} for side in ("query", "gallery")]
     embeddings = [p.get("path") for p in provenance]
