@@ -11,12 +11,11 @@
 #   report   -> results/report.{html,md,json,csv,tex}, results/figures/
 
 import os
-import sys
 
 from snakemake.utils import min_version
 
 from rankwise.errors import RankwiseError
-from rankwise.pipeline_config import load_yaml
+from rankwise.pipeline_config import load_yaml, refuse
 
 min_version("9.0")
 
@@ -25,7 +24,7 @@ try:
     if os.path.isfile("config/config.yaml"):
         load_yaml("config/config.yaml")
 except RankwiseError as _error:
-    sys.exit(f"error: {_error}")
+    refuse(_error)
 
 
 configfile: "config/config.yaml"

@@ -42,7 +42,7 @@ try:
     validate(config, schema="../config/schema.yaml")
     ENCODERS, SWEEPS = pipeline_config.resolve(config, CONFIG_FILES)
 except RankwiseError as _error:
-    sys.exit(f"error: {_error}")
+    pipeline_config.refuse(_error)
 
 DATASETS = config["datasets"]
 ENGINE = config["engine"]

@@ -121,6 +121,29 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path, text, where):
 # ---------------------------------------------------------------- schema messages
 
 
+def test_yaml_1_1_exponent_floats_are_numbers():
+    """Snakemake's YAML 1.1 parser reads `1e-4` (no dot) as a string; where the schema
+    wants a number it is that number (the README's verification example); a string that
+    is no float, or one where a string is wanted, stays an error / text."""
+    text = (
+        "datasets:\n  market:\n    loader: demo-market\n    protocol: reid\n"
+        "    verification: {fprs: [1e-4, 1.0e-3, 1E-2], bins: 60}\n"
+        "    rerank: {k1: 20, k2: 6, lambda: 3e-1}\n"
+        "    junk_labels: [1e5]\n"
+        "encoders:\n  pixels: {kind: pixels}\n"
+    )
+    config = yaml.safe_load(text)
+    assert config["datasets"]["market"]["verification"]["fprs"][0] == "1e-4"  # YAML 1.1
+    pc.check_config(config, SCHEMA)
+    market = config["datasets"]["market"]
+    assert market["verification"]["fprs"] == [1e-4, 1e-3, 1e-2]
+    assert market["rerank"]["lambda"] == 0.3
+    assert market["junk_labels"] == ["1e5"]  # labels are text: left alone
+    market["rerank"]["lambda"] = "e-1"
+    with pytest.raises(RankwiseError, match=r"rerank.*expected number, got 'e-1'"):
+        pc.check_config(config, SCHEMA)
+
+
 def _error(mutate, files=()) -> str:
     config = copy.deepcopy(CONFIG)
     mutate(config)
@@ -266,6 +289,13 @@ def test_natural_order():
         "Epoch_3",
         "epoch_10",
         "epoch_100",
+    ]
+    # a digit that is no decimal ('²') is text; an Arabic-Indic digit is a number
+    assert sorted(["ep1²", "ep10", "ep\u0663", "ep2"], key=pc.natural_key) == [
+        "ep1²",
+        "ep2",
+        "ep\u0663",
+        "ep10",
     ]
 
 
@@ -416,6 +446,17 @@ def test_a_missing_path_is_an_error_naming_entry_and_path(
     with pytest.raises(RankwiseError, match="^" + message) as info:
         _resolved(datasets, encoders)
     assert f"relative paths start from {tmp_path}" in str(info.value)
+
+
+@pytest.mark.parametrize("path", ["feat{x}/q.npy", "runs/exp}1/q.npy"])
+def test_a_path_with_braces_is_refused_not_read_as_wildcards(tmp_path, monkeypatch, path):
+    """Snakemake reads braces in the encode rule's input paths as wildcards (its
+    WildcardError, doubled braces too): refused in one line naming the entry."""
+    monkeypatch.chdir(tmp_path)
+    _touch(path)
+    encoder = {"kind": "precomputed", "options": {"query": path, "gallery": path, "path": None}}
+    with pytest.raises(RankwiseError, match=r"^encoders\.e\.options\.query: .*braces"):
+        _resolved({"d": {"loader": "digits", "options": {}}}, {"e": encoder})
 
 
 @pytest.mark.parametrize(

@@ -260,7 +260,9 @@ def test_a_failed_jobs_one_line_error_is_on_the_terminal(tmp_path):
 def test_config_errors_are_one_line_with_key_path_and_suggestion(tmp_path, mutate, expected):
     config = copy.deepcopy(CONFIG)
     mutate(config)
-    lines = error_lines(snakemake(tmp_path, config, "--dry-run", profile=True))
+    proc = snakemake(tmp_path, config, "--dry-run", profile=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # as the commands' bad input
+    lines = error_lines(proc)
     lines = [line for line in lines if not line.startswith("Using workflow specific profile")]
     assert len(lines) <= 3, lines
     assert lines[0].startswith(f"error: {tmp_path / 'my.yaml'}:") and expected in lines[0]
@@ -272,7 +274,9 @@ def test_a_duplicated_yaml_key_is_an_error(tmp_path):
     )
     (tmp_path / "config").mkdir()
     (tmp_path / "config/config.yaml").write_text(text)
-    lines = error_lines(snakemake(tmp_path, None, "--dry-run"))
+    proc = snakemake(tmp_path, None, "--dry-run")
+    assert proc.returncode == 2
+    lines = error_lines(proc)
     assert len(lines) == 1, lines
     assert "config/config.yaml:" in lines[0] and "key 'pixels' given twice" in lines[0]
 
@@ -332,6 +336,16 @@ def test_a_missing_configfile_is_one_line_not_a_traceback(tmp_path, folder):
     assert lines == [
         f"error: {missing}: {what}; pass the path of an existing YAML file to --configfile"
     ], lines
+
+
+def test_a_configfile_not_in_utf8_is_one_line_not_a_traceback(tmp_path):
+    """Snakemake's traceback ending in UnicodeDecodeError becomes the plugin's line."""
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"# caf\xe9\n" + yaml.safe_dump(CONFIG, sort_keys=False).encode())
+    proc = snakemake(tmp_path, None, "--dry-run", "--configfile", str(latin1), profile=True)
+    lines = [line for line in error_lines(proc) if not line.startswith("Using workflow")]
+    assert len(lines) == 1 and "Traceback" not in proc.stdout + proc.stderr, lines
+    assert lines[0].startswith(f"error: {latin1}: not a readable config file: line 1 is not")
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,10 @@ import glob
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -106,12 +107,24 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def refuse(error: Exception) -> NoReturn:
+    """Stop the Snakemake process on a config error: its one line on stderr (the
+    terminal, whatever the logger prints) and exit status 2, as the commands' bad input.
+    (``sys.exit(message)`` would exit 1.)"""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def load_yaml(path: str | os.PathLike) -> Any:
     """The YAML file at ``path``; syntax errors and duplicated keys raise, naming file and line."""
+    from .manifest import not_utf8
+
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise not_utf8(file, "config file") from None
+    except OSError as exc:
         raise RankwiseError(
             f"{file}: cannot read the config file ({exc}); check the path"
         ) from None
@@ -227,12 +240,44 @@ def _describe(error) -> tuple[list[Any], str]:
     return keys, error.message if len(error.message) <= 160 else error.message[:157] + "..."
 
 
+#: A YAML 1.2 float with an exponent and no dot (``1e-4``): YAML 1.1, which Snakemake's
+#: parser follows, reads it as a string.
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
+
+
+def _numbers_from_text(config: dict, validator) -> None:
+    """Replace (in place) each string that the schema wants as a number and that is a
+    float written the YAML 1.2 way (``fprs: [1e-4]``, ``lambda: 3e-1``) by that float:
+    the documented configs mean the number, not the text."""
+
+    def all_errors(errors):  # an anyOf's (a loader's branch) errors sit in its context
+        for error in errors:
+            yield error
+            yield from all_errors(error.context or ())
+
+    for error in list(all_errors(validator.iter_errors(config))):
+        wanted = error.validator_value if error.validator == "type" else ()
+        wanted = [wanted] if isinstance(wanted, str) else wanted
+        if (
+            "number" in wanted
+            and isinstance(error.instance, str)
+            and _EXPONENT_FLOAT.fullmatch(error.instance.strip())
+            and error.absolute_path
+        ):
+            *parents, last = error.absolute_path
+            node = config
+            for key in parents:
+                node = node[key]
+            node[last] = float(error.instance)
+
+
 def check_config(config: dict, schema: dict, *, files: Sequence[str | os.PathLike] = ()) -> None:
     """Raise one RankwiseError line for the first schema violation of ``config``.
 
     ``files`` are the config files in merge order; the message names the one (and its
     line) that sets the offending key. Defaults are not filled here (Snakemake's
-    ``validate()`` does that afterwards, on a config known to be valid).
+    ``validate()`` does that afterwards, on a config known to be valid).  Numbers that
+    YAML 1.1 read as text (``1e-4``) become numbers first (:func:`_numbers_from_text`).
     """
     from jsonschema import Draft202012Validator, validators
     from jsonschema.exceptions import best_match
@@ -242,8 +287,9 @@ def check_config(config: dict, schema: dict, *, files: Sequence[str | os.PathLik
     checker = Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
     )
-    strict = validators.extend(Draft202012Validator, type_checker=checker)
-    error = best_match(strict(schema).iter_errors(config))
+    strict = validators.extend(Draft202012Validator, type_checker=checker)(schema)
+    _numbers_from_text(config, strict)
+    error = best_match(strict.iter_errors(config))
     if error is None:
         return
     keys, what = _describe(error)
@@ -385,7 +431,8 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
 def natural_key(text: str) -> list:
     """Sort key putting ``epoch_2`` before ``epoch_10`` (digit runs compare as numbers)."""
     return [
-        (0, int(part), part) if part.isdigit() else (1, 0, part.lower())
+        # isdecimal, as the split's \d: '²' is a digit to isdigit() but not to int()
+        (0, int(part), part) if part.isdecimal() else (1, 0, part.lower())
         for part in re.split(r"(\d+)", text)
         if part
     ]
@@ -560,6 +607,12 @@ def check_paths(datasets: dict, encoders: dict, sweeps: dict[str, list[str]] | N
             for path in encoder_paths(entry["kind"], {key: entry["options"].get(key)}):
                 # a sweep's entry is named in the config file without its @stem
                 keys = ["encoders", origin.get(name, name), "options", key]
+                if "{" in path or "}" in path:  # an input of the encode rule
+                    raise ConfigError(
+                        keys,
+                        f"{path}: Snakemake reads braces in a path as wildcards; rename "
+                        "the file or folder without '{' and '}'",
+                    )
                 if _missing(path):
                     raise ConfigError(
                         keys, f"{path} not found ({where}); fix the path or remove the entry"

@@ -16,7 +16,9 @@ empty, not a mapping of keys; ...``.
 A ``--configfile`` that does not exist (a typo) makes Snakemake log a 25-line Python
 traceback ending in ``FileNotFoundError``; a filter on Snakemake's logger (it runs before
 any handler, Snakemake's own stream included) replaces that one record's text with
-``error: my.yml: config file not found; ...``.  A second filter names each finished job
+``error: my.yml: config file not found; ...`` (and one in another encoding than UTF-8,
+a UnicodeDecodeError traceback, with ``error: my.yaml: not a readable config file: line 3
+is not UTF-8 text ...``).  A second filter names each finished job
 by its wildcards: with the profile's ``quiet: [rules]`` Snakemake prints only ``Finished
 jobid: 35 (Rule: encode)``, which does not say which dataset or encoder; it becomes
 ``Finished jobid: 35 (Rule: encode; dataset=market, encoder=osnet, split=query)``, from
@@ -119,6 +121,20 @@ def not_a_mapping(paths: list[str]) -> str | None:
     return None
 
 
+def not_utf8(paths: list[str]) -> str | None:
+    """rankwise's one-line message for the first of ``paths`` that is not UTF-8 text
+    (Snakemake's traceback ends in UnicodeDecodeError), else None."""
+    from pathlib import Path
+
+    from rankwise.manifest import first_non_utf8_line, not_utf8
+
+    for path in paths:
+        where = first_non_utf8_line(Path(path))
+        if where is not None:
+            return f"error: {not_utf8(Path(path), 'config file', where)}"
+    return None
+
+
 def missing_configfile(paths: list[str]) -> str | None:
     """rankwise's one-line message for the first of ``paths`` that is not a file, else None."""
     import os
@@ -141,10 +157,12 @@ class _MissingConfigfile(logging.Filter):
             if record.levelno >= logging.ERROR and exception in (
                 "FileNotFoundError",
                 "IsADirectoryError",
+                "UnicodeDecodeError",
             ):
                 text = str(record.msg)
                 if "configfile" in text:  # snakemake/common/configfile.py in the traceback
-                    line = missing_configfile(command_line_configfiles(sys.argv[1:]))
+                    paths = command_line_configfiles(sys.argv[1:])
+                    line = missing_configfile(paths) or not_utf8(paths)
                     if line:
                         record.msg, record.args = line, ()
         except Exception:  # a logger must never break the run it reports on
