@@ -64,6 +64,17 @@ def test_rows_longer_than_the_header_are_an_error(tmp_path, text, message):
         read_manifest(tmp_path / "m.csv")
 
 
+def test_a_stray_quote_in_a_large_file_is_one_line(tmp_path):
+    """A quote that never closes makes the rest of the file one field: past the csv
+    module's 128 KiB field limit this raised csv.Error (a traceback) before pandas'
+    message could be given."""
+    rows = ["id,label,camera"] + [f"q{i},{i % 10},1" for i in range(20_000)]
+    rows[3] = 'q2,"7,1'
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(RankwiseError, match=r"m\.csv: not a readable .*EOF inside string"):
+        read_manifest(tmp_path / "m.csv")
+
+
 def test_a_trailing_delimiter_never_shifts_the_columns_in_evaluate(tmp_path):
     """The reported case: exit 0 with every label shifted, now exit 2 in one line."""
     (tmp_path / "q.csv").write_text(TRAILING)

@@ -448,6 +448,40 @@ def test_a_missing_path_is_an_error_naming_entry_and_path(
     assert f"relative paths start from {tmp_path}" in str(info.value)
 
 
+LONG = "".join("abcdefghijklmnopqrstuvwxyz"[(i * i) % 26] for i in range(201))  # not periodic
+
+
+@pytest.mark.parametrize(
+    "section, name, message",
+    [
+        ("encoders", LONG, r"^encoders\.[a-z]+: name is 201 characters long; at most 200"),
+        ("datasets", LONG, r"^datasets\.[a-z]+: name is 201 characters long"),
+        ("encoders", "e" * 20, r"^encoders\.e+: name ends in 'e+' repeated \d+ times"),
+        ("datasets", "run-" + "ab" * 20, r"^datasets\.run-(ab)+: name ends in 'ab' repeated 20"),
+    ],
+)
+def test_names_the_jobs_could_not_use_are_refused(section, name, message):
+    """A name beyond a file name's length failed at the rank job ("File name too long")
+    after prepare and encode had run; a periodic one met Snakemake's multi-line
+    PeriodicWildcardError."""
+    dataset, encoder = {"loader": "digits", "options": {}}, {"kind": "hog", "options": {}}
+    datasets = {name if section == "datasets" else "d": dataset}
+    encoders = {name if section == "encoders" else "e": encoder}
+    with pytest.raises(RankwiseError, match=message):
+        _resolved(datasets, encoders)
+    # at the limits: accepted
+    _resolved({LONG[:200]: dict(dataset)}, {"e" * 19: dict(encoder), "run-" + "ab" * 19: encoder})
+
+
+def test_a_sweeps_long_checkpoint_name_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _touch(f"runs/{'epoch' * 40}.pt")
+    options = {"factory": "m:f", "checkpoint": pc.SWEEP_PLACEHOLDER}
+    encoders = {"run": {"kind": "python", "checkpoints": "runs/*.pt", "options": options}}
+    with pytest.raises(RankwiseError, match=r"^encoders\.run: name \(the checkpoint run@epoch"):
+        _resolved({"d": {"loader": "digits", "options": {}}}, encoders)
+
+
 @pytest.mark.parametrize("path", ["feat{x}/q.npy", "runs/exp}1/q.npy"])
 def test_a_path_with_braces_is_refused_not_read_as_wildcards(tmp_path, monkeypatch, path):
     """Snakemake reads braces in the encode rule's input paths as wildcards (its
@@ -561,6 +595,19 @@ def test_manifest_fingerprint_follows_the_csv_and_its_images(tmp_path):
     assert edited["gallery"] != first["gallery"] and edited["query"] == first["query"]
     _image(tmp_path / "img" / "a.png", value=9, size=6)  # new bytes, same name
     assert pc.dataset_fingerprints("manifest", options)["query"] != edited["query"]
+
+
+def test_manifest_fingerprint_of_a_file_the_csv_module_cannot_read(tmp_path):
+    """A stray quote in a large CSV: the fingerprint (computed while Snakemake builds
+    the DAG) is the file's bytes, no traceback; prepare then names the problem."""
+    rows = ["id,label,path"] + [f"q{i},{i % 10},img/{i}.png" for i in range(20_000)]
+    rows[3] = 'q2,"7,img/2.png'
+    query = tmp_path / "q.csv"
+    query.write_text("\n".join(rows) + "\n")
+    options = {"query": str(query), "gallery": str(query)}
+    first = pc.dataset_fingerprints("manifest", options)
+    query.write_text("\n".join(rows[:-1]) + "\n")
+    assert pc.dataset_fingerprints("manifest", options) != first
 
 
 def test_folder_fingerprint_is_recursive(tmp_path):

@@ -29,6 +29,7 @@ from reference import (
 import rankwise
 from rankwise.errors import RankwiseError
 from rankwise.inputs import open_inputs
+from rankwise.registry import get_protocol
 
 # ---------------------------------------------------------------------------
 # brute-force references
@@ -584,3 +585,39 @@ def test_evaluate_names_non_default_options(tmp_path, make_case):
     assert again["protocol_options"] == report["protocol_options"]
     assert "ap" not in again
     assert again["metrics"] != report["metrics"]  # trapezoid AP vs standard
+
+
+@pytest.mark.parametrize("protocol", ["reassociation", "progressive"])
+def test_trapezoid_ap_is_refused_where_there_is_no_ap(tmp_path, make_case, cli, protocol):
+    """`--ap trapezoid` on a protocol that reports no AP changed no number, yet was
+    printed and recorded (and in the pipeline reran metrics and report): refused in
+    one line by the library, every command that takes --ap, and the config check."""
+    from rankwise import pipeline_config as pc
+
+    case = make_case(protocol)
+    with pytest.raises(
+        RankwiseError, match=f"ap trapezoid does not apply to protocol '{protocol}'"
+    ):
+        rankwise.evaluate(*case.args(), ap="trapezoid", **case.kwargs())
+    inputs = case.write(tmp_path)
+    store = tmp_path / "r.zarr"
+    ranked = cli("rank", "--protocol", protocol, "--out", store, options=inputs)
+    assert ranked.returncode == 0, ranked.stderr
+    commands = [
+        ("evaluate", "--protocol", protocol, *[x for item in inputs.items() for x in item]),
+        ("metrics", store),
+        ("ci", store, "--resamples", "10"),
+        ("compare", store, store, "--resamples", "10"),
+    ]
+    for command in commands:
+        proc = cli(*command, "--ap", "trapezoid", "--output", tmp_path / "out.json")
+        assert proc.returncode == 2, (command, proc.stderr)
+        assert proc.stderr.strip() == (
+            f"error: --ap trapezoid does not apply to protocol '{protocol}': it reports no AP "
+            f"({', '.join(get_protocol(protocol).metric_families)}); drop --ap"
+        ), command
+        assert not (tmp_path / "out.json").exists()
+    dataset = {"protocol": protocol, "ap": "trapezoid", "encoders": None}
+    with pytest.raises(RankwiseError, match=r"^datasets\.d\.ap: ap trapezoid does not apply"):
+        pc.check_reranking({"d": dataset})
+    pc.check_reranking({"d": {**dataset, "ap": "standard"}})

@@ -24,6 +24,7 @@ from .options import (
     SHOT_REPEATS,
     SHOT_SEED,
     SINGLE_GALLERY_SHOT,
+    check_ap,
     check_junk_labels,
     default_options,
 )
@@ -115,6 +116,7 @@ def result_from_ranks(
         arrays, attrs = ranks.arrays(), ranks.attrs
     if ap not in AP_VARIANTS:
         raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
+    check_ap(ap, attrs["protocol"])
     metrics, pq = compute_metrics(arrays, attrs, ks=parse_ks(ks), ap=ap)
     return EvaluationResult(
         protocol=attrs["protocol"],
@@ -302,7 +304,8 @@ def evaluate(
         out of the neighbour sets as well, as torchreid's and fast-reid's dataset loaders
         do (they drop those rows); default False: every gallery row is an item of the
         neighbour sets, as in Zhong et al.'s code.  Junk rows are never ranked either way.
-    ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation).
+    ap : ``standard`` or ``trapezoid`` (official Market-1501 evaluation; recall and reid,
+        the protocols that report AP).
     query_block, gallery_chunk, workers, scheduler : how the work is tiled and run
         (threads, or a dask.distributed Client/address); they never change a number.
     memory_limit_mb : refuse, before any work, a run whose estimated peak memory
@@ -321,6 +324,7 @@ def evaluate(
     ks = parse_ks(ks)
     if ap not in AP_VARIANTS:
         raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
+    check_ap(ap, get_protocol(protocol).name)  # before the ranking work
     ranks = rank(
         query,
         gallery,

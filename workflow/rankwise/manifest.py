@@ -297,17 +297,23 @@ def _csv_header(path: Path) -> list[str]:
 
 
 def _refuse_long_rows(path: Path, noun: str, fix: str) -> None:
-    """Raise naming the first row with more fields than the header, if there is one."""
+    """Raise naming the first row with more fields than the header, if there is one
+    (nothing when the csv module cannot read the file either: the caller's pandas
+    error names the problem, e.g. a stray quote's "EOF inside string starting at row 3",
+    which the csv module sees as one field beyond its size limit)."""
     header: list[str] | None = None
     first, n_long, n_rows = None, 0, 0
-    for line, row in _csv_rows(path):
-        if header is None:
-            header = [h.strip() for h in row]
-            continue
-        n_rows += 1
-        if len(row) > len(header):
-            n_long += 1
-            first = first or (line, len(row))
+    try:
+        for line, row in _csv_rows(path):
+            if header is None:
+                header = [h.strip() for h in row]
+                continue
+            n_rows += 1
+            if len(row) > len(header):
+                n_long += 1
+                first = first or (line, len(row))
+    except csv.Error:
+        return
     if first is not None and header is not None:
         scope = "every row has" if n_long == n_rows else f"{n_long} of {n_rows} rows have"
         raise RankwiseError(

@@ -772,6 +772,19 @@ AP = Option(
 )
 
 
+def check_ap(value: Any, protocol: str, label: str = "ap") -> str:
+    """:data:`AP` checked, and refused (naming ``label``) on a protocol that reports no
+    AP (``reassociation``, ``progressive``): it would change nothing, yet be recorded."""
+    ap = AP.check(value, label)
+    spec = get_protocol(protocol)
+    if ap != AP.default and "map" not in spec.metric_families:
+        raise RankwiseError(
+            f"{label} {ap} does not apply to protocol {spec.name!r}: it reports no AP "
+            f"({', '.join(spec.metric_families)}); drop {label}"
+        )
+    return ap
+
+
 def default_options(protocol: str) -> dict:
     """The ``options`` :func:`rankwise.protocols.build_problem` records for ``protocol``
     with every option at its default: what a report need not mention."""

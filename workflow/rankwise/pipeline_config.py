@@ -346,10 +346,23 @@ def check_reranking(datasets: dict) -> None:
     (k2 <= k1, a protocol they apply to), as :func:`rankwise.options.check_rerank` and
     :func:`~rankwise.options.check_verification`; a partial mapping gets its defaults
     filled in (in place).  (``drop_junk`` without either changes nothing:
-    :func:`rerank_flags`.)"""
-    from .options import AQE, RERANK, check_rerank, check_rerank_alone, check_verification
+    :func:`rerank_flags`.)  And ``ap: trapezoid`` on a protocol that reports no AP
+    (:func:`rankwise.options.check_ap`)."""
+    from .options import (
+        AQE,
+        RERANK,
+        check_ap,
+        check_rerank,
+        check_rerank_alone,
+        check_verification,
+    )
 
     for name, dataset in datasets.items():
+        try:
+            if dataset.get("ap", "standard") != "standard":
+                check_ap(dataset["ap"], dataset["protocol"])
+        except RankwiseError as error:
+            raise ConfigError(["datasets", name, "ap"], str(error)) from None
         try:
             if dataset.get("verification") is not None:
                 dataset["verification"] = check_verification(
@@ -415,6 +428,7 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
     try:
         encoders, sweeps = expand_checkpoints(config["encoders"])
         datasets = config["datasets"]
+        check_name_lengths(datasets, encoders, sweeps)
         check_dataset_encoders(datasets, encoders, sweeps)
         check_reranking(datasets)
         for dataset in datasets.values():
@@ -423,6 +437,40 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
     except ConfigError as error:
         raise _located(error, files) from None
     return encoders, sweeps
+
+
+#: The longest dataset or encoder name: each is a file name with a suffix
+#: (``<encoder>.zarr.tmp``, ``<dataset>-progressive.pdf``) and a file name's bytes are
+#: at most 255 on common file systems.
+MAX_NAME = 200
+
+#: Snakemake takes a wildcard value ending in one substring repeated 20 times or more
+#: for a runaway recursion (its PeriodicityDetector) and stops the run.
+_PERIODIC = re.compile(r"(.+)\1{19,}$")
+
+
+def check_name_lengths(datasets: dict, encoders: dict, sweeps: dict[str, list[str]]) -> None:
+    """Refuse a name longer than :data:`MAX_NAME` (the jobs' file names would fail
+    mid-run: "File name too long") or one Snakemake would refuse as periodic."""
+    origin = {e: s for s, names in sweeps.items() for e in names}
+    for section, names in (("datasets", datasets), ("encoders", encoders)):
+        for name in names:
+            keys = [section, origin.get(name, name)]
+            where = "" if name not in origin else f" (the checkpoint {name})"
+            if len(name) > MAX_NAME:
+                raise ConfigError(
+                    keys,
+                    f"name{where} is {len(name)} characters long; at most {MAX_NAME} "
+                    "(it names files): shorten it" + (" or the file" if where else ""),
+                )
+            repeated = _PERIODIC.search(name)
+            if repeated:
+                times = len(repeated[0]) // len(repeated[1])
+                raise ConfigError(
+                    keys,
+                    f"name{where} ends in {repeated[1]!r} repeated {times} times, which "
+                    "Snakemake refuses (it takes it for a runaway recursion); rename it",
+                )
 
 
 # ---------------------------------------------------------------- checkpoint sweeps
@@ -728,14 +776,19 @@ def _manifest_images(csv_path: Path) -> list[str]:
     # utf-8-sig, as read_manifest: a byte-order mark is not part of the first column's name
     with open(csv_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
         reader = csv.reader(handle)
-        header = [c.strip() for c in next(reader, [])]
-        if "path" not in header:
-            return lines
-        column = header.index("path")
-        for row in reader:
-            value = row[column].strip() if column < len(row) else ""
-            if value:
-                lines.append(_stat_line(value, csv_path.parent / os.path.expanduser(value)))
+        try:
+            header = [c.strip() for c in next(reader, [])]
+            if "path" not in header:
+                return lines
+            column = header.index("path")
+            for row in reader:
+                value = row[column].strip() if column < len(row) else ""
+                if value:
+                    lines.append(_stat_line(value, csv_path.parent / os.path.expanduser(value)))
+        except csv.Error:
+            # not a CSV the csv module reads (a stray quote: one field past its size
+            # limit): the CSV's own bytes are the fingerprint; prepare says what is wrong
+            return _file_lines(csv_path)
     return lines
 
 

@@ -165,7 +165,9 @@ def _emit(report: dict, output: str | None, text_output: str | None = None) -> N
 def evaluate(ks, ap, output, **kw):
     """Rank and score in one go; print the text report, write the JSON report."""
     from ..api import result_from_ranks, variant_keys
+    from ..options import check_ap
 
+    check_ap(ap, kw["protocol"] or "recall", "--ap")  # before the ranking work
     ranks, note = _rank(kw, progress=False)
     report = result_from_ranks(ranks, ks=ks, ap=ap).to_json()
     _emit(report | variant_keys(ranks.attrs, ap), output)
@@ -331,6 +333,9 @@ def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
     if not stats_output:
         _refuse_statistics_without_output()
     arrays, attrs = read_ranks(ranks)
+    from ..options import check_ap
+
+    check_ap(ap, attrs["protocol"], "--ap")
     report = result_from_ranks((arrays, attrs), ks=ks, ap=ap).to_json()
     assert tuple(report) == REPORT_KEYS
     report |= variant_keys(attrs, ap)

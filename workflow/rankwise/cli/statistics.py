@@ -48,11 +48,13 @@ def compare(
     Prints, per metric, A, B, the difference B - A (percentage points), its paired
     bootstrap interval, the sign-flip randomisation p-value and the Holm-adjusted one.
     """
+    from ..options import check_ap
     from ..stats import ALPHA, ci_key, compare_ranks, format_p, never_significant
     from ..store import read_ranks
 
     arrays_a, attrs_a = read_ranks(ranks_a)
     arrays_b, attrs_b = read_ranks(ranks_b)
+    check_ap(ap, attrs_a["protocol"], "--ap")
     rows = compare_ranks(
         arrays_a,
         attrs_a,
@@ -131,10 +133,12 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     """Bootstrap confidence interval of every metric of one ranks store."""
 
     from ..metrics import per_unit
+    from ..options import check_ap
     from ..stats import ci_key, metric_cis, resolve_metrics
     from ..store import read_ranks
 
     arrays, attrs = read_ranks(ranks)
+    check_ap(ap, attrs["protocol"], "--ap")
     names = resolve_metrics(attrs["protocol"], metrics, ks)
     intervals = metric_cis(
         arrays,
