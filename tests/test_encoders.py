@@ -70,6 +70,28 @@ def gives_nan():
     return encode
 
 
+def gives_bfloat16():
+    import torch
+
+    return lambda images: torch.arange(len(images) * 3, dtype=torch.bfloat16).reshape(-1, 3)
+
+
+def gives_ragged_rows():
+    return lambda images: [np.zeros(3)] + [np.zeros(4)] * (len(images) - 1)
+
+
+def gives_no_values():
+    return lambda images: np.zeros((len(images), 0))
+
+
+def gives_text():
+    return lambda images: np.full((len(images), 2), "a")
+
+
+def gives_huge_float64():
+    return lambda images: np.full((len(images), 2), 1e39)
+
+
 FACTORIES = __file__
 
 
@@ -234,6 +256,49 @@ def test_python_factory_errors(factory, message, manifest: Path, tmp_path: Path)
     assert not (tmp_path / "e.zarr").exists()
 
 
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("gives_ragged_rows", r"returned rows of unequal length for a batch of \d+ images"),
+        ("gives_no_values", r"returned an array of shape \(\d+, 0\) .* with dim >= 1"),
+        ("gives_text", r"returned values of type <U1 for a batch"),
+        (
+            "gives_huge_float64",
+            r"returned values beyond float32's range \(largest magnitude 1e\+39",
+        ),
+    ],
+)
+def test_factory_outputs_that_are_no_embeddings_are_one_line(factory, message, manifest, tmp_path):
+    """Ragged rows and text were tracebacks; (B, 0) was written as a complete store that
+    ranking refused later; 1e39 (finite in float64) became inf with numpy's warning."""
+    with pytest.raises(RankwiseError, match=rf"^factory '.*:{factory}' {message}"):
+        encode_manifest(
+            manifest,
+            "python",
+            {"factory": f"{FACTORIES}:{factory}"},
+            tmp_path / "e.zarr",
+            progress=False,
+        )
+    assert not (tmp_path / "e.zarr").exists()
+
+
+def test_a_bfloat16_tensor_is_read_as_its_values(manifest: Path, tmp_path: Path):
+    """numpy has no bfloat16: `.numpy()` raised a TypeError (models run under bf16
+    autocast return such tensors); the values are exact in float32."""
+    pytest.importorskip("torch")
+    encode_manifest(
+        manifest,
+        "python",
+        {"factory": f"{FACTORIES}:gives_bfloat16"},
+        tmp_path / "e.zarr",
+        batch_size=N_ROWS,
+        progress=False,
+    )
+    np.testing.assert_array_equal(
+        _read(tmp_path / "e.zarr"), np.arange(N_ROWS * 3, dtype=np.float32).reshape(-1, 3)
+    )
+
+
 def test_checkpoint_hash_follows_content_not_mtime(manifest: Path, tmp_path: Path):
     ckpt = tmp_path / "weights.txt"
     ckpt.write_text("1.5")
@@ -365,6 +430,114 @@ def test_onnx(batch, manifest: Path, tmp_path: Path):
     assert attrs["encoder"]["options"]["input_size"] == [6, 6]  # read from the model
 
 
+def _onnx_variant(path: Path, variant: str) -> None:
+    """A tiny model (flatten, then a 6x6x3 -> 4 matrix) in one of the shapes and types an
+    exported model can have: ``half`` (float16 in and out), ``gray`` (one channel),
+    ``uint8`` (raw pixels), ``squeezed`` (batch 1, output (4,)), ``transposed`` (output
+    (4, N)), ``nameless`` (output shape not declared), ``dynamic`` (any height and width)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    float16 = variant == "half"
+    kinds = {"half": TensorProto.FLOAT16, "uint8": TensorProto.UINT8}
+    elem = kinds.get(variant, TensorProto.FLOAT)
+    out_elem = TensorProto.FLOAT16 if float16 else TensorProto.FLOAT
+    channels = 1 if variant == "gray" else 3
+    batch = 1 if variant == "squeezed" else "N"
+    height = "H" if variant == "dynamic" else 6
+    weights = np.random.default_rng(1).normal(size=(channels * 36, 4))
+    nodes = [
+        helper.make_node("Flatten", ["images"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "W"], ["embedding"]),
+    ]
+    out_shape: list | None = [batch, 4]
+    if variant == "squeezed":
+        nodes.append(helper.make_node("Flatten", ["embedding"], ["e2"], axis=0))
+        nodes.append(helper.make_node("Squeeze", ["e2", "zero"], ["out"]))
+        out_shape = [4]
+    elif variant == "transposed":
+        nodes.append(helper.make_node("Transpose", ["embedding"], ["out"], perm=[1, 0]))
+        out_shape = [4, batch]
+    else:
+        nodes.append(helper.make_node("Identity", ["embedding"], ["out"]))
+        out_shape = None if variant == "nameless" else out_shape
+    if variant == "uint8":
+        nodes.insert(0, helper.make_node("Cast", ["raw"], ["images"], to=TensorProto.FLOAT))
+    graph = helper.make_graph(
+        nodes,
+        variant,
+        [
+            helper.make_tensor_value_info(
+                "raw" if variant == "uint8" else "images", elem, [batch, channels, height, 6]
+            )
+        ],
+        [helper.make_tensor_value_info("out", out_elem, out_shape)],
+        [numpy_helper.from_array(weights.astype(np.float16 if float16 else np.float32), "W")]
+        + ([numpy_helper.from_array(np.array([0], np.int64), "zero")] if batch == 1 else []),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize(
+    "variant, options, message",
+    [
+        ("gray", {}, r"input 'images' has shape \['N', 1, 6, 6\]: 1 channels \(nchw\), but"),
+        ("uint8", {}, r"input 'raw' takes tensor\(uint8\); the encoder feeds normalised"),
+        ("half", {"input_size": [8, 8]},
+         r"the model's input size is fixed at \[6, 6\], not options\.input_size \[8, 8\]"),
+        ("squeezed", {},
+         r"output 'out' has shape \[4\] for input shape \[1, 3, 6, 6\]: its first axis is not"),
+        ("transposed", {}, r"output 'out' has shape \[4, 'N'\] .*: its first axis is not the"),
+        ("dynamic", {"input_size": [8, 6]},
+         r"onnxruntime failed on a batch of shape \(3, 3, 8, 6\) \(.*\); check options"),
+    ],
+)  # fmt: skip
+def test_onnx_models_that_do_not_take_the_batch_are_one_line(
+    variant, options, message, manifest: Path, tmp_path: Path
+):
+    """Each was a traceback (onnxruntime's InvalidArgument) or, for an output whose first
+    axis is not the batch, a store of mixed-up values with exit 0."""
+    pytest.importorskip("onnxruntime")
+    model = tmp_path / f"{variant}.onnx"
+    _onnx_variant(model, variant)
+    with pytest.raises(RankwiseError, match=rf"^{model}: {message}"):
+        encode_manifest(
+            manifest,
+            "onnx",
+            {"model": str(model), **options},
+            tmp_path / "o.zarr",
+            batch_size=3,
+            progress=False,
+        )
+    assert not (tmp_path / "o.zarr").exists()
+
+
+@pytest.mark.parametrize("variant", ["half", "nameless"])
+def test_onnx_float16_and_undeclared_outputs_equal_onnxruntime(variant, manifest, tmp_path):
+    """A float16 model gets the normalised batch cast to float16; an output whose shape
+    the model does not declare is checked on the values.  Reference: onnxruntime run
+    by hand on the same preprocessing."""
+    ort = pytest.importorskip("onnxruntime")
+    model = tmp_path / f"{variant}.onnx"
+    _onnx_variant(model, variant)
+    encode_manifest(manifest, "onnx", {"model": str(model)}, tmp_path / "o.zarr", batch_size=3,
+                    progress=False)  # fmt: skip
+    mean, std = np.float32([0.485, 0.456, 0.406]), np.float32([0.229, 0.224, 0.225])
+    x = np.stack(
+        [
+            np.asarray(im.resize((6, 6), Image.Resampling.BILINEAR), np.float32) / 255
+            for im in _images(manifest)
+        ]
+    )
+    x = ((x - mean) / std).transpose(0, 3, 1, 2)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    feed = {"images": x.astype(np.float16 if variant == "half" else np.float32)}
+    expected = session.run(None, feed)[0].astype(np.float32)
+    np.testing.assert_array_equal(_read(tmp_path / "o.zarr"), expected)
+
+
 def test_onnx_missing_model(manifest: Path, tmp_path: Path):
     with pytest.raises(RankwiseError, match=r"nope\.onnx: onnx model file not found"):
         encode_manifest(
@@ -441,6 +614,40 @@ def test_missing_image_names_file_and_row(manifest: Path, tmp_path: Path):
 def test_unreadable_image(manifest: Path, tmp_path: Path):
     (tmp_path / "data" / "img1.png").write_bytes(b"not a png")
     with pytest.raises(RankwiseError, match=r"row 3 \(id 'x1'\): cannot decode image .*img1"):
+        encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
+
+
+def test_a_store_left_by_a_crash_is_incomplete_not_foreign(manifest: Path, tmp_path: Path):
+    """A killed encode leaves `<out>.tmp`; given as an input it was a Zarr store without
+    rankwise's attributes, read as it stood (rows not yet written as zeros, a complete
+    copy by `precomputed`).  It carries its kind from the start: incomplete."""
+    from rankwise.embeddings import open_embeddings
+    from rankwise.store import atomic_store
+
+    writing = atomic_store(tmp_path / "k.zarr", "embeddings")
+    group = writing.__enter__()  # never left: the process dies here
+    group.create_array("embeddings", data=np.ones((N_ROWS, 2), np.float32))
+    tmp = tmp_path / "k.zarr.tmp"
+    with pytest.raises(RankwiseError, match=r"k\.zarr\.tmp: incomplete embedding store"):
+        open_embeddings(tmp, name="gallery embeddings")
+    with pytest.raises(RankwiseError, match=r"k\.zarr\.tmp: incomplete embedding store"):
+        encode_manifest(
+            manifest, "precomputed", {"path": str(tmp)}, tmp_path / "c.zarr", progress=False
+        )
+    assert not (tmp_path / "c.zarr").exists()
+
+
+def test_a_broken_png_chunk_is_one_line(manifest: Path, tmp_path: Path):
+    """PIL raises SyntaxError (not an OSError) for a PNG whose IDAT length is wrong."""
+    image = tmp_path / "data" / "img1.png"
+    data = bytearray(image.read_bytes())
+    at = data.find(b"IDAT")
+    length = int.from_bytes(data[at - 4 : at], "big")
+    data[at - 4 : at] = (length - 15).to_bytes(4, "big")
+    image.write_bytes(bytes(data))
+    with pytest.raises(
+        RankwiseError, match=r"row 3 \(id 'x1'\): cannot decode image .*SyntaxError"
+    ):
         encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
 
 

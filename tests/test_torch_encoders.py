@@ -637,7 +637,7 @@ def test_model_failing_on_the_input_size(manifest: Path, tmp_path: Path):
     out = tmp_path / "f.zarr"
     with pytest.raises(
         RankwiseError,
-        match=r"flat\.pt: the model failed on a batch of shape "
+        match=r"flat\.pt: the model failed on a float32 batch of shape "
         r"\(2, 3, 9, 9\) \(.*\); check options\.input_size",
     ):
         encode_manifest(
@@ -649,6 +649,28 @@ def test_model_failing_on_the_input_size(manifest: Path, tmp_path: Path):
             progress=False,
         )
     assert not out.exists()
+
+
+def test_a_torchscript_error_names_its_reason_not_the_interpreter(manifest: Path, tmp_path):
+    """TorchScript's errors start with the interpreter's preamble ("The following
+    operation failed in the TorchScript interpreter."); the message gives the reason,
+    its last line (a model for one-channel input fed RGB)."""
+    gray = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten()).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.script(gray).save(str(tmp_path / "gray.pt"))
+    with pytest.raises(RankwiseError) as info:
+        encode_manifest(
+            manifest,
+            "torchscript",
+            {"model": str(tmp_path / "gray.pt"), "input_size": [8, 8]},
+            tmp_path / "g.zarr",
+            batch_size=2,
+            progress=False,
+        )
+    message = str(info.value)
+    assert "to have 1 channels, but got 3 channels" in message, message
+    assert "TorchScript interpreter" not in message and "\n" not in message
 
 
 # ---------------------------------------------------------------- bad input

@@ -427,7 +427,8 @@ class _Rows:
                 f"{self.where(i)}: image {raw!r} is a folder ({path}), not an image file; "
                 "fix the 'path' column"
             ) from None
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
+        # SyntaxError: PIL's PNG reader on a broken chunk; EOFError: some truncated files
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
             raise RankwiseError(
                 f"{self.where(i)}: cannot decode image {path} "
                 f"({type(exc).__name__}: {exc}); replace the file"
@@ -643,17 +644,40 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
 
 
 def _as_matrix(output: Any, n: int, what: str) -> np.ndarray:
+    """An encoder's output for a batch of ``n`` images as ``(n, D)`` float32, D >= 1;
+    anything else is one line naming ``what``."""
     if hasattr(output, "detach"):  # a torch tensor
-        output = output.detach().cpu().numpy()
-    array = np.asarray(output, dtype=np.float32)
+        output = output.detach().cpu()
+        if output.is_floating_point():  # bfloat16 has no numpy dtype
+            output = output.float()
+        output = output.numpy()
+    try:
+        array = np.asarray(output)
+    except ValueError:  # rows of unequal length
+        array = None
+    if array is None or not (
+        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    ):
+        kind = "rows of unequal length" if array is None else f"values of type {array.dtype}"
+        raise RankwiseError(
+            f"{what} returned {kind} for a batch of {n} images; it must return numbers of "
+            "shape (batch, dim)"
+        )
     if array.ndim == 1 and n == 1:
         array = array[None, :]
-    if array.ndim != 2 or array.shape[0] != n:
+    if array.ndim != 2 or array.shape[0] != n or array.shape[1] == 0:
         raise RankwiseError(
             f"{what} returned an array of shape {array.shape} for a batch of "
-            f"{n} images; it must return (batch, dim)"
+            f"{n} images; it must return (batch, dim) with dim >= 1"
         )
-    return array
+    if array.dtype.itemsize > 4 or np.issubdtype(array.dtype, np.integer):
+        finite = array[np.isfinite(array)]
+        if finite.size and np.abs(finite).max() > np.finfo(np.float32).max:
+            raise RankwiseError(
+                f"{what} returned values beyond float32's range (largest magnitude "
+                f"{np.abs(finite).max():.3g}); the stores hold float32: scale the embeddings"
+            )
+    return array.astype(np.float32)
 
 
 def _python(opts: dict[str, Any]) -> _Encoder:
@@ -734,8 +758,25 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
             f"{model}: input {input_name!r} has shape {shape}; expected a 4-D image batch"
         )
     spatial = shape[2:4] if layout == "nchw" else shape[1:3]
+    channels = shape[1] if layout == "nchw" else shape[3]
+    if isinstance(channels, int) and channels != 3:
+        raise RankwiseError(
+            f"{model}: input {input_name!r} has shape {shape}: {channels} channels "
+            f"({layout}), but the encoder feeds RGB images (3); export the model for "
+            "3-channel input, or check options.layout"
+        )
+    # the element type the model takes: float32, or float16 (the batch is cast to it)
+    dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}.get(
+        inputs[input_name].type
+    )
+    if dtype is None:
+        raise RankwiseError(
+            f"{model}: input {input_name!r} takes {inputs[input_name].type}; the encoder "
+            "feeds normalised float32 (or float16) images: export the model with a float input"
+        )
+    fixed = [int(v) if isinstance(v, int) else None for v in spatial]
     if opts["input_size"] is None:
-        if not all(isinstance(v, int) for v in spatial):
+        if None in fixed:
             raise RankwiseError(
                 f"{model}: the model's input size is dynamic ({spatial}); set "
                 "options.input_size to [height, width]"
@@ -743,8 +784,42 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
         size = (int(spatial[0]), int(spatial[1]))
     else:
         size = tuple(opts["input_size"])
+        if any(f is not None and f != v for f, v in zip(fixed, size, strict=True)):
+            raise RankwiseError(
+                f"{model}: the model's input size is fixed at {spatial}, not "
+                f"options.input_size {list(size)}; drop input_size or set it to {spatial}"
+            )
     opts = {**opts, "input_size": list(size), "input": input_name, "output": output_name}
     fixed_batch = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else None
+    out_batch = next(o.shape for o in session.get_outputs() if o.name == output_name)
+    out_batch = out_batch[0] if out_batch else None
+    if not isinstance(out_batch, str) and out_batch != fixed_batch:
+        # (16, B) or (16,): the output's first axis is not the batch's; cutting and
+        # reshaping it as if it were would mix the images' values
+        raise RankwiseError(
+            f"{model}: output {output_name!r} has shape "
+            f"{next(o.shape for o in session.get_outputs() if o.name == output_name)} for "
+            f"input shape {shape}: its first axis is not the batch; export the model "
+            "with outputs of shape (batch, ...)"
+        )
+
+    def session_run(x: np.ndarray) -> np.ndarray:
+        try:
+            out = np.asarray(
+                session.run([output_name], {input_name: x.astype(dtype, copy=False)})[0]
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise RankwiseError(
+                f"{model}: onnxruntime failed on a batch of shape {x.shape} "
+                f"({first_line(exc)}); check options.input_size and options.layout"
+            ) from None
+        if out.ndim == 0 or out.shape[0] != len(x):
+            raise RankwiseError(
+                f"{model}: output {output_name!r} has shape {out.shape} for a batch of "
+                f"{len(x)}: its first axis is not the batch; export the model with outputs "
+                "of shape (batch, ...)"
+            )
+        return out
 
     def preprocess(rows: _Rows, i: int) -> np.ndarray:
         x = np.asarray(rows.read(i, size), dtype=np.float32) / 255.0
@@ -755,14 +830,14 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
 
     def run(x: np.ndarray) -> np.ndarray:
         if fixed_batch is None:
-            return session.run([output_name], {input_name: x})[0]
+            return session_run(x)
         parts = []
         for start in range(0, len(x), fixed_batch):
             part = x[start : start + fixed_batch]
             pad = fixed_batch - len(part)
             if pad:
                 part = np.concatenate([part, np.zeros((pad,) + part.shape[1:], part.dtype)])
-            parts.append(session.run([output_name], {input_name: part})[0][: fixed_batch - pad])
+            parts.append(session_run(part)[: fixed_batch - pad])
         return np.concatenate(parts)
 
     def batches(rows: _Rows, batch_size: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:

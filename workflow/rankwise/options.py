@@ -899,12 +899,16 @@ EXACT_MAX = Option(
 )
 
 TITLE = Option("title", "string", "rankwise report", help="heading of the report")
+#: The CMC curve is one Python float per rank in every report.json and statistics
+#: summary: 10^5 ranks (a 2 MB curve) covers any gallery worth plotting rank by rank,
+#: and a typo such as 10^12 is refused instead of filling the memory.
+MAX_CMC_RANK = 100_000
 CMC_MAX_RANK = Option(
     "cmc_max_rank",
     "integer",
     50,
     minimum=1,
-    rule="at least 1",
+    maximum=MAX_CMC_RANK,
     help="CMC curves cover ranks 1..cmc_max_rank",
 )
 REPORT_RESAMPLES = replace(

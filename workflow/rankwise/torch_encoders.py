@@ -47,6 +47,7 @@ counters (absent from pre-0.4.1 checkpoints; unused in eval mode).
 from __future__ import annotations
 
 import difflib
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -363,6 +364,21 @@ def _torchscript_model(path: Path) -> Any:
 # ---------------------------------------------------------------- the encoder
 
 
+#: The first line of every error of TorchScript's interpreter; the reason is its last.
+_TORCHSCRIPT = "The following operation failed in the TorchScript interpreter"
+
+
+def _reason(exc: BaseException) -> str:
+    """The line of a model's error that says what went wrong: a TorchScript error's last
+    line (``RuntimeError: expected input[6, 3, 32, 16] to have 1 channels ...``, its
+    type dropped) rather than its first, which is always the interpreter's preamble."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith(_TORCHSCRIPT):
+        last = re.sub(r"^[A-Za-z_.]*(Error|Exception):\s*", "", lines[-1])
+        return first_line(RuntimeError(last))
+    return first_line(exc)
+
+
 def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
     """Check ``opts`` (defaults filled in) and return the configured torch encoder."""
     from PIL import Image
@@ -441,9 +457,9 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         # assert it: AssertionError)
         except (RuntimeError, AssertionError) as exc:
             raise RankwiseError(
-                f"{file}: the model failed on a batch of shape "
-                f"{tuple(x.shape)} ({first_line(exc)}); check "
-                "options.input_size and the model file"
+                f"{file}: the model failed on a {str(x.dtype).removeprefix('torch.')} batch "
+                f"of shape {tuple(x.shape)} ({_reason(exc)}); check options.input_size and "
+                "the model file"
             ) from None
         if not isinstance(out, torch.Tensor):
             raise RankwiseError(

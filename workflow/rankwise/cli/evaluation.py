@@ -319,7 +319,9 @@ def _refuse_statistics_without_output() -> None:
     "of every metric, the CMC curve, the per-query values of the paired tests; "
     "computed for --resamples, --seed, --by and --cmc-max-rank.",
 )
-@spec.CMC_MAX_RANK.click(help="With --stats-output: the CMC curve covers ranks 1..N.")
+@spec.CMC_MAX_RANK.click(
+    help=f"With --stats-output: the CMC curve covers ranks 1..N (N at most {spec.MAX_CMC_RANK})."
+)
 @spec.REPORT_RESAMPLES.click(
     help="With --stats-output: bootstrap resamples of the intervals (0: none)."
 )

@@ -63,7 +63,7 @@ from . import shared
     "link them.",
 )
 @spec.TITLE.click(help="Report heading.")
-@spec.CMC_MAX_RANK.click(help="CMC curves cover ranks 1..N.")
+@spec.CMC_MAX_RANK.click(help=f"CMC curves cover ranks 1..N (N at most {spec.MAX_CMC_RANK}).")
 @spec.REPORT_RESAMPLES.click(
     help="Bootstrap resamples (and random sign flips) of the 95% "
     "intervals and the paired tests; 0 leaves them out."

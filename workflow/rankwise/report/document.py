@@ -102,14 +102,66 @@ def _read_output(path: Path, command: str, key: str) -> dict[str, Any]:
     return data
 
 
+def _names(path: Path) -> tuple[str, str]:
+    """``(dataset, encoder)`` of ``<dataset>/<encoder>.json``; the folder from the
+    absolute path, so ``a.json`` given in its folder (or ``../x/a.json``) has one."""
+    return Path(os.path.abspath(path)).parent.name, path.stem
+
+
+def _check_metrics_file(path: Path, data: dict[str, Any]) -> None:
+    """Refuse, in one line naming the file and the key, a metrics JSON whose values
+    the report could not use (a hand-edited or foreign file)."""
+
+    def bad(key: str, what: str, value: Any) -> RankwiseError:
+        got = json.dumps(value)
+        got = got if len(got) <= 40 else got[:37] + "..."
+        return RankwiseError(
+            f"{path}: '{key}' must be {what}, got {got}; pass the --output of `rankwise metrics`"
+        )
+
+    if "protocol" not in data:
+        raise RankwiseError(f"{path}: no 'protocol'; pass the --output of `rankwise metrics`")
+    try:
+        get_protocol(data["protocol"])
+    except RankwiseError as exc:
+        raise RankwiseError(f"{path}: {exc}") from None
+    for name, value in data["metrics"].items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise bad(f"metrics.{name}", "a number", value)
+    for key in ("num_queries", "num_skipped", "num_gallery", "embedding_dim"):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise bad(key, "an integer", value)
+    if data.get("distance") is not None and not isinstance(data["distance"], str):
+        raise bad("distance", "a string", data["distance"])
+    raw = data.get("provenance")
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        raise bad("provenance", "an object", raw)
+    for key in ("ranks", "stats", "query_manifest", "gallery_manifest"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise bad(f"provenance.{key}", "a path", raw[key])
+    for side in ("query_embeddings", "gallery_embeddings"):
+        store = raw.get(side)
+        if store is None:
+            continue
+        if not isinstance(store, dict):
+            raise bad(f"provenance.{side}", "an object", store)
+        if store.get("path") is not None and not isinstance(store["path"], str):
+            raise bad(f"provenance.{side}.path", "a path", store["path"])
+
+
 def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
     """The report entry of a metrics JSON (its statistics are filled in later)."""
     path = Path(metrics_path)
     data = _read_output(path, "metrics", "metrics")
+    _check_metrics_file(path, data)
     raw = data.get("provenance") or {}
+    dataset, encoder = _names(path)
     return {
-        "dataset": path.parent.name,
-        "encoder": path.stem,
+        "dataset": dataset,
+        "encoder": encoder,
         **{key: data.get(key) for key in REPORT_KEYS if key != "metrics"},
         "metrics": {k: float(v) for k, v in data["metrics"].items()},
         "ci95": None,
@@ -117,7 +169,7 @@ def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
         "progressive": None,
         "worst_queries": None,
         "verification": None,
-        "provenance": _provenance(path.stem, raw),
+        "provenance": _provenance(encoder, raw),
         "source": str(path),
     }
 
@@ -129,7 +181,7 @@ def _attach_verification(results: list[dict[str, Any]], paths) -> None:
     for item in paths:
         path = Path(item)
         data = _read_output(path, "verify", "tpr@fpr")
-        key = (path.parent.name, path.stem)
+        key = _names(path)
         entry = by_key.get(key)
         if entry is None:
             raise RankwiseError(
