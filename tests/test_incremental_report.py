@@ -93,6 +93,30 @@ def test_summary_for_other_settings_is_not_used(results, summarised):  # noqa: F
     assert _numbers(build_report(summarised, **other)) == _numbers(build_report(metrics, **other))
 
 
+def test_a_summary_written_over_by_another_evaluation_is_not_used(results, summarised, tmp_path):  # noqa: F811
+    """Two metrics runs given one --stats-output: the file holds the second's summary,
+    which the first's JSON still names; its intervals, CMC and paired tests were
+    reported as the first's (an interval not containing its own value).  The JSON
+    records the summary's key; another one is computed again from the ranks store."""
+    _, metrics = results
+    copies = []
+    for path in summarised[:2]:  # one dataset, two encoders
+        target = tmp_path / path.parent.name / path.name
+        target.parent.mkdir(exist_ok=True)
+        shutil.copy(path, target)
+        copies.append(target)
+    first, second = (json.loads(p.read_text()) for p in copies)
+    assert first["provenance"]["stats_key"] != second["provenance"]["stats_key"]
+    # the second evaluation's summary where the first's JSON points
+    shutil.copy(second["provenance"]["stats"], tmp_path / "shared.stats.npz")
+    for data, target in zip((first, second), copies, strict=True):
+        data["provenance"]["stats"] = str(tmp_path / "shared.stats.npz")
+        target.write_text(json.dumps(data))
+    assert _numbers(build_report(copies, **OPTIONS)) == _numbers(
+        build_report(metrics[:2], **OPTIONS)
+    )
+
+
 def test_summary_round_trip_and_key(results, tmp_path):  # noqa: F811
     _, metrics = results
     ranks = json.loads(metrics[0].read_text())["provenance"]["ranks"]

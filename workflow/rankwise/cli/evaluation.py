@@ -352,5 +352,8 @@ def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
         except RankwiseError as exc:
             raise RankwiseError(f"{ranks}: {exc} (or --resamples 0)") from None
         write_summary(stats_output, summary)
+        # the report uses the file only when it is still this summary (the key of its
+        # per-unit values): another evaluation may have written over the path since
         report["provenance"]["stats"] = str(stats_output)
+        report["provenance"]["stats_key"] = summary.key
     _emit(report, output, text_output)

@@ -227,15 +227,18 @@ class _Stores:
 
 
 def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
-    """The entry's statistics: the summary its metrics job wrote when it was computed
-    for these settings, else computed from its ranks store (``None`` without one)."""
+    """The entry's statistics: the summary its metrics job wrote, when it was computed
+    for these settings and is still the one the metrics JSON names (its ``stats_key``:
+    a later run may have written another evaluation's summary to the same path), else
+    computed from its ranks store (``None`` without one)."""
     from ..summary import read_summary, summarise
 
     wanted = {**settings, "metrics": list(entry["metrics"]), "ap": ap_variant(entry)}
-    path = entry["provenance"]["raw"].get("stats")
-    if path and Path(path).is_file():
+    raw = entry["provenance"]["raw"]
+    path, key = raw.get("stats"), raw.get("stats_key")
+    if path and key and Path(path).is_file():
         summary = read_summary(path)
-        if summary.matches(wanted):
+        if summary.matches(wanted) and summary.key == key:
             return summary
     store = stores.get(entry)
     if store is None:
