@@ -494,7 +494,8 @@ CASES = [
         dict(ge="g_nan.npy"),
         ["--memory-limit", "1"],
         r"memory limit 1 MB cannot be met: this run needs about \d+ MB \(6 queries x 12 gallery "
-        r"x 8 dims, .*\); lower --query-block, --gallery-chunk or --workers, or raise the limit",
+        r"x 8 dims, tiles 6 x 12, .*\); even one-row tiles on one worker need about \d+ MB: "
+        r"raise the limit",
     ),
     (
         "memory-limit-zero",

@@ -536,37 +536,50 @@ def _check_memory(
     junk rows are dropped."""
     n_query, n_gallery, dim = query.shape[0], gallery.shape[0], int(query.shape[1])
     chunk = int(np.diff(_chunk_bounds(n_gallery, gallery, options.gallery_chunk)).max())
-    need = estimate_memory_mb(
-        n_query, n_gallery, dim, len(problem.pair_q),
-        EngineOptions(options.query_block, chunk, device=device), workers,
-    )  # fmt: skip
-    extra = ""
-    if rerank is not None:
-        from . import rerank as rerank_module
 
-        need = max(
-            need,
-            rerank_module.estimate_memory_mb(
-                n_query, n_gallery, dim, rerank, workers, options.query_block, chunk
-            ),
-        )
-        extra = ", re-ranking"
-    if aqe is not None:
-        from . import query_expansion
+    def estimate(block: int, chunk: int, workers: int) -> float:
+        need = estimate_memory_mb(
+            n_query, n_gallery, dim, len(problem.pair_q),
+            EngineOptions(block, chunk, device=device), workers,
+        )  # fmt: skip
+        if rerank is not None:
+            from . import rerank as rerank_module
 
-        during, after = query_expansion.estimate_memory_mb(
-            n_query, n_gallery, dim, aqe, workers, options.query_block, chunk
-        )
-        need = max(_BASE_MB + during, need + after)  # expansion, then ranking
-        extra += ", query expansion"
-    if kept is not None:
-        need += 4.0 * dim * len(kept) / 2**20
+            need = max(
+                need,
+                rerank_module.estimate_memory_mb(
+                    n_query, n_gallery, dim, rerank, workers, block, chunk
+                ),
+            )
+        if aqe is not None:
+            from . import query_expansion
+
+            during, after = query_expansion.estimate_memory_mb(
+                n_query, n_gallery, dim, aqe, workers, block, chunk
+            )
+            need = max(_BASE_MB + during, need + after)  # expansion, then ranking
+        if kept is not None:
+            need += 4.0 * dim * len(kept) / 2**20
+        return need
+
+    need = estimate(options.query_block, chunk, workers)
     if need > options.memory_limit_mb:
+        extra = "".join(
+            label
+            for label, used in ((", re-ranking", rerank), (", query expansion", aqe))
+            if used is not None
+        )
+        least = estimate(1, 1, 1)
+        fix = (
+            "lower --query-block, --gallery-chunk or --workers, or raise the limit"
+            if least <= options.memory_limit_mb
+            else f"even one-row tiles on one worker need about {least:.0f} MB: raise the limit"
+        )
         raise RankwiseError(
             f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "
             f"about {need:.0f} MB ({n_query} queries x {n_gallery} gallery x {dim} dims, "
-            f"tiles {options.query_block} x {chunk}, {workers} workers{extra}); lower "
-            "--query-block, --gallery-chunk or --workers, or raise the limit"
+            f"tiles {min(options.query_block, max(n_query, 1))} x {chunk}, {workers} "
+            f"workers{extra}); {fix}"
         )
 
 
