@@ -597,17 +597,23 @@ def test_manifest_fingerprint_follows_the_csv_and_its_images(tmp_path):
     assert pc.dataset_fingerprints("manifest", options)["query"] != edited["query"]
 
 
-def test_manifest_fingerprint_of_a_file_the_csv_module_cannot_read(tmp_path):
-    """A stray quote in a large CSV: the fingerprint (computed while Snakemake builds
-    the DAG) is the file's bytes, no traceback; prepare then names the problem."""
-    rows = ["id,label,path"] + [f"q{i},{i % 10},img/{i}.png" for i in range(20_000)]
-    rows[3] = 'q2,"7,img/2.png'
+def test_manifest_fingerprint_past_the_csv_modules_field_limit(tmp_path):
+    """A `text` value over the csv module's 128 KiB limit, and a stray quote (the rest of
+    the file one field): no traceback while Snakemake builds the DAG, and the images of
+    the manifest still count (editing one reruns encode); prepare names a broken file."""
+    _image(tmp_path / "img" / "a.png")
     query = tmp_path / "q.csv"
-    query.write_text("\n".join(rows) + "\n")
+    query.write_text(f"id,label,text,path\nq1,1,{'x' * 200_000},img/a.png\n")
     options = {"query": str(query), "gallery": str(query)}
     first = pc.dataset_fingerprints("manifest", options)
+    _image(tmp_path / "img" / "a.png", value=9, size=6)
+    assert pc.dataset_fingerprints("manifest", options)["query"] != first["query"]
+    rows = ["id,label,path"] + [f"q{i},{i % 10},img/{i}.png" for i in range(20_000)]
+    rows[3] = 'q2,"7,img/2.png'
+    query.write_text("\n".join(rows) + "\n")
+    broken = pc.dataset_fingerprints("manifest", options)
     query.write_text("\n".join(rows[:-1]) + "\n")
-    assert pc.dataset_fingerprints("manifest", options) != first
+    assert pc.dataset_fingerprints("manifest", options) != broken
 
 
 def test_folder_fingerprint_is_recursive(tmp_path):

@@ -648,7 +648,7 @@ def _as_matrix(output: Any, n: int, what: str) -> np.ndarray:
     anything else is one line naming ``what``."""
     if hasattr(output, "detach"):  # a torch tensor
         output = output.detach().cpu()
-        if output.is_floating_point():  # bfloat16 has no numpy dtype
+        if str(output.dtype) == "torch.bfloat16":  # no numpy dtype; exact in float32
             output = output.float()
         output = output.numpy()
     try:
@@ -791,23 +791,24 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
             )
     opts = {**opts, "input_size": list(size), "input": input_name, "output": output_name}
     fixed_batch = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else None
-    out_batch = next(o.shape for o in session.get_outputs() if o.name == output_name)
-    out_batch = out_batch[0] if out_batch else None
-    if not isinstance(out_batch, str) and out_batch != fixed_batch:
-        # (16, B) or (16,): the output's first axis is not the batch's; cutting and
-        # reshaping it as if it were would mix the images' values
+    out_shape = next(o.shape for o in session.get_outputs() if o.name == output_name)
+    # a size, a name (dynamic) or None (unknown: left to the check of every batch run)
+    out_batch = out_shape[0] if out_shape else None
+    # (16, B) or (16,): the output's first axis is not the batch's; cutting and reshaping
+    # it as if it were would mix the images' values.  A declared 1 beside a dynamic input
+    # batch may be an exporter's annotation only: the run's own shape decides.
+    declared = out_batch if fixed_batch is not None or out_batch != 1 else None
+    if isinstance(declared, int) and declared != fixed_batch:
         raise RankwiseError(
-            f"{model}: output {output_name!r} has shape "
-            f"{next(o.shape for o in session.get_outputs() if o.name == output_name)} for "
-            f"input shape {shape}: its first axis is not the batch; export the model "
-            "with outputs of shape (batch, ...)"
+            f"{model}: output {output_name!r} has shape {out_shape} for input shape "
+            f"{shape}: its first axis is not the batch; export the model with outputs of "
+            "shape (batch, ...)"
         )
 
     def session_run(x: np.ndarray) -> np.ndarray:
         try:
-            out = np.asarray(
-                session.run([output_name], {input_name: x.astype(dtype, copy=False)})[0]
-            )
+            feed = {input_name: x.astype(dtype, copy=False)}
+            out = np.asarray(session.run([output_name], feed)[0])
         except Exception as exc:  # onnxruntime raises its own exception types
             raise RankwiseError(
                 f"{model}: onnxruntime failed on a batch of shape {x.shape} "

@@ -30,6 +30,7 @@ import csv
 import os
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -278,10 +279,22 @@ def _has_blanks(path: Path) -> bool:
     return False
 
 
+@contextmanager
+def any_field_size() -> Iterator[None]:
+    """Lift the csv module's field size limit (128 KiB; pandas has none) while reading:
+    a long ``text`` value is a field like any other, and a quote left open reads as one
+    field to the end of the file, which the pandas parse then names."""
+    old = csv.field_size_limit(2**31 - 1)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
+
+
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """``(line number, fields)`` of each non-blank row (pandas skips blank lines too); the
     line a row starts on (a quoted value may span lines)."""
-    with open(path, newline="", encoding="utf-8-sig") as handle:
+    with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
         reader = csv.reader(handle)
         start = 1
         for row in reader:
@@ -299,8 +312,7 @@ def _csv_header(path: Path) -> list[str]:
 def _refuse_long_rows(path: Path, noun: str, fix: str) -> None:
     """Raise naming the first row with more fields than the header, if there is one
     (nothing when the csv module cannot read the file either: the caller's pandas
-    error names the problem, e.g. a stray quote's "EOF inside string starting at row 3",
-    which the csv module sees as one field beyond its size limit)."""
+    error names the problem)."""
     header: list[str] | None = None
     first, n_long, n_rows = None, 0, 0
     try:

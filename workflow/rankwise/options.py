@@ -688,6 +688,7 @@ def check_rerank_alone(
     aqe: Any,
     multi_query: Any = "none",
     single_gallery_shot: Any = False,
+    *,
     flags: bool = False,
 ) -> None:
     """Re-ranking and query expansion are not combined with ``multi_query`` or
@@ -695,15 +696,15 @@ def check_rerank_alone(
     k-reciprocal sets, and the single-shot draws rank on the plain distance.  ``flags``:
     the message names the CLI's flags (``--multi-query``) instead of the keys."""
 
-    def name(key: str) -> str:
-        return "--" + key.replace("_", "-") if flags else key
+    def name(option: Option) -> str:
+        return option.flag if flags else option.name
 
-    used = [name(n) for n, v in (("rerank", rerank), ("aqe", aqe)) if v is not None]
+    used = [name(o) for o, v in ((RERANK, rerank), (AQE, aqe)) if v is not None]
     variant = [
-        name(n)
-        for n, on in (
-            ("multi_query", multi_query not in (None, "none")),
-            ("single_gallery_shot", single_gallery_shot is True),
+        name(o)
+        for o, on in (
+            (MULTI_QUERY, multi_query not in (None, "none")),
+            (SINGLE_GALLERY_SHOT, single_gallery_shot is True),
         )
         if on
     ]
@@ -768,7 +769,7 @@ AP = Option(
     "standard",
     choices=("standard", "trapezoid"),
     noun="AP variant",
-    help="AP variant: standard, or the official Market-1501 trapezoid",
+    help="AP variant: standard, or the official Market-1501 trapezoid (recall, reid)",
 )
 
 

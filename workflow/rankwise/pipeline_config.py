@@ -117,13 +117,11 @@ def refuse(error: Exception) -> NoReturn:
 
 def load_yaml(path: str | os.PathLike) -> Any:
     """The YAML file at ``path``; syntax errors and duplicated keys raise, naming file and line."""
-    from .manifest import not_utf8
+    from .manifest import read_utf8_text
 
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise not_utf8(file, "config file") from None
+        text = read_utf8_text(file, "config file")
     except OSError as exc:
         raise RankwiseError(
             f"{file}: cannot read the config file ({exc}); check the path"
@@ -774,7 +772,12 @@ def _manifest_images(csv_path: Path) -> list[str]:
     if not csv_path.is_file():
         return lines
     # utf-8-sig, as read_manifest: a byte-order mark is not part of the first column's name
-    with open(csv_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
+    from .manifest import any_field_size
+
+    with (
+        open(csv_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle,
+        any_field_size(),
+    ):
         reader = csv.reader(handle)
         try:
             header = [c.strip() for c in next(reader, [])]
@@ -786,8 +789,8 @@ def _manifest_images(csv_path: Path) -> list[str]:
                 if value:
                     lines.append(_stat_line(value, csv_path.parent / os.path.expanduser(value)))
         except csv.Error:
-            # not a CSV the csv module reads (a stray quote: one field past its size
-            # limit): the CSV's own bytes are the fingerprint; prepare says what is wrong
+            # not a CSV the csv module reads: the CSV's own bytes are the fingerprint;
+            # prepare says what is wrong
             return _file_lines(csv_path)
     return lines
 

@@ -152,12 +152,17 @@ def atomic_store(path: str | os.PathLike, kind: str | None = None) -> Iterator[z
     """Yield a fresh Zarr group at ``<path>.tmp``; rename it to ``path`` on success.
 
     The group is marked ``complete`` just before the rename (see :func:`atomic_directory`;
-    ``kind``: the only store kind it may replace).
+    ``kind``: the only store kind it may replace).  It carries its ``kind`` from the
+    start, so that ``<path>.tmp`` given as an input (a crash left it) is an incomplete
+    rankwise store, never a foreign Zarr store read as it stands (rows not yet written
+    reading as zeros).
     """
     import zarr  # imported lazily: a CLI run on .npy inputs never needs it
 
     with atomic_directory(path, kind) as tmp:
         group = zarr.open_group(str(tmp), mode="w")
+        if kind is not None:
+            group.attrs["kind"] = kind
         yield group
         group.attrs["complete"] = True
 

@@ -167,7 +167,9 @@ _PROTOCOL_HELP = "; ".join(f"{name}: {p.summary}" for name, p in REGISTRY.items(
 
 #: --ks, --ap and --output: every command that reports metrics.
 ks = spec.KS.click(help="Cutoffs K, comma-separated.")
-ap = spec.AP.click(help="AP variant: standard, or the official Market-1501 trapezoid.")
+ap = spec.AP.click(
+    help="AP variant: standard, or the official Market-1501 trapezoid (recall and reid)."
+)
 output = click.option(
     "--output", type=OutputPath(dir_okay=False), help="Write the JSON report here."
 )
