@@ -274,11 +274,27 @@ def test_cmc_curve_by_hand(tmp_path):
     assert cmc_curve(store, 4) == pytest.approx([100 / 3, 200 / 3, 100.0, 100.0])
 
 
+def _metrics_json(**keys) -> str:
+    """A minimal metrics JSON with ``keys`` added (or replaced)."""
+    return json.dumps({"protocol": "recall", "metrics": {"map": 50.0}, **keys})
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
         ("not json", "not a JSON file"),
         ('{"protocol": "recall"}', "no 'metrics' object"),
+        ('{"metrics": {"map": 50.0}}', "e.json: no 'protocol'"),
+        ('{"protocol": "x", "metrics": {}}', "e.json: unknown protocol 'x'"),
+        ('{"protocol": "recall", "metrics": {"map": null}}', "'metrics.map' must be a number"),
+        ('{"protocol": "recall", "metrics": {"map": "abc"}}', "'metrics.map' must be a number"),
+        (_metrics_json(num_queries="8"), "'num_queries' must be an integer"),
+        (_metrics_json(provenance=[1, 2]), "'provenance' must be an object"),
+        (
+            _metrics_json(provenance={"query_embeddings": [1]}),
+            "'provenance.query_embeddings' must be an object",
+        ),
+        (_metrics_json(provenance={"ranks": 5}), "'provenance.ranks' must be a path"),
     ],
 )
 def test_bad_metrics_file(tmp_path, content, message):
@@ -288,7 +304,20 @@ def test_bad_metrics_file(tmp_path, content, message):
     result = CliRunner().invoke(main, ["report", str(bad), "--out-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert message in result.output
+    assert result.output.startswith(f"error: {bad}: ")  # one line naming the file
+    assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "report.html").exists()
+
+
+def test_a_metrics_file_given_in_its_folder_names_the_folder_as_dataset(results, monkeypatch):
+    _, metrics = results
+    monkeypatch.chdir(metrics[0].parent)
+    given = [metrics[0].name, f"../toy/{metrics[1].name}"]
+    doc = build_report(given, resamples=0, worst_queries=0)
+    assert [(r["dataset"], r["encoder"]) for r in doc["results"]] == [
+        ("toy", "enc-a"),
+        ("toy", "enc-b"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -607,6 +636,7 @@ def test_a_note_says_when_few_clusters_rule_out_significance(results):
         (["--resamples", "100000000"], "--resamples must be an integer in 0..10000000"),
         (["--top-k", "0"], "--top-k must be at least 1"),
         (["--worst-queries", "-2"], "--worst-queries must be a non-negative integer"),
+        (["--cmc-max-rank", str(10**12)], "--cmc-max-rank must be an integer in 1..100000"),
     ],
 )
 def test_bad_options(results, tmp_path, args, message):
