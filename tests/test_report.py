@@ -569,6 +569,50 @@ def test_worst_encoders_all_and_none(results):
     render_html(doc)  # renders without statistics
 
 
+def test_without_a_ranks_store_the_report_says_so_and_claims_no_intervals(results, tmp_path):
+    """Metrics files whose ranks store is gone (a report run from another folder): no
+    statistics, a note on stderr and in each document naming the store, and no caption
+    that claims intervals."""
+    from rankwise.report.latex import _tex
+    from rankwise.report.markdown import _escape as _md_escape
+
+    _, metrics = results
+    given = []
+    for path in metrics[:2]:
+        data = json.loads(path.read_text())
+        data["provenance"]["ranks"] = str(tmp_path / "gone" / f"{path.stem}.zarr")
+        given.append(tmp_path / "toy" / path.name)
+        given[-1].parent.mkdir(exist_ok=True)
+        given[-1].write_text(json.dumps(data))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        main, ["report", *map(str, given), "--out-dir", str(out), "--tex", str(out / "r.tex")]
+    )
+    assert result.exit_code == 0, result.output
+    note = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert len(note) == 1 and f"toy/enc-a (ranks store {tmp_path}/gone/enc-a.zarr" in note[0]
+    doc = json.loads((out / "report.json").read_text())
+    assert not any(r["ci95"] or r["cmc"] or r["worst_queries"] for r in doc["results"])
+    assert [m["encoder"] for m in doc["statistics"]["without_statistics"]] == ["enc-a", "enc-b"]
+    md, html, tex = [(out / name).read_text() for name in ("report.md", "report.html", "r.tex")]
+    for text, escape in ((md, _md_escape), (html, str), (tex, _tex)):
+        assert escape(f"enc-b: ranks store {tmp_path}/gone/enc-b.zarr not found") in text
+        assert "Intervals:" not in text and "No intervals or tests: no statistics" in text
+    assert "[low, high]" not in md and "[low, high]" not in tex
+    assert "interval below each value" not in html
+
+
+def test_without_resamples_no_caption_claims_intervals(results, tmp_path):
+    from rankwise.report import render_latex, render_markdown
+
+    _, metrics = results
+    doc = build_report(metrics[:2], resamples=0, worst_queries=0)
+    assert all(r["cmc"] and r["ci95"] is None for r in doc["results"])
+    for text in (render_markdown(doc), render_html(doc), render_latex(doc)):
+        assert "No intervals or tests (resamples = 0)." in text
+        assert "[low, high]" not in text and "interval below each value" not in text
+
+
 def test_by_identity(results):
     _, metrics = results
     doc = build_report(metrics[:2], resamples=100, by="identity", worst_queries=0)

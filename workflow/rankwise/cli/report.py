@@ -134,7 +134,7 @@ def report(
     from ..extras import require
 
     require("matplotlib", "rankwise report")  # before the report module imports it
-    from ..report import write_report
+    from ..report import view, write_report
     from ..report.pairs import PairCache
 
     cache = PairCache(cache_dir)
@@ -159,6 +159,13 @@ def report(
         workers=workers or os.cpu_count() or 1,  # as the rank engine's default
         **options,
     )
+    missing = view.no_statistics_line(doc)
+    if missing:
+        click.echo(
+            f"note: {missing} (relative paths are read from the working folder: run the "
+            "report where the pipeline ran)",
+            err=True,
+        )
     for path in (html_path, md_path, json_path, csv_path, tex_path):
         if path:
             click.echo(f"wrote {path}")

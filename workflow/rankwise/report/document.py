@@ -246,6 +246,17 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
     return summarise(*store, **wanted)
 
 
+def _why_no_statistics(entry: dict[str, Any]) -> str:
+    """Why :func:`_summary` found no statistics for ``entry`` (the paths as its metrics
+    JSON names them)."""
+    ranks = entry["provenance"]["files"]["ranks"]
+    where = f"ranks store {ranks} not found" if ranks else "its provenance names no ranks store"
+    stats = entry["provenance"]["raw"].get("stats")
+    if stats and Path(stats).is_file():
+        return f"statistics summary {stats} computed for other settings, {where}"
+    return where
+
+
 def _stamp(path) -> list | None:
     """``[path, mtime_ns]`` of a file or folder (``None`` when there is none)."""
     try:
@@ -439,6 +450,13 @@ def build_report(
         "num_tests": len(comparisons),
         # pairs of one dataset left untested: their evaluated queries differ
         "not_compared": not_compared,
+        # evaluations with no summary or ranks store to read: no intervals, CMC, tests
+        # or worst queries (the renderers say so, and claim no intervals for them)
+        "without_statistics": [
+            {"dataset": e["dataset"], "encoder": e["encoder"], "reason": _why_no_statistics(e)}
+            for e in results
+            if summaries[e["dataset"], e["encoder"]] is None
+        ],
         "pairs": f"all pairs up to {ALL_PAIRS_MAX} encoders per dataset, "
         "else each against the previous one and the best against "
         "the others",

@@ -211,13 +211,17 @@ def render_html(doc: dict[str, Any], *, links_from: str | os.PathLike = ".") -> 
     """One HTML page (inline CSS, base64 PNG plots); its only links are to the paper
     figures (``doc["figures"]``), relative to ``links_from``, the page's folder."""
     thumbs = Thumbnails()
-    conf = view.confidence_label(doc)
+    intervals = (
+        f", {view.confidence_label(doc)} interval below each value"
+        if view.has_intervals(doc["results"])
+        else ""
+    )
     parts = [
         f"<h1>{_esc(doc['title'])}</h1>",
         f'<p class="meta">{len(doc["datasets"])} dataset(s) &times; '
         f"{len(doc['encoders'])} encoder(s) &middot; rankwise "
         f"{_esc(doc['rankwise_version'])} &middot; all numbers are percentages, "
-        f"best per column in bold, {conf} interval below each value</p>",
+        f"best per column in bold{intervals}</p>",
         f'<p class="note">{_esc(view.stats_sentence(doc))}</p>',
     ]
     header, body = view.overview(doc)
@@ -248,7 +252,11 @@ def render_html(doc: dict[str, Any], *, links_from: str | os.PathLike = ".") -> 
         dropped = view.dropped_rows_note(rows)
         if dropped:
             parts.append(f'<p class="meta">{_esc(dropped)}</p>')
-        for note in (view.not_compared_note(doc, dataset), view.unattainable_note(doc, dataset)):
+        for note in (
+            view.no_statistics_note(doc, dataset),
+            view.not_compared_note(doc, dataset),
+            view.unattainable_note(doc, dataset),
+        ):
             if note:
                 parts.append(f'<p class="meta">{_esc(note)}</p>')
         parts.append(_html_table(["encoder"] + [_esc(n) for n in names], _value_rows(table)))

@@ -131,14 +131,17 @@ def _tabular(
     ]
 
 
-def _caption(doc: dict[str, Any], dataset: str, first: dict[str, Any], differences: bool) -> str:
+def _caption(
+    doc: dict[str, Any], dataset: str, rows: list[dict[str, Any]], differences: bool
+) -> str:
+    first = rows[0]
     text = (
         f"{dataset}: protocol {first['protocol']}, distance {first['distance']}, "
         f"{first['num_queries']} {view.units_name(first['protocol'])} "
         f"({first['num_skipped']} skipped), {first['num_gallery']} gallery items. "
         f"Percentages; best per column in bold"
     )
-    if doc["statistics"]["resamples"]:
+    if view.has_intervals(rows):
         text += f", [low, high] its {view.confidence_label(doc)} interval"
     text += ". "
     if differences:
@@ -146,8 +149,9 @@ def _caption(doc: dict[str, Any], dataset: str, first: dict[str, Any], differenc
             f"Below: differences b - a in percentage points, {view.SIGNIFICANT_MARK} "
             f"significant ({view.significance_rule(doc)}). "
         )
-    note = view.unattainable_note(doc, dataset) if differences else None
-    return _tex(text + view.stats_sentence(doc) + (f" {note}" if note else ""))
+    notes = [view.no_statistics_note(doc, dataset)]
+    notes += [view.unattainable_note(doc, dataset) if differences else None]
+    return _tex(" ".join([text + view.stats_sentence(doc, rows), *filter(None, notes)]))
 
 
 def render_latex(doc: dict[str, Any]) -> str:
@@ -197,7 +201,7 @@ def render_latex(doc: dict[str, Any]) -> str:
                 ],
             )
         out += [
-            rf"\caption{{{_caption(doc, dataset, rows[0], bool(comparisons))}}}",
+            rf"\caption{{{_caption(doc, dataset, rows, bool(comparisons))}}}",
             rf"\label{{tab:rankwise-{number}}}",
             r"\end{table}",
             "",

@@ -57,13 +57,17 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
     differences, CMC, the progressive curve, the paper figures (``doc["figures"]``,
     linked relative to ``links_from``, the file's folder), worst queries and
     provenance."""
+    intervals = (
+        f", [low, high] its {view.confidence_label(doc)} interval"
+        if view.has_intervals(doc["results"])
+        else ""
+    )
     out = [
         f"# {doc['title']}",
         "",
         f"{len(doc['datasets'])} dataset(s) x {len(doc['encoders'])} encoder(s); "
         f"rankwise {doc['rankwise_version']}. All numbers are percentages; best per "
-        f"column in bold, [low, high] its {view.confidence_label(doc)} interval. "
-        f"{view.stats_sentence(doc)}",
+        f"column in bold{intervals}. {view.stats_sentence(doc)}",
         "",
     ]
     header, body = view.overview(doc)
@@ -91,7 +95,11 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         dropped = view.dropped_rows_note(rows)
         if dropped:
             out += [_escape(dropped), ""]
-        for note in (view.not_compared_note(doc, dataset), view.unattainable_note(doc, dataset)):
+        for note in (
+            view.no_statistics_note(doc, dataset),
+            view.not_compared_note(doc, dataset),
+            view.unattainable_note(doc, dataset),
+        ):
             if note:
                 out += [_escape(note), ""]
         out += [_table(["encoder"] + names, _rows(table)), ""]

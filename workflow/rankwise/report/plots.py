@@ -59,17 +59,22 @@ def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]
     colors = _colors(doc["encoders"])
     conf = view.confidence_label(doc)
     dataset = rows[0]["dataset"]
+    # a caption names the intervals only when some are drawn
+    intervals = view.has_intervals(rows)
     if len(rows) >= 2:
+        sweep = sweep_positions(rows) is not None
         plots = [
             Plot(
                 "metrics",
                 f"metrics across encoders on {dataset}",
                 (
                     "Each metric across the checkpoints of the sweep (x: the number in "
-                    f"each file name); band: {conf} interval; ringed: the best"
-                    if sweep_positions(rows) is not None
-                    else f"Each metric per encoder; bars: {conf} interval; ringed: the best"
-                ),
+                    "each file name)"
+                    if sweep
+                    else "Each metric per encoder"
+                )
+                + (f"; {'band' if sweep else 'bars'}: {conf} interval" if intervals else "")
+                + "; ringed: the best",
                 lambda style: trend_chart(rows, style),
             )
         ]
@@ -78,7 +83,7 @@ def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]
             Plot(
                 "metrics",
                 f"metrics on {dataset}",
-                f"Metrics, with {conf} intervals",
+                f"Metrics, with {conf} intervals" if intervals else "Metrics",
                 lambda style: bar_chart(rows, colors, style),
             )
         ]
@@ -97,7 +102,12 @@ def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]
                 "progressive",
                 f"rank against completion on {dataset}",
                 "Target's mean 1/rank against sketch completion (m@B averages it over "
-                f"steps); band: {conf} interval",
+                "steps)"
+                + (
+                    f"; band: {conf} interval"
+                    if any(all(r["progressive"]["ci95"]) for r in rows if r.get("progressive"))
+                    else ""
+                ),
                 lambda style: progressive_chart(rows, colors, style),
             )
         )

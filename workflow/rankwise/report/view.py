@@ -78,11 +78,19 @@ def significance_rule(doc: dict[str, Any]) -> str:
     return f"p(Holm) < {doc['statistics']['alpha']:g}"
 
 
-def stats_sentence(doc: dict[str, Any]) -> str:
-    """How the intervals and tests were made (one sentence per renderer)."""
+def has_intervals(rows: list[dict[str, Any]]) -> bool:
+    """Whether any of ``rows`` (results) has intervals: a caption claims them only then."""
+    return any(r.get("ci95") for r in rows)
+
+
+def stats_sentence(doc: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
+    """How the intervals and tests of ``rows`` (default: every result) were made (one
+    sentence per renderer)."""
     s = doc["statistics"]
     if not s["resamples"]:
         return "No intervals or tests (resamples = 0)."
+    if not has_intervals(doc["results"] if rows is None else rows):
+        return "No intervals or tests: no statistics were found (see the note)."
     unit, units = ("identity", "identities") if s["by"] == "identity" else ("query", "queries")
     intervals = (
         f"Intervals: {confidence_label(doc)} percentile bootstrap, {s['resamples']} "
@@ -292,6 +300,34 @@ def not_compared_note(doc: dict[str, Any], dataset: str) -> str | None:
         return None
     return (
         "Not compared: " + "; ".join(f"{s['a']} and {s['b']}: {s['reason']}" for s in skipped) + "."
+    )
+
+
+#: What an evaluation without statistics lacks.
+_NO_STATISTICS = "no intervals, CMC, paired tests or worst queries"
+
+
+def no_statistics_note(doc: dict[str, Any], dataset: str) -> str | None:
+    """The encoders of ``dataset`` without statistics, and why; ``None``: none."""
+    missing = [
+        m for m in doc["statistics"].get("without_statistics", []) if m["dataset"] == dataset
+    ]
+    if not missing:
+        return None
+    return (
+        f"Without statistics ({_NO_STATISTICS}): "
+        + "; ".join(f"{m['encoder']}: {m['reason']}" for m in missing)
+        + "."
+    )
+
+
+def no_statistics_line(doc: dict[str, Any]) -> str | None:
+    """One line for the terminal: every evaluation without statistics, and why."""
+    missing = doc["statistics"].get("without_statistics", [])
+    if not missing:
+        return None
+    return f"{_NO_STATISTICS} for " + "; ".join(
+        f"{m['dataset']}/{m['encoder']} ({m['reason']})" for m in missing
     )
 
 
