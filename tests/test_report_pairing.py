@@ -23,6 +23,7 @@ import pytest
 from helpers import run_rankwise
 
 from rankwise.metrics import cmc, mean
+from rankwise.report import render_latex
 from rankwise.report.markdown import _escape
 
 N_QUERY, N_GALLERY = 18, 24  # 6 labels: 3 queries and 4 gallery items each
@@ -150,9 +151,16 @@ def test_an_encoder_that_dropped_query_rows_is_reported_not_compared(data, tmp_p
     skipped = doc["statistics"]["not_compared"]
     assert [(s["a"], s["b"]) for s in skipped] == [("A", "D"), ("B", "D")]
     assert skipped[0]["reason"].startswith("their evaluated queries differ (18 and 17;")
+    # the dataset's counts are each encoder's, not the first one's (A: 18 queries)
+    counts = "; ".join(
+        f"{name}: {n} queries (0 skipped), {N_GALLERY} gallery items"
+        for name, n in (("A", N_QUERY), ("B", N_QUERY), ("D", N_QUERY - 1))
+    )
     for name in ("r.md", "r.html"):
         text = (tmp_path / "out" / name).read_text()
         assert "Not compared: A and D: their evaluated queries differ (18 and 17;" in text
+        assert counts in text
+    assert f"ds: protocol recall, distance cosine, {counts}. " in render_latex(doc)
 
 
 def test_the_best_checkpoint_does_not_depend_on_the_order_of_the_files(data, tmp_path):

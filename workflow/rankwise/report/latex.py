@@ -137,8 +137,7 @@ def _caption(
     first = rows[0]
     text = (
         f"{dataset}: protocol {first['protocol']}, distance {first['distance']}, "
-        f"{first['num_queries']} {view.units_name(first['protocol'])} "
-        f"({first['num_skipped']} skipped), {first['num_gallery']} gallery items. "
+        f"{view.counts(rows)}. "
         f"Percentages; best per column in bold"
     )
     if view.has_intervals(rows):

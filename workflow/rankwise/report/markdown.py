@@ -88,8 +88,7 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
             f"## {dataset}",
             "",
             f"protocol `{first['protocol']}`, distance `{first['distance']}`, "
-            f"{first['num_queries']} {view.units_name(first['protocol'])} "
-            f"({first['num_skipped']} skipped), {first['num_gallery']} gallery items.",
+            f"{_escape(view.counts(rows))}.",
             "",
         ]
         dropped = view.dropped_rows_note(rows)

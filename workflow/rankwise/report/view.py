@@ -111,6 +111,20 @@ def units_name(protocol: str) -> str:
     return get_protocol(protocol).units
 
 
+def counts(rows: list[dict[str, Any]]) -> str:
+    """A dataset's evaluated units and gallery, ``8 queries (0 skipped), 32 gallery
+    items``; each encoder's (``a: ...; b: ...``) when they differ (id-keyed features
+    with dropped rows)."""
+    units = units_name(rows[0]["protocol"])
+    texts = [
+        f"{r['num_queries']} {units} ({r['num_skipped']} skipped), {r['num_gallery']} gallery items"
+        for r in rows
+    ]
+    if len(set(texts)) == 1:
+        return texts[0]
+    return "; ".join(f"{r['encoder']}: {t}" for r, t in zip(rows, texts, strict=True))
+
+
 def cmc_units(protocol: str) -> str:
     """What the CMC counts: the queries, or the complete renderings of the sketches."""
     spec = get_protocol(protocol)
