@@ -37,6 +37,7 @@ from rankwise.encoders import encode_manifest
 from rankwise.errors import RankwiseError
 from rankwise.feature_ids import align, read_ids
 from rankwise.inputs import open_inputs, read_evaluated_manifest
+from rankwise.report.markdown import _escape
 from rankwise.report.worst import worst_queries_of
 from rankwise.stats import query_labels
 from rankwise.store import embeddings_attrs
@@ -408,7 +409,7 @@ def test_drop_count_reaches_metrics_json_and_report(tmp_path: Path):
         "Manifest rows without features left out (on_missing: drop): "
         f"enc: 3 of {n_q} query and 5 of {n_g} gallery rows."
     )
-    assert note in (out / "report.md").read_text()
+    assert _escape(note) in (out / "report.md").read_text()  # "on\\_missing"
     assert note in (out / "report.html").read_text()
     doc = json.loads((out / "report.json").read_text())
     entry = next(e for e in doc["results"] if e["dataset"] == "ds")

@@ -219,7 +219,7 @@ def test_cmc_agrees_with_rank_k(report):
 
 def test_markdown_tables(report):
     text = (report / "report.md").read_text()
-    assert text.startswith("# Toy <report>")
+    assert text.startswith("# Toy \\<report\\>")  # escaped: not an HTML tag
     for heading in ("## Overview", "## toy", "## sketchy"):
         assert heading in text
     assert "| encoder | recall@1 | recall@2 | recall@5 | map | mrr | minp |" in text
@@ -740,6 +740,37 @@ def test_markdown_and_html_share_the_cells(doc):
                     assert md_cell.endswith(f"[{cell.ci[0]:.1f}, {cell.ci[1]:.1f}]")
                     assert f"{cell.ci[0]:.1f}&ndash;{cell.ci[1]:.1f}" in html_cell
     assert flagged >= 2 + len(doc["datasets"])  # overview and tables both flag a best
+
+
+def test_markdown_escapes_every_name(doc):
+    """Titles, headings, overview headers, the best checkpoint, the worst queries'
+    caption and labels: a name's ``|`` broke the tables, ``<x>`` vanished (an HTML tag),
+    ``__init__`` was bold; ids in code spans keep their backticks."""
+    from rankwise.report import render_markdown
+
+    best = doc["best"][0]["encoder"]
+    text = json.dumps(doc).replace('"toy"', '"a|b<x>"').replace(f'"{best}"', '"__init__"')
+    doc = json.loads(text)
+    doc["title"] = "t_1 *x* [y](z)"
+    for entry in doc["results"]:
+        for q in (entry.get("worst_queries") or {"queries": []})["queries"]:
+            q["label"], q["id"] = "l|1", "q`1"
+    md = render_markdown(doc)
+    assert "# t\\_1 \\*x\\* \\[y\\](z)\n" in md
+    assert "\n## a\\|b\\<x\\>\n" in md
+    assert "| a\\|b\\<x\\> (recall@1) |" in md
+    assert "Best checkpoint per dataset: a\\|b\\<x\\>: **\\_\\_init\\_\\_** (" in md
+    assert "Worst 3 queries (lowest AP) of \\_\\_init\\_\\_ (top items" in md
+    assert "1. ``q`1`` (label l\\|1): AP" in md
+    assert "__init__" not in md and "<x>" not in md
+    # every table row has as many unescaped | as its header
+    for table in re.findall(r"(?:^\|.*\|\n)+", md, flags=re.M):
+        cells = {len(re.findall(r"(?<!\\)\|", line)) for line in table.splitlines()}
+        assert len(cells) == 1, table
+    from rankwise.report.markdown import _code
+
+    assert _code("a`b") == "``a`b``" and _code("`a") == "`` `a ``"
+    assert _code("a|b", table=True) == "`a\\|b`"
 
 
 def test_renderers_read_the_settings_from_the_document(doc):

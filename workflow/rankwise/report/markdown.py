@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from . import view
@@ -19,13 +20,27 @@ def _table(header: list[str], rows: list[list[str]], align: str = "r") -> str:
 
 
 #: Characters that Markdown would read as markup in a name: a table cell's end, an
-#: HTML tag (``<z>`` vanished in renderers), emphasis, code, links, strike-through.
-#: ``_`` is left as it is: between letters (``epoch_60``) it is never emphasis.
-_MARKUP = str.maketrans({c: "\\" + c for c in "\\|<>*`[]~"})
+#: HTML tag or entity (``<z>`` vanished in renderers), emphasis (``__init__`` was bold),
+#: code, links, strike-through, a heading.  CommonMark takes a backslash before any
+#: ASCII punctuation as that character, so escaping one that needs none is harmless.
+_MARKUP = str.maketrans({"\n": " ", "\r": " ", **{c: "\\" + c for c in "\\|<>*_`[]~#&"}})
 
 
 def _escape(text: Any) -> str:
+    """``text`` as literal Markdown text, on one line."""
     return str(text).translate(_MARKUP)
+
+
+def _code(text: Any, *, table: bool = False) -> str:
+    """``text`` as a code span: fenced by more backticks than it holds in a row, padded
+    when it starts or ends with one; in a ``table`` cell ``|`` escaped (GFM ends the
+    cell there even inside code)."""
+    text = " ".join(str(text).splitlines())
+    fence = "`" * (1 + max((len(run) for run in re.findall("`+", text)), default=0))
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    if table:
+        text = text.replace("|", "\\|")
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _value(cell: view.ValueCell) -> str:
@@ -46,9 +61,9 @@ def _figures(doc: dict[str, Any], dataset: str, links_from) -> list[str]:
             files = figure_files(doc, dataset, entry["kind"], links_from)
             if "svg" in files:  # shown, with a link to the PDF
                 pdf = f" ([PDF]({files['pdf']}))" if "pdf" in files else ""
-                out += [f"![{entry['caption']}]({files['svg']}){pdf}", ""]
+                out += [f"![{_escape(entry['caption'])}]({files['svg']}){pdf}", ""]
             else:
-                out += [f"[{entry['caption']} (PDF)]({files['pdf']})", ""]
+                out += [f"[{_escape(entry['caption'])} (PDF)]({files['pdf']})", ""]
     return out
 
 
@@ -63,7 +78,7 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         else ""
     )
     out = [
-        f"# {doc['title']}",
+        f"# {_escape(doc['title'])}",
         "",
         f"{len(doc['datasets'])} dataset(s) x {len(doc['encoders'])} encoder(s); "
         f"rankwise {doc['rankwise_version']}. All numbers are percentages; best per "
@@ -74,10 +89,13 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
     out += [
         "## Overview",
         "",
-        _table(["encoder"] + [f"{d} ({h})" for d, h in header], _rows(body)),
+        _table(["encoder"] + [_escape(f"{d} ({h})") for d, h in header], _rows(body)),
         "",
         "Best checkpoint per dataset: "
-        + "; ".join(f"{d}: **{_escape(e)}** ({what})" for d, e, what in view.best_checkpoints(doc))
+        + "; ".join(
+            f"{_escape(d)}: **{_escape(e)}** ({_escape(what)})"
+            for d, e, what in view.best_checkpoints(doc)
+        )
         + ".",
         "",
     ]
@@ -85,9 +103,9 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         first = rows[0]
         names, table = view.metrics_table(rows)
         out += [
-            f"## {dataset}",
+            f"## {_escape(dataset)}",
             "",
-            f"protocol `{first['protocol']}`, distance `{first['distance']}`, "
+            f"protocol {_code(first['protocol'])}, distance {_code(first['distance'])}, "
             f"{_escape(view.counts(rows))}.",
             "",
         ]
@@ -101,14 +119,14 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         ):
             if note:
                 out += [_escape(note), ""]
-        out += [_table(["encoder"] + names, _rows(table)), ""]
+        out += [_table(["encoder"] + [_escape(n) for n in names], _rows(table)), ""]
         comparisons = view.dataset_comparisons(doc, dataset)
         if comparisons:
             out += [
                 f"Differences b - a (percentage points; {view.SIGNIFICANT_MARK} significant):",
                 "",
                 _table(
-                    ["b - a"] + names,
+                    ["b - a"] + [_escape(n) for n in names],
                     [
                         [_escape(f"{b} - {a}")] + [c.text if c else "-" for c in cells]
                         for a, b, cells in view.differences(comparisons, names)
@@ -119,9 +137,9 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         if view.verification_rows(rows):
             levels, table = view.verification_table(rows)
             out += [
-                view.verification_caption(rows),
+                _escape(view.verification_caption(rows)),
                 "",
-                _table(["encoder"] + levels, _rows(table)),
+                _table(["encoder"] + [_escape(x) for x in levels], _rows(table)),
                 "",
             ]
         cmc_rows = [r for r in rows if r["cmc"]]
@@ -161,16 +179,16 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
             if not r.get("worst_queries"):
                 continue
             worst = r["worst_queries"]
-            out += [view.worst_caption(r) + " (top items: + relevant, - not):", ""]
+            out += [_escape(view.worst_caption(r)) + " (top items: + relevant, - not):", ""]
             for i, q in enumerate(worst["queries"], 1):
                 line = (
-                    f"{i}. `{q['id']}` (label {q['label']}): "
+                    f"{i}. {_code(q['id'])} (label {_escape(q['label'])}): "
                     f"{view.SCORE_NAMES[worst['score']]} {view.fmt(q['score'])}, "
                     + view.RANK_NAMES[worst["score"]].format(q["rank"])
                 )
                 if q["top"] is not None:
                     line += "; top: " + " ".join(
-                        f"{'+' if t['relevant'] else '-'}`{t['id']}`" for t in q["top"]
+                        f"{'+' if t['relevant'] else '-'}{_code(t['id'])}" for t in q["top"]
                     )
                 out.append(line)
             out.append("")
@@ -183,11 +201,11 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
                     [
                         _escape(p["encoder"]),
                         _escape(p["kind"]),
-                        f"`{p['checkpoint']}`",
-                        f"`{p['query_manifest']}`",
-                        f"`{p['gallery_manifest']}`",
-                        p["dim"],
-                        p["rankwise"],
+                        _code(p["checkpoint"], table=True),
+                        _code(p["query_manifest"], table=True),
+                        _code(p["gallery_manifest"], table=True),
+                        _escape(p["dim"]),
+                        _escape(p["rankwise"]),
                     ]
                     for p in view.provenance_rows(rows)
                 ],
@@ -197,5 +215,5 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         ]
         options = first["provenance"].get("protocol_options")
         if options:
-            out += [f"Protocol options: `{json.dumps(options, sort_keys=True)}`", ""]
+            out += [f"Protocol options: {_code(json.dumps(options, sort_keys=True))}", ""]
     return "\n".join(out)
