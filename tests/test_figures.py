@@ -18,6 +18,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from test_report import invoke, results  # noqa: F401  (the results fixture)
@@ -170,8 +171,9 @@ def _links(text: str, pattern: str) -> list[str]:
 
 
 def test_html_and_markdown_link_every_figure(metrics, tmp_path):
-    """Links are relative to each file's own folder, wherever the figures go."""
-    figures = tmp_path / "paper/figs"
+    """Links are relative to each file's own folder, wherever the figures go, and
+    percent-encoded (a space ended the Markdown link, a '#' began a fragment)."""
+    figures = tmp_path / "paper figs#2 (x)/figs"
     invoke(
         "report",
         *metrics,
@@ -190,10 +192,11 @@ def test_html_and_markdown_link_every_figure(metrics, tmp_path):
     )
     files = {p.resolve() for p in figures.iterdir()}
     html = _links((tmp_path / "web/r.html").read_text(), r'<a href="([^"]+)">')
-    assert {(tmp_path / "web" / link).resolve() for link in html} == files
+    assert {(tmp_path / "web" / unquote(link)).resolve() for link in html} == files
     md = _links((tmp_path / "r.md").read_text(), r"\]\(([^)]+\.(?:svg|pdf))\)")
-    assert {(tmp_path / link).resolve() for link in md} == files
+    assert {(tmp_path / unquote(link)).resolve() for link in md} == files
     assert all(not Path(link).is_absolute() for link in html + md)
+    assert not any(c in link for link in html + md for c in " #()"), html + md
 
 
 def test_without_figures_nothing_is_linked(metrics, tmp_path):

@@ -148,15 +148,18 @@ class DrawInBackground:
         raise RankwiseError(f"drawing the figures stopped (exit status {code})")
 
 
-def figure_files(
+def figure_links(
     doc: dict[str, Any], dataset: str, kind: str, links_from: str | os.PathLike
 ) -> dict[str, str]:
-    """Format -> path (relative to the folder ``links_from``, with ``/``) of the
-    written files of one chart; empty when the report wrote no figures."""
+    """Format -> link to the written file of one chart: its path relative to the folder
+    ``links_from``, with ``/``, percent-encoded (a space ended a Markdown link, a ``#``
+    began a fragment); empty when the report wrote no figures."""
+    from urllib.parse import quote
+
     for entry in doc.get("figures", []):
         if entry["dataset"] == dataset and entry["kind"] == kind:
             return {
-                fmt: Path(os.path.relpath(entry[fmt], links_from)).as_posix()
+                fmt: quote(Path(os.path.relpath(entry[fmt], links_from)).as_posix())
                 for fmt in FORMATS
                 if entry[fmt]
             }

@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 from . import view
-from .figures import figure_files
+from .figures import figure_links
 from .plots import SCREEN, dataset_plots, png
 from .thumbnails import Thumbnails
 
@@ -200,7 +200,7 @@ def _provenance_html(rows: list[dict[str, Any]]) -> str:
 
 def _figure_links(doc: dict[str, Any], dataset: str, kind: str, links_from) -> str:
     """The links to a chart's paper files, `` (SVG, PDF)``; "" when none were written."""
-    files = figure_files(doc, dataset, kind, links_from)
+    files = figure_links(doc, dataset, kind, links_from)
     if not files:
         return ""
     links = ", ".join(f'<a href="{_esc(path)}">{fmt.upper()}</a>' for fmt, path in files.items())

@@ -9,7 +9,7 @@ from typing import Any
 
 from . import view
 from .constants import CMC_TABLE_RANKS
-from .figures import figure_files
+from .figures import figure_links
 
 
 def _table(header: list[str], rows: list[list[str]], align: str = "r") -> str:
@@ -58,7 +58,7 @@ def _figures(doc: dict[str, Any], dataset: str, links_from) -> list[str]:
     out = []
     for entry in doc.get("figures", []):
         if entry["dataset"] == dataset:
-            files = figure_files(doc, dataset, entry["kind"], links_from)
+            files = figure_links(doc, dataset, entry["kind"], links_from)
             if "svg" in files:  # shown, with a link to the PDF
                 pdf = f" ([PDF]({files['pdf']}))" if "pdf" in files else ""
                 out += [f"![{_escape(entry['caption'])}]({files['svg']}){pdf}", ""]
