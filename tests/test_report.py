@@ -945,6 +945,22 @@ def test_latex_compiles_with_any_character_in_names(doc, tmp_path):
     _assert_compiles(text, tmp_path)
 
 
+def test_latex_rows_may_start_with_a_bracket_or_a_star(doc, tmp_path):
+    """A first cell ``[v1] r50`` after ``\\\\`` or ``\\midrule`` was read as an optional
+    argument (pdflatex failed); ``*best`` as ``\\\\*`` (the star vanished)."""
+    from rankwise.report import render_latex
+
+    names = {"enc-a": "[v1] r50", "enc-b": "*best"}
+    text = json.dumps(doc)
+    for old, new in names.items():
+        text = text.replace(json.dumps(old), json.dumps(new))
+    tex = render_latex(json.loads(text))
+    assert "{}[v1] r50 & " in tex and "{}*best & " in tex
+    rows = [line for line in tex.splitlines() if line.endswith(r" \\")]
+    assert rows and all(line.startswith("{}") for line in rows)
+    _assert_compiles(tex, tmp_path)
+
+
 def test_cli_writes_csv_and_tex(results, tmp_path):
     from rankwise.report import render_csv, render_latex
 

@@ -110,7 +110,15 @@ def _diff(cell: view.DiffCell | None) -> str:
 def _tabular(
     header: list[str], rows: list[list[str]], groups: list[tuple[str, int]] = ()
 ) -> list[str]:
-    """A booktabs tabular; ``groups``: ``(title, span)`` headings over the value columns."""
+    r"""A booktabs tabular; ``groups``: ``(title, span)`` headings over the value columns.
+
+    Each row starts with ``{}``: after ``\\`` or a rule, a first cell starting with
+    ``[`` was read as an optional argument (pdflatex failed) and one starting with
+    ``*`` as ``\\*`` (the ``*`` vanished)."""
+
+    def line(cells: list[str]) -> str:
+        return "{}" + " & ".join(cells) + r" \\"
+
     top = []
     if groups:
         spans, cmids, start = [], [], 2
@@ -118,14 +126,14 @@ def _tabular(
             spans.append(rf"\multicolumn{{{span}}}{{c}}{{{title}}}")
             cmids.append(rf"\cmidrule(lr){{{start}-{start + span - 1}}}")
             start += span
-        top = [" & ".join([""] + spans) + r" \\", " ".join(cmids)]
+        top = [line([""] + spans), " ".join(cmids)]
     return [
         r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
         r"\toprule",
         *top,
-        " & ".join(header) + r" \\",
+        line(header),
         r"\midrule",
-        *(" & ".join(row) + r" \\" for row in rows),
+        *(line(row) for row in rows),
         r"\bottomrule",
         r"\end{tabular}",
     ]
