@@ -166,6 +166,39 @@ def test_paper_charts_use_paper_fonts(written):
             assert texts and {t.get_fontsize() for t in texts} <= {7.0, 8.0}, plot.kind
 
 
+def test_names_are_plain_text_and_every_encoder_is_in_the_legend(written, tmp_path):
+    """A name with ``$...$`` was read as mathtext (``$\\alpha_{1}$`` set as math,
+    ``$\\x$`` a traceback); a name starting with ``_`` was left out of the legend."""
+    import warnings
+
+    from matplotlib.legend import Legend
+
+    from rankwise.report import view
+    from rankwise.report.plots import SCREEN, dataset_plots, png
+
+    names = {"enc-a": "$\\x$ a", "enc-b": "_b", "enc-c": "c$1", "toy": "$\\y$"}
+    text = (written / "report.json").read_text()
+    for old, new in names.items():
+        text = text.replace(json.dumps(old), json.dumps(new))
+    doc = json.loads(text)
+    shown = {"$\\x$ a", "_b", "c$1"}
+    for dataset, rows in view.by_dataset(doc):
+        for plot in dataset_plots(doc, rows):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a missing glyph would warn
+                fig = plot.draw(SCREEN)
+                png(fig)  # drawn: mathtext is parsed here
+            if plot.kind not in ("cmc", "progressive") or dataset not in ("$\\y$", "sketchy"):
+                continue
+            (legend,) = fig.findobj(Legend)
+            texts = {t.get_text() for t in legend.get_texts()}
+            # as drawn: the zero-width space dropped, "\$" a literal "$"
+            assert {t.lstrip("\u200b").replace("\\$", "$") for t in texts} == shown, plot.kind
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_figures(doc, tmp_path / "figs")
+
+
 def _links(text: str, pattern: str) -> list[str]:
     return re.findall(pattern, text)
 

@@ -153,6 +153,14 @@ def png(fig) -> str:
     return base64.b64encode(out.getvalue()).decode("ascii")
 
 
+def _label(name: Any) -> str:
+    """A name as matplotlib text: ``$`` escaped (mathtext read ``$x$`` as math, and
+    failed on ``$\\x$``), a leading ``_`` behind a zero-width space (a label starting
+    with ``_`` is left out of the legend)."""
+    text = str(name).replace("$", r"\$")
+    return "\u200b" + text if text.startswith("_") else text
+
+
 def _figure(width: float, height: float, style: Style):
     """A figure of the style's size (else ``width`` x ``height`` inches) and one axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -198,7 +206,7 @@ def bar_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style =
             x + (i - (len(rows) - 1) / 2) * width,
             values,
             width,
-            label=r["encoder"],
+            label=_label(r["encoder"]),
             color=colors[r["encoder"]],
             yerr=np.clip(err, 0, None),
             capsize=2,
@@ -206,7 +214,9 @@ def bar_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style =
         )
     # ~14 characters of tick label per inch: slant the names when they would overlap
     long = sum(len(n) + 1 for n in names) > 14 * fig.get_size_inches()[0] * 0.8
-    ax.set_xticks(x, names, rotation=30 if long else 0, ha="right" if long else "center")
+    ax.set_xticks(
+        x, [_label(n) for n in names], rotation=30 if long else 0, ha="right" if long else "center"
+    )
     ax.set_ylim(0, 100)
     ax.set_ylabel("%", fontsize=style.font)
     ax.grid(axis="y", alpha=0.3)
@@ -234,7 +244,7 @@ def trend_chart(rows: list[dict[str, Any]], style: Style = SCREEN):
         values = np.array([r["metrics"].get(n, np.nan) for r in rows])
         cis = [ci(r, n) for r in rows]
         if positions is not None:
-            ax.plot(x, values, color=colors[n], lw=1.6, marker="o", ms=3, label=n)
+            ax.plot(x, values, color=colors[n], lw=1.6, marker="o", ms=3, label=_label(n))
             if all(cis):
                 lo, hi = np.array(cis).T
                 ax.fill_between(x, lo, hi, color=colors[n], alpha=0.15, lw=0)
@@ -255,7 +265,7 @@ def trend_chart(rows: list[dict[str, Any]], style: Style = SCREEN):
                 ms=3.5,
                 lw=1.0,
                 capsize=2,
-                label=n,
+                label=_label(n),
             )
         if all(cis):
             lo, hi = np.array(cis).T
@@ -277,7 +287,7 @@ def trend_chart(rows: list[dict[str, Any]], style: Style = SCREEN):
             mec="black",
             mew=1.2,
             ls="none",
-            label=f"best ({head})",
+            label=_label(f"best ({head})"),
         )
     pad = max(2.0, 0.06 * (high - low))
     ax.set_ylim(max(0.0, low - pad), min(100.0, high + pad) + 0.5)
@@ -285,7 +295,7 @@ def trend_chart(rows: list[dict[str, Any]], style: Style = SCREEN):
         ax.set_xlabel("checkpoint (number in its file name)", fontsize=style.font)
         ax.margins(x=0.05)
     else:
-        labels = [r["encoder"] for r in rows]
+        labels = [_label(r["encoder"]) for r in rows]
         long = sum(len(e) for e in labels) > 36
         ax.set_xticks(x, labels, rotation=25 if long else 0, ha="right" if long else "center")
         ax.set_xlim(-0.5, len(rows) - 0.5)
@@ -325,7 +335,7 @@ def cmc_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style =
         ax.plot(
             ks,
             r["cmc"],
-            label=r["encoder"],
+            label=_label(r["encoder"]),
             color=colors[r["encoder"]],
             lw=1.6,
             ls=_DASHES[i % len(_DASHES)],
@@ -357,7 +367,7 @@ def progressive_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style:
         ax.plot(
             x,
             curve["mean_reciprocal_rank"],
-            label=r["encoder"],
+            label=_label(r["encoder"]),
             color=colors[r["encoder"]],
             lw=1.6,
             marker="o",
@@ -379,7 +389,7 @@ def roc_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: Style =
         ax.plot(
             roc["fpr"],
             roc["tpr"],
-            label=r["encoder"],
+            label=_label(r["encoder"]),
             color=colors[r["encoder"]],
             lw=1.6,
             ls=_DASHES[i % len(_DASHES)],
@@ -413,9 +423,9 @@ def distance_chart(rows: list[dict[str, Any]], colors: dict[str, Any], style: St
             ax.stairs(density, edges, color=colors[r["encoder"]], ls=ls, lw=1.4, label=kind)
         ax.set_yticks([])
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=style.legend, loc="upper right", title=r["encoder"],
+        ax.legend(fontsize=style.legend, loc="upper right", title=_label(r["encoder"]),
                   title_fontsize=style.legend)  # fmt: skip
     axes[-1].set_xlabel(
-        f"{rows[0]['verification'].get('distance', '')} distance", fontsize=style.font
+        _label(f"{rows[0]['verification'].get('distance', '')} distance"), fontsize=style.font
     )
     return fig
