@@ -204,7 +204,9 @@ def test_cmc_points_are_the_bits_of_recall_at_k(data, tmp_path):
 
 def test_markdown_escapes_markup_in_names():
     """`x|y<z>` lost '<z>' in Markdown renderers (read as an HTML tag); `__init__` was
-    bold, `#1` at a line's start a heading, `&lt;` the character '<'."""
-    assert _escape("x|y<z> a*b [c] `d` ~e~ \\ epoch_60 __init__ #1 &lt;\nz") == (
-        "x\\|y\\<z\\> a\\*b \\[c\\] \\`d\\` \\~e\\~ \\\\ epoch\\_60 \\_\\_init\\_\\_ \\#1 \\&lt; z"
+    bold, `#1` at a line's start a heading, `&lt;` the character '<', `$x$` math on
+    GitHub."""
+    assert _escape("x|y<z> a*b [c] `d` ~e~ \\ epoch_60 __init__ #1 &lt;\nz $x$") == (
+        "x\\|y\\<z\\> a\\*b \\[c\\] \\`d\\` \\~e\\~ \\\\ epoch\\_60 \\_\\_init\\_\\_ \\#1 \\&lt; z "
+        "\\$x\\$"
     )

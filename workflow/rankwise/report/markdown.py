@@ -21,9 +21,10 @@ def _table(header: list[str], rows: list[list[str]], align: str = "r") -> str:
 
 #: Characters that Markdown would read as markup in a name: a table cell's end, an
 #: HTML tag or entity (``<z>`` vanished in renderers), emphasis (``__init__`` was bold),
-#: code, links, strike-through, a heading.  CommonMark takes a backslash before any
-#: ASCII punctuation as that character, so escaping one that needs none is harmless.
-_MARKUP = str.maketrans({"\n": " ", "\r": " ", **{c: "\\" + c for c in "\\|<>*_`[]~#&"}})
+#: code, links, strike-through, a heading, math (``$x$`` on GitHub).  CommonMark takes
+#: a backslash before any ASCII punctuation as that character, so escaping one that
+#: needs none is harmless.
+_MARKUP = str.maketrans({"\n": " ", "\r": " ", **{c: "\\" + c for c in "\\|<>*_`[]~#&$"}})
 
 
 def _escape(text: Any) -> str:
