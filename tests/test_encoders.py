@@ -282,6 +282,17 @@ def test_factory_outputs_that_are_no_embeddings_are_one_line(factory, message, m
     assert not (tmp_path / "e.zarr").exists()
 
 
+def gives_binary_codes():
+    return lambda images: np.arange(len(images) * 4).reshape(-1, 4) % 3 == 0
+
+
+def test_binary_codes_are_read_as_zeros_and_ones(manifest: Path, tmp_path: Path):
+    encode_manifest(manifest, "python", {"factory": f"{FACTORIES}:gives_binary_codes"},
+                    tmp_path / "e.zarr", batch_size=N_ROWS, progress=False)  # fmt: skip
+    expected = (np.arange(N_ROWS * 4).reshape(-1, 4) % 3 == 0).astype(np.float32)
+    np.testing.assert_array_equal(_read(tmp_path / "e.zarr"), expected)
+
+
 def test_a_bfloat16_tensor_is_read_as_its_values(manifest: Path, tmp_path: Path):
     """numpy has no bfloat16: `.numpy()` raised a TypeError (models run under bf16
     autocast return such tensors); the values are exact in float32."""

@@ -656,7 +656,9 @@ def _as_matrix(output: Any, n: int, what: str) -> np.ndarray:
     except ValueError:  # rows of unequal length
         array = None
     if array is None or not (
-        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+        np.issubdtype(array.dtype, np.floating)
+        or np.issubdtype(array.dtype, np.integer)
+        or array.dtype == np.bool_  # binary codes
     ):
         kind = "rows of unequal length" if array is None else f"values of type {array.dtype}"
         raise RankwiseError(
@@ -670,7 +672,7 @@ def _as_matrix(output: Any, n: int, what: str) -> np.ndarray:
             f"{what} returned an array of shape {array.shape} for a batch of "
             f"{n} images; it must return (batch, dim) with dim >= 1"
         )
-    if array.dtype.itemsize > 4 or np.issubdtype(array.dtype, np.integer):
+    if np.issubdtype(array.dtype, np.floating) and array.dtype.itemsize > 4:
         finite = array[np.isfinite(array)]
         if finite.size and np.abs(finite).max() > np.finfo(np.float32).max:
             raise RankwiseError(

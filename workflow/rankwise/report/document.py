@@ -253,7 +253,7 @@ def _why_no_statistics(entry: dict[str, Any]) -> str:
     where = f"ranks store {ranks} not found" if ranks else "its provenance names no ranks store"
     stats = entry["provenance"]["raw"].get("stats")
     if stats and Path(stats).is_file():
-        return f"statistics summary {stats} computed for other settings, {where}"
+        return f"statistics summary {stats} computed for other settings or by another run, {where}"
     return where
 
 
