@@ -613,6 +613,27 @@ def test_without_resamples_no_caption_claims_intervals(results, tmp_path):
         assert "[low, high]" not in text and "interval below each value" not in text
 
 
+def test_a_dataset_header_names_each_encoders_distance_when_they_differ(doc):
+    """Metrics files of other runs given to `rankwise report` may differ in distance:
+    the header gave the first encoder's as the dataset's."""
+    import copy
+
+    from rankwise.report import render_latex, render_markdown, view
+
+    changed = copy.deepcopy(doc)
+    rows = [r for r in changed["results"] if r["dataset"] == "toy"]
+    assert view.distance(rows) == rows[0]["distance"]  # one distance: said once
+    rows[-1]["distance"] = "euclidean" if rows[0]["distance"] == "cosine" else "cosine"
+    said = view.distance(rows)
+    assert said == (
+        f"{rows[0]['distance']} ({', '.join(r['encoder'] for r in rows[:-1])}), "
+        f"{rows[-1]['distance']} ({rows[-1]['encoder']})"
+    )
+    assert f"distance <code>{said}</code>" in render_html(changed)
+    assert f"distance `{said}`" in render_markdown(changed)
+    assert said in render_latex(changed).replace("\\_", "_")
+
+
 def test_by_identity(results):
     _, metrics = results
     doc = build_report(metrics[:2], resamples=100, by="identity", worst_queries=0)

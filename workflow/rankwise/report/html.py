@@ -244,7 +244,7 @@ def render_html(doc: dict[str, Any], *, links_from: str | os.PathLike = ".") -> 
         parts += [
             f'<h2 id="{_esc(dataset)}">{_esc(dataset)}</h2>',
             f'<p class="meta">protocol <code>{_esc(first["protocol"])}</code>, distance '
-            f"<code>{_esc(first['distance'])}</code>, {_esc(view.counts(rows))}</p>",
+            f"<code>{_esc(view.distance(rows))}</code>, {_esc(view.counts(rows))}</p>",
         ]
         dropped = view.dropped_rows_note(rows)
         if dropped:

@@ -144,7 +144,7 @@ def _caption(
 ) -> str:
     first = rows[0]
     text = (
-        f"{dataset}: protocol {first['protocol']}, distance {first['distance']}, "
+        f"{dataset}: protocol {first['protocol']}, distance {view.distance(rows)}, "
         f"{view.counts(rows)}. "
         f"Percentages; best per column in bold"
     )

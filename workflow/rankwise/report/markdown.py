@@ -106,7 +106,7 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         out += [
             f"## {_escape(dataset)}",
             "",
-            f"protocol {_code(first['protocol'])}, distance {_code(first['distance'])}, "
+            f"protocol {_code(first['protocol'])}, distance {_code(view.distance(rows))}, "
             f"{_escape(view.counts(rows))}.",
             "",
         ]

@@ -125,6 +125,17 @@ def counts(rows: list[dict[str, Any]]) -> str:
     return "; ".join(f"{r['encoder']}: {t}" for r, t in zip(rows, texts, strict=True))
 
 
+def distance(rows: list[dict[str, Any]]) -> str:
+    """A dataset's distance, ``cosine``; each encoder's (``cosine (a, b), euclidean
+    (c)``) when they differ (metrics files of other runs given to `rankwise report`)."""
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        by.setdefault(str(r["distance"]), []).append(r["encoder"])
+    if len(by) == 1:
+        return next(iter(by))
+    return ", ".join(f"{d} ({', '.join(names)})" for d, names in by.items())
+
+
 def cmc_units(protocol: str) -> str:
     """What the CMC counts: the queries, or the complete renderings of the sketches."""
     spec = get_protocol(protocol)
