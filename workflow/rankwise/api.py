@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import RankwiseError
-from .metrics import AP_VARIANTS, compute_metrics, parse_ks
+from .metrics import compute_metrics, parse_ks
 from .options import (
     DEVICE,
     DROP_JUNK,
@@ -114,8 +113,6 @@ def result_from_ranks(
         arrays, attrs = ranks
     else:
         arrays, attrs = ranks.arrays(), ranks.attrs
-    if ap not in AP_VARIANTS:
-        raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
     check_ap(ap, attrs["protocol"])
     metrics, pq = compute_metrics(arrays, attrs, ks=parse_ks(ks), ap=ap)
     return EvaluationResult(
@@ -322,8 +319,6 @@ def evaluate(
     EvaluationResult
     """
     ks = parse_ks(ks)
-    if ap not in AP_VARIANTS:
-        raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
     check_ap(ap, get_protocol(protocol).name)  # before the ranking work
     ranks = rank(
         query,

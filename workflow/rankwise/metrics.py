@@ -49,12 +49,12 @@ from typing import Any
 import numpy as np
 
 from .errors import RankwiseError
-from .options import KS
+from .options import AP, KS
 from .registry import REGISTRY, get_protocol
 
 _AT_K = {"recall@": "recall", "rank": "rank", "acc@": "acc", "precision@": "precision"}
 _PLAIN = ("map", "minp", "mrr", "m@A", "m@B", "wm@A", "wm@B", "r_precision", "map@r")
-AP_VARIANTS = ("standard", "trapezoid")
+AP_VARIANTS = AP.choices
 
 
 def parse_ks(text: str | Iterable[int]) -> tuple[int, ...]:
@@ -125,7 +125,7 @@ def _per_query_ap(offsets, ranks, *, ap: str = "standard") -> np.ndarray:
             before = np.where(r == 1, 1.0, (i - 1) / (r - 1))
         terms = (before + i / r) / 2
     else:
-        raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
+        AP.check(ap)  # raises: not a variant
     return np.add.reduceat(terms, offsets[:-1]) / np.diff(offsets)
 
 

@@ -60,7 +60,6 @@ import numpy as np
 
 from .errors import RankwiseError
 from .metrics import (
-    AP_VARIANTS,
     UnitTable,
     mean,
     metric_names,
@@ -68,7 +67,7 @@ from .metrics import (
     parse_metric,
     per_unit,
 )
-from .options import KS
+from .options import AP, KS
 from .registry import get_protocol
 
 BY = ("query", "identity")
@@ -117,8 +116,7 @@ def unit_table(
     arrays: dict[str, np.ndarray], attrs: dict, metrics: Sequence[str], ap: str
 ) -> UnitTable:
     """:func:`rankwise.metrics.per_unit`, refusing a store with nothing to resample."""
-    if ap not in AP_VARIANTS:
-        raise RankwiseError(f"unknown AP variant {ap!r}; valid: {', '.join(AP_VARIANTS)}")
+    AP.check(ap)
     if len(arrays["query_index"]) == 0:
         raise RankwiseError(
             "the ranks store has no evaluated query; there is nothing to "
