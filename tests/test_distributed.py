@@ -1,8 +1,11 @@
 """The rank engine on a dask.distributed cluster gives the threaded scheduler's numbers."""
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
+import zarr
 
 import rankwise
 
@@ -133,3 +136,24 @@ def test_a_scheduler_without_workers_is_a_clear_error(tmp_path, monkeypatch):
             rankwise.RankwiseError, match=r"has no workers \(none joined within 1 s\); start some"
         ):
             rankwise.evaluate(*files, protocol="reid", scheduler=lc.scheduler_address)
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_relative_paths_are_read_from_the_callers_folder(tmp_path, cluster, monkeypatch, kind):
+    """Embedding paths relative to the caller's working directory (as the pipeline's rules
+    give them): the workers, started in another folder, read the gallery relative to
+    theirs, and failed (a file "corrupt or changed during the run"), or read another
+    run's file of the same name there."""
+    here = tmp_path / "run"
+    here.mkdir()
+    files = _reid_files(here, seed=7)
+    if kind == "zarr":
+        rows = np.load(files[3])
+        zarr.create_array(here / "g.zarr", data=rows, chunks=(64, rows.shape[1]))
+        files[3] = here / "g.zarr"
+    threaded = rankwise.evaluate(*files, protocol="reid", gallery_chunk=100)
+    monkeypatch.chdir(here)
+    assert str(here) not in cluster.run(os.getcwd).values()  # the workers' folder is another
+    relative = [f.name for f in files]
+    on_cluster = rankwise.evaluate(*relative, protocol="reid", gallery_chunk=100, scheduler=cluster)
+    assert on_cluster.metrics == threaded.metrics

@@ -51,7 +51,9 @@ class EmbeddingSource:
     """Rows ``(N, D)`` of embeddings, read lazily.
 
     ``kind`` is ``"npy"`` (``path``), ``"zarr"`` (``path`` and ``array_path`` inside
-    the store) or ``"array"`` (``array``, in memory).
+    the store) or ``"array"`` (``array``, in memory).  Messages name ``path`` as given;
+    ``file``, the same path made absolute when opened, is what is read (a
+    dask.distributed worker in another working directory reads the file that was checked).
     """
 
     kind: str
@@ -65,6 +67,7 @@ class EmbeddingSource:
     manifest_rows: np.ndarray | None = None  # (N,) when the store holds a subset of rows
     ids_array: str | None = None  # "ids": a Zarr group (not a rankwise store) keyed by ids
     source_rows: np.ndarray | None = None  # (N,) rows taken from ``path``: :meth:`subset`
+    file: str | None = None  # ``path`` made absolute when opened: what is read
 
     def row_number(self, row: int) -> int:
         """The row of the file that row ``row`` of this source is (messages name it)."""
@@ -108,11 +111,11 @@ class EmbeddingSource:
         lo, hi = int(ascending[0]), int(ascending[-1]) + 1
         try:
             if self.kind == "npy":
-                data = np.load(self.path, mmap_mode="r")[ascending]
+                data = np.load(self.file or self.path, mmap_mode="r")[ascending]
             else:
                 import zarr
 
-                array = zarr.open_array(self.path, path=self.array_path, mode="r")
+                array = zarr.open_array(self.file or self.path, path=self.array_path, mode="r")
                 _check_chunks_present(array, lo, hi, self)
                 data = array.oindex[ascending, :]
             out[order] = self._float32(data, ascending)
@@ -133,11 +136,11 @@ class EmbeddingSource:
             return self._float32(self.array[start:stop], np.arange(start, stop))
         try:
             if self.kind == "npy":
-                data = np.load(self.path, mmap_mode="r")[start:stop]
+                data = np.load(self.file or self.path, mmap_mode="r")[start:stop]
             else:
                 import zarr
 
-                array = zarr.open_array(self.path, path=self.array_path, mode="r")
+                array = zarr.open_array(self.file or self.path, path=self.array_path, mode="r")
                 _check_chunks_present(array, start, stop, self)
                 data = array[start:stop]
             return self._float32(data, np.arange(start, stop))
@@ -176,11 +179,11 @@ class EmbeddingSource:
             lo, hi = max(lo, start), min(lo + step, stop)
             try:
                 if self.kind == "npy":
-                    np.asarray(np.load(self.path, mmap_mode="r")[lo:hi])
+                    np.asarray(np.load(self.file or self.path, mmap_mode="r")[lo:hi])
                 else:
                     import zarr
 
-                    zarr.open_array(self.path, path=self.array_path, mode="r")[lo:hi]
+                    zarr.open_array(self.file or self.path, path=self.array_path, mode="r")[lo:hi]
             except Exception:
                 return lo, hi
         return start, stop
@@ -369,7 +372,9 @@ def _open_npy(path: Path, name: str) -> EmbeddingSource:
             f"{kind}; save the (N, D) embeddings with numpy.save"
         )
     _check_dtype(array.dtype, name, str(path))
-    return EmbeddingSource("npy", tuple(array.shape), name, path=str(path))
+    return EmbeddingSource(
+        "npy", tuple(array.shape), name, path=str(path), file=str(path.absolute())
+    )
 
 
 def _open_zarr(path: Path, name: str) -> EmbeddingSource:
@@ -420,6 +425,7 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
         tuple(node.shape),
         name,
         path=str(path),
+        file=str(path.absolute()),
         array_path=array_path,
         chunk_rows=int(node.chunks[0]),
         attrs=attrs if (attrs or {}).get("kind") == "embeddings" else None,
