@@ -1,6 +1,7 @@
 """The rank engine on a dask.distributed cluster gives the threaded scheduler's numbers."""
 
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -114,7 +115,7 @@ def test_a_port_where_no_scheduler_answers_does_not_hang(monkeypatch):
     never = threading.Event()
 
     class Silent:
-        def __init__(self, address, timeout):
+        def __init__(self, address, **kwargs):
             never.wait()
 
     monkeypatch.setattr(ranking, "_CONNECT_S", 0.2)
@@ -157,3 +158,33 @@ def test_relative_paths_are_read_from_the_callers_folder(tmp_path, cluster, monk
     relative = [f.name for f in files]
     on_cluster = rankwise.evaluate(*relative, protocol="reid", gallery_chunk=100, scheduler=cluster)
     assert on_cluster.metrics == threaded.metrics
+
+
+def test_a_client_opened_for_an_address_is_closed(tmp_path, cluster):
+    """rankwise connects to an address itself: that client was left open, as the
+    process's default Dask scheduler (the caller's own dask computations then ran on the
+    cluster, and failed once it was gone), after a run that succeeded or failed."""
+    import dask
+
+    def clients() -> int:
+        return cluster.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.clients))
+
+    files = _reid_files(tmp_path, seed=8)
+    bad = np.load(files[3])
+    bad[150] = np.nan
+    np.save(tmp_path / "bad.npy", bad)
+    before = clients()
+    for gallery, raises in ((files[3], False), (tmp_path / "bad.npy", True)):
+        try:
+            rankwise.evaluate(
+                *files[:3], gallery, protocol="reid", scheduler=cluster.scheduler.address
+            )
+        except rankwise.RankwiseError:
+            assert raises
+        assert distributed.default_client() is cluster
+        assert dask.config.get("scheduler") == "dask.distributed"  # the fixture's, still
+        for _ in range(50):  # the scheduler hears of a closed client soon after
+            if clients() == before:
+                break
+            time.sleep(0.1)
+        assert clients() == before

@@ -278,6 +278,7 @@ class _Runner:
 
         self.workers = options.workers or os.cpu_count() or 1
         self.client = None
+        self.owned = False  # a client connected here, closed by :meth:`close`
         if options.scheduler is not None:
             try:
                 from distributed import Client
@@ -290,7 +291,13 @@ class _Runner:
                 self.client = options.scheduler
             else:
                 self.client = _connect(Client, str(options.scheduler))
+                self.owned = True
             self.workers = max(1, sum(self.client.nthreads().values()))
+
+    def close(self) -> None:
+        """Close the client connected for an address (a caller's Client stays open)."""
+        if self.owned:
+            self.client.close()
 
     @property
     def group_size(self) -> int:
@@ -331,7 +338,8 @@ def _connect(client_class, address: str):
 
     def connect() -> None:
         try:
-            result["client"] = client_class(address, timeout=10)
+            # not the process's default scheduler: the caller's own dask work stays local
+            result["client"] = client_class(address, timeout=10, set_as_default=False)
         except BaseException as exc:  # handed to the caller's thread
             result["error"] = exc
 
@@ -450,52 +458,55 @@ def compute_ranks(
     check_same_dim(query, gallery)
     dim = int(query.shape[1])
     runner = _Runner(options)
-    kept = None  # the gallery rows left, when junk rows are dropped
-    if drop_junk and (rerank is not None or aqe is not None) and problem.gjunk.any():
-        kept = np.flatnonzero(~problem.gjunk)
-    if options.memory_limit_mb is not None:
-        _check_memory(
-            problem, query, gallery, options, tiles.name, runner.workers, rerank, aqe, kept
-        )
-    if kept is not None:
-        problem, gallery = problem.gallery_subset(kept), gallery.subset(kept)
-    if aqe is not None:
-        from .query_expansion import expand
-        from .rerank import item_order
-
-        query, gallery = expand(query, gallery, aqe, options, runner, item_order(problem))
-    qrows, qsq = prepare_chunk(query, 0, query.shape[0], cosine)
-    bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
-    evaluated = np.flatnonzero(~problem.skip)
-    extra_arrays: dict[str, np.ndarray] = {}
-    if rerank is not None:
-        from .rerank import rerank_ranks
-
-        offsets, ranks, top = rerank_ranks(
-            problem,
-            qrows,
-            qsq,
-            gallery,
-            cosine=cosine,
-            rerank=rerank,
-            options=options,
-            runner=runner,
-        )
-        extra_arrays = {"top_items": top}
-    else:
-        with tiles.exact_float32():
-            offsets, ranks = _plain_ranks(
-                problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles
+    try:  # a client rankwise opened is closed, whatever happens
+        kept = None  # the gallery rows left, when junk rows are dropped
+        if drop_junk and (rerank is not None or aqe is not None) and problem.gjunk.any():
+            kept = np.flatnonzero(~problem.gjunk)
+        if options.memory_limit_mb is not None:
+            _check_memory(
+                problem, query, gallery, options, tiles.name, runner.workers, rerank, aqe, kept
             )
+        if kept is not None:
+            problem, gallery = problem.gallery_subset(kept), gallery.subset(kept)
         if aqe is not None:
-            # the report cannot rebuild the expanded rows' neighbours: keep them here
-            from .neighbours import tiled_top_items
-            from .rerank import TOP_STORED
+            from .query_expansion import expand
+            from .rerank import item_order
 
-            extra_arrays["top_items"] = tiled_top_items(
-                problem, evaluated.astype(np.int64), qrows, qsq, gallery, cosine=cosine,
-                k=TOP_STORED, block=options.query_block, chunk=options.gallery_chunk,
-            )  # fmt: skip
+            query, gallery = expand(query, gallery, aqe, options, runner, item_order(problem))
+        qrows, qsq = prepare_chunk(query, 0, query.shape[0], cosine)
+        bounds = _chunk_bounds(gallery.shape[0], gallery, options.gallery_chunk)
+        evaluated = np.flatnonzero(~problem.skip)
+        extra_arrays: dict[str, np.ndarray] = {}
+        if rerank is not None:
+            from .rerank import rerank_ranks
+
+            offsets, ranks, top = rerank_ranks(
+                problem,
+                qrows,
+                qsq,
+                gallery,
+                cosine=cosine,
+                rerank=rerank,
+                options=options,
+                runner=runner,
+            )
+            extra_arrays = {"top_items": top}
+        else:
+            with tiles.exact_float32():
+                offsets, ranks = _plain_ranks(
+                    problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles
+                )
+            if aqe is not None:
+                # the report cannot rebuild the expanded rows' neighbours: keep them here
+                from .neighbours import tiled_top_items
+                from .rerank import TOP_STORED
+
+                extra_arrays["top_items"] = tiled_top_items(
+                    problem, evaluated.astype(np.int64), qrows, qsq, gallery, cosine=cosine,
+                    k=TOP_STORED, block=options.query_block, chunk=options.gallery_chunk,
+                )  # fmt: skip
+    finally:
+        runner.close()
     if kept is not None and "top_items" in extra_arrays:  # rows of the whole gallery
         top = extra_arrays["top_items"]
         extra_arrays["top_items"] = np.where(top >= 0, kept[np.maximum(top, 0)], -1)
