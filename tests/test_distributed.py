@@ -188,3 +188,26 @@ def test_a_client_opened_for_an_address_is_closed(tmp_path, cluster):
                 break
             time.sleep(0.1)
         assert clients() == before
+
+
+def test_memory_limit_counts_no_tiles_of_the_schedulers_workers(tmp_path):
+    """--memory-limit is this process's peak; with a scheduler the tiles are on its
+    workers. Each of its threads was counted as a tile in this process: a run that fits
+    was refused, advising a lower --workers, which a scheduler's run does not use."""
+    files = _reid_files(tmp_path, seed=9, n_q=50, n_g=8192, dim=64)
+    kwargs = dict(protocol="reid", memory_limit_mb=300)
+    threaded = rankwise.evaluate(*files, workers=2, **kwargs)  # ~270 MB estimated
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=32, processes=False, dashboard_address=None,
+        silence_logs=40,
+    ) as lc:  # fmt: skip
+        with distributed.Client(lc) as client:
+            for workers in (None, 1):
+                on_cluster = rankwise.evaluate(*files, scheduler=client, workers=workers, **kwargs)
+                assert on_cluster.metrics == threaded.metrics
+            with pytest.raises(
+                rankwise.RankwiseError,
+                match=r"x 64 dims, tiles 50 x 8192, on the scheduler's workers\); even "
+                r"one-row tiles need about \d+ MB: raise the limit",
+            ):
+                rankwise.evaluate(*files, scheduler=client, protocol="reid", memory_limit_mb=100)

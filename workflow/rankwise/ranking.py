@@ -463,9 +463,9 @@ def compute_ranks(
         if drop_junk and (rerank is not None or aqe is not None) and problem.gjunk.any():
             kept = np.flatnonzero(~problem.gjunk)
         if options.memory_limit_mb is not None:
-            _check_memory(
-                problem, query, gallery, options, tiles.name, runner.workers, rerank, aqe, kept
-            )
+            # with a scheduler the tiles are on its workers: this process holds none
+            workers = 0 if runner.client is not None else runner.workers
+            _check_memory(problem, query, gallery, options, tiles.name, workers, rerank, aqe, kept)
         if kept is not None:
             problem, gallery = problem.gallery_subset(kept), gallery.subset(kept)
         if aqe is not None:
@@ -544,7 +544,8 @@ def _check_memory(
     the plain engine's estimate, or re-ranking's when larger (its stages replace the
     plain tiles); with query expansion, the larger of its own peak and the ranking's
     plus the expanded rows it leaves; plus the ``kept`` gallery rows read into memory when
-    junk rows are dropped."""
+    junk rows are dropped.  ``workers``: the threads whose tiles this process holds (0 with
+    a scheduler, whose workers hold them)."""
     n_query, n_gallery, dim = query.shape[0], gallery.shape[0], int(query.shape[1])
     chunk = int(np.diff(_chunk_bounds(n_gallery, gallery, options.gallery_chunk)).max())
 
@@ -580,17 +581,19 @@ def _check_memory(
             for label, used in ((", re-ranking", rerank), (", query expansion", aqe))
             if used is not None
         )
-        least = estimate(1, 1, 1)
+        least = estimate(1, 1, min(workers, 1))
         fix = (
-            "lower --query-block, --gallery-chunk or --workers, or raise the limit"
+            f"lower --query-block, --gallery-chunk{' or --workers' if workers else ''}, or "
+            "raise the limit"
             if least <= options.memory_limit_mb
-            else f"even one-row tiles on one worker need about {least:.0f} MB: raise the limit"
+            else f"even one-row tiles{' on one worker' if workers else ''} need about "
+            f"{least:.0f} MB: raise the limit"
         )
+        where = f"{workers} workers" if workers else "on the scheduler's workers"
         raise RankwiseError(
             f"memory limit {options.memory_limit_mb:g} MB cannot be met: this run needs "
             f"about {need:.0f} MB ({n_query} queries x {n_gallery} gallery x {dim} dims, "
-            f"tiles {min(options.query_block, max(n_query, 1))} x {chunk}, {workers} "
-            f"workers{extra}); {fix}"
+            f"tiles {min(options.query_block, max(n_query, 1))} x {chunk}, {where}{extra}); {fix}"
         )
 
 
