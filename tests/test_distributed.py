@@ -137,6 +137,15 @@ def test_a_scheduler_without_workers_is_a_clear_error(tmp_path, monkeypatch):
             rankwise.RankwiseError, match=r"has no workers \(none joined within 1 s\); start some"
         ):
             rankwise.evaluate(*files, protocol="reid", scheduler=lc.scheduler_address)
+        # a Client given to the API: it failed after 30 s, "TimeoutError: No valid workers
+        # found"; the caller's client stays open
+        with distributed.Client(lc) as client:
+            with pytest.raises(
+                rankwise.RankwiseError,
+                match=r"at 'inproc://.*has no workers \(none joined within 1 s\); start some",
+            ):
+                rankwise.evaluate(*files, protocol="reid", scheduler=client)
+            assert client.status == "running"
 
 
 @pytest.mark.parametrize("kind", ["npy", "zarr"])
@@ -198,7 +207,7 @@ def test_memory_limit_counts_no_tiles_of_the_schedulers_workers(tmp_path):
     kwargs = dict(protocol="reid", memory_limit_mb=300)
     threaded = rankwise.evaluate(*files, workers=2, **kwargs)  # ~270 MB estimated
     with distributed.LocalCluster(
-        n_workers=1, threads_per_worker=32, processes=False, dashboard_address=None,
+        n_workers=1, threads_per_worker=32, processes=False, dashboard_address=":0",
         silence_logs=40,
     ) as lc:  # fmt: skip
         with distributed.Client(lc) as client:

@@ -289,6 +289,8 @@ class _Runner:
                 ) from None
             if isinstance(options.scheduler, Client):
                 self.client = options.scheduler
+                # without workers its first graph failed after 30 s ("No valid workers")
+                _wait_for_workers(self.client, str(self.client.scheduler.address))
             else:
                 self.client = _connect(Client, str(options.scheduler))
                 self.owned = True
@@ -358,14 +360,24 @@ def _connect(client_class, address: str):
         raise _unusable_address(where, error)
     client = result["client"]
     try:
+        _wait_for_workers(client, address)
+    except RankwiseError:
+        client.close()
+        raise
+    return client
+
+
+def _wait_for_workers(client, address: str) -> None:
+    """Wait up to :data:`_WORKERS_S` for the client's scheduler to have a worker, or
+    say that it has none."""
+    try:
         client.wait_for_workers(1, timeout=_WORKERS_S)
     except Exception:  # distributed's TimeoutError
-        client.close()
         raise RankwiseError(
-            f"{where} has no workers (none joined within {_WORKERS_S:g} s); start some "
-            f"(dask worker {address}) or run without --scheduler"
+            f"the Dask scheduler at {address!r} (--scheduler) has no workers (none joined "
+            f"within {_WORKERS_S:g} s); start some (dask worker {address}) or run without "
+            "--scheduler"
         ) from None
-    return client
 
 
 def _check_address(address: str, where: str) -> None:
