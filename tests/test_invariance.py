@@ -255,6 +255,55 @@ def test_a_store_without_unit_keys_pairs_with_one_that_has_them(make_case):
     assert sb.aligned(sa.rows[:-1]) is None
 
 
+def test_a_mixed_pair_takes_the_old_stores_order_on_either_side(make_case, tmp_path):
+    """An old store (no unit keys) as B and a new one as A: `compare` and the report took
+    A's unit-key order (the numbers of two new stores), while the old store as A gave
+    those of two old stores; the README promises the old store's order on either side
+    (audit, 2026-12-02: an (epoch, old best) pair of a sweep's report)."""
+    from rankwise import stats
+    from rankwise.report.comparisons import compare_encoders
+    from rankwise.summary import read_summary, summarise, write_summary
+
+    case = _case(make_case, "reid").permuted(3, gallery=False)[0]
+    options = {k: v for k, v in case.kwargs().items() if k != "ks"}
+    a = rankwise.rank(*case.args(), **options)
+    b = rankwise.rank(case.query, case.gallery, *_noisy(case, 2), **options)
+    old_a = {k: v for k, v in a.arrays().items() if k != "unit_key"}
+    old_b = {k: v for k, v in b.arrays().items() if k != "unit_key"}
+    common = {"resamples": 300, "seed": 7, "exact_max": 0}
+    both_old = stats.compare_ranks(old_a, a.attrs, old_b, b.attrs, **common)
+    assert both_old != stats.compare_ranks(a.arrays(), a.attrs, b.arrays(), b.attrs, **common)
+    assert stats.compare_ranks(a.arrays(), a.attrs, old_b, b.attrs, **common) == both_old
+
+    names = ["map", "rank1"]
+    entries = [
+        {
+            "encoder": name,
+            "source": f"{name}.json",
+            "protocol": "reid",
+            "num_gallery": a.attrs["num_gallery"],
+            "metrics": {n: 0.0 for n in names},
+            "provenance": {"ap": None, "protocol_options": None},
+        }
+        for name in ("a", "b")
+    ]
+
+    def report(arrays_a, arrays_b):
+        summaries = {}
+        for name, arrays, attrs in (("a", arrays_a, a.attrs), ("b", arrays_b, b.attrs)):
+            path = tmp_path / f"{name}.stats.npz"  # through the file the metrics job writes
+            write_summary(path, summarise(arrays, attrs, metrics=names, resamples=0))
+            summaries["toy", name] = read_summary(path)
+        rows, _, _ = compare_encoders(
+            [("toy", entries)], summaries, resamples=300, seed=7, by="query"
+        )
+        return [(r["ci95"], r["p_value"]) for r in rows]
+
+    assert report(old_a, old_b) != report(a.arrays(), b.arrays())
+    assert report(a.arrays(), old_b) == report(old_a, old_b)
+    assert report(old_a, b.arrays()) == report(old_a, old_b)
+
+
 @pytest.mark.parametrize(
     "option, value", [("--resamples", "5"), ("--seed", "3"), ("--by", "identity"),
                       ("--cmc-max-rank", "7")],

@@ -684,10 +684,17 @@ def compare_ranks(
     flips = resamples if flips is None else _check_flips(flips)
     _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names)
     stores = ((arrays_a, attrs_a), (arrays_b, attrs_b))
+    if any("unit_key" not in arrays for arrays, _ in stores):
+        # a store written before unit keys numbers its units in store order: the pair
+        # takes that order whichever side it is on (the numbers of two such stores)
+        stores = tuple(
+            ({k: v for k, v in arrays.items() if k != "unit_key"}, attrs)
+            for arrays, attrs in stores
+        )
     metric_list = resolve_metrics(attrs_a["protocol"], metrics, ks)
     table_a, table_b = (unit_table(*store, metric_list, ap) for store in stores)
-    # the same units (checked above); their order differs only when one store predates
-    # unit keys
+    # the same units (checked above), in the same order (both by unit key, or both in
+    # store order)
     perm = align_units(table_b.rows, table_a.rows)
     assert perm is not None
     va, vb = table_a.values, table_b.values[perm]

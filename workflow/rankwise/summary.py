@@ -8,7 +8,8 @@ and the metrics of that JSON:
 - ``cmc``: the CMC curve, ranks 1..``cmc_max_rank`` (:func:`rankwise.metrics.cmc`),
 - ``progressive``: the sketch completion curve with its intervals (``progressive`` only),
 - the per-unit values ``(n_units, m)`` in unit-key order
-  (:meth:`rankwise.metrics.UnitTable.in_key_order`),
+  (:meth:`rankwise.metrics.UnitTable.in_key_order`; a store written before unit keys:
+  store order, ``keyed`` false),
   the units' query manifest rows ``(n_units,)`` and their cluster numbers ``(n_units,)``
   (for ``by``), from which the report's paired tests are computed without reading the
   ranks store again,
@@ -53,6 +54,8 @@ class Summary:
     values: np.ndarray  # (n_units, m) float64, columns = settings["metrics"]
     rows: np.ndarray  # (n_units,) int64, query manifest row of each unit
     cluster: np.ndarray  # (n_units,) int64, resampled cluster of each unit
+    #: units in unit-key order (False: a store written before unit keys, in store order)
+    keyed: bool = True
 
     @property
     def key(self) -> str:
@@ -146,6 +149,7 @@ def summarise(
         values=np.ascontiguousarray(table.values, np.float64),
         rows=np.asarray(table.rows, np.int64),
         cluster=np.asarray(cluster, np.int64),
+        keyed="unit_key" in arrays,
     )
 
 
@@ -159,6 +163,7 @@ def write_summary(path: str | os.PathLike, summary: Summary) -> None:
         "ci95": summary.ci95,
         "cmc": summary.cmc,
         "progressive": summary.progressive,
+        "keyed": summary.keyed,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.npz")
@@ -187,6 +192,7 @@ def read_summary(path: str | os.PathLike) -> Summary:
                 values=np.asarray(data["values"], np.float64),
                 rows=np.asarray(data["rows"], np.int64),
                 cluster=np.asarray(data["cluster"], np.int64),
+                keyed=bool(meta.get("keyed", True)),
             )
     except OSError as exc:
         raise RankwiseError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -121,9 +122,15 @@ def compare_encoders(
                 skipped.append({"dataset": dataset, "a": a, "b": b, "reason": reason})
                 continue
             names = [n for n in by_name[a]["metrics"] if n in by_name[b]["metrics"]]
-            # B's units in A's order: a summary of a store written before unit keys
-            # lists them in store order
-            plan.append((dataset, a, b, names, sa, sb.aligned(sa.rows)))
+            # one side's units in the other's order: a summary of a store written before
+            # unit keys lists them in store order, which the pair takes whichever side it
+            # is on (the numbers of two such stores: A's clusters numbered as B's are)
+            if sb.keyed or not sa.keyed:
+                plan.append((dataset, a, b, names, sa, sb.aligned(sa.rows)))
+            else:
+                aligned = sa.aligned(sb.rows)
+                assert aligned is not None
+                plan.append((dataset, a, b, names, replace(aligned, cluster=sb.cluster), sb))
     n_flips = flip_resamples(resamples, sum(len(p[3]) for p in plan))
     rows = []
     for dataset, a, b, names, sa, sb in plan:
