@@ -1468,6 +1468,27 @@ def test_outputs_never_replace_what_an_input_store_or_report_names(d, tmp_path):
     assert {name: (work / name).read_bytes() for name in before} == before
 
 
+def test_outputs_never_land_inside_an_input_store(ranks_store, tmp_path):
+    """`ci r.zarr --output r.zarr/zarr.json` replaced the store's metadata (exit 0; every
+    later command: "incomplete store"); an output inside a store an input is or names
+    is now one line, nothing written."""
+    store = tmp_path / "r.zarr"
+    shutil.copytree(ranks_store, store)
+    before = {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+    cases = [
+        (["ci", store, "--resamples", 5, "--output", store / "zarr.json"], "--output", "ranks"),
+        (["compare", store, store, "--output", store / "c.json"], "--output", "ranks_a"),
+    ]
+    for args, flag, what in cases:
+        proc = run(*args)
+        assert_one_line_error(proc, rf"{flag} \S+ is inside \S*r\.zarr, {what} \(an input\)")
+    metrics = tmp_path / "m.json"
+    assert run("metrics", store, "--output", metrics).returncode == 0
+    proc = run("report", metrics, "--resamples", 5, "--json", store / "rep.json")
+    assert_one_line_error(proc, r"--json \S+ is inside \S*r\.zarr, its ranks store, named by")
+    assert {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()} == before
+
+
 def test_out_replaces_only_a_store_of_its_own_kind(d, ranks_store, tmp_path):
     """`rank --out` / `encode --out` on a user's folder or on an input store was deleted and
     replaced; now refused before any work. An old ranks store is still replaced."""

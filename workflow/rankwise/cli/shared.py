@@ -134,10 +134,12 @@ class Command(click.Command):
     input path, a file an input names (:class:`InputPath`: ``metrics r.zarr
     --text-output q.csv`` replaced the manifest the store was ranked on) or another
     output's (``evaluate --output gallery.csv`` replaced the manifest, ``--output m.json
-    --text-output m.json`` kept one of the two)."""
+    --text-output m.json`` kept one of the two), nor lie inside a store an input is or
+    names (``ci r.zarr --output r.zarr/zarr.json`` replaced the store's metadata)."""
 
     def invoke(self, ctx: click.Context):
         seen: dict[str, str] = {}  # real path -> the option that names it
+        stores: dict[str, str] = {}  # real path -> path of the InputPaths and what they name
         for is_output in (False, True):
             for param in self.params:
                 output = isinstance(param.type, OutputPath)
@@ -154,9 +156,17 @@ class Command(click.Command):
                             f"{flag} {path} is also {seen[real]}: it would be overwritten; "
                             f"give {flag} a path of its own"
                         )
+                    inside = [p for p in stores if real.startswith(os.path.join(p, ""))]
+                    if is_output and inside and os.path.isdir(inside[0]):
+                        raise RankwiseError(
+                            f"{flag} {path} is inside {stores[inside[0]]}, {seen[inside[0]]}: "
+                            f"writing there would damage it; give {flag} a path outside it"
+                        )
                     seen.setdefault(real, f"{flag} {'(an output)' if is_output else '(an input)'}")
                     if isinstance(param.type, InputPath):
+                        stores[real] = str(path)
                         for named, what in param.type.referenced(str(path)):
+                            stores[os.path.realpath(named)] = named
                             seen.setdefault(
                                 os.path.realpath(named), f"{what}, named by {path} (an input)"
                             )
