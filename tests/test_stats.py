@@ -158,6 +158,43 @@ def test_progressive_units_are_sketches():
     assert set(by_target) == set(metrics)
 
 
+def test_progressive_curve_band_resamples_targets_by_identity():
+    """With by="identity" the completion curve's band resampled sketches, not targets (two
+    sketches of one target counted as independent), while the metrics' intervals resampled
+    targets; the report captions every interval "by identity" (audit, 2026-12-02)."""
+    from rankwise.summary import progressive_curve, summarise
+
+    case = progressive_case()  # target t3 has two sketches
+    result = rankwise.rank(*case.args(), protocol="progressive", distance="euclidean")
+    arrays, attrs = result.arrays(), result.attrs
+    labels = case.query["label"].to_numpy()
+    got = progressive_curve(arrays, attrs, resamples=300, seed=5, by="identity", labels=labels)
+    # per rendering: completion t / T of its sketch, 1 / rank, its target's label
+    group, step = arrays["group"], arrays["step"]
+    first = arrays["ranks"][arrays["offsets"][:-1]].astype(np.float64)
+    size = {g: int((group == g).sum()) for g in set(group.tolist())}
+    t = [int((step[group == g] <= s).sum()) for g, s in zip(group, step, strict=True)]
+    level = np.round([100.0 * k / size[g] for k, g in zip(t, group, strict=True)], 6)
+    target = labels[arrays["query_index"]]
+    expected = []
+    for value in np.unique(level):
+        x, lab = 1.0 / first[level == value], target[level == value]
+        ids = np.unique(lab)  # clusters in sorted label order
+        boot_rng, _ = _streams(5)
+        means = []
+        for _ in range(300):
+            chosen = boot_rng.integers(0, len(ids), size=len(ids))
+            means.append(np.concatenate([x[lab == ids[c]] for c in chosen]).mean())
+        expected.append(100 * np.percentile(means, [2.5, 97.5]))
+    np.testing.assert_allclose(got["ci95"], expected, rtol=0, atol=1e-9)
+    by_sketch = progressive_curve(arrays, attrs, resamples=300, seed=5)
+    assert by_sketch["ci95"] != got["ci95"]
+    summary = summarise(
+        arrays, attrs, metrics=["m@B"], resamples=300, seed=5, by="identity", labels=labels
+    )
+    assert summary.progressive["ci95"] == got["ci95"]
+
+
 def test_labels_of_another_manifest_are_refused():
     """--by identity with another manifest's labels (the gallery's: more rows than the
     queries ranked) was accepted, clustering the queries by the wrong labels.  The ranks

@@ -6,7 +6,8 @@ and the metrics of that JSON:
 
 - ``ci95``: the bootstrap interval of every metric (:func:`rankwise.stats.metric_cis`),
 - ``cmc``: the CMC curve, ranks 1..``cmc_max_rank`` (:func:`rankwise.metrics.cmc`),
-- ``progressive``: the sketch completion curve with its intervals (``progressive`` only),
+- ``progressive``: the sketch completion curve with its intervals (resampled by ``by``;
+  ``progressive`` only),
 - the per-unit values ``(n_units, m)`` in unit-key order
   (:meth:`rankwise.metrics.UnitTable.in_key_order`; a store written before unit keys:
   store order, ``keyed`` false),
@@ -128,7 +129,15 @@ def summarise(
         else None
     )
     progressive = (
-        progressive_curve(arrays, attrs, resamples=resamples, seed=seed, confidence=confidence)
+        progressive_curve(
+            arrays,
+            attrs,
+            resamples=resamples,
+            seed=seed,
+            confidence=confidence,
+            by=by,
+            labels=labels,
+        )
         if get_protocol(attrs["protocol"]).unit == "sketch"
         else None
     )
@@ -213,6 +222,8 @@ def progressive_curve(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     confidence: float = 0.95,
+    by: str = "query",
+    labels=None,
 ) -> dict[str, list]:
     """The target's rank against sketch completion, for a ``progressive`` ranks store.
 
@@ -224,12 +235,24 @@ def progressive_curve(
     dict of lists, one item per completion level (ascending): ``completion`` (percent),
     ``num_renderings``, ``mean_reciprocal_rank`` (mean ``1 / r_t`` in percent; m@B is
     its average over steps), ``median_rank``, ``ci95`` (bootstrap interval of the
-    mean reciprocal rank, sketches resampled; ``None`` when ``resamples`` is 0).
+    mean reciprocal rank, sketches resampled, or with ``by="identity"`` targets with all
+    their sketches, labels as :func:`rankwise.stats.query_labels` reads them; ``None``
+    when ``resamples`` is 0).
     """
-    from .metrics import completion_curve, completion_levels
-    from .stats import bootstrap_ci
+    from .metrics import completion_curve, completion_levels, unit_keys
+    from .stats import bootstrap_ci, query_labels
 
     out = completion_curve(arrays)
+    levels = completion_levels(arrays)
+    if by == "identity" and resamples:
+        # each sketch (its completion_levels number) to its target, the label of its
+        # renderings (one per sketch)
+        group = np.asarray(arrays["group"], np.int64)
+        keys = unit_keys(arrays)
+        number = group if keys is None else keys[group]
+        label = query_labels(attrs, labels)[np.asarray(arrays["query_index"], np.int64)]
+        target = dict(zip(number.tolist(), label.tolist(), strict=True))
+        levels = [(c, r, np.array([target[s] for s in sketch.tolist()])) for c, r, sketch in levels]
     out["ci95"] = [
         [
             100.0 * x
@@ -239,6 +262,6 @@ def progressive_curve(
         ]
         if resamples
         else None
-        for _, r, sketch in completion_levels(arrays)
+        for _, r, sketch in levels
     ]
     return out
