@@ -22,7 +22,7 @@ from rankwise.report import build_report
 from rankwise.report.pairs import PairCache
 from rankwise.stats import _cluster_sums, compare_ranks, flip_hits, paired_sums
 from rankwise.store import read_ranks
-from rankwise.summary import read_summary, summarise, write_summary
+from rankwise.summary import OldSummary, read_summary, summarise, write_summary
 
 OPTIONS = {"cmc_max_rank": 20, "resamples": 200, "seed": 3, "worst_queries": 2, "top_k": 4}
 
@@ -114,6 +114,29 @@ def test_a_summary_written_over_by_another_evaluation_is_not_used(results, summa
         target.write_text(json.dumps(data))
     assert _numbers(build_report(copies, **OPTIONS)) == _numbers(
         build_report(metrics[:2], **OPTIONS)
+    )
+
+
+def test_a_summary_of_an_earlier_format_is_computed_again(results, summarised, tmp_path):  # noqa: F811
+    """A summary written by an earlier rankwise (its intervals may differ in the last
+    bits) is not used, nor refused: the report computes the statistics from the store."""
+    _, metrics = results
+    path = summarised[0]
+    data = json.loads(path.read_text())
+    with np.load(data["provenance"]["stats"]) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(str(arrays["meta"]))
+    arrays["meta"] = np.array(json.dumps({**meta, "format": meta["format"] - 1}))
+    old = tmp_path / "old.stats.npz"
+    np.savez(old, **arrays)
+    with pytest.raises(OldSummary):
+        read_summary(old)
+    data["provenance"]["stats"] = str(old)
+    copy = tmp_path / path.parent.name / path.name
+    copy.parent.mkdir()
+    copy.write_text(json.dumps(data))
+    assert _numbers(build_report([copy, *summarised[1:]], **OPTIONS)) == _numbers(
+        build_report(metrics, **OPTIONS)
     )
 
 

@@ -632,3 +632,23 @@ def test_cli_ci_and_scores(stores, tmp_path):
         compute_metrics(*read_ranks(paths["a"]), ks=(3,))[0]["rank3"]
     )
     assert 100 * table["ap"].mean() == pytest.approx(metrics["map"], abs=1e-6)
+
+
+def test_an_interval_bound_on_zero_is_exactly_zero():
+    """A paired difference that only a few units change, and a metric that few units
+    hit: the resamples that draw only unchanged (or missed) units are exactly 0, so a
+    bound there is 0.0, not +-1e-17 (centred resampling gave "[-0.30, -0.00]")."""
+    rng = np.random.default_rng(3)
+    hits = np.zeros(400)
+    hits[:3] = 1.0
+    low, high = stats.bootstrap_ci(hits, resamples=2000, seed=1)
+    assert low == 0.0 and high > 0
+    ap = rng.random(400)
+    better = ap.copy()
+    better[:3] += 0.25  # three queries improve, the rest are unchanged
+    est = stats.paired_estimates(
+        ap[:, None], better[:, None], np.arange(400), resamples=2000, seed=1
+    )
+    assert est["ci"][0][0] == 0.0 and est["ci"][1][0] > 0
+    # a constant column still resamples to exactly its value
+    assert stats.bootstrap_ci(np.full(9, 0.1), resamples=50) == [0.1, 0.1]

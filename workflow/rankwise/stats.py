@@ -306,12 +306,17 @@ def _bootstrap_means(
 def _resampled_means(
     values: np.ndarray, cluster: np.ndarray, resamples: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """:func:`_bootstrap_means` of per-unit ``values`` ``(n_units, m)``, centred on each
-    column's point estimate (:func:`rankwise.metrics.mean`): the resamples of the
-    deviations ``x - mean`` are added to it, so a constant column resamples to exactly its
-    value and its interval holds the point (uncentred, the sums' rounding put a constant
-    metric's interval an ulp below it)."""
-    centre = np.array([mean(column) for column in values.T])
+    """:func:`_bootstrap_means` of per-unit ``values`` ``(n_units, m)``.  A constant
+    column is centred on its value (:func:`rankwise.metrics.mean`; the resamples of the
+    deviations, all 0, are added to it), so it resamples to exactly that value and its
+    interval holds the point (uncentred, the sums' rounding put a constant metric's
+    interval an ulp below it).  Any other column is resampled as it is: a resample of
+    zeros (queries a paired difference leaves unchanged) is exactly 0 and sums of 0/1
+    hits are exact (centred, they came out as +-1e-17: an interval "[-0.30, -0.00]")."""
+    constant = (values == values[:1]).all(axis=0)
+    centre = np.array(
+        [mean(column) if same else 0.0 for column, same in zip(values.T, constant, strict=True)]
+    )
     sums, sizes = _cluster_sums(values - centre, cluster)
     return centre + _bootstrap_means(sums, sizes, resamples, rng)
 

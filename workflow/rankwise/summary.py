@@ -41,7 +41,12 @@ from .registry import get_protocol
 
 #: The settings a summary is computed for; the report uses it only when all are equal.
 SETTINGS = ("metrics", "ap", "resamples", "seed", "by", "confidence", "cmc_max_rank")
-_FORMAT = 1
+_FORMAT = 2  # 2: intervals of non-constant columns resampled uncentred (2026-12-02)
+
+
+class OldSummary(RankwiseError):
+    """A summary written by an earlier version of :func:`write_summary` (its numbers may
+    differ in the last bits): the report computes the statistics again instead."""
 
 
 @dataclass(frozen=True)
@@ -187,12 +192,15 @@ def write_summary(path: str | os.PathLike, summary: Summary) -> None:
 
 
 def read_summary(path: str | os.PathLike) -> Summary:
-    """The summary written by :func:`write_summary`; a file that is not one raises."""
+    """The summary written by :func:`write_summary`; a file that is not one raises, one of
+    an earlier format raises :class:`OldSummary`."""
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
-            if meta.get("format") != _FORMAT:
+            if not isinstance(meta.get("format"), int):
                 raise ValueError("format")
+            if meta["format"] != _FORMAT:
+                raise OldSummary(f"{path}: statistics summary of format {meta['format']}")
             return Summary(
                 settings=meta["settings"],
                 ci95=meta["ci95"],
@@ -208,6 +216,8 @@ def read_summary(path: str | os.PathLike) -> Summary:
             f"{path}: cannot read the statistics summary ({exc.strerror or exc}); "
             "run `rankwise metrics --stats-output` again"
         ) from None
+    except OldSummary:
+        raise
     except (ValueError, KeyError, TypeError):
         raise RankwiseError(
             f"{path}: not a statistics summary written by this rankwise; "

@@ -231,14 +231,17 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
     for these settings and is still the one the metrics JSON names (its ``stats_key``:
     a later run may have written another evaluation's summary to the same path), else
     computed from its ranks store (``None`` without one)."""
-    from ..summary import read_summary, summarise
+    from ..summary import OldSummary, read_summary, summarise
 
     wanted = {**settings, "metrics": list(entry["metrics"]), "ap": ap_variant(entry)}
     raw = entry["provenance"]["raw"]
     path, key = raw.get("stats"), raw.get("stats_key")
     if path and key and Path(path).is_file():
-        summary = read_summary(path)
-        if summary.matches(wanted) and summary.key == key:
+        try:
+            summary = read_summary(path)
+        except OldSummary:
+            summary = None
+        if summary is not None and summary.matches(wanted) and summary.key == key:
             return summary
     store = stores.get(entry)
     if store is None:

@@ -40,7 +40,7 @@ from ..stats import (
 )
 from ..summary import Summary
 
-_FORMAT = 2  # 2: means and intervals from rankwise.metrics.mean (2026-12-01)
+_FORMAT = 3  # 3: intervals of non-constant differences resampled uncentred (2026-12-02)
 
 
 def _columns(summary: Summary, metrics: list[str]) -> np.ndarray:
