@@ -652,3 +652,14 @@ def test_an_interval_bound_on_zero_is_exactly_zero():
     assert est["ci"][0][0] == 0.0 and est["ci"][1][0] > 0
     # a constant column still resamples to exactly its value
     assert stats.bootstrap_ci(np.full(9, 0.1), resamples=50) == [0.1, 0.1]
+
+
+def test_too_few_clusters_are_named_whatever_the_flips():
+    """One query compared with random flips: p is 1 however many flips (every flip of
+    one cluster is as large as the observed sum), so the advice is more queries, not
+    more resamples; with enough queries, too few flips is named."""
+    why = stats.never_significant("sign-flip", 1, 1000, 1, by="query", units="queries")
+    assert why is not None and "p >= 1" in why and why.endswith("use more queries")
+    why = stats.never_significant("sign-flip", 200, 10, 1, by="query", units="queries")
+    assert why is not None and why.endswith("use more resamples")
+    assert stats.never_significant("sign-flip", 200, 1000, 1, by="query", units="queries") is None

@@ -748,15 +748,22 @@ def never_significant(
     """Why no Holm-adjusted p-value of these tests can fall below ``alpha`` whatever the
     data, or None: every p is at least :func:`smallest_p`, and Holm's first step
     multiplies the smallest p of all ``num_tests`` tests (``smallest_in_all``; default
-    this test's) by ``num_tests``.  ``units``: what a cluster is when ``by="query"``."""
-    floor = smallest_p(test, num_clusters, flips)
-    if floor >= alpha:
-        why = f"significance needs p < {alpha:g}"
-    elif (floor if smallest_in_all is None else smallest_in_all) * num_tests >= alpha:
-        why = f"Holm over {num_tests} tests needs p < {alpha / num_tests:.2g}"
-    else:
+    this test's) by ``num_tests``.  ``units``: what a cluster is when ``by="query"``.
+    Random flips never go below the exact test's floor either (one cluster: p = 1)."""
+
+    def why_not(floor: float) -> str | None:
+        if floor >= alpha:
+            return f"significance needs p < {alpha:g}"
+        if (floor if smallest_in_all is None else smallest_in_all) * num_tests >= alpha:
+            return f"Holm over {num_tests} tests needs p < {alpha / num_tests:.2g}"
         return None
-    if test != "exact":  # the floor is the number of random flips, not the data
+
+    data_floor = smallest_p("exact", num_clusters, flips)
+    floor = max(smallest_p(test, num_clusters, flips), data_floor)
+    why = why_not(floor)
+    if why is None:
+        return None
+    if test != "exact" and why_not(data_floor) is None:  # more flips would lower the floor
         return (
             f"with {flips} random sign flips the paired test gives p >= {floor:.3g}, and "
             f"{why}; use more resamples"
