@@ -105,11 +105,20 @@ def read_manifest(
     what = f"{role} manifest" if role else "manifest"
     name = str(source) if not isinstance(source, pd.DataFrame) else f"<{role or 'manifest'} table>"
     if isinstance(source, pd.DataFrame):
+        # before any column is read: source[col] of a name given twice is a DataFrame
+        _check_unique_columns([str(c).strip() for c in source.columns], name)
         table = source.astype(str).reset_index(drop=True)
         for col in source.columns:  # keep integer columns given as numbers exact
             if col in _INTEGER_COLUMNS and pd.api.types.is_integer_dtype(source[col]):
                 table[col] = source[col].astype(str).to_numpy()
+        # A missing value (None, NaN, pd.NA) is an empty cell, as in a CSV file, not the
+        # label "None" / "nan" / "<NA>" that astype(str) writes, shared by every such row.
+        table = table.mask(source.isna().to_numpy(), "")
         table = _stripped(table)
+    elif not isinstance(source, (str, os.PathLike)):
+        raise RankwiseError(
+            f"the {what} must be a CSV file path or a pandas DataFrame; got {type(source).__name__}"
+        )
     else:
         path = Path(source)
         if not path.is_file():

@@ -1,0 +1,53 @@
+"""The Python API's inputs in the forms the README allows (DataFrames, arrays, ``ks``):
+each gives the numbers of the same data as CSV files, or one error line naming it."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import rankwise
+from rankwise.errors import RankwiseError
+
+QUERY_EMB = np.eye(3, dtype=np.float32)
+GALLERY = pd.DataFrame({"id": ["g0", "g1", "g2"], "label": ["a", "b", "c"], "camera": [1, 2, 3]})
+
+
+def _query(**columns):
+    return pd.DataFrame({"id": ["q0", "q1", "q2"], "label": ["a", "b", "c"], **columns})
+
+
+@pytest.mark.parametrize(
+    "query, protocol, column",
+    [
+        # None, NaN and pd.NA were read as the labels "None", "nan", "<NA>": such items
+        # matched each other (or nothing) instead of being refused like an empty cell
+        (_query(label=["a", None, "c"]), "recall", "label"),
+        (_query(label=[1.0, np.nan, 3.0]), "recall", "label"),
+        (_query(label=pd.array([1, None, 3], dtype="Int64")), "recall", "label"),
+        (_query(label=pd.Categorical(["a", None, "c"])), "recall", "label"),
+        (pd.DataFrame({"id": ["q0", None, "q2"], "label": ["a", "b", "c"]}), "recall", "id"),
+        (_query(camera=[1.0, np.nan, 3.0]), "reid", "camera"),
+    ],
+)
+def test_a_missing_value_in_a_dataframe_is_an_empty_cell(query, protocol, column):
+    with pytest.raises(RankwiseError, match=rf"<query table>: row .*: empty '{column}'"):
+        rankwise.evaluate(query, GALLERY, QUERY_EMB, QUERY_EMB, protocol=protocol)
+
+
+def test_missing_values_in_other_columns_are_kept_and_ignored():
+    query = _query(note=[None, np.nan, "x"])
+    expected = rankwise.evaluate(_query(), GALLERY, QUERY_EMB, QUERY_EMB).to_json()
+    assert rankwise.evaluate(query, GALLERY, QUERY_EMB, QUERY_EMB).to_json() == expected
+
+
+@pytest.mark.parametrize("manifest", [None, {"id": ["q0"], "label": ["a"]}, _query()["label"]])
+def test_a_manifest_neither_path_nor_dataframe_is_one_line(manifest):
+    with pytest.raises(RankwiseError, match=r"query manifest must be a CSV file path or a pandas"):
+        rankwise.evaluate(manifest, GALLERY, QUERY_EMB, QUERY_EMB)
+
+
+def test_a_dataframe_naming_a_column_twice_is_one_line():
+    # the same name exactly (not only after stripping): an AttributeError from pandas
+    query = pd.DataFrame([["q0", "a", "a"]], columns=["id", "label", "label"])
+    with pytest.raises(RankwiseError, match=r"<query table>: column 'label' appears twice"):
+        rankwise.evaluate(query, GALLERY, QUERY_EMB[:1], QUERY_EMB)
