@@ -51,3 +51,45 @@ def test_a_dataframe_naming_a_column_twice_is_one_line():
     query = pd.DataFrame([["q0", "a", "a"]], columns=["id", "label", "label"])
     with pytest.raises(RankwiseError, match=r"<query table>: column 'label' appears twice"):
         rankwise.evaluate(query, GALLERY, QUERY_EMB[:1], QUERY_EMB)
+
+
+@pytest.mark.parametrize(
+    "query, gallery, protocol, message",
+    [
+        # named "row 3", the line a CSV file would have: another row of the table
+        (
+            _query(label=["a", "", "c"]).set_index(pd.Index([7, 8, 9])),
+            GALLERY,
+            "recall",
+            r"row 1 \(0-based\): empty 'label'",
+        ),
+        (
+            _query(id=["q0", "q1", "q1"]),
+            GALLERY,
+            "recall",
+            r"duplicate id 'q1' at rows 1 \(0-based\) and 2 \(0-based\)",
+        ),
+        (
+            _query(id=["q0", "q1", "g2"], label=["a", "b", "b"]),
+            GALLERY,
+            "recall",
+            r"id 'g2' is a query \(row 2 \(0-based\), .*gallery item \(row 2 \(0-based\)",
+        ),
+        (
+            _query(sketch=[1, 1, 2], step=[1, 1, 1], label=["a", "a", "c"]),
+            GALLERY,
+            "progressive",
+            r"query table: row 1 \(0-based\): sketch '1' has step 1 twice",
+        ),
+        (
+            _query(label=["a", "a", "c"], camera=[1, 1, 2]),
+            GALLERY.assign(id=["g0", "q1", "g2"]),
+            "reid",
+            r"gallery table: row 1 \(0-based\): id 'q1' is also a query item",
+        ),
+    ],
+)
+def test_errors_name_a_dataframe_row_by_its_position(query, gallery, protocol, message):
+    options = {"multi_query": "mean"} if "camera" in query else {}
+    with pytest.raises(RankwiseError, match=message):
+        rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB, protocol=protocol, **options)

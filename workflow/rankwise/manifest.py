@@ -61,6 +61,8 @@ __all__ = [
 #: match the wrong candidates.  Video frame numbers are far below it (VeRi-776's eight
 #: digits included); timestamps in milliseconds are not, so renumber those.
 MAX_INTEGER = 2**31 - 1
+#: ``attrs["rows"]`` of a manifest read from a DataFrame: rows are named by position.
+_POSITIONS = "positions"
 
 
 def check_protocol(protocol: str) -> str:
@@ -108,6 +110,7 @@ def read_manifest(
         # before any column is read: source[col] of a name given twice is a DataFrame
         _check_unique_columns([str(c).strip() for c in source.columns], name)
         table = source.astype(str).reset_index(drop=True)
+        table.attrs = {"rows": _POSITIONS}  # messages name positions (row_line)
         for col in source.columns:  # keep integer columns given as numbers exact
             if col in _INTEGER_COLUMNS and pd.api.types.is_integer_dtype(source[col]):
                 table[col] = source[col].astype(str).to_numpy()
@@ -387,10 +390,13 @@ def check_nonempty(table: pd.DataFrame, columns, name: str) -> None:
             )
 
 
-def row_line(i: int, table: pd.DataFrame | None = None) -> int:
+def row_line(i: int, table: pd.DataFrame | None = None) -> int | str:
     """1-based line number in the CSV file of data row ``i`` (the header's line + 1 + i
     when no blank line or multi-line value comes between; read from the file, which
-    ``table.attrs["csv_path"]`` names, when one does)."""
+    ``table.attrs["csv_path"]`` names, when one does); ``"<i> (0-based)"`` for a
+    manifest given as a DataFrame (``table.attrs["rows"]``), which has no lines."""
+    if table is not None and table.attrs.get("rows") == _POSITIONS:
+        return f"{int(i)} (0-based)"
     path = table.attrs.get("csv_path") if table is not None else None
     if path:
         try:

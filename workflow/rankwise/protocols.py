@@ -448,9 +448,9 @@ def _member_twins(members, query, gallery, qlab, glab, names) -> np.ndarray:
     if len(other):
         g = int(twin[other[0]])
         raise RankwiseError(
-            f"{names[1]}: row {g + 2}: id {gallery['id'].iloc[g]!r} is also a query item "
-            f"(a member of pooled query {query['id'].iloc[owner[other[0]]]!r}) but its label "
-            f"{gallery['label'].iloc[g]!r} differs from the query's "
+            f"{names[1]}: row {row_line(g, gallery)}: id {gallery['id'].iloc[g]!r} is also a "
+            f"query item (a member of pooled query {query['id'].iloc[owner[other[0]]]!r}) but "
+            f"its label {gallery['label'].iloc[g]!r} differs from the query's "
             f"{query['label'].iloc[owner[other[0]]]!r}: the same id is the same item; fix "
             "the label or the id"
         )
@@ -472,7 +472,7 @@ def _sketches(query: pd.DataFrame, skip: np.ndarray, name: str = "query manifest
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
         raise RankwiseError(
-            f"{name}: row {i + 2}: sketch {names[group[i]]!r} has "
+            f"{name}: row {row_line(i, query)}: sketch {names[group[i]]!r} has "
             f"step {step[i]} twice; each rendering needs its own step"
         )
     n_labels = table.groupby("g")["l"].nunique().to_numpy()
