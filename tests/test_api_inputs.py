@@ -93,3 +93,12 @@ def test_errors_name_a_dataframe_row_by_its_position(query, gallery, protocol, m
     options = {"multi_query": "mean"} if "camera" in query else {}
     with pytest.raises(RankwiseError, match=message):
         rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB, protocol=protocol, **options)
+
+
+@pytest.mark.parametrize("ks", [None, 5.0, True])
+def test_ks_neither_integers_nor_text_is_one_line(ks):
+    # a TypeError ("'NoneType' object is not iterable") before
+    with pytest.raises(
+        RankwiseError, match=r"ks must be positive integers .*; got (None|5\.0|True)"
+    ):
+        rankwise.evaluate(_query(), GALLERY, QUERY_EMB, QUERY_EMB, ks=ks)

@@ -64,6 +64,8 @@ def parse_ks(text: str | Iterable[int]) -> tuple[int, ...]:
 
     if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
         text = [int(text)]  # ks=5, as --ks 5
+    if not isinstance(text, (str, Iterable)):  # None, 5.0, True: parse_cutoffs names them
+        return parse_cutoffs(text, "ks")
     return parse_cutoffs(text if isinstance(text, str) else list(text), "ks")
 
 
