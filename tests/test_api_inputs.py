@@ -102,3 +102,36 @@ def test_ks_neither_integers_nor_text_is_one_line(ks):
         RankwiseError, match=r"ks must be positive integers .*; got (None|5\.0|True)"
     ):
         rankwise.evaluate(_query(), GALLERY, QUERY_EMB, QUERY_EMB, ks=ks)
+
+
+@pytest.mark.parametrize(
+    "labels, options, message",
+    [
+        # None / NaN were the labels "None" / "nan": items without one matched each other
+        ([["a", None, "c"], ["a", "b", "c"]], {}, r"query_labels\[1\] is missing \(None\)"),
+        ([["a", "b", "c"], [1.0, 2.0, np.nan]], {}, r"gallery_labels\[2\] is missing \(nan\)"),
+        ([["a", "b", "c"], ["a", "b", "c"]], {"query_ids": ["q0", None, "q2"]}, r"query_ids\[1\]"),
+        # pandas' "All arrays must be of the same length", numpy's "len() of unsized object"
+        ([["a", "b", "c"], ["a", "b"]], {}, r"gallery_labels must be 1-D with 3 values, one per"),
+        ([["a", "b", "c"], ["a", "b", "c"]], {"gallery_ids": ["g0"]}, r"gallery_ids must be 1-D"),
+        (
+            [[["a"], ["b"], ["c"]], ["a", "b", "c"]],
+            {},
+            r"query_labels must be 1-D .* shape \(3, 1\)",
+        ),
+        (["abc", ["a", "b", "c"]], {}, r"query_labels must be 1-D .* got shape \(\)"),
+    ],
+)
+def test_recall_at_k_refuses_labels_and_ids_in_one_line(labels, options, message):
+    with pytest.raises(RankwiseError, match=message):
+        rankwise.recall_at_k(QUERY_EMB, QUERY_EMB, *labels, **options)
+
+
+def test_recall_at_k_numbers_its_items_apart_from_the_other_sides_ids():
+    # Without query ids, query i was "q<i>": the gallery item with id "q0" was taken for
+    # query 0 itself and left out of its ranking (recall@1 0 instead of 100).
+    query, gallery = np.array([[1.0, 0.0]]), np.array([[1.0, 0.0], [1.0, 0.5], [0.0, 1.0]])
+    got = rankwise.recall_at_k(
+        query, gallery, ["a"], ["a", "b", "a"], ks=(1,), gallery_ids=["q0", "x", "y"]
+    )
+    assert got == {"recall@1": 100.0}

@@ -362,27 +362,47 @@ def recall_at_k(
     """Recall@K (percentages) for in-memory embeddings and labels.
 
     The one-liner of the Recall@K seed: ``query_emb (Q, D)``, ``gallery_emb (G, D)``,
-    labels compared as strings.  With ids, an item never matches itself; queries whose
-    label has no other gallery item are skipped.
+    labels ``(Q,)`` / ``(G,)`` compared as strings (a missing one is an error).  With ids
+    (``(Q,)`` / ``(G,)``), an item never matches itself; queries whose label has no other
+    gallery item are skipped.
     """
 
     import pandas as pd
 
-    def table(labels, ids, prefix):
-        labels = np.asarray(labels).astype(str)
-        ids = (
-            np.asarray(ids).astype(str)
-            if ids is not None
-            else np.array([f"{prefix}{i}" for i in range(len(labels))])
-        )
+    from .errors import RankwiseError
+
+    def column(values, name: str, rows: int | None = None) -> np.ndarray:
+        values = np.asarray(values)
+        if values.ndim != 1 or (rows is not None and len(values) != rows):
+            want = "one value per row" if rows is None else f"{rows} values, one per row"
+            raise RankwiseError(f"{name} must be 1-D with {want}; got shape {values.shape}")
+        missing = np.flatnonzero(pd.isna(values))
+        if len(missing):  # not the label "None" / "nan" that astype(str) would write
+            raise RankwiseError(
+                f"{name}[{missing[0]}] is missing ({values[missing[0]]}); every item needs a value"
+            )
+        return values.astype(str)
+
+    def table(side, emb, labels, ids, other_ids):
+        labels = column(labels, f"{side}_labels", len(emb) if emb.ndim == 2 else None)
+        if ids is not None:
+            ids = column(ids, f"{side}_ids", len(labels))
+        else:  # numbered ids, none of them an id of the other side: never the same item
+            taken = np.asarray(other_ids if other_ids is not None else [], dtype=str)
+            prefix = side[0]
+            while True:
+                ids = np.char.add(prefix, np.arange(len(labels)).astype(str))
+                if not np.isin(ids, taken).any():
+                    break
+                prefix += side[0]
         return pd.DataFrame({"id": ids, "label": labels})
 
-    # Without ids the two sides must never share one, hence the distinct prefixes.
+    query_emb, gallery_emb = np.asarray(query_emb), np.asarray(gallery_emb)
     result = evaluate(
-        table(query_labels, query_ids, "q"),
-        table(gallery_labels, gallery_ids, "g"),
-        np.asarray(query_emb),
-        np.asarray(gallery_emb),
+        table("query", query_emb, query_labels, query_ids, gallery_ids),
+        table("gallery", gallery_emb, gallery_labels, gallery_ids, query_ids),
+        query_emb,
+        gallery_emb,
         protocol="recall",
         distance=distance,
         ks=ks,
