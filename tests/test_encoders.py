@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import zarr
 from click.testing import CliRunner
+from helpers import run_rankwise
 from PIL import Image
 
 import rankwise
@@ -330,6 +331,45 @@ def test_checkpoint_hash_follows_content_not_mtime(manifest: Path, tmp_path: Pat
     second = encode()
     assert second["checkpoint_hash"] == hashlib.sha256(b"2.5").hexdigest()
     assert second["manifest_hash"] == first["manifest_hash"]
+
+
+def test_query_and_gallery_of_a_rewritten_checkpoint_are_not_ranked(manifest: Path, tmp_path: Path):
+    """A checkpoint saved over (a training run's last.pth) between the query and the
+    gallery encode jobs gave stores of one encoder from two checkpoints, ranked against
+    each other without a word; now that is one line naming both stores."""
+    from rankwise.inputs import open_inputs
+
+    ckpt = tmp_path / "last.pth"
+    options = {"factory": f"{FACTORIES}:with_checkpoint", "checkpoint": str(ckpt)}
+    stores = {}
+    for split, weight in (("query", "1.5"), ("gallery", "1.5")):
+        ckpt.write_text(weight)
+        stores[split] = tmp_path / f"{split}.zarr"
+        encode_manifest(manifest, "python", options, stores[split], progress=False)
+    args = (manifest, manifest, stores["query"], stores["gallery"])
+    open_inputs(*args, protocol="recall")  # the same bytes: fine
+    encode_manifest(manifest, "python", options, stores["gallery"], progress=False)
+    ckpt.write_text("2.5")
+    encode_manifest(manifest, "python", options, stores["query"], progress=False)
+    with pytest.raises(
+        RankwiseError,
+        match=r"query\.zarr and .*gallery\.zarr: encoded from "
+        r"different contents of .*last\.pth \(sha256 [0-9a-f]{12} vs",
+    ):
+        open_inputs(*args, protocol="recall")
+    proc = run_rankwise(
+        "evaluate",
+        "--query",
+        manifest,
+        "--gallery",
+        manifest,
+        "--query-embeddings",
+        stores["query"],
+        "--gallery-embeddings",
+        stores["gallery"],
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_missing_checkpoint_names_it(manifest: Path, tmp_path: Path):

@@ -332,6 +332,25 @@ def check_same_dim(query: EmbeddingSource, gallery: EmbeddingSource) -> None:
         )
 
 
+def check_same_checkpoint(query: EmbeddingSource, gallery: EmbeddingSource) -> None:
+    """Refuse query and gallery stores of one encoder (same kind and options, the same
+    checkpoint file) encoded from different bytes of that file: it was rewritten
+    between the two encode runs (a training run saving over it), and ranking one
+    checkpoint's queries against another's gallery would give numbers of neither."""
+    q, g = query.attrs or {}, gallery.attrs or {}
+    same_file = q.get("checkpoint") is not None and q.get("checkpoint") == g.get("checkpoint")
+    if not same_file or q.get("encoder") != g.get("encoder"):
+        return
+    q_hash, g_hash = q.get("checkpoint_hash"), g.get("checkpoint_hash")
+    if q_hash and g_hash and q_hash != g_hash:
+        raise RankwiseError(
+            f"{query.path} and {gallery.path}: encoded from different contents of "
+            f"{q['checkpoint']} (sha256 {q_hash[:12]} vs {g_hash[:12]}): the file changed "
+            "between the two encode runs; encode both splits again (the pipeline does on "
+            "its next run)"
+        )
+
+
 def _check_dtype(dtype, name: str, label: str) -> None:
     if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)):
         raise RankwiseError(f"{label}: {name} have dtype {dtype}; expected numbers (float32)")

@@ -9,7 +9,8 @@ queries), so each gets the same checks in the same order:
 2. each embeddings with :func:`rankwise.embeddings.open_embeddings` (file, dtype,
    shape, completeness mark; a store opened with a manifest other than the one it was
    encoded from is refused; rows equal to the manifest's);
-3. query and gallery of the same dimension;
+3. query and gallery of the same dimension, and two stores of one encoder encoded from
+   the same bytes of its checkpoint file (:func:`~rankwise.embeddings.check_same_checkpoint`);
 4. features carrying their own ids (a Zarr group with ``ids``) read as they are: those
    ids equal the manifest's, row by row (else encode them first, which aligns them);
 5. a store encoded from id-keyed features with rows dropped (``on_missing: drop``,
@@ -34,6 +35,7 @@ from .embeddings import (
     EmbeddingSource,
     check_manifest,
     check_rows,
+    check_same_checkpoint,
     check_same_dim,
     open_embeddings,
 )
@@ -147,6 +149,7 @@ def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *, protoco
         gallery_embeddings, name="gallery embeddings", n_rows=len(g_table), manifest=g_name
     )
     check_same_dim(q_src, g_src)
+    check_same_checkpoint(q_src, g_src)
     for table, src, name in ((q_table, q_src, q_name), (g_table, g_src, g_name)):
         _check_keyed(table, src, name)
     return Inputs(
