@@ -387,6 +387,7 @@ def test_pickled_python_object_is_refused_not_executed(
     [
         (b"not a checkpoint", r"junk\.pth: not a readable torch checkpoint"),
         (b"hello", r"junk\.pth: not a readable torch checkpoint \(unrecognised content\)"),
+        (b"", r"junk\.pth: the checkpoint is empty \(0 bytes\): is it still being written\?"),
         ("protocol4", r"junk\.pth: .*pickle protocol 4 or later.*re-save it"),
         ("safetensors", r"junk\.pth: .*\(it is a safetensors file; name it \.safetensors\)$"),
         ("npy", r"junk\.pth: .*\(it is a \.npy array, not a checkpoint"),

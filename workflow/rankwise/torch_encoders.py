@@ -128,6 +128,15 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
     allowing numpy scalars/arrays (nothing else; ``weights_only`` stays on).
     """
     torch = _import(kind, "torch")
+    try:
+        empty = path.stat().st_size == 0
+    except OSError:
+        empty = False  # torch.load / load_file name the error
+    if empty:  # torch said only "EOFError"
+        raise RankwiseError(
+            f"{path}: the checkpoint is empty (0 bytes): is it still being written? Run "
+            "again once it is saved"
+        )
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
