@@ -271,6 +271,27 @@ def test_checkpoint_without_classifier_head_loads(timm_model, manifest: Path, tm
     _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 32), *IMAGENET)))
 
 
+def test_compiled_model_checkpoint_loads(timm_model, manifest: Path, tmp_path: Path):
+    """The state dict of a torch.compile'd model (keys under ``_orig_mod.``), also inside
+    DistributedDataParallel (``module._orig_mod.``), loads like the plain one."""
+    embedder, state = timm_model
+    compiled = torch.compile(timm.create_model("resnet10t", num_classes=7))
+    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())  # torch's naming
+    want = _forward(embedder, _reference_inputs(manifest, (32, 32), *IMAGENET))
+    for i, prefix in enumerate(("_orig_mod.", "module._orig_mod.")):
+        ckpt = tmp_path / f"c{i}.pth"
+        torch.save({f"{prefix}{k}": v for k, v in state.items()}, ckpt)
+        out = tmp_path / f"c{i}.zarr"
+        encode_manifest(
+            manifest,
+            "timm",
+            {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 32]},
+            out,
+            progress=False,
+        )
+        _assert_close(_read(out), want)
+
+
 def test_safetensors_checkpoint(timm_model, manifest: Path, tmp_path: Path):
     from safetensors.torch import save_file
 

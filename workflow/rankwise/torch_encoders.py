@@ -121,7 +121,8 @@ def _numpy_globals() -> list[Any]:
 
 
 def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
-    """The state dict in ``path``: unwrapped, ``module.`` prefixes stripped, on the CPU.
+    """The state dict in ``path``: unwrapped, ``module.`` / ``_orig_mod.`` prefixes
+    stripped, on the CPU.
 
     ``.safetensors`` files are read with safetensors; anything else with
     ``torch.load(weights_only=True)`` inside ``torch.serialization.safe_globals``
@@ -189,10 +190,15 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
         )
     state = {}
     for key, value in data.items():
-        while key.startswith("module."):  # DataParallel / DistributedDataParallel
-            key = key[len("module.") :]
+        # DataParallel / DistributedDataParallel ("module."), torch.compile's wrapper
+        # ("_orig_mod."), in either order
+        while key.startswith(_WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
         state[key] = value
     return state
+
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
 def _is_state_dict(data: Mapping, torch: Any) -> bool:
