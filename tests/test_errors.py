@@ -1577,3 +1577,25 @@ def test_first_line_of_an_exception_for_one_line_messages():
     long = first_line(RuntimeError("x" * 500), limit=120)
     assert len(long) == 120 and long.endswith("...")  # a cut shows it is cut
     assert first_line(RuntimeError("y" * 120), limit=120) == "y" * 120
+
+
+def test_the_first_bad_gallery_row_is_named_whatever_the_task_order(tmp_path):
+    """Two bad rows in one group of chunks run side by side: the chunk that finishes
+    first used to name its row (here the one-row last chunk, row N); the message names
+    the first bad row, N - 1, on every run."""
+    import rankwise
+    from rankwise import RankwiseError
+
+    n, dim = 200_000, 64
+    rng = np.random.default_rng(0)
+    gallery = rng.normal(size=(n + 1, dim)).astype(np.float32)
+    gallery[n - 1, 0] = np.nan  # the end of the big first chunk
+    gallery[n, 0] = np.nan  # the one-row second chunk, done first
+    query = rng.normal(size=(3, dim)).astype(np.float32)
+    q = pd.DataFrame({"id": ["q0", "q1", "q2"], "label": ["a", "b", "c"]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(n + 1)], "label": ["a", "b", "c"] * 66667})
+    for _ in range(3):
+        with pytest.raises(
+            RankwiseError, match=rf"gallery embeddings row {n - 1} \(0-based\) contains NaN"
+        ):
+            rankwise.evaluate(q, g, query, gallery, gallery_chunk=n, workers=2)

@@ -669,7 +669,15 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
             )
             out_keys.append(key("keys", c))
             selections.append(sel)
-        for sel, values in zip(selections, runner.get(graph, out_keys), strict=True):
+        try:
+            results = runner.get(graph, out_keys)
+        except RankwiseError:
+            # the group's chunks ran in any order, and the first error to arrive stopped
+            # it: name the group's first bad row (the same on every run) when it has one
+            for c in chunk_ids:
+                prepare_chunk(gallery, int(bounds[c]), int(bounds[c + 1]), cosine)
+            raise
+        for sel, values in zip(selections, results, strict=True):
             keys[sel] = values
     return keys
 
