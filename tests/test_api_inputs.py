@@ -135,3 +135,11 @@ def test_recall_at_k_numbers_its_items_apart_from_the_other_sides_ids():
         query, gallery, ["a"], ["a", "b", "a"], ks=(1,), gallery_ids=["q0", "x", "y"]
     )
     assert got == {"recall@1": 100.0}
+
+
+def test_to_json_is_a_copy():
+    result = rankwise.evaluate(_query(), GALLERY, QUERY_EMB, QUERY_EMB)
+    metrics = dict(result.metrics)
+    report = result.to_json()
+    report["metrics"]["rank1"] = -1.0
+    assert result.metrics == metrics and result.to_json()["metrics"] == metrics

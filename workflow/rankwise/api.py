@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -63,8 +64,9 @@ class EvaluationResult:
     per_query: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON report: exactly the keys of DESIGN.md."""
-        return {key: getattr(self, key) for key in REPORT_KEYS}
+        """The JSON report: exactly the keys of DESIGN.md (a copy: editing it leaves the
+        result as it is)."""
+        return {key: copy.deepcopy(getattr(self, key)) for key in REPORT_KEYS}
 
 
 def variant_keys(attrs: dict[str, Any], ap: str = "standard") -> dict[str, Any]:
