@@ -1489,6 +1489,26 @@ def test_outputs_never_land_inside_an_input_store(ranks_store, tmp_path):
     assert {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()} == before
 
 
+def test_outputs_never_land_inside_an_input_embedding_store(d, tmp_path):
+    """The check above covered only the stores a ranks store or metrics JSON argument
+    is or names: `evaluate --query-embeddings q.zarr --output q.zarr/zarr.json` replaced
+    the embedding store's metadata (exit 0; its manifest and encoder records lost), and
+    `rank --out g.zarr/r.zarr` wrote a store inside the gallery's. One line now."""
+    stores = {}
+    for split in ("q", "g"):
+        stores[split] = tmp_path / f"{split}.zarr"
+        options = json.dumps({"path": str(d / f"{split}.npy")})
+        args = ("--manifest", d / f"{split}.csv", "--kind", "precomputed", "--options", options)
+        assert run("encode", *args, "--out", stores[split], "--no-progress").returncode == 0
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    given = inputs(d, qe=stores["q"], ge=stores["g"])
+    proc = run("evaluate", *given, "--output", stores["q"] / "zarr.json")
+    assert_one_line_error(proc, r"--output \S+ is inside \S*q\.zarr, --query-embeddings \(an")
+    proc = run("rank", *given, "--out", stores["g"] / "r.zarr")
+    assert_one_line_error(proc, r"--out \S+ is inside \S*g\.zarr, --gallery-embeddings \(an")
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+
+
 def test_out_replaces_only_a_store_of_its_own_kind(d, ranks_store, tmp_path):
     """`rank --out` / `encode --out` on a user's folder or on an input store was deleted and
     replaced; now refused before any work. An old ranks store is still replaced."""

@@ -139,7 +139,7 @@ class Command(click.Command):
 
     def invoke(self, ctx: click.Context):
         seen: dict[str, str] = {}  # real path -> the option that names it
-        stores: dict[str, str] = {}  # real path -> path of the InputPaths and what they name
+        stores: dict[str, str] = {}  # real path -> path of every input and what one names
         for is_output in (False, True):
             for param in self.params:
                 output = isinstance(param.type, OutputPath)
@@ -163,8 +163,9 @@ class Command(click.Command):
                             f"writing there would damage it; give {flag} a path outside it"
                         )
                     seen.setdefault(real, f"{flag} {'(an output)' if is_output else '(an input)'}")
-                    if isinstance(param.type, InputPath):
+                    if not is_output:  # an embedding store as much as a ranks store
                         stores[real] = str(path)
+                    if isinstance(param.type, InputPath):
                         for named, what in param.type.referenced(str(path)):
                             stores[os.path.realpath(named)] = named
                             seen.setdefault(
