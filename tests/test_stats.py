@@ -663,3 +663,8 @@ def test_too_few_clusters_are_named_whatever_the_flips():
     why = stats.never_significant("sign-flip", 200, 10, 1, by="query", units="queries")
     assert why is not None and why.endswith("use more resamples")
     assert stats.never_significant("sign-flip", 200, 1000, 1, by="query", units="queries") is None
+    # Holm's step set by every test's flips (smallest_in_all): more flips still help
+    why = stats.never_significant(
+        "sign-flip", 200, 100, 20, by="query", units="queries", smallest_in_all=1 / 101
+    )
+    assert why is not None and why.endswith("use more resamples")

@@ -751,19 +751,20 @@ def never_significant(
     this test's) by ``num_tests``.  ``units``: what a cluster is when ``by="query"``.
     Random flips never go below the exact test's floor either (one cluster: p = 1)."""
 
-    def why_not(floor: float) -> str | None:
+    def why_not(floor: float, smallest: float | None) -> str | None:
         if floor >= alpha:
             return f"significance needs p < {alpha:g}"
-        if (floor if smallest_in_all is None else smallest_in_all) * num_tests >= alpha:
+        if (floor if smallest is None else smallest) * num_tests >= alpha:
             return f"Holm over {num_tests} tests needs p < {alpha / num_tests:.2g}"
         return None
 
     data_floor = smallest_p("exact", num_clusters, flips)
     floor = max(smallest_p(test, num_clusters, flips), data_floor)
-    why = why_not(floor)
+    why = why_not(floor, smallest_in_all)
     if why is None:
         return None
-    if test != "exact" and why_not(data_floor) is None:  # more flips would lower the floor
+    # with flips enough, this test's floor would be the data's (and so would Holm's)
+    if test != "exact" and why_not(data_floor, None) is None:
         return (
             f"with {flips} random sign flips the paired test gives p >= {floor:.3g}, and "
             f"{why}; use more resamples"
