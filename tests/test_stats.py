@@ -668,3 +668,20 @@ def test_too_few_clusters_are_named_whatever_the_flips():
         "sign-flip", 200, 100, 20, by="query", units="queries", smallest_in_all=1 / 101
     )
     assert why is not None and why.endswith("use more resamples")
+
+
+def test_tracks_are_told_apart_whatever_their_names():
+    """A reassociation track is (sequence, label): sequence "a/b" with label "c" and
+    sequence "a" with label "b/c" are two tracks (joined with "/" they were one)."""
+    query = pd.DataFrame(
+        {
+            "id": ["x1", "x2", "x3", "x4", "x5"],
+            "label": ["c", "b/c", "c", "b/c", "1"],
+            "sequence": ["a/b", "a", "a/b", "a", "MOT17-02"],
+            "frame": ["1", "1", "2", "2", "1"],
+        }
+    )
+    attrs = {"protocol": "reassociation", "num_queries": 5, "num_skipped": 0}
+    tracks = stats.query_labels(attrs, query)
+    assert len(set(tracks)) == 3 and tracks[0] == tracks[2] and tracks[1] == tracks[3]
+    assert tracks[4] == "MOT17-02/1"  # names without "/" read as before

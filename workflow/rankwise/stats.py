@@ -220,7 +220,16 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
         table = read_evaluated_manifest(labels, store, protocol=protocol, role="query")
         out = table["label"].astype(str).to_numpy()
         if "sequence" in get_protocol(protocol).required_columns("query"):
-            out = (table["sequence"].astype(str) + "/" + table["label"].astype(str)).to_numpy()
+            # "/" and "\\" escaped in each part: sequence "a/b" label "c" is not sequence
+            # "a" label "b/c" (names without them read as before: the same clusters)
+            parts = [
+                table[c]
+                .astype(str)
+                .str.replace("\\", "\\\\", regex=False)
+                .str.replace("/", "\\/", regex=False)
+                for c in ("sequence", "label")
+            ]
+            out = (parts[0] + "/" + parts[1]).to_numpy()
         _check_label_count(out, attrs, f"{labels if isinstance(labels, str) else 'labels'}")
         return out
     out = np.asarray(labels)
