@@ -223,6 +223,21 @@ def test_row_order_changes_no_interval_or_test(make_case, protocol, by):
         assert moved["cis"] != old["cis"]
 
 
+_PAIRED = {"resamples": 300, "seed": 7, "exact_max": 0}
+
+
+def _old_and_new(make_case):
+    """Two rankings of one reid case (rows permuted, ids not in row order), and their
+    arrays as stores written before unit keys hold them."""
+    case = _case(make_case, "reid").permuted(3, gallery=False)[0]
+    options = {k: v for k, v in case.kwargs().items() if k != "ks"}
+    a = rankwise.rank(*case.args(), **options)
+    b = rankwise.rank(case.query, case.gallery, *_noisy(case, 2), **options)
+    old_a = {k: v for k, v in a.arrays().items() if k != "unit_key"}
+    old_b = {k: v for k, v in b.arrays().items() if k != "unit_key"}
+    return a, b, old_a, old_b
+
+
 def test_a_store_without_unit_keys_pairs_with_one_that_has_them(make_case):
     """A project ranked before unit keys gains a new checkpoint: the paired comparison
     aligns the new store's units to the old one's by query row (the report likewise, by
@@ -230,13 +245,8 @@ def test_a_store_without_unit_keys_pairs_with_one_that_has_them(make_case):
     from rankwise import stats
     from rankwise.summary import summarise
 
-    case = _case(make_case, "reid").permuted(3, gallery=False)[0]
-    options = {k: v for k, v in case.kwargs().items() if k != "ks"}
-    a = rankwise.rank(*case.args(), **options)
-    b = rankwise.rank(case.query, case.gallery, *_noisy(case, 2), **options)
-    old_a = {k: v for k, v in a.arrays().items() if k != "unit_key"}
-    old_b = {k: v for k, v in b.arrays().items() if k != "unit_key"}
-    common = {"resamples": 300, "seed": 7, "exact_max": 0}
+    a, b, old_a, old_b = _old_and_new(make_case)
+    common = _PAIRED
     both_old = stats.compare_ranks(old_a, a.attrs, old_b, b.attrs, **common)
     mixed = stats.compare_ranks(old_a, a.attrs, b.arrays(), b.attrs, **common)
     assert mixed == both_old
@@ -264,13 +274,8 @@ def test_a_mixed_pair_takes_the_old_stores_order_on_either_side(make_case, tmp_p
     from rankwise.report.comparisons import compare_encoders
     from rankwise.summary import read_summary, summarise, write_summary
 
-    case = _case(make_case, "reid").permuted(3, gallery=False)[0]
-    options = {k: v for k, v in case.kwargs().items() if k != "ks"}
-    a = rankwise.rank(*case.args(), **options)
-    b = rankwise.rank(case.query, case.gallery, *_noisy(case, 2), **options)
-    old_a = {k: v for k, v in a.arrays().items() if k != "unit_key"}
-    old_b = {k: v for k, v in b.arrays().items() if k != "unit_key"}
-    common = {"resamples": 300, "seed": 7, "exact_max": 0}
+    a, b, old_a, old_b = _old_and_new(make_case)
+    common = _PAIRED
     both_old = stats.compare_ranks(old_a, a.attrs, old_b, b.attrs, **common)
     assert both_old != stats.compare_ranks(a.arrays(), a.attrs, b.arrays(), b.attrs, **common)
     assert stats.compare_ranks(a.arrays(), a.attrs, old_b, b.attrs, **common) == both_old

@@ -143,6 +143,13 @@ def _read(store: Path) -> np.ndarray:
     return np.asarray(zarr.open_group(str(store), mode="r")["embeddings"][...])
 
 
+def _embed(manifest: Path, checkpoint: Path, out: Path, size: tuple[int, int]) -> np.ndarray:
+    """The manifest encoded by the timm kind (resnet10t at ``size``) from ``checkpoint``."""
+    options = {"model": "resnet10t", "checkpoint": str(checkpoint), "input_size": list(size)}
+    encode_manifest(manifest, "timm", options, out, progress=False)
+    return _read(out)
+
+
 def _assert_close(actual: np.ndarray, expected: np.ndarray) -> None:
     assert actual.shape == expected.shape
     assert np.abs(actual - expected).max() <= TOL
@@ -260,15 +267,10 @@ def test_checkpoint_without_classifier_head_loads(timm_model, manifest: Path, tm
     embedder, state = timm_model
     no_head = {k: v for k, v in state.items() if not k.startswith("fc.")}
     ckpt = _save_like_training(no_head, tmp_path / "no_head.pth")
-    out = tmp_path / "h.zarr"
-    encode_manifest(
-        manifest,
-        "timm",
-        {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 32]},
-        out,
-        progress=False,
+    _assert_close(
+        _embed(manifest, ckpt, tmp_path / "h.zarr", (32, 32)),
+        _forward(embedder, _reference_inputs(manifest, (32, 32), *IMAGENET)),
     )
-    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 32), *IMAGENET)))
 
 
 def test_compiled_model_checkpoint_loads(timm_model, manifest: Path, tmp_path: Path):
@@ -281,15 +283,7 @@ def test_compiled_model_checkpoint_loads(timm_model, manifest: Path, tmp_path: P
     for i, prefix in enumerate(("_orig_mod.", "module._orig_mod.")):
         ckpt = tmp_path / f"c{i}.pth"
         torch.save({f"{prefix}{k}": v for k, v in state.items()}, ckpt)
-        out = tmp_path / f"c{i}.zarr"
-        encode_manifest(
-            manifest,
-            "timm",
-            {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 32]},
-            out,
-            progress=False,
-        )
-        _assert_close(_read(out), want)
+        _assert_close(_embed(manifest, ckpt, tmp_path / f"c{i}.zarr", (32, 32)), want)
 
 
 def test_safetensors_checkpoint(timm_model, manifest: Path, tmp_path: Path):
@@ -297,19 +291,10 @@ def test_safetensors_checkpoint(timm_model, manifest: Path, tmp_path: Path):
 
     embedder, state = timm_model
     save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "w.safetensors")
-    out = tmp_path / "s.zarr"
-    encode_manifest(
-        manifest,
-        "timm",
-        {
-            "model": "resnet10t",
-            "input_size": [32, 16],
-            "checkpoint": str(tmp_path / "w.safetensors"),
-        },
-        out,
-        progress=False,
+    _assert_close(
+        _embed(manifest, tmp_path / "w.safetensors", tmp_path / "s.zarr", (32, 16)),
+        _forward(embedder, _reference_inputs(manifest, (32, 16), *IMAGENET)),
     )
-    _assert_close(_read(out), _forward(embedder, _reference_inputs(manifest, (32, 16), *IMAGENET)))
 
 
 # ---------------------------------------------------------------- strict loading
