@@ -69,6 +69,11 @@ class EmbeddingSource:
     source_rows: np.ndarray | None = None  # (N,) rows taken from ``path``: :meth:`subset`
     file: str | None = None  # ``path`` made absolute when opened: what is read
 
+    @property
+    def readable(self) -> str | None:
+        """What is read: ``file`` (absolute) when opened from a path, else ``path``."""
+        return self.file or self.path
+
     def row_number(self, row: int) -> int:
         """The row of the file that row ``row`` of this source is (messages name it)."""
         return int(self.source_rows[row]) if self.source_rows is not None else int(row)
@@ -111,11 +116,11 @@ class EmbeddingSource:
         lo, hi = int(ascending[0]), int(ascending[-1]) + 1
         try:
             if self.kind == "npy":
-                data = np.load(self.file or self.path, mmap_mode="r")[ascending]
+                data = np.load(self.readable, mmap_mode="r")[ascending]
             else:
                 import zarr
 
-                array = zarr.open_array(self.file or self.path, path=self.array_path, mode="r")
+                array = zarr.open_array(self.readable, path=self.array_path, mode="r")
                 _check_chunks_present(array, lo, hi, self)
                 data = array.oindex[ascending, :]
             out[order] = self._float32(data, ascending)
@@ -136,11 +141,11 @@ class EmbeddingSource:
             return self._float32(self.array[start:stop], np.arange(start, stop))
         try:
             if self.kind == "npy":
-                data = np.load(self.file or self.path, mmap_mode="r")[start:stop]
+                data = np.load(self.readable, mmap_mode="r")[start:stop]
             else:
                 import zarr
 
-                array = zarr.open_array(self.file or self.path, path=self.array_path, mode="r")
+                array = zarr.open_array(self.readable, path=self.array_path, mode="r")
                 _check_chunks_present(array, start, stop, self)
                 data = array[start:stop]
             return self._float32(data, np.arange(start, stop))
@@ -179,11 +184,11 @@ class EmbeddingSource:
             lo, hi = max(lo, start), min(lo + step, stop)
             try:
                 if self.kind == "npy":
-                    np.asarray(np.load(self.file or self.path, mmap_mode="r")[lo:hi])
+                    np.asarray(np.load(self.readable, mmap_mode="r")[lo:hi])
                 else:
                     import zarr
 
-                    zarr.open_array(self.file or self.path, path=self.array_path, mode="r")[lo:hi]
+                    zarr.open_array(self.readable, path=self.array_path, mode="r")[lo:hi]
             except Exception:
                 return lo, hi
         return start, stop
