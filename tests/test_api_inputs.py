@@ -143,3 +143,39 @@ def test_to_json_is_a_copy():
     report = result.to_json()
     report["metrics"]["rank1"] = -1.0
     assert result.metrics == metrics and result.to_json()["metrics"] == metrics
+
+
+def test_whole_float_labels_are_the_integer_labels():
+    # pandas stores integers with a gap as float64: the labels were "1.0" against the
+    # gallery's "1" (no query had a relevant item) and -1.0 was not the junk label -1
+    query = pd.DataFrame({"id": ["q0", "q1", "q2"], "label": [1, 2, 3], "camera": [1, 1, 1]})
+    gallery = pd.DataFrame(
+        {"id": ["g0", "g1", "g2", "g3"], "label": [1, 2, 3, -1], "camera": [2, 2, 2, 2]}
+    )
+    emb = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    emb[3] = emb[0] + 1e-3
+    qemb = np.concatenate([emb[3:], emb[1:3]])  # q0 is the junk item: nearer than g0
+    expected = rankwise.evaluate(query, gallery, qemb, emb, protocol="reid").to_json()
+    assert rankwise.evaluate(query, gallery, qemb, emb, protocol="reid").metrics["rank1"] == 100
+    as_floats = {
+        "label": gallery["label"].astype(float),
+        "camera": gallery["camera"].astype(float),
+    }
+    for q, g in [
+        (query.assign(label=query["label"].astype(float)), gallery),
+        (query, gallery.assign(**as_floats)),
+        # both sides float: the labels matched, but g3 ("-1.0") was ranked ahead of g0
+        (query.assign(label=query["label"].astype(float)), gallery.assign(**as_floats)),
+    ]:
+        assert rankwise.evaluate(q, g, qemb, emb, protocol="reid").to_json() == expected
+    got = rankwise.recall_at_k(emb[:3], emb, [1.0, 2.0, 3.0], ["1", "2", "3", "-1"], ks=(1,))
+    assert got == rankwise.recall_at_k(emb[:3], emb, [1, 2, 3], [1, 2, 3, -1], ks=(1,))
+
+
+def test_floats_that_are_not_whole_stay_as_written():
+    query = _query(label=[0.5, 1.0, 2.0])
+    gallery = GALLERY.assign(label=["0.5", "1", "2.0"])
+    result = rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB)
+    # the query labels read "0.5", "1.0", "2.0": the second has no gallery item ("1")
+    assert (result.num_queries, result.num_skipped) == (2, 1)
+    assert result.per_query["query_index"].tolist() == [0, 2]

@@ -364,14 +364,16 @@ def recall_at_k(
     """Recall@K (percentages) for in-memory embeddings and labels.
 
     The one-liner of the Recall@K seed: ``query_emb (Q, D)``, ``gallery_emb (G, D)``,
-    labels ``(Q,)`` / ``(G,)`` compared as strings (a missing one is an error).  With ids
-    (``(Q,)`` / ``(G,)``), an item never matches itself; queries whose label has no other
-    gallery item are skipped.
+    labels ``(Q,)`` / ``(G,)`` compared as strings (floats that are whole numbers as
+    integers: ``3.0`` is ``"3"``; a missing one is an error).  With ids ``(Q,)`` /
+    ``(G,)``, an item never matches itself; queries whose label has no other gallery item
+    are skipped.
     """
 
     import pandas as pd
 
     from .errors import RankwiseError
+    from .manifest import whole_number_text
 
     def column(values, name: str, rows: int | None = None) -> np.ndarray:
         values = np.asarray(values)
@@ -383,7 +385,8 @@ def recall_at_k(
             raise RankwiseError(
                 f"{name}[{missing[0]}] is missing ({values[missing[0]]}); every item needs a value"
             )
-        return values.astype(str)
+        whole = whole_number_text(values)  # 3.0 -> "3", as in a CSV file
+        return whole.astype(str) if whole is not None else values.astype(str)
 
     def table(side, emb, labels, ids, other_ids):
         labels = column(labels, f"{side}_labels", len(emb) if emb.ndim == 2 else None)

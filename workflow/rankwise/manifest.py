@@ -114,6 +114,10 @@ def read_manifest(
         for col in source.columns:  # keep integer columns given as numbers exact
             if col in _INTEGER_COLUMNS and pd.api.types.is_integer_dtype(source[col]):
                 table[col] = source[col].astype(str).to_numpy()
+            elif pd.api.types.is_float_dtype(source[col]):
+                whole = whole_number_text(source[col].to_numpy(dtype=float, na_value=np.nan))
+                if whole is not None:
+                    table[col] = whole
         # A missing value (None, NaN, pd.NA) is an empty cell, as in a CSV file, not the
         # label "None" / "nan" / "<NA>" that astype(str) writes, shared by every such row.
         table = table.mask(source.isna().to_numpy(), "")
@@ -158,6 +162,28 @@ def read_manifest(
         if col in needed:
             table[col] = _to_int(table[col], name, col, table)
     return table
+
+
+def whole_number_text(values: np.ndarray) -> np.ndarray | None:
+    """Float ``values`` that are all whole numbers (NaN aside), as integer text
+    (``3.0`` -> ``"3"``, NaN -> ``""``); None when any is not.
+
+    pandas stores an integer column holding a missing value as float64.  Read as text,
+    its labels would be ``"3.0"`` where a CSV file or an integer column says ``"3"`` (never
+    the same identity), and the junk label ``-1.0`` would not be the junk label ``-1``.
+    """
+    values = np.asarray(values)
+    if values.dtype.kind != "f":
+        return None
+    known = ~np.isnan(values)
+    kept = values[known]
+    if not (np.isfinite(kept).all() and (kept == np.round(kept)).all()):
+        return None
+    if (np.abs(kept) >= 2.0**53).any():  # beyond float64's exact integers
+        return None
+    text = np.full(values.shape, "", dtype=object)
+    text[known] = kept.astype(np.int64).astype(str)
+    return text
 
 
 def _missing_fix(columns: list[str], missing: list[str]) -> str:
