@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 from numba import njit as _numba_njit
+from numba.cpython.unsafe.numbers import trailing_zeros  # LLVM's cttz, inside kernels
 
 
 def _load_numba_arraymath_without_scipy_linalg() -> None:
@@ -292,11 +293,13 @@ def count_tile(
 
     1. A float32 proxy per item, ``v = -s`` (cosine: the key is ``-s``) or
        ``v = gsq/2 - s`` (euclidean: the key is ``qsq + 2 (gsq/2 - s)``), one
-       vectorised pass; junk items, the query's own label (relevant items and
-       same-camera junk) and, with ``exclude_self``, its own id get NaN and never count.
+       vectorised pass; junk items get NaN, the query's own label (relevant items and
+       same-camera junk) and, with ``exclude_self``, its own id are dropped after it:
+       none of them ever counts.
     2. The row's thresholds mapped to that scale and widened by the largest BLAS bound
        of the chunk and the proxy's own roundings (:func:`_float32_bounds`).  Items
-       at or ahead of the deepest threshold are compacted; each one's position
+       at or ahead of the deepest threshold (a bit mask from the pass of step 1) are
+       compacted; each one's position
        ``p = #{aup < v}`` is a count over the thresholds (vectorised across items).
        ``v <= bdn[p]`` settles it: hist[p] += 1.
     3. The few items left between the bounds get the float64 test with their own BLAS
@@ -329,7 +332,8 @@ def count_tile(
     aup = np.empty(rmax, dtype=np.float32)
     bdn = np.empty(rmax + 1, dtype=np.float32)
     row_hist = np.empty(rmax + 1, dtype=np.int64)
-    vrow = np.empty(c, dtype=np.float32)
+    nw = (c + 63) >> 6
+    masks = np.empty(nw, dtype=np.uint64)
     vv = np.empty(c, dtype=np.float32)
     jj = np.empty(c, dtype=np.int32)
     pos = np.empty(c, dtype=np.int32)
@@ -352,37 +356,43 @@ def count_tile(
             margin = _key_bound(qn, gmax, bound, False) / 2.0 + 4.0 * _U32 * (hmax + qn * gmax)
             _float32_bounds(thr, lo, hi, qsq[i], 0.5, margin, aup, bdn)
         cut = aup[r - 1]
-        dense = 0
-        for j in range(c):
-            v = off[j] - sim[i, j]
-            vrow[j] = v
-            dense += v <= cut
+        # one bit per item at or ahead of the deepest threshold, 64 items a word (a
+        # fixed-length inner loop: vectorised), then the set bits' items compacted: a
+        # branch per item mispredicts, branch-free stores serialise on the count
+        dense = np.uint64(0)
+        for w in range(nw):
+            base = w << 6
+            m = np.uint64(0)
+            if base + 64 <= c:
+                for k in range(64):
+                    m |= np.uint64(off[base + k] - sim[i, base + k] <= cut) << np.uint64(k)
+            else:
+                for k in range(c - base):
+                    m |= np.uint64(off[base + k] - sim[i, base + k] <= cut) << np.uint64(k)
+            masks[w] = m
+            dense |= m
         if dense == 0:
             continue
         k = np.searchsorted(lsorted, qlab[i])
         while k < c and lsorted[k] == qlab[i]:
-            vrow[lorder[k]] = nan32
+            j = lorder[k]
+            masks[j >> 6] &= ~(np.uint64(1) << np.uint64(j & 63))
             k += 1
         if exclude_self:
             k = np.searchsorted(isorted, qid[i])
             while k < c and isorted[k] == qid[i]:
-                vrow[iorder[k]] = nan32
+                j = iorder[k]
+                masks[j >> 6] &= ~(np.uint64(1) << np.uint64(j & 63))
                 k += 1
-        # compact the items at or ahead of the deepest threshold: a branch per item
-        # when they are few, branch-free stores when they are many
         n = 0
-        if 8 * dense < c:
-            for j in range(c):
-                if vrow[j] <= cut:
-                    vv[n] = vrow[j]
-                    jj[n] = j
-                    n += 1
-        else:
-            for j in range(c):
-                v = vrow[j]
-                vv[n] = v
+        for w in range(nw):
+            m = masks[w]
+            while m != 0:
+                j = (w << 6) + trailing_zeros(m)
+                vv[n] = off[j] - sim[i, j]
                 jj[n] = j
-                n += v <= cut
+                n += 1
+                m &= m - np.uint64(1)
         if r <= 64:
             for t in range(n):
                 pos[t] = 0
@@ -430,11 +440,11 @@ def count_tile(
                 hist[lo + p] += 1
     if n_amb == 0:
         return hist
-    # gallery row by gallery row, so that each row is read once for all its queries
-    order = np.argsort(amb_j[:n_amb], kind="mergesort")
+    # in query order: a query row stays in cache for its pairs (sorting by gallery row
+    # was slower: a chunk's row has ~2 open pairs, a block's query row ~20)
     for u in range(n_amb):
-        i = amb_i[order[u]]
-        j = amb_j[order[u]]
+        i = amb_i[u]
+        j = amb_j[u]
         lo = toff[i]
         hi = toff[i + 1]
         key = _fast_key(qrows[i], grows[j], cosine)
