@@ -634,6 +634,39 @@ def test_cli_ci_and_scores(stores, tmp_path):
     assert 100 * table["ap"].mean() == pytest.approx(metrics["map"], abs=1e-6)
 
 
+def test_cli_scores_read_back_as_the_same_floats(stores, tmp_path):
+    """`rankwise scores` wrote floats with "%.10g": read back, a column's mean missed the
+    metric by ~1e-9 points, and a float column whose values are all whole (a perfect
+    query's ap, inp, rr; a single-shot hit probability of 0 or 1) was written "1" and
+    read back as integers."""
+    from rankwise.metrics import mean
+
+    paths, _ = stores
+    arrays, attrs = read_ranks(paths["a"])
+    csv = tmp_path / "scores.csv"
+    done = CliRunner().invoke(main, ["scores", str(paths["a"]), "--output", str(csv)])
+    assert done.exit_code == 0, done.output
+    table = pd.read_csv(csv)
+    expected = unit_scores(arrays, attrs)
+    metrics, _ = compute_metrics(arrays, attrs)
+    for column, metric in (("ap", "map"), ("inp", "minp"), ("rr", "mrr")):
+        assert table[column].dtype == np.float64
+        np.testing.assert_array_equal(table[column].to_numpy(), expected[column])
+        assert 100 * mean(table[column]) == metrics[metric]
+    # every query's relevant items first: ap = inp = rr = 1 for each
+    offsets = arrays["offsets"]
+    first = np.arange(offsets[-1]) - np.repeat(offsets[:-1], np.diff(offsets)) + 1
+    write_ranks(tmp_path / "perfect.zarr", dict(arrays, ranks=first), attrs)
+    csv = tmp_path / "perfect.csv"
+    argv = ["scores", str(tmp_path / "perfect.zarr"), "--output", str(csv)]
+    done = CliRunner().invoke(main, argv)
+    assert done.exit_code == 0, done.output
+    table = pd.read_csv(csv)
+    for column in ("ap", "inp", "rr"):
+        assert table[column].dtype == np.float64 and (table[column] == 1.0).all()
+    assert table["hit@1"].dtype == np.int64
+
+
 def test_an_interval_bound_on_zero_is_exactly_zero():
     """A paired difference that only a few units change, and a metric that few units
     hit: the resamples that draw only unchanged (or missed) units are exactly 0, so a

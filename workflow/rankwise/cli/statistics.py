@@ -210,7 +210,9 @@ def scores(ranks, ks, ap, output):
     if "shot_pmf" not in arrays:  # single-gallery-shot hits are probabilities
         table[hits] = table[hits].astype(np.int64)
     buffer = io.StringIO()
-    table.to_csv(buffer, index=False, float_format="%.10g")
+    # floats in full (repr, pandas' default): read back, the same float64, and a float
+    # column even where every value is whole ("1.0", not "1")
+    table.to_csv(buffer, index=False)
     if output:
         write_text_atomic(output, buffer.getvalue())
         click.echo(f"{output}: {len(table)} rows")
