@@ -17,13 +17,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from conftest import progressive_case, read_json, reid_case
+from conftest import progressive_case, read_json, reassociation_case, reid_case
 
 import rankwise
 from rankwise import stats
 from rankwise.cli import main
 from rankwise.errors import RankwiseError
 from rankwise.metrics import compute_metrics, metric_names, per_unit, unit_scores
+from rankwise.registry import get_protocol
 from rankwise.store import read_ranks, write_ranks
 
 
@@ -665,6 +666,26 @@ def test_cli_scores_read_back_as_the_same_floats(stores, tmp_path):
     for column in ("ap", "inp", "rr"):
         assert table[column].dtype == np.float64 and (table[column] == 1.0).all()
     assert table["hit@1"].dtype == np.int64
+
+
+@pytest.mark.parametrize("protocol", ["progressive", "reassociation"])
+def test_cli_scores_refuses_ap_where_the_protocol_reports_none(tmp_path, protocol):
+    """`scores --ap trapezoid` on a protocol without AP was accepted: ignored under
+    progressive, and under reassociation it changed the ap column; `metrics`, `ci` and
+    `compare` refuse it."""
+    case = progressive_case() if protocol == "progressive" else reassociation_case()
+    result = rankwise.rank(*case.args(), protocol=protocol, distance="euclidean")
+    write_ranks(tmp_path / "r.zarr", result.arrays(), result.attrs)
+    runner = CliRunner()
+    for command in ("scores", "metrics"):
+        done = runner.invoke(main, [command, str(tmp_path / "r.zarr"), "--ap", "trapezoid"])
+        assert done.exit_code == 2, done.output
+        assert done.output.strip().splitlines() == [
+            f"error: --ap trapezoid does not apply to protocol {protocol!r}: it reports no AP "
+            f"({', '.join(get_protocol(protocol).metric_families)}); drop --ap"
+        ]
+    done = runner.invoke(main, ["scores", str(tmp_path / "r.zarr"), "--ap", "standard"])
+    assert done.exit_code == 0, done.output
 
 
 def test_an_interval_bound_on_zero_is_exactly_zero():

@@ -202,9 +202,11 @@ def scores(ranks, ks, ap, output):
     import pandas as pd
 
     from ..metrics import unit_scores
+    from ..options import check_ap
     from ..store import read_ranks, write_text_atomic
 
     arrays, attrs = read_ranks(ranks)
+    check_ap(ap, attrs["protocol"], "--ap")
     table = pd.DataFrame(unit_scores(arrays, attrs, ks=ks, ap=ap))
     hits = [c for c in table.columns if c.startswith("hit@")]
     if "shot_pmf" not in arrays:  # single-gallery-shot hits are probabilities
