@@ -6,6 +6,7 @@ bootstrap, ``itertools.product`` over all sign flips, Holm by hand.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -686,6 +687,31 @@ def test_cli_scores_refuses_ap_where_the_protocol_reports_none(tmp_path, protoco
         ]
     done = runner.invoke(main, ["scores", str(tmp_path / "r.zarr"), "--ap", "standard"])
     assert done.exit_code == 0, done.output
+
+
+def test_cli_scores_says_the_sketch_column_is_a_number_not_the_manifests_id(tmp_path):
+    """Progressive `scores` has a `sketch` column that holds the store's sketch number
+    (order of first appearance), not the manifest's sketch value: with integer sketch
+    ids in another order, a join on `sketch` matched the wrong sketches, and the help
+    said only "sketch".  It says so now, and query_index joins back."""
+    case = progressive_case()
+    query = case.query.copy()
+    names = list(dict.fromkeys(query["sketch"]))
+    query["sketch"] = query["sketch"].map({n: len(names) - 1 - i for i, n in enumerate(names)})
+    result = rankwise.rank(
+        query, case.gallery, case.query_emb, case.gallery_emb, protocol="progressive"
+    )
+    write_ranks(tmp_path / "r.zarr", result.arrays(), result.attrs)
+    runner = CliRunner()
+    done = runner.invoke(main, ["scores", str(tmp_path / "r.zarr")])
+    assert done.exit_code == 0, done.output
+    table = pd.read_csv(io.StringIO(done.output))
+    joined = query.loc[table["query_index"], "sketch"].to_numpy()
+    np.testing.assert_array_equal(joined, len(names) - 1 - table["sketch"].to_numpy())
+    assert (query.loc[table["query_index"], "step"].to_numpy() == 1).all()  # first rendering
+    help_text = " ".join(runner.invoke(main, ["scores", "--help"]).output.split())
+    assert "not the manifest's sketch value: join on query_index" in help_text
+    assert "a skipped query has none" in help_text
 
 
 def test_an_interval_bound_on_zero_is_exactly_zero():

@@ -506,10 +506,11 @@ def unit_scores(
     """The per-unit table as named columns (``rankwise scores``), as fractions.
 
     Queries: ``query_index``, ``num_relevant``, ``first_rank``, ``ap``, ``inp``, ``rr``,
-    ``hit@K`` (bool; single-gallery-shot: ``P(r <= K)``).  Sketches: ``sketch``,
-    ``query_index`` (row of its first rendering), ``m@A``, ``m@B``, ``wm@A``, ``wm@B``,
-    ``last_rank``, ``hit@K`` (``last_rank <= K``).  Each ``(n_units,)``; a column's mean
-    x 100 is its metric.
+    ``hit@K`` (bool; single-gallery-shot: ``P(r <= K)``).  Sketches: ``sketch`` (the
+    store's sketch number, in order of first appearance in the query manifest, not the
+    manifest's ``sketch`` value), ``query_index`` (row of its first rendering), ``m@A``,
+    ``m@B``, ``wm@A``, ``wm@B``, ``last_rank``, ``hit@K`` (``last_rank <= K``).  Each
+    ``(n_units,)``; a column's mean x 100 is its metric.
     """
     ks = parse_ks(ks)
     if _sketch_units(attrs["protocol"]):
