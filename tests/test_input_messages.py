@@ -73,3 +73,12 @@ def test_output_dash_is_refused_not_a_file_named_dash(tmp_path):
     line = one_error_line(proc)
     assert "'--output': '-' is not an output path here; give a file name" in line, line
     assert not (tmp_path / "-").exists()
+
+
+def test_an_output_file_path_ending_in_a_slash_is_refused(tmp_path):
+    # it wrote a file named "new" and printed "new/: ..."
+    write(tmp_path)
+    proc = run_rankwise("evaluate", *input_args(tmp_path), "--output", "new/", cwd=tmp_path)
+    line = one_error_line(proc)
+    assert "'--output': 'new/' names a folder; give a file name in it" in line, line
+    assert not (tmp_path / "new").exists()

@@ -79,6 +79,9 @@ class OutputPath(click.Path):
         value = super().convert(value, param, ctx)
         if str(value) == "-":  # not stdout: a file named "-" would appear
             self.fail("'-' is not an output path here; give a file name", param, ctx)
+        if not self.dir_okay and str(value).endswith(("/", os.sep)):
+            # "out/" would be written as a file named "out"
+            self.fail(f"{value!r} names a folder; give a file name in it", param, ctx)
         problem = unwritable(value)
         if problem:
             self.fail(problem, param, ctx)
