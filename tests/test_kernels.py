@@ -156,17 +156,20 @@ def test_rank_candidates_hand_computed():
 
 @pytest.mark.parametrize("cosine", [False, True])
 @pytest.mark.parametrize("exclude_self, cameras", [(True, True), (True, False), (False, False)])
-def test_count_tile_applies_dense_masks(cosine, exclude_self, cameras):
+@pytest.mark.parametrize("n_g", [60, 64, 129])
+def test_count_tile_applies_dense_masks(cosine, exclude_self, cameras, n_g):
     """count_tile's counts equal a brute-force count whose "valid, non-relevant" and
     thresholds come from protocols.dense_masks: the kernel's inline rule and the
-    one stated rule agree (random codes with many collisions, integer rows with ties)."""
-    rng = np.random.default_rng(11 + cosine + 2 * exclude_self + 4 * cameras)
-    n_q, n_g, dim = 9, 60, 3
+    one stated rule agree (random codes with many collisions, integer rows with ties).
+    Gallery sizes around count_tile's 64-item mask words: part of one, exactly one, two
+    and one item."""
+    rng = np.random.default_rng(11 + cosine + 2 * exclude_self + 4 * cameras + 8 * n_g)
+    n_q, dim = 9, 3
     codes = SimpleNamespace(
         qlab=rng.integers(0, 4, n_q),
         glab=rng.integers(0, 4, n_g),
         qid=rng.integers(0, 20, n_q),
-        gid=rng.permutation(80)[:n_g],
+        gid=rng.permutation(n_g + 20)[:n_g],
         gjunk=rng.random(n_g) < 0.15,
         exclude_self=exclude_self,
         qcam=rng.integers(0, 2, n_q) if cameras else None,
@@ -264,7 +267,7 @@ def test_count_tile_equals_brute_force_on_every_path(cosine, exclude_self):
     for i in range(n_q):
         ahead = np.array([(key[i, other[i]] <= t).sum() for t in thr[i]], np.int64)
         np.testing.assert_array_equal(np.cumsum(hist[toff[i] : toff[i + 1]]), ahead)
-    # both compaction modes ran: rows with few and rows with most items ahead
+    # rows with few and rows with most items ahead of their deepest threshold
     deepest = [(key[i, other[i]] <= thr[i][-1]).mean() if len(thr[i]) else 0 for i in range(n_q)]
     assert min(deepest) < 1 / 8 < max(deepest)
 
