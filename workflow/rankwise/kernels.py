@@ -304,7 +304,7 @@ def count_tile(
        ``v <= bdn[p]`` settles it: hist[p] += 1.
     3. The few items left between the bounds get the float64 test with their own BLAS
        bound; those still too close to call are collected over the whole tile and
-       decided gallery row by gallery row by a fast float64 key
+       decided query by query by a fast float64 key
        (:func:`_fast_key`, within :func:`_fast_bound` of the canonical key), and the
        canonical key itself when a threshold lies within that bound.
     """
