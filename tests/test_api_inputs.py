@@ -156,7 +156,7 @@ def test_whole_float_labels_are_the_integer_labels():
     emb[3] = emb[0] + 1e-3
     qemb = np.concatenate([emb[3:], emb[1:3]])  # q0 is the junk item: nearer than g0
     expected = rankwise.evaluate(query, gallery, qemb, emb, protocol="reid").to_json()
-    assert rankwise.evaluate(query, gallery, qemb, emb, protocol="reid").metrics["rank1"] == 100
+    assert expected["metrics"]["rank1"] == 100
     as_floats = {
         "label": gallery["label"].astype(float),
         "camera": gallery["camera"].astype(float),
@@ -179,3 +179,25 @@ def test_floats_that_are_not_whole_stay_as_written():
     # the query labels read "0.5", "1.0", "2.0": the second has no gallery item ("1")
     assert (result.num_queries, result.num_skipped) == (2, 1)
     assert result.per_query["query_index"].tolist() == [0, 2]
+
+
+def test_labels_that_differ_only_by_a_trailing_dot_zero_get_a_hint():
+    # a CSV that pandas wrote from a float column ("3.0") against integer labels ("3")
+    query = _query(label=["1.0", "2.0", "3.0"])
+    gallery = GALLERY.assign(label=[1, 2, 3])
+    with pytest.raises(
+        RankwiseError,
+        match=r"no query has a valid match.*differ only by a "
+        r"trailing '\.0' \('3\.0' against '3'\): write both sides' labels as "
+        r"integers",
+    ):
+        rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB)
+    with pytest.raises(RankwiseError, match=r"no query has a valid match") as error:
+        rankwise.evaluate(_query(label=["x", "y", "z"]), GALLERY, QUERY_EMB, QUERY_EMB)
+    assert "trailing" not in str(error.value)
+
+
+def test_whole_floats_beyond_2_to_the_53_stay_whole_numbers():
+    query = _query(label=[1e16, 2.0, 3.0])
+    gallery = GALLERY.assign(label=["10000000000000000", "2", "3"])
+    assert rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB).num_skipped == 0

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 from numba import njit as _numba_njit
-from numba.cpython.unsafe.numbers import trailing_zeros  # LLVM's cttz, inside kernels
+from numba.cpython.unsafe.numbers import trailing_zeros
+from numba.extending import overload
 
 
 def _load_numba_arraymath_without_scipy_linalg() -> None:
@@ -64,6 +65,18 @@ _load_numba_arraymath_without_scipy_linalg()
 _U32 = 2.0**-24
 #: Unit roundoff of float64.
 _U64 = 2.0**-53
+
+
+def lowest_bit(m):
+    """Index of the lowest set bit of ``m > 0``: LLVM's ``cttz`` in compiled code; this
+    body only without the compiler (``NUMBA_DISABLE_JIT=1``)."""
+    m = int(m)
+    return (m & -m).bit_length() - 1
+
+
+@overload(lowest_bit)
+def _lowest_bit_compiled(m):
+    return lambda m: trailing_zeros(m)
 
 
 def njit(**options: Any):
@@ -388,7 +401,7 @@ def count_tile(
         for w in range(nw):
             m = masks[w]
             while m != 0:
-                j = (w << 6) + trailing_zeros(m)
+                j = (w << 6) + lowest_bit(m)
                 vv[n] = off[j] - sim[i, j]
                 jj[n] = j
                 n += 1

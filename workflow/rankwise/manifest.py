@@ -179,7 +179,7 @@ def whole_number_text(values: np.ndarray) -> np.ndarray | None:
     kept = values[known]
     if not (np.isfinite(kept).all() and (kept == np.round(kept)).all()):
         return None
-    if (np.abs(kept) >= 2.0**53).any():  # beyond float64's exact integers
+    if (np.abs(kept) >= 2.0**63).any():  # beyond int64
         return None
     text = np.full(values.shape, "", dtype=object)
     text[known] = kept.astype(np.int64).astype(str)

@@ -213,6 +213,25 @@ def _grouped_pairs(qkey: np.ndarray, gkey: np.ndarray) -> tuple[np.ndarray, np.n
     return pair_q, pair_g.astype(np.int64)
 
 
+def _float_text_hint(qlabels, glabels) -> str:
+    """A hint when the two sides' labels match only without a trailing ``.0``: a column
+    written from floats (``3.0``, as pandas writes an integer column with a gap) against
+    one written from integers (``3``)."""
+    qset, gset = set(qlabels), set(glabels)
+    if not qset.isdisjoint(gset):
+        return ""
+    if {_drop_dot_zero(x) for x in qset}.isdisjoint({_drop_dot_zero(x) for x in gset}):
+        return ""
+    return (
+        "; they differ only by a trailing '.0' ('3.0' against '3'): write both sides' "
+        "labels as integers"
+    )
+
+
+def _drop_dot_zero(label: str) -> str:
+    return label[:-2] if label.endswith(".0") else label
+
+
 def build_problem(
     query: pd.DataFrame,
     gallery: pd.DataFrame,
@@ -345,6 +364,7 @@ def build_problem(
             f"({n_q} queries, {n_g} gallery items): check that query and gallery labels "
             "use the same ids"
             + (" and that queries have other-camera matches" if qcam is not None else "")
+            + _float_text_hint(query["label"], gallery["label"])
         )
     return Problem(
         protocol=protocol,
