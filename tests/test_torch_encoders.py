@@ -1069,3 +1069,30 @@ def test_python_factory_receives_the_text_column(manifest: Path, tmp_path: Path)
         with_text, "python", {"factory": f"{__file__}:images_only"}, out, progress=False
     )
     np.testing.assert_allclose(_read(out)[:, 0], means, rtol=1e-6)
+
+
+def test_lightning_checkpoint_loads_the_model_attribute(timm_model, manifest: Path, tmp_path):
+    """A LightningModule's checkpoint: the network's weights under its attribute
+    (``self.model`` -> ``model.``), beside a loss's parameters and an EMA copy, all
+    under ``state_dict`` with the trainer's state: the ``model.`` weights load."""
+    embedder, state = timm_model
+    want = _forward(embedder, _reference_inputs(manifest, (32, 32), *IMAGENET))
+    weights = {f"model.{k}": v for k, v in state.items()}
+    weights["criterion.weight"] = torch.zeros(7, 512)  # an ArcFace-style loss parameter
+    weights.update({f"model_ema.module.{k}": torch.zeros_like(v) for k, v in state.items()})
+    ckpt = tmp_path / "epoch=3-step=120.ckpt"
+    torch.save(
+        {"epoch": 3, "global_step": 120, "pytorch-lightning_version": "2.4.0",
+         "state_dict": weights, "optimizer_states": [], "lr_schedulers": []},
+        ckpt,
+    )  # fmt: skip
+    _assert_close(_embed(manifest, ckpt, tmp_path / "l.zarr", (32, 32)), want)
+    # a student and a teacher: which one is meant cannot be told
+    weights.update({f"teacher.{k}": v for k, v in state.items()})
+    torch.save({"state_dict": weights}, ckpt)
+    with pytest.raises(RankwiseError, match=r"under 'model\.' and 'teacher\.'; which one"):
+        _embed(manifest, ckpt, tmp_path / "t.zarr", (32, 32))
+    # under one attribute, but not the model's weights: the strict error, not a guess
+    torch.save({"state_dict": {f"model.{k}": v for k, v in list(state.items())[:5]}}, ckpt)
+    with pytest.raises(RankwiseError, match=r"checkpoint does not match the timm model"):
+        _embed(manifest, ckpt, tmp_path / "u.zarr", (32, 32))

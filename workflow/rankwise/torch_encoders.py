@@ -38,6 +38,7 @@ afterwards, and rankwise's cosine distance normalises too).
 
 Strict loading (:func:`load_checkpoint`): a bare state dict or one wrapped under
 ``state_dict`` / ``model`` / ``module``, ``module.`` (DataParallel) prefixes stripped,
+a LightningModule's attribute prefix (``model.``) too (:func:`_under_one_attribute`),
 read with ``torch.load(weights_only=True)`` with numpy scalars and arrays allowed for
 that one call.  Every key must match the model by name and shape except the
 classifier head (dropped for embedding) and BatchNorm ``num_batches_tracked``
@@ -254,8 +255,10 @@ def load_checkpoint(
     the checkpoint's layout to the model's; a key it drops is unexpected unless a head.
     ``what`` names the model in messages (e.g. ``timm model 'resnet10t'``).
     """
-    state = read_checkpoint(path, kind)
     target = model.state_dict()
+    state = read_checkpoint(path, kind)
+    if remap is None:  # a remapped layout (fast-reid's) is not the model's key for key
+        state = _under_one_attribute(state, target, path)
     loaded, unexpected = {}, []
     for key, value in state.items():
         if key.startswith(heads) and key not in target:  # the classifier, dropped for embedding
@@ -290,6 +293,33 @@ def load_checkpoint(
             "(and variant) this checkpoint was trained with"
         )
     model.load_state_dict(loaded, strict=False)  # completeness checked above
+
+
+def _under_one_attribute(state: dict[str, Any], target: Mapping, path: Path) -> dict[str, Any]:
+    """A LightningModule's checkpoint holds the network under the attribute that keeps
+    it (``model.conv1.weight`` for ``self.model``), beside other attributes' weights (a
+    loss's parameters, an EMA copy under ``model_ema.module.``).  When no key matches the
+    model as it is, the keys under the one first component whose remainders name at least
+    half of the model's keys, stripped of it; loading then checks them strictly.  Two such
+    components (a student and a teacher) are refused: which one is meant cannot be told.
+    """
+    if any(key in target for key in state):
+        return state
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in state.items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            groups.setdefault(head, {})[rest] = value
+    matching = [
+        head for head, keys in groups.items() if 2 * sum(k in target for k in keys) >= len(target)
+    ]
+    if len(matching) > 1:
+        raise RankwiseError(
+            f"{path}: the checkpoint holds the model's weights under "
+            f"{' and '.join(repr(h + '.') for h in matching)}; which one to evaluate cannot be "
+            "told: save that one's state dict alone"
+        )
+    return groups[matching[0]] if matching else state
 
 
 # ---------------------------------------------------------------- models
