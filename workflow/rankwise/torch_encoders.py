@@ -310,9 +310,8 @@ def _under_one_attribute(state: dict[str, Any], target: Mapping, path: Path) -> 
         head, dot, rest = key.partition(".")
         if dot:
             groups.setdefault(head, {})[rest] = value
-    matching = [
-        head for head, keys in groups.items() if 2 * sum(k in target for k in keys) >= len(target)
-    ]
+    found = {head: sum(k in target for k in keys) for head, keys in groups.items()}
+    matching = [head for head, n in found.items() if n > 0 and 2 * n >= len(target)]
     if len(matching) > 1:
         raise RankwiseError(
             f"{path}: the checkpoint holds the model's weights under "
