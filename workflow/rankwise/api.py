@@ -385,7 +385,7 @@ def recall_at_k(
             raise RankwiseError(
                 f"{name}[{missing[0]}] is missing ({values[missing[0]]}); every item needs a value"
             )
-        whole = whole_number_text(values)  # 3.0 -> "3", as in a CSV file
+        whole = whole_number_text(values)  # 3.0 -> "3": pandas' integers with a gap
         return whole.astype(str) if whole is not None else values.astype(str)
 
     def table(side, emb, labels, ids, other_ids):
