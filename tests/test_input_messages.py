@@ -1,11 +1,13 @@
 """One line that names the file and the fix, for inputs a probe of the CLI found worded
 wrongly: a verification without negative pairs (no file named), a ranks command given
 an embedding store ("incomplete store"), an image path that is a folder ("cannot decode
-... replace the file"), ``--output -`` (a file named ``-`` appeared)."""
+... replace the file"), ``--output -`` / ``--output new/`` (a file named ``-`` / ``new``
+appeared)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from helpers import input_args, run_rankwise
 from PIL import Image
 
@@ -67,18 +69,17 @@ def test_an_image_path_that_is_a_folder_says_so(tmp_path):
     assert "replace the file" not in line
 
 
-def test_output_dash_is_refused_not_a_file_named_dash(tmp_path):
+@pytest.mark.parametrize(
+    "output, message, written",
+    [
+        ("-", "'--output': '-' is not an output path here; give a file name", "-"),
+        # it wrote a file named "new" and printed "new/: ..."
+        ("new/", "'--output': 'new/' names a folder; give a file name in it", "new"),
+    ],
+)
+def test_an_output_file_path_that_names_no_file_is_refused(tmp_path, output, message, written):
     write(tmp_path)
-    proc = run_rankwise("evaluate", *input_args(tmp_path), "--output", "-", cwd=tmp_path)
+    proc = run_rankwise("evaluate", *input_args(tmp_path), "--output", output, cwd=tmp_path)
     line = one_error_line(proc)
-    assert "'--output': '-' is not an output path here; give a file name" in line, line
-    assert not (tmp_path / "-").exists()
-
-
-def test_an_output_file_path_ending_in_a_slash_is_refused(tmp_path):
-    # it wrote a file named "new" and printed "new/: ..."
-    write(tmp_path)
-    proc = run_rankwise("evaluate", *input_args(tmp_path), "--output", "new/", cwd=tmp_path)
-    line = one_error_line(proc)
-    assert "'--output': 'new/' names a folder; give a file name in it" in line, line
-    assert not (tmp_path / "new").exists()
+    assert message in line, line
+    assert not (tmp_path / written).exists()

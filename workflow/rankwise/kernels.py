@@ -281,6 +281,17 @@ def _float32_bounds(thr, lo, hi, h0, scale, margin, aup, bdn):
     bdn[r] = np.float32(np.inf)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _clear_bits(masks, values_sorted, order, value):
+    """Clear the mask bits of the items whose code is ``value`` (``values_sorted`` =
+    the codes sorted, ``order`` their item indices): the query's own label or id."""
+    k = np.searchsorted(values_sorted, value)
+    while k < values_sorted.shape[0] and values_sorted[k] == value:
+        j = order[k]
+        masks[j >> 6] &= ~(np.uint64(1) << np.uint64(j & 63))
+        k += 1
+
+
 @njit(cache=True, nogil=True)
 def count_tile(
     sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk, thr, toff, exclude_self, cosine, bound
@@ -386,17 +397,9 @@ def count_tile(
             dense |= m
         if dense == 0:
             continue
-        k = np.searchsorted(lsorted, qlab[i])
-        while k < c and lsorted[k] == qlab[i]:
-            j = lorder[k]
-            masks[j >> 6] &= ~(np.uint64(1) << np.uint64(j & 63))
-            k += 1
+        _clear_bits(masks, lsorted, lorder, qlab[i])
         if exclude_self:
-            k = np.searchsorted(isorted, qid[i])
-            while k < c and isorted[k] == qid[i]:
-                j = iorder[k]
-                masks[j >> 6] &= ~(np.uint64(1) << np.uint64(j & 63))
-                k += 1
+            _clear_bits(masks, isorted, iorder, qid[i])
         n = 0
         for w in range(nw):
             m = masks[w]
