@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -46,6 +47,31 @@ def with_checkpoint(checkpoint: str):
 
     def encode(images):
         return np.stack([[weight, float(im.mean()) + 1.0] for im in images])
+
+    return encode
+
+
+def saved_over_after_load(checkpoint: str):
+    """Factory: reads its weight, then a training run saves the next epoch over the file."""
+    weight = float(Path(checkpoint).read_text())
+    Path(checkpoint).write_text(str(weight + 1.0))
+
+    def encode(images):
+        return np.stack([[weight, float(im.mean())] for im in images])
+
+    return encode
+
+
+def saved_over_while_encoding(checkpoint: str):
+    """Factory: the file is saved over during the second batch."""
+    weight = float(Path(checkpoint).read_text())
+    calls = []
+
+    def encode(images):
+        calls.append(1)
+        if len(calls) == 2:
+            Path(checkpoint).write_text(str(weight + 1.0))
+        return np.stack([[weight, float(im.mean())] for im in images])
 
     return encode
 
@@ -370,6 +396,86 @@ def test_query_and_gallery_of_a_rewritten_checkpoint_are_not_ranked(manifest: Pa
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_checkpoint_saved_over_while_loaded_leaves_no_store(manifest: Path, tmp_path: Path):
+    """The store recorded the hash of the bytes found after loading: a checkpoint saved
+    over between the load and the hash gave a store whose checkpoint_hash named weights it
+    was not encoded with."""
+    ckpt = tmp_path / "last.pth"
+    ckpt.write_text("1.5")
+    out = tmp_path / "e.zarr"
+    options = {"factory": f"{FACTORIES}:saved_over_after_load", "checkpoint": str(ckpt)}
+    with pytest.raises(RankwiseError, match=r"last\.pth: the file changed while rankwise encode"):
+        encode_manifest(manifest, "python", options, out, batch_size=3, progress=False)
+    assert not out.exists() and not Path(f"{out}.tmp").exists()
+    # saved over after the load and the hash: the weights used are the hashed ones
+    ckpt.write_text("1.5")
+    options["factory"] = f"{FACTORIES}:saved_over_while_encoding"
+    encode_manifest(manifest, "python", options, out, batch_size=3, progress=False)
+    assert embeddings_attrs(out)["checkpoint_hash"] == hashlib.sha256(b"1.5").hexdigest()
+    assert (_read(out)[:, 0] == 1.5).all() and ckpt.read_text() == "2.5"
+    shutil.rmtree(out)
+    # the same through the command (the factory in a file of its own: this module imports
+    # the tests' helpers): one line, exit 2
+    ckpt.write_text("1.5")
+    factories = tmp_path / "factories.py"
+    factories.write_text(
+        "from pathlib import Path\nimport numpy as np\n\n"
+        "def saved_over(checkpoint):\n"
+        "    Path(checkpoint).write_text('2.5')\n"
+        "    return lambda images: np.ones((len(images), 2))\n"
+    )
+    options = {"factory": f"{factories}:saved_over", "checkpoint": str(ckpt)}
+    proc = run_rankwise(
+        "encode", "--manifest", manifest, "--kind", "python", "--options", json.dumps(options),
+        "--out", out, "--batch-size", "3", "--no-progress",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "the file changed while rankwise encode read it" in proc.stderr
+    assert not out.exists()
+
+
+def test_precomputed_file_saved_over_while_read_leaves_no_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Precomputed features are opened before their hash is taken."""
+    ids = [f"i{k}" for k in range(6)]
+    pd.DataFrame({"id": ids, "label": range(6)}).to_csv(tmp_path / "query.csv", index=False)
+    features = tmp_path / "q.npy"
+    np.save(features, np.arange(12, dtype=np.float32).reshape(6, 2))
+    manifest, out = tmp_path / "query.csv", tmp_path / "q.zarr"
+    encode_manifest(manifest, "precomputed", {"path": str(features)}, out, progress=False)
+    assert embeddings_attrs(out)["checkpoint_hash"] == file_sha256(features)
+    real_open = encoders._open_vectors
+
+    def saved_over_after_open(source, manifest):
+        vectors = real_open(source, manifest)
+        np.save(tmp_path / "new.npy", np.zeros((6, 2), np.float32))
+        os.replace(tmp_path / "new.npy", features)  # another job writes its new features
+        return vectors
+
+    monkeypatch.setattr(encoders, "_open_vectors", saved_over_after_open)
+    with pytest.raises(RankwiseError, match=r"q\.npy: the file changed while"):
+        encode_manifest(manifest, "precomputed", {"path": str(features)}, out, progress=False)
+    assert embeddings_attrs(out)["checkpoint_hash"] != file_sha256(features)  # the old store
+    # saved over in place (same size) after its hash was taken, while it is read
+    monkeypatch.setattr(encoders, "_open_vectors", real_open)
+    real_hash = encoders.file_sha256
+
+    def saved_over_after_hash(path):
+        digest = real_hash(path)
+        if Path(path) == features:
+            with open(features, "r+b") as handle:
+                handle.seek(-8, os.SEEK_END)
+                handle.write(np.float32([7, 7]).tobytes())
+        return digest
+
+    monkeypatch.setattr(encoders, "file_sha256", saved_over_after_hash)
+    with pytest.raises(RankwiseError, match=r"q\.npy: the file changed while"):
+        encode_manifest(manifest, "precomputed", {"path": str(features)}, out, progress=False)
+    assert _read(out).sum() == 66  # the first store, untouched
 
 
 def test_missing_checkpoint_names_it(manifest: Path, tmp_path: Path):

@@ -7,7 +7,8 @@ streams the manifest's rows in batches through an encoder and writes the
 thread pool, one batch ahead of the encoder. Store attributes::
 
     encoder           {"kind": ..., "options": {... with defaults filled in}}
-    checkpoint_hash   sha256 of the checkpoint / model / .npy file, or null
+    checkpoint_hash   sha256 of the checkpoint / model / .npy file, or null (the bytes
+                      read: a file changed while encoding is an error)
     manifest_hash     sha256 of the manifest file
     manifest_csv_sha256  sha256 of the manifest CSV's bytes: checked whenever the store
                       is opened with a manifest (rankwise.embeddings.check_manifest)
@@ -986,6 +987,40 @@ def build_encoder(
 # ---------------------------------------------------------------- entry point
 
 
+def _named_files(options: dict[str, Any] | None) -> list[Path]:
+    """The files an encoder's options name (checkpoint, model, embeddings), resolved
+    as the encoders resolve them (from the working directory)."""
+    return [
+        path
+        for value in (options or {}).values()
+        if isinstance(value, str) and (path := Path(value).expanduser()).is_file()
+    ]
+
+
+def _file_states(paths: list[Path]) -> dict[Path, tuple[int, int, int] | None]:
+    """``(size, mtime_ns, inode)`` per path (None when unreadable): a rewrite, in place
+    or by rename, changes at least one of them."""
+    states: dict[Path, tuple[int, int, int] | None] = {}
+    for path in paths:
+        try:
+            st = path.stat()
+            states[path] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            states[path] = None
+    return states
+
+
+def _check_unchanged(paths: list[Path], before: dict, after: dict) -> None:
+    """Refuse a file that changed between two looks at it (paths not looked at before
+    are not compared)."""
+    for path in paths:
+        if path in before and before[path] != after.get(path):
+            raise RankwiseError(
+                f"{path}: the file changed while rankwise encode read it (a training run "
+                "saving over it?); run again once it is saved"
+            )
+
+
 def encode_manifest(
     manifest_csv: str | os.PathLike,
     kind: str,
@@ -1020,6 +1055,10 @@ def encode_manifest(
     manifest, out = Path(manifest_csv), Path(out_store)
     batch_size = BATCH_SIZE.check(batch_size)
     workers = default_workers() if workers is None else WORKERS.check(workers)
+    # the files whose hashes the store records, as they were before being read: a file
+    # rewritten while it is read (a training run saving over the checkpoint) must not
+    # leave a store whose hash names other bytes than the ones encoded
+    before = _file_states([manifest, *_named_files(options)])
     table = read_manifest(manifest, protocol=protocol, role=role)
     encoder = build_encoder(kind, options, manifest=manifest, out=out, threads=workers)
     rows = _Rows(manifest, table["id"].tolist())
@@ -1038,10 +1077,14 @@ def encode_manifest(
         rows.paths = table["path"].str.strip().tolist()
     if "text" in table.columns:
         rows.texts = table["text"].tolist()
+    hashed = [manifest] + ([encoder.checkpoint] if encoder.checkpoint is not None else [])
     manifest_sha256 = file_sha256(manifest)
+    checkpoint_sha256 = None if encoder.checkpoint is None else file_sha256(encoder.checkpoint)
+    states = _file_states(hashed)
+    _check_unchanged(hashed, before, states)
     attrs = {
         "encoder": {"kind": kind, "options": encoder.options},
-        "checkpoint_hash": None if encoder.checkpoint is None else file_sha256(encoder.checkpoint),
+        "checkpoint_hash": checkpoint_sha256,
         "checkpoint": None if encoder.checkpoint is None else str(encoder.checkpoint),
         "manifest_hash": manifest_sha256,
         MANIFEST_SHA256: manifest_sha256,
@@ -1097,6 +1140,8 @@ def encode_manifest(
                 start += len(batch)
                 bar.update(len(batch))
                 yield batch
+        if kind == "precomputed":  # its file is read batch by batch, not loaded at once
+            _check_unchanged(hashed, states, _file_states(hashed))
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rankwise-decode") as pool:
         try:
