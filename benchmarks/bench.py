@@ -786,7 +786,15 @@ def compare_metrics(summ: dict) -> dict | None:
     }
 
 
-def targets(scale: str, params: dict, summ: dict, cmp: dict | None, baseline: Path) -> list:
+def targets(
+    scale: str,
+    params: dict,
+    summ: dict,
+    cmp: dict | None,
+    baseline: Path,
+    argsort_dtype: str = "float32",
+) -> list:
+    """The targets of the engine issue (#14) for this scale, each PASS / FAIL / n/a."""
     out = []
     mm, aw, rw = summ.get("matmul", {}), summ.get("argsort", {}), summ.get("rankwise", {})
     ok = lambda s: s.get("status") == "ok"
@@ -811,20 +819,25 @@ def targets(scale: str, params: dict, summ: dict, cmp: dict | None, baseline: Pa
             gpu["identical"],
         )
     if cmp is not None:
+        dtype = argsort_dtype
         add(
-            "rankwise metrics == argsort metrics (max |diff|, pct points; counts equal)",
+            f"rankwise metrics == argsort ({dtype}) metrics (max |diff|, pct points; counts equal)",
             cmp["max_abs_diff"],
             1e-4,
             cmp["agree"],
+            ""
+            if cmp["agree"] or dtype == "float64"
+            else "a float32 reference rounds distances itself (ties it breaks by rounding): "
+            "rerun with --argsort-dtype float64 for a rounding-free one",
         )
     if scale == "msmt" and ok(rw):
         if ok(mm):
             ratio = rw["wall_s"] / mm["wall_s"]
             add(
-                "msmt: rankwise wall <= 1.5 x matmul floor",
+                "msmt: rankwise wall <= 1.25 x matmul floor",
                 round(ratio, 3),
-                1.5,
-                ratio <= 1.5,
+                1.25,
+                ratio <= 1.25,
                 f"CPU-time ratio {rw['cpu_s'] / mm['cpu_s']:.2f}",
             )
         add(
@@ -834,14 +847,15 @@ def targets(scale: str, params: dict, summ: dict, cmp: dict | None, baseline: Pa
             rw["peak_rss_mb"] <= 1.5 * 1024,
             "MB, 1 GB = 1024 MB",
         )
-    if scale == "market" and ok(rw) and ok(aw):
-        sp = aw["wall_s"] / rw["wall_s"]
+    if scale == "market" and ok(rw) and ok(mm):
+        ratio = rw["wall_s"] / mm["wall_s"]
+        speed_up = f"; {aw['wall_s'] / rw['wall_s']:.2f}x faster than argsort" if ok(aw) else ""
         add(
-            "market: rankwise >= 4x faster than argsort",
-            round(sp, 2),
-            4.0,
-            sp >= 4.0,
-            f"CPU-time speed-up {aw['cpu_s'] / rw['cpu_s']:.2f}",
+            "market: rankwise whole process <= 1.5 x matmul floor",
+            round(ratio, 3),
+            1.5,
+            ratio <= 1.5,
+            f"CPU-time ratio {rw['cpu_s'] / mm['cpu_s']:.2f}{speed_up}",
         )
     if scale == "memory" and ok(rw):
         add(
@@ -1090,7 +1104,14 @@ def main(argv=None) -> int:
         report.update(
             summary=summ,
             metrics_comparison=cmp,
-            targets=targets(report["scale"], report["params"], summ, cmp, args.baseline),
+            targets=targets(
+                report["scale"],
+                report["params"],
+                summ,
+                cmp,
+                args.baseline,
+                report.get("argsort_dtype", "float32"),
+            ),
             table_markdown=table(report["scale"], report["params"], summ),
         )
         args.report_only.write_text(json.dumps(report, indent=1, default=str))
@@ -1175,7 +1196,7 @@ def run_distribution(args, methods: list[str], distribution: str) -> dict:
 
     summ = summarise(results)
     cmp = compare_metrics(summ)
-    tg = targets(args.scale, params, summ, cmp, args.baseline)
+    tg = targets(args.scale, params, summ, cmp, args.baseline, args.argsort_dtype)
     tab = table(args.scale, params, summ)
     report = {
         "scale": args.scale,
@@ -1187,6 +1208,7 @@ def run_distribution(args, methods: list[str], distribution: str) -> dict:
         "workers": args.workers,
         "repeat": args.repeat,
         "methods": methods,
+        "argsort_dtype": args.argsort_dtype,
         "machine": info,
         "runs": results,
         "summary": summ,
@@ -1230,6 +1252,16 @@ def side_by_side(scale: str, reports: list[dict]) -> str:
             f"| {cell(arg)} | {cell(arg / ours if arg and ours else None)}x "
             f"| {cell(rw.get('peak_rss_mb'), '{:.0f}')} | {gpu_cell} |"
         )
+    shown = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+    verdicts = [
+        f"- {rep['distribution']}: [{t['result']}] {t['target']}: {shown(t['value'])} "
+        f"(limit {shown(t['limit'])})"
+        for rep in reports
+        for t in rep.get("targets", [])
+    ]
+    if verdicts:  # a target is met only when it holds on every distribution, run after run
+        lines += ["", "targets per distribution (met: PASS on every one, on repeated quiet runs):"]
+        lines += verdicts
     return "\n".join(lines)
 
 
