@@ -367,3 +367,26 @@ def test_progressive_curve_with_grouped_levels_is_row_order_free():
         moved = curve(q.iloc[qp].reset_index(drop=True), qe[qp],
                       g.iloc[gp].reset_index(drop=True), ge[gp])  # fmt: skip
         assert moved == base, seed
+
+
+def test_reused_tile_buffers_change_nothing(make_case):
+    """The numpy path writes each tile into a reused scratch buffer (stale values of a
+    larger earlier tile in it): the tiles equal fresh ``q @ g.T`` products bit for bit,
+    and no buffer outlives the run."""
+    from rankwise import devices
+
+    tiles = devices.NumpyTiles()
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((70, 16)).astype(np.float32)
+    for rows, cols in [(9, 70), (4, 33), (9, 70), (1, 1), (5, 69)]:
+        q = rng.standard_normal((rows, 16)).astype(np.float32)
+        sim = tiles.similarities(q, g[:cols])
+        assert sim.shape == (rows, cols) and np.array_equal(sim, q @ g[:cols].T)
+        tiles.release(sim)
+    assert len(devices._SCRATCH) == 1  # one worker: one buffer, reused
+    case = _case(make_case, "reid")
+    base = rankwise.evaluate(*case.args(), **case.kwargs(workers=1))
+    # uneven tiles: the last block / chunk of a pass is smaller than the buffer it reuses
+    res = rankwise.evaluate(*case.args(), **case.kwargs(query_block=4, gallery_chunk=7, workers=2))
+    assert devices._SCRATCH == []  # cleared at the end of the run
+    _assert_identical(res, base)

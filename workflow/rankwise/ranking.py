@@ -228,23 +228,26 @@ def _count_task(prep, gdev, block, gmeta, cosine, bound, tiles: Tiles):
     grows, gsq = prep
     qdev = block["dev"] if block["dev"] is not None else tiles.upload(block["rows"])
     sim = tiles.similarities(qdev, gdev if gdev is not None else tiles.upload(grows))
-    return kernels.count_tile(
-        sim,
-        block["rows"],
-        block["sq"],
-        block["lab"],
-        block["id"],
-        grows,
-        gsq,
-        gmeta["lab"],
-        gmeta["id"],
-        gmeta["junk"],
-        block["thr"],
-        block["toff"],
-        block["exclude_self"],
-        cosine,
-        bound,
-    )
+    try:
+        return kernels.count_tile(
+            sim,
+            block["rows"],
+            block["sq"],
+            block["lab"],
+            block["id"],
+            grows,
+            gsq,
+            gmeta["lab"],
+            gmeta["id"],
+            gmeta["junk"],
+            block["thr"],
+            block["toff"],
+            block["exclude_self"],
+            cosine,
+            bound,
+        )
+    finally:
+        tiles.release(sim)
 
 
 _IN_DISTRIBUTED_WORKER = False
@@ -505,9 +508,12 @@ def compute_ranks(
             extra_arrays = {"top_items": top}
         else:
             with tiles.exact_float32():
-                offsets, ranks = _plain_ranks(
-                    problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles
-                )
+                try:
+                    offsets, ranks = _plain_ranks(
+                        problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles
+                    )
+                finally:
+                    tiles.clear()  # the tile buffers are not kept between runs
             if aqe is not None:
                 # the report cannot rebuild the expanded rows' neighbours: keep them here
                 from .neighbours import tiled_top_items
