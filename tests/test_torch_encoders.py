@@ -1096,3 +1096,100 @@ def test_lightning_checkpoint_loads_the_model_attribute(timm_model, manifest: Pa
     torch.save({"state_dict": {f"model.{k}": v for k, v in list(state.items())[:5]}}, ckpt)
     with pytest.raises(RankwiseError, match=r"checkpoint does not match the timm model"):
         _embed(manifest, ckpt, tmp_path / "u.zarr", (32, 32))
+
+
+class _LitModule(torch.nn.Module):
+    """What a LightningModule's state dict holds: the network under ``self.model`` (as
+    given: compiled, inside DataParallel), a loss's parameters and timm's EMA copy
+    (``ModelEmaV3``: the copy under ``model_ema.module.``)."""
+
+    def __init__(self, model: torch.nn.Module, ema: torch.nn.Module | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.criterion = torch.nn.Linear(512, 7, bias=False)  # an ArcFace-style weight
+        if ema is not None:
+            self.model_ema = ema
+
+
+def _trained(state: dict) -> torch.nn.Module:
+    net = timm.create_model("resnet10t", num_classes=7)
+    net.load_state_dict(state)
+    return net.eval()
+
+
+def _ema_of(net: torch.nn.Module, scale: float = 0.5) -> torch.nn.Module:
+    """timm's EMA wrapper around a copy of ``net`` whose weights are not ``net``'s."""
+    from timm.utils import ModelEmaV3
+
+    ema = ModelEmaV3(net)
+    with torch.no_grad():
+        for value in ema.module.state_dict().values():
+            if value.is_floating_point():
+                value.mul_(scale)
+    return ema
+
+
+def _load_timm(ckpt: Path, **options) -> dict:
+    """``ckpt`` loaded by the timm kind's loader into a fresh resnet10t: its state dict."""
+    from rankwise.torch_encoders import load_checkpoint
+
+    model = timm.create_model("resnet10t", num_classes=0)
+    load_checkpoint(model, ckpt, kind="timm", what="timm model", heads=("fc.",), **options)
+    return model.state_dict()
+
+
+def _assert_weights(loaded: dict, state: dict) -> None:
+    assert all(torch.equal(value, state[key]) for key, value in loaded.items())
+
+
+@pytest.mark.parametrize(
+    "build, prefix",
+    [
+        (lambda net, ema: _LitModule(torch.compile(net), ema), "model._orig_mod."),
+        (  # DistributedDataParallel's module. around the compiled network
+            lambda net, ema: _LitModule(torch.nn.DataParallel(torch.compile(net)), ema),
+            "model.module._orig_mod.",
+        ),
+        (lambda net, ema: torch.compile(_LitModule(net, ema)), "_orig_mod.model."),
+    ],
+    ids=["compiled", "ddp-compiled", "module-compiled"],
+)
+def test_lightning_checkpoint_of_a_compiled_model_loads(
+    build, prefix, timm_model, manifest: Path, tmp_path: Path
+):
+    """A LightningModule holding a torch.compile'd network saves its weights under
+    ``model._orig_mod.`` (DDP inside: ``model.module._orig_mod.``; the module compiled:
+    ``_orig_mod.model.``): they load as the plain network's, its EMA copy left out.
+    (Building the compiled wrappers compiles nothing: no compiler is needed.)"""
+    embedder, state = timm_model
+    net = _trained(state)
+    lit = build(net, _ema_of(net))
+    weights = lit.state_dict()
+    assert f"{prefix}conv1.0.weight" in weights  # torch's own naming
+    ckpt = tmp_path / "epoch=3-step=120.ckpt"
+    torch.save({"epoch": 3, "global_step": 120, "state_dict": weights}, ckpt)
+    _assert_weights(_load_timm(ckpt), state)
+    want = _forward(embedder, _reference_inputs(manifest, (32, 32), *IMAGENET))
+    _assert_close(_embed(manifest, ckpt, tmp_path / "l.zarr", (32, 32)), want)
+
+
+def test_lightning_checkpoint_of_a_compiled_model_loads_strictly(timm_model, tmp_path: Path):
+    """Stripping the wrappers under the attribute loosens nothing: a key missing is the
+    one-line strict error, and two compiled copies (a student and a teacher) are
+    refused."""
+    _, state = timm_model
+    weights = _LitModule(torch.compile(_trained(state))).state_dict()
+    ckpt = tmp_path / "l.ckpt"
+    torch.save(
+        {"state_dict": {k: v for k, v in weights.items() if "layer3.0.conv1." not in k}}, ckpt
+    )
+    with pytest.raises(RankwiseError) as info:
+        _load_timm(ckpt)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{ckpt}: checkpoint does not match")
+    assert "1 missing key(s): layer3.0.conv1.weight;" in message
+    teacher = torch.compile(_trained(state)).state_dict()
+    weights.update({f"teacher.{k}": v for k, v in teacher.items()})
+    torch.save({"state_dict": weights}, ckpt)
+    with pytest.raises(RankwiseError, match=r"under 'model\.' and 'teacher\.'; which one"):
+        _load_timm(ckpt)

@@ -37,8 +37,9 @@ features, not L2-normalised before averaging, as fast-reid's flip test does
 afterwards, and rankwise's cosine distance normalises too).
 
 Strict loading (:func:`load_checkpoint`): a bare state dict or one wrapped under
-``state_dict`` / ``model`` / ``module``, ``module.`` (DataParallel) prefixes stripped,
-a LightningModule's attribute prefix (``model.``) too (:func:`_under_one_attribute`),
+``state_dict`` / ``model`` / ``module``, ``module.`` (DataParallel) and ``_orig_mod.``
+(torch.compile) prefixes stripped (:func:`_unwrapped`), a LightningModule's attribute
+prefix (``model.``, also ``model._orig_mod.``) too (:func:`_under_one_attribute`),
 read with ``torch.load(weights_only=True)`` with numpy scalars and arrays allowed for
 that one call.  Every key must match the model by name and shape except the
 classifier head (dropped for embedding) and BatchNorm ``num_batches_tracked``
@@ -189,17 +190,20 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
             "model.state_dict(), bare or under 'state_dict', 'model' or "
             "'module'"
         )
-    state = {}
-    for key, value in data.items():
-        # DataParallel / DistributedDataParallel ("module."), torch.compile's wrapper
-        # ("_orig_mod."), in either order
-        while key.startswith(_WRAPPER_PREFIXES):
-            key = key.split(".", 1)[1]
-        state[key] = value
-    return state
+    return {_unwrapped(key): value for key, value in data.items()}
 
 
+#: DataParallel / DistributedDataParallel's ``module.``, torch.compile's ``_orig_mod.``
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _unwrapped(key: str) -> str:
+    """``key`` without the wrapper prefixes at its start (:data:`_WRAPPER_PREFIXES`, in
+    any order and number): ``module._orig_mod.conv1.weight`` -> ``conv1.weight``.  The
+    one rule for a whole key and for what follows a LightningModule's attribute."""
+    while key.startswith(_WRAPPER_PREFIXES):
+        key = key.partition(".")[2]
+    return key
 
 
 def _is_state_dict(data: Mapping, torch: Any) -> bool:
@@ -299,9 +303,12 @@ def _under_one_attribute(state: dict[str, Any], target: Mapping, path: Path) -> 
     """A LightningModule's checkpoint holds the network under the attribute that keeps
     it (``model.conv1.weight`` for ``self.model``), beside other attributes' weights (a
     loss's parameters, an EMA copy under ``model_ema.module.``).  When no key matches the
-    model as it is, the keys under the one first component whose remainders name at least
-    half of the model's keys, stripped of it; loading then checks them strictly.  Two such
-    components (a student and a teacher) are refused: which one is meant cannot be told.
+    model as it is, the keys under the one first component whose remainders (wrapper
+    prefixes stripped: ``model._orig_mod.`` for ``self.model = torch.compile(net)``) name
+    at least half of the model's keys, stripped of it; loading then checks them strictly.
+    Of several such components, an EMA copy's (:func:`_is_ema`) is left out, as timm's
+    ``state_dict_ema`` is; two others (a student and a teacher) are refused: which one is
+    meant cannot be told.
     """
     if any(key in target for key in state):
         return state
@@ -309,9 +316,11 @@ def _under_one_attribute(state: dict[str, Any], target: Mapping, path: Path) -> 
     for key, value in state.items():
         head, dot, rest = key.partition(".")
         if dot:
-            groups.setdefault(head, {})[rest] = value
+            groups.setdefault(head, {})[_unwrapped(rest)] = value
     found = {head: sum(k in target for k in keys) for head, keys in groups.items()}
     matching = [head for head, n in found.items() if n > 0 and 2 * n >= len(target)]
+    if len(matching) > 1:
+        matching = [head for head in matching if not _is_ema(head)] or matching
     if len(matching) > 1:
         raise RankwiseError(
             f"{path}: the checkpoint holds the model's weights under "
@@ -319,6 +328,12 @@ def _under_one_attribute(state: dict[str, Any], target: Mapping, path: Path) -> 
             "told: save that one's state dict alone"
         )
     return groups[matching[0]] if matching else state
+
+
+def _is_ema(attribute: str) -> bool:
+    """Whether a module attribute's name says it holds an EMA copy: ``ema`` is one of its
+    ``_``-separated words (``model_ema``, ``ema``, ``ema_model``)."""
+    return "ema" in attribute.lower().split("_")
 
 
 # ---------------------------------------------------------------- models
