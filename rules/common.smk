@@ -109,7 +109,8 @@ def encoder_hash(wildcards):
 
 
 def encoder_options(wildcards):
-    return json.dumps(ENCODERS[wildcards.encoder]["options"], sort_keys=True)
+    entry = ENCODERS[wildcards.encoder]
+    return pipeline_config.encoder_options(entry["kind"], entry["options"])
 
 
 # ---------------------------------------------------------------- datasets

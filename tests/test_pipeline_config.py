@@ -387,6 +387,26 @@ def test_encoder_paths(kind, options, split, expected):
     assert pc.encoder_paths(kind, options, split) == expected
 
 
+def test_encode_params_leave_out_checkpoint_key_when_unset():
+    """The encode rule's ``--options`` (a param: a change reruns encode): with
+    ``checkpoint_key: null`` (what validate() fills in) they are, byte for byte, those of
+    a config from before the option existed, so upgrading reruns nothing; set, it is
+    there."""
+    import json
+
+    from rankwise.encoders import OPTIONS
+
+    for kind, required in (("timm", {"model": "resnet50"}), ("reid", {"architecture": "a"})):
+        options = OPTIONS[kind].check({**required, "checkpoint": "w.pth"})
+        assert options["checkpoint_key"] is None
+        before = {k: v for k, v in options.items() if k != "checkpoint_key"}
+        assert pc.encoder_options(kind, options) == json.dumps(before, sort_keys=True)
+        ema = json.loads(pc.encoder_options(kind, {**options, "checkpoint_key": "model_ema"}))
+        assert ema == {**before, "checkpoint_key": "model_ema"}
+    pixels = OPTIONS["pixels"].check({})
+    assert pc.encoder_options("pixels", pixels) == json.dumps(pixels, sort_keys=True)
+
+
 def _resolved(datasets, encoders):
     config = {"datasets": datasets, "encoders": encoders}
     for dataset in datasets.values():

@@ -27,7 +27,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import ROOT, run_rankwise
+from helpers import ROOT, planned_jobs, run_rankwise
 
 from rankwise.encoders import DEFAULTS as _ALL_DEFAULTS
 from rankwise.encoders import encode_manifest
@@ -143,9 +143,13 @@ def _read(store: Path) -> np.ndarray:
     return np.asarray(zarr.open_group(str(store), mode="r")["embeddings"][...])
 
 
-def _embed(manifest: Path, checkpoint: Path, out: Path, size: tuple[int, int]) -> np.ndarray:
-    """The manifest encoded by the timm kind (resnet10t at ``size``) from ``checkpoint``."""
+def _embed(
+    manifest: Path, checkpoint: Path, out: Path, size: tuple[int, int], **more
+) -> np.ndarray:
+    """The manifest encoded by the timm kind (resnet10t at ``size``) from ``checkpoint``,
+    with ``more`` options."""
     options = {"model": "resnet10t", "checkpoint": str(checkpoint), "input_size": list(size)}
+    options.update(more)
     encode_manifest(manifest, "timm", options, out, progress=False)
     return _read(out)
 
@@ -363,14 +367,18 @@ def test_pickled_python_object_is_refused_not_executed(
     saved, timm_model, manifest: Path, tmp_path: Path, monkeypatch
 ):
     """Refused, and the advised re-save works for both (it said m['state_dict'], which a
-    whole model saved with torch.save(model) cannot take)."""
+    whole model saved with torch.save(model) cannot take); timm's train.py checkpoint
+    (its args a Namespace) keeps its EMA copy, for checkpoint_key."""
     model, state = timm_model
     ckpt = tmp_path / "args.pth"
+    ema = {k: v * 2 if v.is_floating_point() else v for k, v in state.items()}
     if saved == "whole model":
         torch.save(model, ckpt)
         name = r"timm\.models\.\w+\.\w+"
     else:
-        torch.save({"args": argparse.Namespace(lr=0.1), "state_dict": state}, ckpt)
+        torch.save(
+            {"args": argparse.Namespace(lr=0.1), "state_dict": state, "state_dict_ema": ema}, ckpt
+        )
         name = r"argparse\.Namespace"
     options = {"model": "resnet10t", "checkpoint": str(ckpt)}
     with pytest.raises(RankwiseError) as info:
@@ -386,6 +394,8 @@ def test_pickled_python_object_is_refused_not_executed(
     options["checkpoint"] = str(tmp_path / "weights.pth")
     encode_manifest(manifest, "timm", options, tmp_path / "x.zarr", progress=False)
     assert (tmp_path / "x.zarr").is_dir()
+    if saved != "whole model":
+        _assert_weights(_load_timm(tmp_path / "weights.pth", checkpoint_key="state_dict_ema"), ema)
 
 
 @pytest.mark.parametrize(
@@ -929,27 +939,26 @@ def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_p
         "engine": {"threads": 1, "batch_size": 8},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(tmp_path),
-            "--configfile",
-            str(tmp_path / "config.yaml"),
-            "--cores",
-            "2",
-            "--workflow-profile",
-            "none",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(tmp_path / "config.yaml"),
+        "--cores",
+        "2",
+        "--workflow-profile",
+        "none",
+    ]
+    proc = subprocess.run([*command, "-p"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the encode jobs' --options, as a config written before checkpoint_key existed gave
+    printed = proc.stdout + proc.stderr
+    assert printed.count("rankwise encode ") == 4 and "checkpoint_key" not in printed
     report = (tmp_path / "results" / "report.json").read_text()
     assert '"resnet"' in report and '"osnet"' in report
     provenance = {r["encoder"]: r["provenance"] for r in json.loads(report)["results"]}
@@ -967,6 +976,17 @@ def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_p
         ]["flip"]
         is True
     )
+
+    # checkpoint_key: null is the option left out (nothing reruns: the encode params are
+    # those of a config written before the option existed); set, it reruns that encoder
+    def dry_run(key: str | None) -> dict[str, int]:
+        config["encoders"]["resnet"]["options"]["checkpoint_key"] = key
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        dry = subprocess.run([*command, "--dry-run"], capture_output=True, text=True, timeout=600)
+        return planned_jobs(dry.stdout + dry.stderr)
+
+    assert dry_run(None) == {}
+    assert dry_run("state_dict")["encode"] == 2  # the resnet's query and gallery
 
 
 # ---------------------------------------------------------------- config schema
@@ -1193,3 +1213,181 @@ def test_lightning_checkpoint_of_a_compiled_model_loads_strictly(timm_model, tmp
     torch.save({"state_dict": weights}, ckpt)
     with pytest.raises(RankwiseError, match=r"under 'model\.' and 'teacher\.'; which one"):
         _load_timm(ckpt)
+
+
+# ---------------------------------------------------------------- checkpoint_key: EMA weights
+
+
+def _timm_train_checkpoint(state: dict, ema_state: dict, path: Path) -> Path:
+    """As timm's train.py saves (its CheckpointSaver, ``args`` left out: weights_only
+    refuses a Namespace): the weights and the EMA copy's side by side."""
+    torch.save(
+        {"epoch": 12, "arch": "resnet10t", "state_dict": state, "state_dict_ema": ema_state,
+         "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]}, "version": 2,
+         "metric": np.float64(71.5)},
+        path,
+    )  # fmt: skip
+    return path
+
+
+def test_checkpoint_key_selects_timms_ema_weights(timm_model, manifest: Path, tmp_path: Path):
+    """timm's train.py checkpoint: ``state_dict`` by default, the EMA copy with
+    ``checkpoint_key: state_dict_ema``: the EMA model's own forward.  The store records
+    the option when set, and reads as before there was the option when not."""
+    embedder, state = timm_model
+    ema = _ema_of(_trained(state))
+    ckpt = _timm_train_checkpoint(state, ema.module.state_dict(), tmp_path / "last.pth.tar")
+    ema.module.reset_classifier(0)  # its pooled pre-logits features
+    x = _reference_inputs(manifest, (32, 32), *IMAGENET)
+    want, want_ema = _forward(embedder, x), _forward(ema.module.eval(), x)
+    assert np.abs(want - want_ema).max() > 1e-2  # the two copies really differ
+    _assert_close(_embed(manifest, ckpt, tmp_path / "d.zarr", (32, 32)), want)
+    assert "checkpoint_key" not in embeddings_attrs(tmp_path / "d.zarr")["encoder"]["options"]
+    out = tmp_path / "ema.zarr"
+    _assert_close(_embed(manifest, ckpt, out, (32, 32), checkpoint_key="state_dict_ema"), want_ema)
+    assert embeddings_attrs(out)["encoder"]["options"]["checkpoint_key"] == "state_dict_ema"
+
+
+def test_checkpoint_key_selects_a_lightning_ema_copy_by_prefix(timm_model, tmp_path: Path):
+    """A LightningModule's flat state dict (``model.``, ``criterion.``, timm's EMA copy
+    under ``model_ema.module.``): the model by default, the EMA copy by its prefix, with
+    or without the wrapper's ``module`` (stripped from the remainder either way), also
+    beside a compiled model; a student and a teacher: refused by default, each
+    selectable."""
+    _, state = timm_model
+    net = _trained(state)
+    ema = _ema_of(net)
+    ema_state = {k: v.clone() for k, v in ema.module.state_dict().items()}
+    ckpt = tmp_path / "epoch=3-step=120.ckpt"
+    for model in (net, torch.compile(net)):
+        torch.save({"epoch": 3, "state_dict": _LitModule(model, ema).state_dict()}, ckpt)
+        _assert_weights(_load_timm(ckpt), state)
+        _assert_weights(_load_timm(ckpt, checkpoint_key="model"), state)
+        for key in ("model_ema.module", "model_ema"):
+            _assert_weights(_load_timm(ckpt, checkpoint_key=key), ema_state)
+    weights = _LitModule(net).state_dict()
+    weights.update({f"teacher.{k}": v for k, v in ema_state.items()})
+    torch.save({"state_dict": weights}, ckpt)
+    with pytest.raises(
+        RankwiseError, match=r"set options\.checkpoint_key to one of model, teacher$"
+    ):
+        _load_timm(ckpt)
+    _assert_weights(_load_timm(ckpt, checkpoint_key="teacher"), ema_state)
+
+
+_NOT_THERE = (
+    r"names no entry of the checkpoint and no prefix of its weights' keys \({}\): set it "
+    r"to one of these \(a prefix's components separated by dots: model_ema\.module\) or to "
+    r"null for the weights found automatically"
+)
+
+
+@pytest.mark.parametrize(
+    "layout, key, message",
+    [
+        (
+            "timm",
+            "state_dict_emma",
+            r"options\.checkpoint_key 'state_dict_emma' "
+            + _NOT_THERE.format(
+                r"entries: state_dict, state_dict_ema, optimizer; key prefixes: conv1, bn1, "
+                r"layer1, layer2, layer3, layer4, \.\.\. \(7 in all\)"
+            )
+            + r"; did you mean 'state_dict_ema'\?$",
+        ),
+        (
+            "lightning",
+            "model_emma.module",
+            r"options\.checkpoint_key 'model_emma\.module' "
+            + _NOT_THERE.format(r"entries: state_dict; key prefixes: model, criterion, model_ema")
+            + r"; did you mean 'model_ema\.module'\?$",
+        ),
+        (
+            "timm",
+            "epoch",
+            r"the checkpoint's entry 'epoch' \(options\.checkpoint_key\) holds int 12, not a "
+            r"state dict; name the entry that holds the weights: state_dict, state_dict_ema, "
+            r"optimizer$",
+        ),
+        (  # a prefix that is there but holds other weights: the strict error
+            "lightning",
+            "criterion",
+            r"checkpoint does not match the timm model 'resnet10t': \d+ missing key\(s\): "
+            r"conv1\.0\.weight, .*; 1 unexpected key\(s\): weight;",
+        ),
+    ],
+)
+def test_checkpoint_key_errors_are_one_line(
+    layout, key, message, timm_model, manifest: Path, tmp_path: Path
+):
+    _, state = timm_model
+    net = _trained(state)
+    ema = _ema_of(net)
+    ckpt = tmp_path / "w.ckpt"
+    if layout == "timm":
+        _timm_train_checkpoint(state, ema.module.state_dict(), ckpt)
+    else:
+        torch.save({"state_dict": _LitModule(net, ema).state_dict()}, ckpt)
+    out = tmp_path / "e.zarr"
+    with pytest.raises(RankwiseError) as info:
+        _embed(manifest, ckpt, out, (32, 32), checkpoint_key=key)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"{ckpt}: ")
+    assert re.search(message, text), text
+    assert not out.exists() and not Path(f"{out}.tmp").exists()
+
+
+def test_cli_encode_with_checkpoint_key(timm_model, manifest: Path, tmp_path: Path):
+    """``rankwise encode --options '{..., "checkpoint_key": "state_dict_ema"}'`` embeds
+    with the EMA weights; a misspelt key exits 2 with one line and writes nothing."""
+    _, state = timm_model
+    ema = _ema_of(_trained(state))
+    ckpt = _timm_train_checkpoint(state, ema.module.state_dict(), tmp_path / "last.pth.tar")
+    ema.module.reset_classifier(0)
+    options = {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 16]}
+
+    def encode(key: str, out: Path) -> subprocess.CompletedProcess:
+        return run_rankwise(
+            "encode", "--manifest", manifest, "--kind", "timm",
+            "--options", json.dumps({**options, "checkpoint_key": key}), "--out", out,
+            "--threads", "2", "--no-progress",
+        )  # fmt: skip
+
+    out = tmp_path / "ema.zarr"
+    proc = encode("state_dict_ema", out)
+    assert proc.returncode == 0, proc.stderr
+    x = _reference_inputs(manifest, (32, 16), *IMAGENET)
+    _assert_close(_read(out), _forward(ema.module.eval(), x))
+    proc = encode("state_dict_emma", tmp_path / "typo.zarr")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+        f"error: {ckpt}: options.checkpoint_key 'state_dict_emma' names no entry"
+    ), proc.stderr
+    assert proc.stderr.endswith("; did you mean 'state_dict_ema'?\n")
+    assert not (tmp_path / "typo.zarr").exists()
+
+
+def test_reid_checkpoint_key(osnet_checkpoint: Path, manifest: Path, tmp_path: Path):
+    """The reid kind takes the option too: the EMA entry embeds as the same weights
+    saved alone, not as the file's ``state_dict``."""
+    from reid.architectures import build_architecture
+
+    from rankwise.torch_encoders import read_checkpoint
+
+    torch.manual_seed(5)
+    other = build_architecture("osnet_x0_25", num_classes=11).state_dict()
+    ema = tmp_path / "ema.pth.tar"
+    _timm_train_checkpoint(other, read_checkpoint(osnet_checkpoint, "reid"), ema)
+    options = {"architecture": "osnet_x0_25", "input_size": [64, 32]}
+    embedded = {}
+    for name, checkpoint, key in (
+        ("alone", osnet_checkpoint, None),
+        ("ema", ema, "state_dict_ema"),
+        ("plain", ema, None),
+    ):
+        out = tmp_path / f"{name}.zarr"
+        opts = {**options, "checkpoint": str(checkpoint), "checkpoint_key": key}
+        encode_manifest(manifest, "reid", opts, out, progress=False)
+        embedded[name] = _read(out)
+    _assert_close(embedded["ema"], embedded["alone"])
+    assert np.abs(embedded["plain"] - embedded["alone"]).max() > 1e-3

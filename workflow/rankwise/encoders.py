@@ -6,7 +6,9 @@ streams the manifest's rows in batches through an encoder and writes the
 (temporary store renamed when complete). Images are decoded and preprocessed by a
 thread pool, one batch ahead of the encoder. Store attributes::
 
-    encoder           {"kind": ..., "options": {... with defaults filled in}}
+    encoder           {"kind": ..., "options": {... with defaults filled in}}; an option
+                      added later at its default (checkpoint_key: null) left out
+                      (OptionSet.recorded: such stores read as before it existed)
     checkpoint_hash   sha256 of the checkpoint / model / .npy file, or null (the bytes
                       read: a file changed while encoding is an error)
     manifest_hash     sha256 of the manifest file
@@ -143,6 +145,18 @@ _TORCH_COMMON = (
     ),
     Option("half", "boolean", False, help="float16 inference (cuda only)"),
 )
+# Which weights of the file, for reid and timm: the kinds that read a state dict
+# (rankwise.torch_encoders.read_checkpoint); python factories read their own
+_CHECKPOINT_KEY = Option(
+    "checkpoint_key",
+    "string",
+    None,
+    nullable=True,
+    record_default=False,  # added later: at null, stores and encode params are as before
+    help="the weights to load: the checkpoint's entry (state_dict_ema, model_ema) or their "
+    "keys' prefix (model_ema.module); null = found automatically (state_dict; not an EMA "
+    "copy)",
+)
 
 OPTIONS: dict[str, OptionSet] = {
     "precomputed": OptionSet(
@@ -267,6 +281,7 @@ OPTIONS: dict[str, OptionSet] = {
                 required=True,
                 help="torchreid / fast-reid .pth (or .safetensors), loaded strictly",
             ),
+            _CHECKPOINT_KEY,
             Option(
                 "input_size",
                 "size",
@@ -287,6 +302,7 @@ OPTIONS: dict[str, OptionSet] = {
                 required=True,
                 help="local weights, loaded strictly (nothing is ever downloaded)",
             ),
+            _CHECKPOINT_KEY,
             Option(
                 "input_size",
                 "size",
@@ -1083,7 +1099,7 @@ def encode_manifest(
     states = _file_states(hashed)
     _check_unchanged(hashed, before, states)
     attrs = {
-        "encoder": {"kind": kind, "options": encoder.options},
+        "encoder": {"kind": kind, "options": OPTIONS[kind].recorded(encoder.options)},
         "checkpoint_hash": checkpoint_sha256,
         "checkpoint": None if encoder.checkpoint is None else str(encoder.checkpoint),
         "manifest_hash": manifest_sha256,

@@ -95,6 +95,10 @@ class Option:
     itself, e.g. a manifest loader's protocol).
     ``words``: strings accepted besides the kind's values (``shot_repeats``: an integer
     or ``"exact"``); give ``rule`` to say so in messages.
+    ``record_default``: False for an option added after stores were written with its
+    kind: at its default it is left out of what is recorded (:meth:`OptionSet.recorded`),
+    so stores and the pipeline's params read as before there was the option and nothing
+    reruns for those who leave it unset.
     """
 
     name: str
@@ -117,6 +121,7 @@ class Option:
     fields: tuple[Option, ...] = ()
     relation: Callable[[dict[str, Any]], str | None] | None = None
     optional_tail: int = 0
+    record_default: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -445,6 +450,12 @@ class OptionSet:
 
     def __getitem__(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
+
+    def recorded(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Checked ``values`` as a store and the pipeline's params record them: an option
+        with ``record_default=False`` left out at its default."""
+        quiet = {o.name: _json_value(o.default) for o in self.options if not o.record_default}
+        return {k: v for k, v in values.items() if k not in quiet or v != quiet[k]}
 
     def check(self, options: dict[str, Any] | None) -> dict[str, Any]:
         """Defaults filled in, every value checked; unknown or missing keys are errors.

@@ -611,6 +611,18 @@ def checkpoint_stem(path: str | os.PathLike) -> str:
 # ---------------------------------------------------------------- paths
 
 
+def encoder_options(kind: str, options: dict) -> str:
+    """The encode rule's ``--options`` (a param: a change reruns encode): the entry's
+    options as ``validate()`` filled them in, in JSON, those recorded only when set left
+    out at their default (:meth:`rankwise.options.OptionSet.recorded`), so adding such an
+    option to rankwise reruns nothing."""
+    import json
+
+    from .encoders import OPTIONS
+
+    return json.dumps(OPTIONS[kind].recorded(options), sort_keys=True)
+
+
 def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[str]:
     """The files (or Zarr folders) an encoder reads; ``split`` picks a precomputed split."""
     paths = []

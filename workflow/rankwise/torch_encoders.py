@@ -7,7 +7,7 @@ rows are decoded and preprocessed by its thread pool one batch ahead of the forw
 
 Options (declared, with their defaults, in :data:`rankwise.encoders.OPTIONS`):
 
-``reid`` {architecture, checkpoint, input_size=null, flip, device, half}
+``reid`` {architecture, checkpoint, checkpoint_key=null, input_size=null, flip, device, half}
     An architecture of the ``reid`` package (``osnet_x1_0``, ..., ``fastreid_sbs_resnest50``)
     built without weights, then ``checkpoint`` (a torchreid / fast-reid ``.pth`` or a
     ``.safetensors``) loaded strictly.  The embedding is the backbone's eval-mode output,
@@ -15,8 +15,8 @@ Options (declared, with their defaults, in :data:`rankwise.encoders.OPTIONS`):
     architecture (``ReIDPreprocessing.build_crop_transform``: PIL stretch resize to
     ``input_size`` [H, W], default the architecture's, ``ToTensor``, ImageNet
     ``Normalize``), so rankwise's rows equal ``ReIDModel.extract_embeddings_from_paths``.
-``timm`` {model, checkpoint, input_size=null, mean=null, std=null, interpolation="bilinear",
-flip, device, half}
+``timm`` {model, checkpoint, checkpoint_key=null, input_size=null, mean=null, std=null,
+interpolation="bilinear", flip, device, half}
     ``timm.create_model(model, pretrained=False, num_classes=0)``: the pooled pre-logits
     features; a model built for one image size (ViT, DeiT, Swin) with
     ``img_size=input_size`` when ``input_size`` is given.  ``input_size``, ``mean`` and
@@ -43,7 +43,9 @@ prefix (``model.``, also ``model._orig_mod.``) too (:func:`_under_one_attribute`
 read with ``torch.load(weights_only=True)`` with numpy scalars and arrays allowed for
 that one call.  Every key must match the model by name and shape except the
 classifier head (dropped for embedding) and BatchNorm ``num_batches_tracked``
-counters (absent from pre-0.4.1 checkpoints; unused in eval mode).
+counters (absent from pre-0.4.1 checkpoints; unused in eval mode).  ``checkpoint_key``
+(``reid``, ``timm``) picks other weights of the file, e.g. an EMA copy: an entry
+(``state_dict_ema``) or a key prefix (``model_ema.module``; :func:`read_checkpoint`).
 """
 
 from __future__ import annotations
@@ -122,13 +124,21 @@ def _numpy_globals() -> list[Any]:
     return [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
 
 
-def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
+def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) -> dict[str, Any]:
     """The state dict in ``path``: unwrapped, ``module.`` / ``_orig_mod.`` prefixes
     stripped, on the CPU.
 
     ``.safetensors`` files are read with safetensors; anything else with
     ``torch.load(weights_only=True)`` inside ``torch.serialization.safe_globals``
     allowing numpy scalars/arrays (nothing else; ``weights_only`` stays on).
+
+    ``checkpoint_key`` (the option; None: the weights found as the module docstring
+    says) picks the weights: an entry of the checkpoint's dict or of a wrapper inside it
+    (timm's ``state_dict_ema``, DeiT's ``model_ema``), unwrapped further as usual; else
+    a prefix of the state dict's keys, dots separating components (a LightningModule's
+    EMA copy: ``model_ema.module``), matched after the wrapper prefixes are stripped from
+    both (so ``model_ema`` selects ``model_ema.module.`` too: the remainder is stripped
+    again).  Named nowhere: an error listing the entries and prefixes there are.
     """
     torch = _import(kind, "torch")
     try:
@@ -170,7 +180,8 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
                 f"{path}: the checkpoint holds a Python object ({found.group(1)}) that "
                 "torch.load(weights_only=True) refuses to run; if you trust the file, save its "
                 "weights alone: m = torch.load(f, weights_only=False); torch.save(m.state_dict() "
-                "if isinstance(m, torch.nn.Module) else m['state_dict'], 'weights.pth')"
+                "if isinstance(m, torch.nn.Module) else {k: v for k, v in m.items() if "
+                "'state_dict' in k or 'model' in k}, 'weights.pth')"
             ) from None
         except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
             reason = "unrecognised content" if isinstance(exc, KeyError) else first_line(exc)
@@ -178,19 +189,69 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
                 f"{path}: not a readable torch checkpoint ({reason}); check options.checkpoint"
             ) from None
     # training loops wrap the weights: {"state_dict": ..., "epoch": 60, "optimizer": ...}
+    entries: list[str] = []  # the dicts inside the wrappers passed: what checkpoint_key names
+    chosen = checkpoint_key is None
     while isinstance(data, Mapping) and not _is_state_dict(data, torch):
+        entries += [k for k, v in data.items() if isinstance(k, str) and isinstance(v, Mapping)]
+        if not chosen and checkpoint_key in data:
+            data, chosen = data[checkpoint_key], True
+            continue
         inner = next((data[k] for k in _WRAPPERS if isinstance(data.get(k), Mapping)), None)
         if inner is None:
             break
         data = inner
+    entries = list(dict.fromkeys(entries))
     if not isinstance(data, Mapping) or not _is_state_dict(data, torch):
         keys = list(data)[:8] if isinstance(data, Mapping) else type(data).__name__
+        if checkpoint_key is not None and not chosen:
+            raise _unknown_checkpoint_key(path, checkpoint_key, entries, [])
+        if checkpoint_key is not None:
+            held = (
+                f"a dict of {keys}"
+                if isinstance(data, Mapping)
+                else f"{type(data).__name__} {repr(data)[:40]}"
+            )
+            raise RankwiseError(
+                f"{path}: the checkpoint's entry {checkpoint_key!r} (options.checkpoint_key) "
+                f"holds {held}, not a state dict; name the entry that holds the weights: "
+                f"{_listing(entries, 6)}"
+            )
         raise RankwiseError(
             f"{path}: no state dict found (top level: {keys}); save "
             "model.state_dict(), bare or under 'state_dict', 'model' or "
-            "'module'"
+            "'module', or name the entry holding it with options.checkpoint_key"
         )
-    return {_unwrapped(key): value for key, value in data.items()}
+    state = {_unwrapped(key): value for key, value in data.items()}
+    if chosen or checkpoint_key is None:
+        return state
+    prefix = _unwrapped(checkpoint_key + ".")  # "" when it names only wrappers: all of it
+    selected = {_unwrapped(k[len(prefix) :]): v for k, v in state.items() if k.startswith(prefix)}
+    if not selected:
+        raise _unknown_checkpoint_key(path, checkpoint_key, entries, [*state])
+    return selected
+
+
+def _unknown_checkpoint_key(
+    path: Path, checkpoint_key: str, entries: list[str], keys: list[str]
+) -> RankwiseError:
+    """``checkpoint_key`` names no entry and no key prefix: what there is, and the fix."""
+    prefixes = list(
+        dict.fromkeys(".".join(k.split(".")[:n]) for k in keys for n in (1, 2) if k.count(".") >= n)
+    )
+    heads = [p for p in prefixes if "." not in p]
+    there = "; ".join(
+        f"{name}: {_listing(names, 6)}"
+        for name, names in (("entries", entries), ("key prefixes", heads))
+        if names
+    )
+    close = difflib.get_close_matches(checkpoint_key, entries + prefixes, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return RankwiseError(
+        f"{path}: options.checkpoint_key {checkpoint_key!r} names no entry of the checkpoint "
+        f"and no prefix of its weights' keys ({there or 'it has neither'}): set it to one of "
+        "these (a prefix's components separated by dots: model_ema.module) or to null for the "
+        f"weights found automatically{hint}"
+    )
 
 
 #: DataParallel / DistributedDataParallel's ``module.``, torch.compile's ``_orig_mod.``
@@ -251,6 +312,7 @@ def load_checkpoint(
     what: str,
     heads: tuple[str, ...] = (),
     remap: Callable[[dict], dict] | None = None,
+    checkpoint_key: str | None = None,
 ) -> None:
     """Load ``path`` into ``model`` strictly (see the module docstring).
 
@@ -258,9 +320,10 @@ def load_checkpoint(
     ``remap``: a per-key renaming (``{key: tensor} -> {new_key: tensor}`` or ``{}``) from
     the checkpoint's layout to the model's; a key it drops is unexpected unless a head.
     ``what`` names the model in messages (e.g. ``timm model 'resnet10t'``).
+    ``checkpoint_key``: the option, which weights of the file (:func:`read_checkpoint`).
     """
     target = model.state_dict()
-    state = read_checkpoint(path, kind)
+    state = read_checkpoint(path, kind, checkpoint_key)
     if remap is None:  # a remapped layout (fast-reid's) is not the model's key for key
         state = _under_one_attribute(state, target, path)
     loaded, unexpected = {}, []
@@ -325,7 +388,7 @@ def _under_one_attribute(state: dict[str, Any], target: Mapping, path: Path) -> 
         raise RankwiseError(
             f"{path}: the checkpoint holds the model's weights under "
             f"{' and '.join(repr(h + '.') for h in matching)}; which one to evaluate cannot be "
-            "told: save that one's state dict alone"
+            f"told: set options.checkpoint_key to one of {', '.join(matching)}"
         )
     return groups[matching[0]] if matching else state
 
@@ -371,6 +434,7 @@ def _reid_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, Any, dict[
         what=f"reid architecture {name!r}",
         heads=_REID_HEADS[family],
         remap=architectures.checkpoint_remap_for_architecture(name),
+        checkpoint_key=opts["checkpoint_key"],
     )
     record = {
         "input_size": list(preprocessing.input_size),
@@ -401,7 +465,14 @@ def _timm_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, dict[str, 
         model = timm.create_model(name, pretrained=False, num_classes=0)
     head = model.pretrained_cfg.get("classifier") or ()
     heads = tuple(f"{h}." for h in ([head] if isinstance(head, str) else head))
-    load_checkpoint(model, checkpoint, kind="timm", what=f"timm model {name!r}", heads=heads)
+    load_checkpoint(
+        model,
+        checkpoint,
+        kind="timm",
+        what=f"timm model {name!r}",
+        heads=heads,
+        checkpoint_key=opts["checkpoint_key"],
+    )
     return model, timm.data.resolve_model_data_config(model)
 
 
