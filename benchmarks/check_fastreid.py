@@ -26,7 +26,7 @@ fast-reid accumulates its CMC and AP in float32).
 Exit status 0 when every query's ranks agree for every lambda > 0; 1 otherwise.  At
 lambda = 0 (the Jaccard distance alone) many distances are mathematically equal, so
 fast-reid's ranks depend on its argsort's order of ties and on float32 rounding, where
-rankwise applies DESIGN.md's tie rule to the float64 value: those rows are printed (with
+rankwise applies the README's tie rule to the float64 value: those rows are printed (with
 the number of queries whose relevant items tie with a non-relevant one) and not judged.
 """
 

@@ -64,17 +64,17 @@ class EvaluationResult:
     per_query: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON report: exactly the keys of DESIGN.md (a copy: editing it leaves the
+        """The JSON report: exactly the keys the README lists (a copy: editing it leaves the
         result as it is)."""
         return {key: copy.deepcopy(getattr(self, key)) for key in REPORT_KEYS}
 
 
 def variant_keys(attrs: dict[str, Any], ap: str = "standard") -> dict[str, Any]:
-    """What a report adds to DESIGN.md's keys so that it says which numbers it holds:
+    """What a report adds to those keys so that it says which numbers it holds:
     ``protocol_options`` when the ranks store's options differ from its protocol's
     defaults (re-ranking, query expansion, multi-query, single-gallery-shot, other junk
     labels, kept same-camera matches, another gap), ``ap`` when it is not the standard
-    AP. Empty for a default run, whose report keeps exactly DESIGN.md's keys."""
+    AP. Empty for a default run, whose report keeps exactly those keys."""
     keys: dict[str, Any] = {}
     options = attrs.get("protocol_options") or {}
     if options != default_options(attrs["protocol"]):
@@ -270,8 +270,8 @@ def evaluate(
 
     Parameters
     ----------
-    query, gallery : manifest CSV path or DataFrame (DESIGN.md columns), one row per
-        embedding row.
+    query, gallery : manifest CSV path or DataFrame (``id``, ``label``, and what the protocol
+        needs: README "Inputs"), one row per embedding row.
     query_embeddings, gallery_embeddings : ``.npy`` path, Zarr store/array path, or
         array ``(n_query, dim)`` / ``(n_gallery, dim)``.
     protocol : ``recall`` | ``reid`` | ``reassociation`` | ``progressive``.

@@ -1,10 +1,10 @@
 """Dataset loaders: each writes one normalised manifest per split.
 
 :func:`prepare_dataset` is the one entry point (``rankwise prepare`` calls it). It
-writes ``out_dir/query.csv`` and ``out_dir/gallery.csv`` with the DESIGN.md columns
-(``id``, ``label``, then ``camera``, ``sequence``, ``frame``, ``sketch``, ``step``
-where the loader knows them, and ``path``), each written to a temporary name and
-renamed.  ``path`` is relative to ``out_dir`` (the manifest's folder), so a
+writes ``out_dir/query.csv`` and ``out_dir/gallery.csv`` with the README's manifest
+columns ("Inputs": ``id``, ``label``, then ``camera``, ``sequence``, ``frame``,
+``sketch``, ``step`` where the loader knows them, and ``path``), each written to a
+temporary name and renamed.  ``path`` is relative to ``out_dir`` (the manifest's folder), so a
 manifest keeps working when the tree holding both is moved.
 
 Loaders (options in braces, defaults after ``=``):

@@ -1,6 +1,6 @@
 """Query / gallery manifests: one CSV row per item, in embedding row order.
 
-Columns (DESIGN.md): ``id`` and ``label`` always; ``camera`` for ``reid``;
+Columns (README, "Inputs"): ``id`` and ``label`` always; ``camera`` for ``reid``;
 ``sequence`` and integer ``frame`` for ``reassociation``; ``sketch`` and integer
 ``step`` for ``progressive`` queries; ``path`` when encoding images.  Every value
 is read as a string (labels compare as strings), without the spaces around it (``q1, 5, 1``

@@ -1,7 +1,8 @@
 """Ranks -> numbers.  Every metric is a function of the ranks store alone.
 
-Notation (DESIGN.md): for one evaluated query, ``r_1 < r_2 < ... < r_G`` are the
-ranks of its G valid relevant gallery items.  All metrics are percentages.
+Notation (README, "What the numbers mean"): for one evaluated query,
+``r_1 < r_2 < ... < r_G`` are the ranks of its G valid relevant gallery items.  All
+metrics are percentages.
 
 =============  ===============================================================
 ``recall@K``   protocol ``recall``: fraction of queries with ``r_1 <= K``

@@ -393,8 +393,8 @@ def build_problem(
 
 
 def _check_shared_ids(query, gallery, qid, gid, qlab, glab, names) -> None:
-    """An id in both manifests is one item, never its own match (DESIGN.md): with two
-    labels it is a data error, most often ids numbered independently in each file
+    """An id in both manifests is one item, never its own match (README, "Inputs"): with
+    two labels it is a data error, most often ids numbered independently in each file
     (``0, 1, 2, ...``), where every gallery item would silently drop out of the ranking
     of the query that happens to share its number."""
     at = np.full(int(max(qid.max(initial=-1), gid.max(initial=-1))) + 1, -1, dtype=np.int64)
@@ -452,7 +452,7 @@ def _check_single_shot(protocol: str, on: bool, repeats: int | str, seed: int) -
 
 def _member_twins(members, query, gallery, qlab, glab, names) -> np.ndarray:
     """Multi-query: sorted keys ``q * G + g`` of the gallery items ``g`` with the id of
-    one of pooled query q's members (the same item, DESIGN.md: never its own match).
+    one of pooled query q's members (the same item, README: never its own match).
 
     Same id = same item, so such an item must have the group's label (a different one
     is an error naming the id): it is then a relevant item, which :func:`dense_masks`

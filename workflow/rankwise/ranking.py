@@ -12,7 +12,7 @@ process holds the ``Q x G`` matrix.
 
 With ``t_1 <= ... <= t_G`` a query's sorted thresholds and
 ``N(t) = #{valid non-relevant g : key(g) <= t}``, its ranks are
-``r_p = 1 + N(t_p) + (p - 1)``: DESIGN.md's pessimistic tie rule (non-relevant
+``r_p = 1 + N(t_p) + (p - 1)``: the README's pessimistic tie rule (non-relevant
 before relevant at equal distance), and the sorted rank list does not depend on
 the row order among tied relevant items.  The two passes run as separate
 ``compute`` calls, gallery chunks in groups, which keeps memory flat.

@@ -1,8 +1,8 @@
 """The protocol registry: one :class:`ProtocolSpec` per protocol, read by every layer.
 
 A protocol says, for each query, which gallery items are *ranked* (valid) and which
-of those are *relevant* (DESIGN.md, "Protocols").  Everything a layer needs to know
-about a protocol is declared here once, as data:
+of those are *relevant* (README, "What the numbers mean").  Everything a layer needs to
+know about a protocol is declared here once, as data:
 
 - the manifest checks read ``columns`` (required columns per role),
 - :func:`rankwise.protocols.build_problem` reads the validity flags

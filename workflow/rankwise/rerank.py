@@ -27,7 +27,7 @@ rows under euclidean), where d and d^2 disagree.  Ties of d^2 go by item index (
 stable sort); the division by M_i can merge two d^2 one ulp apart into one o, which F
 still orders by d^2 (an order the reference's unstable argsort may give too).  A row
 whose distances are all 0 has o = 0.  Ranks then follow
-DESIGN.md on ``final`` with the protocol's validity rule (``dense_masks``).
+the README's tie rule on ``final`` with the protocol's validity rule (``dense_masks``).
 
 Where the reference's own output differs (it works in float32): o, V, V', m, J and
 final are float32 there, so final distances carry relative errors of ~1e-7 and two
@@ -236,7 +236,7 @@ def final_task(
     rows, x, sq, n_query, codes, sparse, row_max, lam, chunk, cosine, fastreid=False, at=None
 ):
     """Per query block: ``final`` against every gallery item, then the sorted ranks of
-    each query's valid relevant items (DESIGN.md: ties count against the query).
+    each query's valid relevant items (README: ties count against the query).
 
     ``rows`` are query rows; ``at = (qpos, gorder)`` gives each query row's item
     position in ``x`` (and in ``sq``, ``row_max``, ``sparse``) and the gallery row at

@@ -7,7 +7,7 @@ drawn items:
 
     r = 1 + #{identities j != label(q) : key(drawn_j) <= key(drawn_q)}
 
-(``key`` the engine's canonical distance; ``<=`` is DESIGN.md's tie rule: a
+(``key`` the engine's canonical distance; ``<=`` is the README's tie rule: a
 non-relevant item at equal distance is ahead.)  ``rankK`` and ``mrr`` read r (mean of
 ``[r <= K]`` and of ``1 / r`` over the draws); ``map`` and ``minp`` read the full valid
 list, as ``eval_cuhk03`` computes AP.  Their rank is the position in ``np.argsort``

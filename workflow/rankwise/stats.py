@@ -1,7 +1,8 @@
 """Uncertainty of the metrics: bootstrap intervals, paired tests, Holm.
 
-Every metric of DESIGN.md is a mean of per-*unit* values, a unit being an evaluated
-query (a sketch for ``progressive``), read from :func:`rankwise.metrics.per_unit`:
+Every metric (README: "What the numbers mean") is a mean of per-*unit* values, a
+unit being an evaluated query (a sketch for ``progressive``), read from
+:func:`rankwise.metrics.per_unit`:
 
 =============================  =================================================
 ``recall@K`` / ``rankK``       ``hit@K = [r_1 <= K]``

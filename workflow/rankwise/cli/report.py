@@ -58,9 +58,9 @@ from . import shared
     "--figures",
     "figures_dir",
     type=shared.OutputPath(file_okay=False),
-    help="Also write every chart as SVG and PDF sized for a paper column "
-    "(<dataset>-metrics, -cmc, -progressive) into this folder; the HTML and Markdown "
-    "link them.",
+    help="Also write every chart sized for a paper column, as --figure-formats says "
+    "(<dataset>-metrics, -cmc, -progressive; -roc, -distances with --verification) into "
+    "this folder; the HTML and Markdown link them.",
 )
 @spec.TITLE.click(help="Report heading.")
 @spec.CMC_MAX_RANK.click(help=f"CMC curves cover ranks 1..N (N at most {spec.MAX_CMC_RANK}).")
