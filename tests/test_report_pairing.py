@@ -163,6 +163,41 @@ def test_an_encoder_that_dropped_query_rows_is_reported_not_compared(data, tmp_p
     assert f"ds: protocol recall, distance cosine, {counts}. " in render_latex(doc)
 
 
+def test_an_encoder_that_dropped_gallery_rows_is_reported_not_compared(data, tmp_path):
+    """Gallery rows without features (on_missing: drop, as for torchreid's features of a
+    gallery without its junk rows) stopped the whole report: "num_gallery 21 differs
+    from A's 24"."""
+    table = pd.read_csv(data / "g.csv", dtype=str)
+    keep = list(range(3, N_GALLERY))
+    np.save(tmp_path / "gd.npy", np.load(data / "g.npy")[keep])
+    (tmp_path / "ids.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
+    options = json.dumps(
+        {"path": str(tmp_path / "gd.npy"), "ids": str(tmp_path / "ids.txt"), "on_missing": "drop"}
+    )
+    ok(
+        "encode", "--kind", "precomputed", "--options", options, "--manifest", data / "g.csv",
+        "--out", tmp_path / "gd.zarr",
+    )  # fmt: skip
+    ok(
+        "rank", "--query", data / "q.csv", "--query-embeddings", data / "q.npy",
+        "--gallery", data / "g.csv", "--gallery-embeddings", tmp_path / "gd.zarr",
+        "--out", tmp_path / "D.zarr",
+    )  # fmt: skip
+    stores = {"A": rank(data, tmp_path / "A.zarr"), "D": tmp_path / "D.zarr"}
+    stores["B"] = rank(data, tmp_path / "B.zarr", embeddings="q2.npy")
+    files = [metrics(s, tmp_path / "m" / "ds" / f"{n}.json") for n, s in stores.items()]
+    doc = report(tmp_path, *files)
+    assert {(c["a"], c["b"]) for c in doc["comparisons"]} == {("A", "B")}
+    skipped = doc["statistics"]["not_compared"]
+    assert [(s["a"], s["b"]) for s in skipped] == [("A", "D"), ("D", "B")]
+    reason = "they ranked different galleries (D left out 3 gallery rows without features;"
+    assert all(s["reason"].startswith(reason) for s in skipped), skipped
+    assert f"Not compared: A and D: {reason}" in (tmp_path / "out" / "r.md").read_text()
+    # asked for directly, the pair is still refused, in one line
+    line = one_error_line("compare", stores["A"], stores["D"])
+    assert "num_gallery 21 differs from" in line
+
+
 def test_the_best_checkpoint_does_not_depend_on_the_order_of_the_files(data, tmp_path):
     """'good' (scored without recall@1) is higher on every metric both have than 'weak'
     (random queries); given second, 'weak' was named best by recall@1, which 'good'

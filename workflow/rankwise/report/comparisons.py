@@ -47,9 +47,9 @@ def flip_resamples(resamples: int, num_tests: int) -> int:
 def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: str) -> str | None:
     """The checks of :func:`rankwise.stats.compare_ranks` on the report's entries, and
     the same AP variant: an error names the file.  Two evaluations of the same
-    manifests whose evaluated queries differ (an id-keyed store that dropped rows,
-    ``on_missing: drop``) are not an error here: the reason they are not compared is
-    returned (``None``: comparable), and the report says so."""
+    manifests whose evaluated queries or galleries differ (an id-keyed store that dropped
+    query or gallery rows, ``on_missing: drop``) are not an error here: the reason they
+    are not compared is returned (``None``: comparable), and the report says so."""
     from ..stats import check_pairable
 
     name_a, source = entry_a["encoder"], entry_b["source"]
@@ -78,6 +78,14 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
             "units": [],
         }
 
+    if entry_a["num_gallery"] != entry_b["num_gallery"]:
+        dropped = {e["encoder"]: _dropped_gallery_rows(e) for e in (entry_a, entry_b)}
+        if any(dropped.values()):  # else check_pairable's error: another dataset's store
+            left_out = [f"{name} left out {n} gallery rows" for name, n in dropped.items() if n]
+            return (
+                f"they ranked different galleries ({' and '.join(left_out)} without features; "
+                "a paired test needs the same gallery)"
+            )
     check_pairable(side(entry_a), side(entry_b), (name_a, source))
     if b.aligned(a.rows) is not None:  # the same queries (listed in the same order or not)
         return None
@@ -85,6 +93,13 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
         f"their evaluated queries differ ({len(a.rows)} and {len(b.rows)}; a paired test "
         "needs the same queries)"
     )
+
+
+def _dropped_gallery_rows(entry: dict[str, Any]) -> int:
+    """Gallery manifest rows an evaluation left out: its id-keyed features lacked them
+    (``on_missing: drop``)."""
+    aligned = entry["provenance"].get("id_alignment") or {}
+    return int((aligned.get("gallery") or {}).get("dropped_rows") or 0)
 
 
 def compare_encoders(
