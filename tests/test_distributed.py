@@ -124,6 +124,45 @@ def test_a_port_where_no_scheduler_answers_does_not_hang(monkeypatch):
     never.set()
 
 
+def test_a_port_where_another_server_speaks_first_is_named_as_such(tmp_path):
+    """A server that sends a banner (SSH) on the port: its bytes were read as a Dask
+    frame's length, and the line said "not a usable scheduler address (MemoryError:
+    Unable to allocate 2.82 EiB ...)" after ~1 s."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    stop = threading.Event()
+    peers = []  # kept open, as an SSH server keeps its side (closed, the client retried)
+
+    def banner() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                peer, _ = server.accept()
+            except OSError:
+                continue
+            peers.append(peer)
+            peer.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+    threading.Thread(target=banner, daemon=True).start()
+    files = _reid_files(tmp_path, seed=7)
+    try:
+        with pytest.raises(rankwise.RankwiseError) as info:
+            rankwise.evaluate(*files, protocol="reid", scheduler=f"tcp://127.0.0.1:{port}")
+    finally:
+        stop.set()
+        for sock in [server, *peers]:
+            sock.close()
+    message = str(info.value)
+    assert "answered, but not as a Dask scheduler does" in message, message
+    assert "MemoryError" not in message and "EiB" not in message
+    assert "\n" not in message
+
+
 def test_a_scheduler_without_workers_is_a_clear_error(tmp_path, monkeypatch):
     """It failed after Dask's timeout with "TimeoutError: No valid workers found"."""
     from rankwise import ranking

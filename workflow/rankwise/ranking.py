@@ -359,8 +359,14 @@ def _connect(client_class, address: str):
     error = result.get("error")
     if isinstance(error, OSError):
         raise RankwiseError(f"cannot reach {where} ({error}); start it or fix the address")
-    if error is not None:
-        raise _unusable_address(where, error)
+    if error is not None:  # the address parsed (_check_address): the peer is the problem
+        # e.g. an SSH server's banner read as a Dask frame length: "MemoryError: Unable to
+        # allocate 2.82 EiB"
+        detail = "" if isinstance(error, MemoryError) else f" ({first_line(error)[:120]})"
+        raise RankwiseError(
+            f"{where} answered, but not as a Dask scheduler does{detail}: something else "
+            "listens there; give the address the scheduler prints (tcp://host:8786)"
+        )
     client = result["client"]
     try:
         _wait_for_workers(client, address)
