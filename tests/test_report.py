@@ -284,11 +284,14 @@ def _metrics_json(**keys) -> str:
     [
         ("not json", "not a JSON file"),
         ('{"protocol": "recall"}', "no 'metrics' object"),
-        ('{"metrics": {"map": 50.0}}', "e.json: no 'protocol'"),
-        ('{"protocol": "x", "metrics": {}}', "e.json: unknown protocol 'x'"),
+        ('{"metrics": {"map": 50.0}}', "e.json: 'protocol' is missing"),
+        (
+            '{"protocol": "x", "metrics": {}}',
+            "e.json: 'protocol' must be one of recall, reid, reassociation, progressive, got \"x\"",
+        ),
         ('{"protocol": "recall", "metrics": {"map": null}}', "'metrics.map' must be a number"),
         ('{"protocol": "recall", "metrics": {"map": "abc"}}', "'metrics.map' must be a number"),
-        (_metrics_json(num_queries="8"), "'num_queries' must be an integer"),
+        (_metrics_json(num_queries="8"), "'num_queries' must be a non-negative integer"),
         (_metrics_json(provenance=[1, 2]), "'provenance' must be an object"),
         (
             _metrics_json(provenance={"query_embeddings": [1]}),

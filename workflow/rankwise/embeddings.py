@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import RankwiseError, first_line
+from .schema import Field, check
 
 #: Store attribute: sha256 of the bytes of the manifest CSV the store was encoded from.
 MANIFEST_SHA256 = "manifest_csv_sha256"
@@ -44,6 +45,22 @@ MANIFEST_SHA256 = "manifest_csv_sha256"
 MANIFEST_ROW = "manifest_row"
 #: Store attribute: how id-keyed features were aligned (rankwise.feature_ids.Alignment.record).
 ID_ALIGNMENT = "id_alignment"
+#: The attributes of a rankwise embedding store that readers use (all optional: older
+#: stores lack some), checked when one is opened; a ranks store keeps a copy of them.
+EMBEDDING_ATTRS: dict[str, Field] = {
+    "checkpoint": Field("path", nullable=True),
+    "checkpoint_hash": Field("string", nullable=True),
+    "manifest": Field("path", nullable=True),
+    "manifest_hash": Field("string", nullable=True),
+    MANIFEST_SHA256: Field("string", nullable=True),
+    "num_rows": Field("count"),
+    "rankwise_version": Field("string"),
+    "preprocessing": Field("object", nullable=True),
+    ID_ALIGNMENT: Field("object"),
+    f"{ID_ALIGNMENT}.manifest_rows": Field("count", required=True),
+    f"{ID_ALIGNMENT}.kept_rows": Field("count"),
+    f"{ID_ALIGNMENT}.dropped_rows": Field("count"),
+}
 
 
 @dataclass
@@ -417,21 +434,43 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
     ids_array = None
     if isinstance(node, zarr.Group):
         attrs = dict(node.attrs)
-        if attrs.get("kind") == "embeddings" and not attrs.get("complete"):
-            raise RankwiseError(
-                f"{path}: incomplete embedding store (an interrupted encode); encode again "
-                "(it replaces the store)"
+        if attrs.get("kind") == "embeddings":
+            if attrs.get("complete") is not True:  # true itself: a string "false" is no mark
+                raise RankwiseError(
+                    f"{path}: incomplete embedding store (an interrupted encode); encode "
+                    "again (it replaces the store)"
+                )
+            check(
+                attrs,
+                EMBEDDING_ATTRS,
+                where=str(path),
+                fix="encode again with `rankwise encode` (it replaces the store)",
+                noun="embedding store attribute ",
             )
-        if "embeddings" not in node:
+        reading = "embeddings"
+        try:
+            found = "embeddings" in node
+            if found:
+                reading = MANIFEST_ROW
+                manifest_rows = _manifest_rows(node, attrs, path)
+                reading = "ids"
+                if attrs.get("kind") != "embeddings" and "ids" in node:
+                    ids_array = "ids"  # features exported elsewhere, keyed by id
+                reading = "embeddings"
+                node = node["embeddings"]
+        except RankwiseError:
+            raise
+        except Exception as exc:  # an array's metadata that does not parse
+            raise RankwiseError(
+                f"{path}: array {reading!r} of the Zarr store cannot be read "
+                f"({type(exc).__name__}: {first_line(exc)}); write the store again"
+            ) from None
+        if not found:
             hint = " (an interrupted run left it)" if tmp.exists() else ""
             raise RankwiseError(
                 f"{path}: Zarr group has no array 'embeddings'{hint}; "
                 "pass a rankwise embedding store or a Zarr array"
             )
-        manifest_rows = _manifest_rows(node, attrs, path)
-        if attrs.get("kind") != "embeddings" and "ids" in node:
-            ids_array = "ids"  # features exported elsewhere, keyed by id
-        node = node["embeddings"]
         if not isinstance(node, zarr.Array):
             raise RankwiseError(
                 f"{path}/embeddings is a Zarr group, not an array; store the (N, D) "
@@ -471,10 +510,11 @@ def _manifest_rows(group, attrs: dict, path: Path) -> np.ndarray | None:
             "rankwise, whose rows are read in the manifest's order; store the rows in "
             "manifest order without it, or give an 'ids' array to align them by id"
         )
-    rows = np.asarray(group[MANIFEST_ROW][...], dtype=np.int64)
+    rows = np.asarray(group[MANIFEST_ROW][...])
     total = (attrs.get(ID_ALIGNMENT) or {}).get("manifest_rows")
     if (
         not isinstance(total, int)
+        or rows.dtype.kind not in "iu"
         or rows.ndim != 1
         or (len(rows) and (rows[0] < 0 or rows[-1] >= total or (np.diff(rows) <= 0).any()))
     ):
@@ -482,4 +522,4 @@ def _manifest_rows(group, attrs: dict, path: Path) -> np.ndarray | None:
             f"{path}: its '{MANIFEST_ROW}' array does not match its '{ID_ALIGNMENT}' "
             "attribute; the store is corrupt: encode again"
         )
-    return rows
+    return rows.astype(np.int64)

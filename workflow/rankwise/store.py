@@ -19,6 +19,7 @@ Ranks store (a Zarr group), one entry per *evaluated* query::
     group        int64 (n_eval,)      progressive: sketch number (0..n_sketches-1), else -1
     step         int64 (n_eval,)      progressive: the rendering's step, else 0
     attrs        protocol, distance, num_queries, num_skipped, num_gallery, ...
+                 (:data:`RANKS_ATTRS`, checked when read)
 
 Optional arrays (protocol variants; :data:`OPTIONAL_ARRAYS`), written when present::
 
@@ -47,7 +48,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .embeddings import EMBEDDING_ATTRS
 from .errors import RankwiseError
+from .options import DISTANCE
+from .registry import PROTOCOLS
+from .schema import Field, check, optional
 
 if TYPE_CHECKING:
     import zarr
@@ -197,7 +202,7 @@ def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
             f"{p}: a rankwise {found} store, not a {kind} store; give the {kind} store "
             f"written by `rankwise {writer}`"
         )
-    if not attrs.get("complete"):
+    if attrs.get("complete") is not True:  # true itself: a string "false" is no mark
         raise RankwiseError(
             f"{p}: incomplete store (no 'complete' mark); run the command that writes it "
             "again (it replaces the store)"
@@ -277,6 +282,54 @@ OPTIONAL_ARRAYS = {
     "top_items": np.int64,
     "unit_key": np.int64,
 }
+#: The shape of each array: ``(ndim, rows)``, rows ``n`` (one per evaluated query),
+#: ``n+1`` (CSR pointers) or ``None`` (any: the values the pointers index).
+_ARRAY_SHAPES: dict[str, tuple[int, str | None]] = {
+    "offsets": (1, "n+1"),
+    "ranks": (1, None),
+    "query_index": (1, "n"),
+    "group": (1, "n"),
+    "step": (1, "n"),
+    "members_offsets": (1, "n+1"),
+    "members": (1, None),
+    "shot_offsets": (1, "n+1"),
+    "shot_pmf": (1, None),
+    "top_items": (2, "n"),
+    "unit_key": (1, "n"),
+}
+#: CSR pointers -> the array they index: a store holds both or neither.
+_POINTERS = {"offsets": "ranks", "members_offsets": "members", "shot_offsets": "shot_pmf"}
+
+
+#: The attributes of a ranks store (``rankwise rank``; the metrics JSON's provenance
+#: holds them too), checked by :func:`read_ranks`.
+RANKS_ATTRS: dict[str, Field] = {
+    "protocol": Field("string", required=True, choices=PROTOCOLS),
+    "distance": Field("string", required=True, choices=DISTANCE.choices),
+    "num_queries": Field("count", required=True),
+    "num_skipped": Field("count", required=True),
+    "num_gallery": Field("count", required=True),
+    "embedding_dim": Field("count", required=True),
+    # the recorded protocol options that readers use (the report's worst queries)
+    "protocol_options": Field("object"),
+    "protocol_options.gap_frames": Field("integer"),
+    "protocol_options.query_stride": Field("integer"),
+    "protocol_options.junk_labels": Field("list"),
+    "protocol_options.exclude_same_camera": Field("boolean"),
+    "protocol_options.multi_query": Field("string"),
+    "num_query_rows": Field("count"),
+    **{
+        key: field
+        for side in ("query", "gallery")
+        for key, field in {
+            f"{side}_manifest": Field("path"),
+            f"{side}_manifest_sha256": Field("string"),
+            f"{side}_embeddings": Field("object"),
+            f"{side}_embeddings.path": Field("path"),
+            **optional(EMBEDDING_ATTRS, f"{side}_embeddings."),
+        }.items()
+    },
+}
 
 
 def write_ranks(
@@ -295,15 +348,19 @@ def write_ranks(
 
 
 def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read a complete ranks store: ``(arrays, attrs)``."""
+    """Read a complete ranks store: ``(arrays, attrs)``, its attributes checked against
+    :data:`RANKS_ATTRS` and its arrays against each other."""
     group = open_complete_group(path, "ranks")
     again = "run `rankwise rank` again with this --out (it replaces the store)"
+    attrs = dict(group.attrs)
+    check(attrs, RANKS_ATTRS, where=str(path), fix=again, noun="ranks store attribute ")
     # one lookup per optional name, not a listing of the group (which would also meet
     # Snakemake's `.snakemake_timestamp` file, and zarr would warn about it)
-    names = [*RANK_ARRAYS, *(n for n in OPTIONAL_ARRAYS if n in group)]
     arrays = {}
-    for name in names:
+    for name in (*RANK_ARRAYS, *OPTIONAL_ARRAYS):
         try:
+            if name in OPTIONAL_ARRAYS and name not in group:
+                continue
             arrays[name] = np.asarray(group[name][...])
         except KeyError:
             raise RankwiseError(f"{path}: ranks store lacks array {name!r}; {again}") from None
@@ -312,7 +369,10 @@ def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
                 f"{path}: array {name!r} of the ranks store cannot be read "
                 f"({type(exc).__name__}); the store is corrupt: {again}"
             ) from None
-    problem = _inconsistent(arrays)
+    problem = _malformed(arrays)
+    if problem:  # another tool's store, or a hand-edited one
+        raise RankwiseError(f"{path}: ranks store array {problem}; {again}")
+    problem = _inconsistent(arrays, attrs)
     if problem:
         # zarr reads an absent chunk file as zeros (and legitimately leaves out chunks of
         # zeros), so a partial copy shows here rather than as a missing file
@@ -320,13 +380,38 @@ def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
             f"{path}: the ranks store is inconsistent ({problem}): an interrupted write or "
             f"a partial copy; {again}"
         )
-    return arrays, dict(group.attrs)
+    return arrays, attrs
 
 
-def _inconsistent(arrays: dict[str, np.ndarray]) -> str | None:
+def _malformed(arrays: dict[str, np.ndarray]) -> str | None:
+    """Which array has another dtype (kind), number of dimensions or length than
+    :func:`write_ranks` writes, else ``None``."""
+    n = len(arrays["query_index"]) if arrays["query_index"].ndim == 1 else None
+    for name, data in arrays.items():
+        want = np.dtype(OPTIONAL_ARRAYS.get(name, np.int64))
+        ndim, rows = _ARRAY_SHAPES[name]
+        if data.dtype.kind not in ("iu" if want.kind == "i" else want.kind):
+            return f"{name!r} holds {data.dtype}, not {want}"
+        if data.ndim != ndim:
+            return f"{name!r} has shape {data.shape}, not {ndim}-D"
+        expected = None if rows is None or n is None else n + (rows == "n+1")
+        if expected is not None and len(data) != expected:
+            return (
+                f"{name!r} has {len(data)} rows, not {expected} "
+                f"({'one more than ' if rows == 'n+1' else ''}the {n} of 'query_index')"
+            )
+    for pointers, values in _POINTERS.items():
+        if (pointers in arrays) != (values in arrays):
+            there, absent = (pointers, values) if pointers in arrays else (values, pointers)
+            return f"{there!r} is there without {absent!r}"
+    return None
+
+
+def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str | None:
     """What is wrong with a ranks store's arrays, else ``None``: every evaluated query has
     at least one rank (offsets from 0, increasing, ending at the number of ranks), ranks
-    are >= 1, each query's manifest row appears once."""
+    are >= 1, each query's manifest row appears once, and is a row of the query
+    manifest; the variants' pointers run from 0 to their values' length."""
     offsets, ranks, rows = arrays["offsets"], arrays["ranks"], arrays["query_index"]
     if len(offsets) != len(rows) + 1 or (len(offsets) and offsets[0] != 0):
         return "offsets do not start at 0 with one entry per query"
@@ -336,6 +421,17 @@ def _inconsistent(arrays: dict[str, np.ndarray]) -> str | None:
         return "a rank below 1"
     if len(np.unique(rows)) != len(rows):
         return "a query row listed twice"
+    if len(rows) and rows.min() < 0:
+        return "a negative query row"
+    n_rows = attrs.get("num_query_rows")
+    if len(rows) and n_rows is not None and rows.max() >= n_rows:
+        return f"query row {int(rows.max())} of a query manifest of {n_rows} rows"
+    for pointers, values in _POINTERS.items():
+        if pointers == "offsets" or pointers not in arrays:
+            continue
+        p = arrays[pointers]
+        if p[0] != 0 or np.any(np.diff(p) < 0) or p[-1] != len(arrays[values]):
+            return f"{pointers} do not run from 0 up to the length of {values}"
     return None
 
 

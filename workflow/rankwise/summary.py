@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,15 +39,45 @@ import numpy as np
 from .errors import RankwiseError
 from .options import DEFAULT_RESAMPLES
 from .registry import get_protocol
+from .schema import KINDS, Field, problem
 
 #: The settings a summary is computed for; the report uses it only when all are equal.
 SETTINGS = ("metrics", "ap", "resamples", "seed", "by", "confidence", "cmc_max_rank")
 _FORMAT = 2  # 2: intervals of non-constant columns resampled uncentred (2026-12-02)
 
+#: The ``meta`` of a summary (:func:`write_summary`), checked by :func:`read_summary`.
+SUMMARY_META: dict[str, Field] = {
+    "settings": Field("object", required=True),
+    "settings.metrics": Field("strings", required=True),
+    "settings.ap": Field("string", required=True),
+    "settings.resamples": Field("count", required=True),
+    "settings.seed": Field("count", required=True),
+    "settings.by": Field("string", required=True),
+    "settings.confidence": Field("number", required=True),
+    "settings.cmc_max_rank": Field("count", required=True),
+    "ci95": Field("object", required=True, nullable=True, each="interval"),
+    "cmc": Field("numbers", required=True, length=("settings.cmc_max_rank", 0)),
+    "progressive": Field("object", required=True, nullable=True),
+    "progressive.completion": Field("numbers", required=True),
+    **{
+        f"progressive.{name}": Field(kind, required=True, length=("progressive.completion", 0))
+        for name, kind in (
+            ("num_renderings", "numbers"),
+            ("mean_reciprocal_rank", "numbers"),
+            ("median_rank", "numbers"),
+            ("ci95", "list"),
+        )
+    },
+    "keyed": Field("boolean"),
+}
+#: Its arrays: name -> (dtype kinds, number of dimensions).
+_SUMMARY_ARRAYS = {"values": ("f", 2), "rows": ("iu", 1), "cluster": ("iu", 1)}
+
 
 class OldSummary(RankwiseError):
-    """A summary written by an earlier version of :func:`write_summary` (its numbers may
-    differ in the last bits): the report computes the statistics again instead."""
+    """A summary of another format, written by an earlier version of :func:`write_summary`
+    (its numbers may differ in the last bits) or a later one: the report computes the
+    statistics again instead."""
 
 
 @dataclass(frozen=True)
@@ -192,37 +223,69 @@ def write_summary(path: str | os.PathLike, summary: Summary) -> None:
 
 
 def read_summary(path: str | os.PathLike) -> Summary:
-    """The summary written by :func:`write_summary`; a file that is not one raises, one of
-    an earlier format raises :class:`OldSummary`."""
+    """The summary written by :func:`write_summary`; a file that is not one (its meta
+    checked against :data:`SUMMARY_META`, its arrays against each other) raises, one of
+    another format (earlier, or a later rankwise's) raises :class:`OldSummary`."""
+    again = "run `rankwise metrics --stats-output` again"
     try:
         with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(str(data["meta"]))
-            if not isinstance(meta.get("format"), int):
-                raise ValueError("format")
-            if meta["format"] != _FORMAT:
-                raise OldSummary(f"{path}: statistics summary of format {meta['format']}")
-            return Summary(
-                settings=meta["settings"],
-                ci95=meta["ci95"],
-                cmc=[float(x) for x in meta["cmc"]],
-                progressive=meta["progressive"],
-                values=np.asarray(data["values"], np.float64),
-                rows=np.asarray(data["rows"], np.int64),
-                cluster=np.asarray(data["cluster"], np.int64),
-                keyed=bool(meta.get("keyed", True)),
-            )
+            names = set(data.files)
+            meta = json.loads(str(data["meta"])) if "meta" in names else None
+            arrays = {k: np.asarray(data[k]) for k in _SUMMARY_ARRAYS if k in names}
     except OSError as exc:
         raise RankwiseError(
-            f"{path}: cannot read the statistics summary ({exc.strerror or exc}); "
-            "run `rankwise metrics --stats-output` again"
+            f"{path}: cannot read the statistics summary ({exc.strerror or exc}); {again}"
         ) from None
-    except OldSummary:
-        raise
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
+        # not an .npz (a text file, one cut short, empty: EOFError), or meta not JSON
         raise RankwiseError(
-            f"{path}: not a statistics summary written by this rankwise; "
-            "run `rankwise metrics --stats-output` again"
+            f"{path}: not a statistics summary written by this rankwise; {again}"
         ) from None
+    version = meta.get("format") if isinstance(meta, dict) else None
+    if KINDS["integer"][1](version) and version != _FORMAT:
+        raise OldSummary(f"{path}: statistics summary of format {version}")
+    found = _summary_problem(meta, arrays)
+    if found:
+        raise RankwiseError(f"{path}: statistics summary {found}; {again}")
+    return Summary(
+        settings=meta["settings"],
+        ci95=meta["ci95"],
+        cmc=[float(x) for x in meta["cmc"]],
+        progressive=meta["progressive"],
+        values=np.asarray(arrays["values"], np.float64),
+        rows=np.asarray(arrays["rows"], np.int64),
+        cluster=np.asarray(arrays["cluster"], np.int64),
+        keyed=bool(meta.get("keyed", True)),
+    )
+
+
+def _summary_problem(meta: Any, arrays: dict[str, np.ndarray]) -> str | None:
+    """What is wrong with a summary (of this format) in words, else ``None``."""
+    if meta is None:
+        return "array 'meta' is missing"
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        return "'meta' has no integer 'format'"
+    found = problem(meta, SUMMARY_META, noun="'meta' key ")
+    if found:
+        return found
+    metrics = meta["settings"]["metrics"]
+    if meta["ci95"] is not None and sorted(meta["ci95"]) != sorted(metrics):
+        return f"'meta' key 'ci95' names {sorted(meta['ci95'])}, not the metrics {sorted(metrics)}"
+    for name, (kinds, ndim) in _SUMMARY_ARRAYS.items():
+        if name not in arrays:
+            return f"array {name!r} is missing"
+        if arrays[name].dtype.kind not in kinds or arrays[name].ndim != ndim:
+            return f"array {name!r} holds {arrays[name].dtype} {arrays[name].shape}"
+    units = len(arrays["values"])
+    if arrays["values"].shape[1] != len(metrics):
+        return (
+            f"array 'values' has {arrays['values'].shape[1]} columns for the "
+            f"{len(metrics)} metrics of 'settings.metrics'"
+        )
+    for name in ("rows", "cluster"):
+        if len(arrays[name]) != units:
+            return f"array {name!r} has {len(arrays[name])} rows for the {units} of 'values'"
+    return None
 
 
 def progressive_curve(

@@ -20,12 +20,15 @@ import numpy as np
 from .. import __version__
 from ..api import REPORT_KEYS
 from ..errors import RankwiseError
-from ..registry import get_protocol
+from ..options import AP, DISTANCE
+from ..registry import PROTOCOLS, get_protocol
+from ..schema import Field, check, optional
 from ..stats import DEFAULT_RESAMPLES
+from ..store import RANKS_ATTRS
 from .comparisons import ap_variant, compare_encoders
 from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE
 from .pairs import PairCache
-from .worst import worst_queries_of
+from .worst import is_worst_queries, worst_queries_of
 
 
 def _check_options(
@@ -83,9 +86,10 @@ def _provenance(encoder_name: str, raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _read_output(path: Path, command: str, key: str) -> dict[str, Any]:
-    """The JSON a ``rankwise <command> --output`` wrote, with its ``key`` object; one
-    line naming the file and the command otherwise."""
+def _read_output(path: Path, command: str, key: str, table: dict[str, Field]) -> dict[str, Any]:
+    """The JSON a ``rankwise <command> --output`` wrote, with its ``key`` object and the
+    keys of ``table`` (:func:`rankwise.schema.check`); one line naming the file (and the
+    key) and the command otherwise."""
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -99,6 +103,7 @@ def _read_output(path: Path, command: str, key: str) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or not isinstance(data.get(key), dict):
         raise RankwiseError(f"{path}: no '{key}' object; pass the --output of `rankwise {command}`")
+    check(data, table, where=str(path), fix=f"pass the --output of `rankwise {command}`")
     return data
 
 
@@ -108,55 +113,58 @@ def _names(path: Path) -> tuple[str, str]:
     return Path(os.path.abspath(path)).parent.name, path.stem
 
 
-def _check_metrics_file(path: Path, data: dict[str, Any]) -> None:
-    """Refuse, in one line naming the file and the key, a metrics JSON whose values
-    the report could not use (a hand-edited or foreign file)."""
+#: A ``rankwise metrics`` JSON as the report reads it.  Only ``protocol`` and ``metrics``
+#: are required (a file typed by hand, say a paper's numbers, is reported without
+#: statistics); ``provenance`` holds the ranks store's attributes and the files read.
+METRICS_JSON: dict[str, Field] = {
+    "protocol": Field("string", required=True, choices=PROTOCOLS),
+    "metrics": Field("object", required=True, each="number"),
+    "distance": Field("string", nullable=True),
+    "num_queries": Field("count", nullable=True),
+    "num_skipped": Field("count", nullable=True),
+    "num_gallery": Field("count", nullable=True),
+    "embedding_dim": Field("count", nullable=True),
+    "ap": Field("string", choices=AP.choices),
+    "protocol_options": Field("object"),
+    "provenance": Field("object", nullable=True),
+    **optional(RANKS_ATTRS, "provenance.", nullable=True),
+    "provenance.ks": Field("numbers", nullable=True),
+    "provenance.ap": Field("string", nullable=True, choices=AP.choices),
+    "provenance.ranks": Field("path", nullable=True),
+    "provenance.stats": Field("path", nullable=True),
+    "provenance.stats_key": Field("string", nullable=True),
+}
 
-    def bad(key: str, what: str, value: Any) -> RankwiseError:
-        got = json.dumps(value)
-        got = got if len(got) <= 40 else got[:37] + "..."
-        return RankwiseError(
-            f"{path}: '{key}' must be {what}, got {got}; pass the --output of `rankwise metrics`"
-        )
-
-    if "protocol" not in data:
-        raise RankwiseError(f"{path}: no 'protocol'; pass the --output of `rankwise metrics`")
-    try:
-        get_protocol(data["protocol"])
-    except RankwiseError as exc:
-        raise RankwiseError(f"{path}: {exc}") from None
-    for name, value in data["metrics"].items():
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise bad(f"metrics.{name}", "a number", value)
-    for key in ("num_queries", "num_skipped", "num_gallery", "embedding_dim"):
-        value = data.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise bad(key, "an integer", value)
-    if data.get("distance") is not None and not isinstance(data["distance"], str):
-        raise bad("distance", "a string", data["distance"])
-    raw = data.get("provenance")
-    if raw is None:
-        return
-    if not isinstance(raw, dict):
-        raise bad("provenance", "an object", raw)
-    for key in ("ranks", "stats", "query_manifest", "gallery_manifest"):
-        if raw.get(key) is not None and not isinstance(raw[key], str):
-            raise bad(f"provenance.{key}", "a path", raw[key])
-    for side in ("query_embeddings", "gallery_embeddings"):
-        store = raw.get(side)
-        if store is None:
-            continue
-        if not isinstance(store, dict):
-            raise bad(f"provenance.{side}", "an object", store)
-        if store.get("path") is not None and not isinstance(store["path"], str):
-            raise bad(f"provenance.{side}.path", "a path", store["path"])
+#: A ``rankwise verify`` JSON as the report reads it.
+VERIFICATION_JSON: dict[str, Field] = {
+    "distance": Field("string", required=True, choices=DISTANCE.choices),
+    "tpr@fpr": Field("object", required=True, each="number"),
+    "threshold@fpr": Field("object", each="number"),
+    "roc": Field("object", required=True),
+    "roc.fpr": Field("numbers", required=True),
+    "roc.tpr": Field("numbers", required=True, length=("roc.fpr", 0)),
+    "histogram": Field("object", required=True),
+    "histogram.edges": Field("numbers", required=True),
+    "histogram.positive": Field("numbers", required=True, length=("histogram.edges", -1)),
+    "histogram.negative": Field("numbers", required=True, length=("histogram.edges", -1)),
+    "num_positive_pairs": Field("count", required=True),
+    "num_negative_pairs": Field("count", required=True),
+    "inputs": Field("object"),
+    **{
+        f"inputs.{side}_{what}": Field("path")
+        for side in ("query", "gallery")
+        for what in ("manifest", "embeddings")
+    },
+    "inputs.protocol": Field("string"),
+    "inputs.junk_labels": Field("list"),
+    "inputs.exclude_same_camera": Field("boolean"),
+}
 
 
 def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
     """The report entry of a metrics JSON (its statistics are filled in later)."""
     path = Path(metrics_path)
-    data = _read_output(path, "metrics", "metrics")
-    _check_metrics_file(path, data)
+    data = _read_output(path, "metrics", "metrics", METRICS_JSON)
     raw = data.get("provenance") or {}
     dataset, encoder = _names(path)
     return {
@@ -180,7 +188,7 @@ def _attach_verification(results: list[dict[str, Any]], paths) -> None:
     by_key = {(r["dataset"], r["encoder"]): r for r in results}
     for item in paths:
         path = Path(item)
-        data = _read_output(path, "verify", "tpr@fpr")
+        data = _read_output(path, "verify", "tpr@fpr", VERIFICATION_JSON)
         key = _names(path)
         entry = by_key.get(key)
         if entry is None:
@@ -292,7 +300,7 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
         "top_k": top_k,
         "ap": ap_variant(entry),
     }
-    return cache.remember("worst_queries", key, compute)
+    return cache.remember("worst_queries", key, compute, usable=is_worst_queries)
 
 
 def headline_names(entries: list[dict[str, Any]]) -> list[str]:

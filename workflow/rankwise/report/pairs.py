@@ -16,8 +16,10 @@ The same folder keeps the worst queries of an evaluation (:meth:`PairCache.remem
 keyed by its ranks store's attributes (which name the embeddings' checkpoint hash,
 encoder options and manifest hashes), per-unit values and embedding stores' mtimes.
 
-Every file is written atomically; a file that is not a cache entry is ignored and
-rewritten. The folder may be deleted at any time (the next report recomputes).
+Every file is written atomically; a file that is not a cache entry (not JSON, another
+format, or keys that do not match :data:`PAIR_ENTRY` and the test's table, or the
+caller's check of a remembered value) is ignored and rewritten. The folder may be deleted
+at any time (the next report recomputes).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..schema import KINDS, Field, problem
 from ..stats import (
     exact_pvalues,
     flip_hits,
@@ -41,6 +44,35 @@ from ..stats import (
 from ..summary import Summary
 
 _FORMAT = 3  # 3: intervals of non-constant differences resampled uncentred (2026-12-02)
+
+#: A paired test's entry (``metrics``: the metrics compared, added when it is read).
+PAIR_ENTRY: dict[str, Field] = {
+    "test": Field("string", required=True, choices=("exact", "sign-flip")),
+    "estimates": Field("object", required=True),
+    "estimates.a": Field("numbers", required=True, length=("metrics", 0)),
+    "estimates.b": Field("numbers", required=True, length=("metrics", 0)),
+    "estimates.ci": Field("list", required=True),
+    "estimates.num_units": Field("count", required=True),
+    "estimates.num_clusters": Field("count", required=True),
+}
+#: What each test keeps beside the estimates.
+TEST_ENTRY: dict[str, dict[str, Field]] = {
+    "exact": {"pvalues": Field("numbers", required=True, length=("metrics", 0))},
+    "sign-flip": {
+        "flips": Field("count", required=True),
+        "hits": Field("numbers", required=True, length=("metrics", 0)),
+    },
+}
+
+
+def _usable(entry: dict[str, Any], metrics: list[str]) -> bool:
+    """Whether ``entry`` holds a paired test of ``metrics`` (else it is recomputed)."""
+    entry = {**entry, "metrics": metrics}
+    if problem(entry, PAIR_ENTRY) or problem(entry, TEST_ENTRY[entry["test"]]):
+        return False
+    numbers = KINDS["numbers"][1]
+    ci = entry["estimates"]["ci"]  # (2, m): low and high bounds
+    return len(ci) == 2 and all(numbers(row) and len(row) == len(metrics) for row in ci)
 
 
 def _columns(summary: Summary, metrics: list[str]) -> np.ndarray:
@@ -83,15 +115,21 @@ class PairCache:
         tmp.write_text(json.dumps({**entry, "format": _FORMAT}))
         os.replace(tmp, path)
 
-    def remember(self, what: str, key: Any, compute: Callable[[], Any]) -> Any:
+    def remember(
+        self,
+        what: str,
+        key: Any,
+        compute: Callable[[], Any],
+        usable: Callable[[Any], bool] = lambda value: True,
+    ) -> Any:
         """``compute()``, or its result kept under ``what`` and ``key`` (JSON; other
-        values as their ``str``)."""
+        values as their ``str``) when ``usable(result)`` (else computed again)."""
         text = json.dumps(
             {"what": what, "key": key, "format": _FORMAT}, sort_keys=True, default=str
         )
         digest = hashlib.sha256(text.encode()).hexdigest()
         entry = self._read(digest)
-        if entry is not None and "value" in entry:
+        if entry is not None and "value" in entry and usable(entry["value"]):
             return entry["value"]
         value = compute()
         self._write(digest, {"value": value})
@@ -119,6 +157,8 @@ class PairCache:
         }
         key = self._key(a, b, metrics, settings)
         entry = self._read(key)
+        if entry is not None and not _usable(entry, metrics):
+            entry = None  # hand-edited or cut short: computed again, and rewritten
         sums = None
         if entry is None:
             va, vb = _columns(a, metrics), _columns(b, metrics)

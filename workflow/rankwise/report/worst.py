@@ -10,10 +10,47 @@ import numpy as np
 
 from ..metrics import per_unit
 from ..registry import get_protocol
+from ..schema import Field, problem
 
 #: The per-unit metric that ranks the worst queries, and its name in the document.
 _WORST_METRIC = {"query": "map", "sketch": "m@B"}
 _WORST_SCORE = {"query": "ap", "sketch": "m@B"}
+
+#: What :func:`worst_queries_of` returns: the list, each query, each of its top items
+#: (what the renderers read; the report cache's entries are checked against them).
+WORST_QUERIES = {
+    "score": Field("string", required=True, choices=tuple(_WORST_SCORE.values())),
+    "queries": Field("list", required=True),
+}
+WORST_QUERY = {
+    "query_index": Field("count", required=True),
+    "id": Field("string", required=True),
+    "label": Field("string", required=True, nullable=True),
+    "image": Field("path", required=True, nullable=True),
+    "score": Field("number", required=True),
+    "rank": Field("count", required=True),
+    "num_relevant": Field("count", required=True),
+    "sketch": Field("string"),
+    "top": Field("list", required=True, nullable=True),
+}
+WORST_TOP = {
+    "rank": Field("count", required=True),
+    "gallery_index": Field("count", required=True),
+    "id": Field("string", required=True),
+    "label": Field("string", required=True, nullable=True),
+    "image": Field("path", required=True, nullable=True),
+    "relevant": Field("boolean", required=True),
+}
+
+
+def is_worst_queries(value: Any) -> bool:
+    """Whether ``value`` is what :func:`worst_queries_of` returns (a cached copy that a
+    hand edit or a cut left otherwise is computed again)."""
+    return (
+        problem(value, WORST_QUERIES) is None
+        and all(problem(q, WORST_QUERY) is None for q in value["queries"])
+        and all(problem(t, WORST_TOP) is None for q in value["queries"] for t in q["top"] or [])
+    )
 
 
 def _manifest_or_none(path, provenance: dict, protocol: str, role: str):
