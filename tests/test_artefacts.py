@@ -172,6 +172,22 @@ def test_broken_ranks_store(work, name, change, argv, key):
     _assert_refused(work, argv, "r.zarr", key, "run `rankwise rank` again")
 
 
+def test_another_tools_zarr_group_attributes_are_not_a_rankwise_stores(work):
+    """`rankwise rank` copies the attributes of the Zarr group it ranks into the ranks
+    store; another tool's group may use the same names for its own values ('num_rows' as
+    text).  The store, its metrics JSON and the report are read: they were refused, with
+    the advice to rank again, which wrote the same attributes again."""
+    import zarr
+
+    group = zarr.open_group(str(work / "f.zarr"), mode="w")
+    group.create_array("embeddings", data=np.load(work / "q.npy"))
+    group.attrs.update(num_rows="6", preprocessing="resize 256x128")
+    _ok(*RANK[:3], "--query", "q.csv", "--gallery", "g.csv", "--query-embeddings", "f.zarr",
+        "--gallery-embeddings", "g.zarr", "--out", "f-ranks.zarr", cwd=work)  # fmt: skip
+    _ok("metrics", "f-ranks.zarr", "--output", "m/toy/f.json", cwd=work)
+    _ok("report", "m/toy/f.json", "--resamples", "20", cwd=work)
+
+
 # ---------------------------------------------------------------------------
 # embedding stores (`rankwise encode`): rank, verify, encode --kind precomputed, report
 # ---------------------------------------------------------------------------

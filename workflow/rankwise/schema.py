@@ -70,6 +70,8 @@ class Field:
     length : ``(other key, offset)``: a list whose length is that of the list under the
         other key plus ``offset``, or the other key's integer plus ``offset``.
     each : an object's values are each of this kind (named ``key.name`` in messages).
+    when : ``(other key, value)``: checked only when the other key holds that value (a
+        copy of another file's keys, checked only when that file is rankwise's own).
     """
 
     kind: str
@@ -78,15 +80,26 @@ class Field:
     choices: tuple | None = None
     length: tuple[str, int] | None = None
     each: str | None = None
+    when: tuple[str, Any] | None = None
 
 
 def optional(
-    table: Mapping[str, Field], prefix: str = "", *, nullable: bool = False
+    table: Mapping[str, Field],
+    prefix: str = "",
+    *,
+    nullable: bool = False,
+    when: tuple[str, Any] | None = None,
 ) -> dict[str, Field]:
     """``table`` with every key optional (and ``null`` allowed if ``nullable``), its keys
-    under ``prefix`` (``"a."``)."""
+    (and those its fields' ``when`` names) under ``prefix`` (``"a."``); ``when``: that of
+    the fields without one, a key of the new table."""
     return {
-        prefix + key: replace(field, required=False, nullable=field.nullable or nullable)
+        prefix + key: replace(
+            field,
+            required=False,
+            nullable=field.nullable or nullable,
+            when=when if field.when is None else (prefix + field.when[0], field.when[1]),
+        )
         for key, field in table.items()
     }
 
@@ -118,6 +131,8 @@ def problem(data: Any, table: Mapping[str, Field], *, noun: str = "") -> str | N
     for key, field in table.items():
         parent = key.rpartition(".")[0]
         if parent and not isinstance(_lookup(data, parent), dict):
+            continue
+        if field.when is not None and _lookup(data, field.when[0]) != field.when[1]:
             continue
         value = _lookup(data, key)
         if value is _MISSING:

@@ -326,7 +326,13 @@ RANKS_ATTRS: dict[str, Field] = {
             f"{side}_manifest_sha256": Field("string"),
             f"{side}_embeddings": Field("object"),
             f"{side}_embeddings.path": Field("path"),
-            **optional(EMBEDDING_ATTRS, f"{side}_embeddings."),
+            # `rankwise rank` copies the attributes of any Zarr group it ranks: checked only
+            # in a rankwise store's copy (another tool may keep 'num_rows' as text)
+            **optional(
+                EMBEDDING_ATTRS,
+                f"{side}_embeddings.",
+                when=(f"{side}_embeddings.kind", "embeddings"),
+            ),
         }.items()
     },
 }
