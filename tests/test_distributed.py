@@ -163,6 +163,18 @@ def test_a_port_where_another_server_speaks_first_is_named_as_such(tmp_path):
     assert "\n" not in message
 
 
+def test_tls_without_a_tls_configuration_is_not_blamed_on_the_peer(tmp_path):
+    """distributed refuses tls:// without an SSL context before it connects (TypeError):
+    nothing listens on port 1, so "answered, but not as a Dask scheduler does: something
+    else listens there" was wrong."""
+    files = _reid_files(tmp_path, seed=8)
+    with pytest.raises(rankwise.RankwiseError) as info:
+        rankwise.evaluate(*files, protocol="reid", scheduler="tls://127.0.0.1:1")
+    message = str(info.value)
+    assert "not a usable scheduler address (TypeError: TLS expects" in message, message
+    assert "answered" not in message and "\n" not in message
+
+
 def test_a_scheduler_without_workers_is_a_clear_error(tmp_path, monkeypatch):
     """It failed after Dask's timeout with "TimeoutError: No valid workers found"."""
     from rankwise import ranking

@@ -359,6 +359,9 @@ def _connect(client_class, address: str):
     error = result.get("error")
     if isinstance(error, OSError):
         raise RankwiseError(f"cannot reach {where} ({error}); start it or fix the address")
+    if isinstance(error, TypeError):  # before any byte is sent: e.g. tls:// without a
+        # TLS configuration ("TLS expects a `ssl_context` argument"), wherever it points
+        raise _unusable_address(where, error)
     if error is not None:  # the address parsed (_check_address): the peer is the problem
         # e.g. an SSH server's banner read as a Dask frame length: "MemoryError: Unable to
         # allocate 2.82 EiB"
