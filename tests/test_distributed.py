@@ -52,6 +52,22 @@ def test_local_cluster_matches_threads(tmp_path, cluster, distance):
     )
 
 
+def test_tile_buffers_are_not_kept_by_the_workers(tmp_path, cluster):
+    """The count pass's reused tile buffers (rankwise.devices.NumpyTiles) live in each
+    worker process: they are freed there too at the end of the run, as in a threaded
+    one (a worker kept one per thread, between runs, for as long as it lived)."""
+
+    def held() -> int:
+        from rankwise import devices
+
+        return sum(buffer.nbytes for buffer in devices._SCRATCH)
+
+    files = _reid_files(tmp_path, seed=9)
+    rankwise.evaluate(*files, protocol="reid", query_block=17, gallery_chunk=64, scheduler=cluster)
+    by_worker = cluster.run(held)
+    assert len(by_worker) == 2 and set(by_worker.values()) == {0}, by_worker
+
+
 def test_scheduler_address_string(tmp_path, cluster):
     files = _reid_files(tmp_path, seed=3)
     by_address = rankwise.evaluate(

@@ -523,6 +523,8 @@ def compute_ranks(
                     )
                 finally:
                     tiles.clear()  # the tile buffers are not kept between runs
+                if runner.client is not None:  # nor by a cluster's worker processes
+                    runner.client.run(tiles.clear)
             if aqe is not None:
                 # the report cannot rebuild the expanded rows' neighbours: keep them here
                 from .neighbours import tiled_top_items
