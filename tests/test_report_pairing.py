@@ -198,6 +198,36 @@ def test_an_encoder_that_dropped_gallery_rows_is_reported_not_compared(data, tmp
     assert "num_gallery 21 differs from" in line
 
 
+def test_dropped_gallery_rows_do_not_hide_another_gallery_manifest(data, tmp_path):
+    """An id-keyed store that dropped gallery rows of *another* gallery manifest (re-sorted
+    rows) is an error, as without dropped rows, not a pair listed as not compared."""
+    order = np.random.default_rng(2).permutation(N_GALLERY)
+    pd.read_csv(data / "g.csv", dtype=str).iloc[order].to_csv(tmp_path / "gp.csv", index=False)
+    table = pd.read_csv(tmp_path / "gp.csv", dtype=str)
+    keep = list(range(3, N_GALLERY))
+    np.save(tmp_path / "gd.npy", np.load(data / "g.npy")[order][keep])
+    (tmp_path / "ids.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
+    options = json.dumps(
+        {"path": str(tmp_path / "gd.npy"), "ids": str(tmp_path / "ids.txt"), "on_missing": "drop"}
+    )
+    ok(
+        "encode", "--kind", "precomputed", "--options", options, "--manifest", tmp_path / "gp.csv",
+        "--out", tmp_path / "gd.zarr",
+    )  # fmt: skip
+    ok(
+        "rank", "--query", data / "q.csv", "--query-embeddings", data / "q.npy",
+        "--gallery", tmp_path / "gp.csv", "--gallery-embeddings", tmp_path / "gd.zarr",
+        "--out", tmp_path / "D.zarr",
+    )  # fmt: skip
+    stores = {"A": rank(data, tmp_path / "A.zarr"), "D": tmp_path / "D.zarr"}
+    files = [metrics(s, tmp_path / "m" / "ds" / f"{n}.json") for n, s in stores.items()]
+    line = one_error_line(
+        "report", *files, "--json", tmp_path / "r.json", "--resamples", 200,
+        "--worst-queries", 0,
+    )  # fmt: skip
+    assert "ranked on another gallery manifest than A" in line, line
+
+
 def test_the_best_checkpoint_does_not_depend_on_the_order_of_the_files(data, tmp_path):
     """'good' (scored without recall@1) is higher on every metric both have than 'weak'
     (random queries); given second, 'weak' was named best by recall@1, which 'good'

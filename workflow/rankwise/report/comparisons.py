@@ -78,15 +78,20 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
             "units": [],
         }
 
+    side_a, side_b = side(entry_a), side(entry_b)
+    galleries = None  # why the galleries differ, when dropped rows say it
     if entry_a["num_gallery"] != entry_b["num_gallery"]:
         dropped = {e["encoder"]: _dropped_gallery_rows(e) for e in (entry_a, entry_b)}
         if any(dropped.values()):  # else check_pairable's error: another dataset's store
+            del side_a["num_gallery"], side_b["num_gallery"]  # the rest must pair all the same
             left_out = [f"{name} left out {n} gallery rows" for name, n in dropped.items() if n]
-            return (
+            galleries = (
                 f"they ranked different galleries ({' and '.join(left_out)} without features; "
                 "a paired test needs the same gallery)"
             )
-    check_pairable(side(entry_a), side(entry_b), (name_a, source))
+    check_pairable(side_a, side_b, (name_a, source))
+    if galleries is not None:
+        return galleries
     if b.aligned(a.rows) is not None:  # the same queries (listed in the same order or not)
         return None
     return (
