@@ -460,19 +460,26 @@ def test_precomputed_file_saved_over_while_read_leaves_no_store(
     with pytest.raises(RankwiseError, match=r"q\.npy: the file changed while"):
         encode_manifest(manifest, "precomputed", {"path": str(features)}, out, progress=False)
     assert embeddings_attrs(out)["checkpoint_hash"] != file_sha256(features)  # the old store
-    # saved over in place (same size) after its hash was taken, while it is read
-    monkeypatch.setattr(encoders, "_open_vectors", real_open)
-    real_hash = encoders.file_sha256
+    # saved over in place (same size) after its hash was taken, while it is read batch
+    # by batch: the look at the end of the reading sees it (the store would hold the new
+    # rows under the old bytes' hash)
+    np.save(features, np.arange(12, dtype=np.float32).reshape(6, 2))
 
-    def saved_over_after_hash(path):
-        digest = real_hash(path)
-        if Path(path) == features:
+    def saved_over_while_read(source, manifest):
+        vectors = real_open(source, manifest)
+        real_read = vectors.read
+
+        def read(start, stop):
+            time.sleep(0.02)  # a later timestamp tick than the hash's look
             with open(features, "r+b") as handle:
                 handle.seek(-8, os.SEEK_END)
                 handle.write(np.float32([7, 7]).tobytes())
-        return digest
+            return real_read(start, stop)
 
-    monkeypatch.setattr(encoders, "file_sha256", saved_over_after_hash)
+        vectors.read = read
+        return vectors
+
+    monkeypatch.setattr(encoders, "_open_vectors", saved_over_while_read)
     with pytest.raises(RankwiseError, match=r"q\.npy: the file changed while"):
         encode_manifest(manifest, "precomputed", {"path": str(features)}, out, progress=False)
     assert _read(out).sum() == 66  # the first store, untouched
