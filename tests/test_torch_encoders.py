@@ -1309,6 +1309,11 @@ _NOT_THERE = (
             r"state dict; name the entry that holds the weights: state_dict, state_dict_ema, "
             r"optimizer$",
         ),
+        (  # not a file name either (it was stat'ed as one: "File name too long")
+            "timm",
+            "k" * 300,
+            r"options\.checkpoint_key 'k{300}' names no entry of the checkpoint",
+        ),
         (  # a prefix that is there but holds other weights: the strict error
             "lightning",
             "criterion",

@@ -1003,12 +1003,16 @@ def build_encoder(
 # ---------------------------------------------------------------- entry point
 
 
-def _named_files(options: dict[str, Any] | None) -> list[Path]:
-    """The files an encoder's options name (checkpoint, model, embeddings), resolved
-    as the encoders resolve them (from the working directory)."""
+def _named_files(kind: str, options: dict[str, Any] | None) -> list[Path]:
+    """The files an encoder's options name (checkpoint, model, embeddings:
+    :data:`rankwise.pipeline_config.ENCODER_FILE_OPTIONS`), resolved as the encoders
+    resolve them (from the working directory)."""
+    from .pipeline_config import ENCODER_FILE_OPTIONS
+
+    values = [(options or {}).get(key) for key in ENCODER_FILE_OPTIONS.get(kind, ())]
     return [
         path
-        for value in (options or {}).values()
+        for value in values
         if isinstance(value, str) and (path := Path(value).expanduser()).is_file()
     ]
 
@@ -1074,7 +1078,7 @@ def encode_manifest(
     # the files whose hashes the store records, as they were before being read: a file
     # rewritten while it is read (a training run saving over the checkpoint) must not
     # leave a store whose hash names other bytes than the ones encoded
-    before = _file_states([manifest, *_named_files(options)])
+    before = _file_states([manifest, *_named_files(kind, options)])
     table = read_manifest(manifest, protocol=protocol, role=role)
     encoder = build_encoder(kind, options, manifest=manifest, out=out, threads=workers)
     rows = _Rows(manifest, table["id"].tolist())
