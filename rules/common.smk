@@ -109,8 +109,7 @@ def encoder_hash(wildcards):
 
 
 def encoder_options(wildcards):
-    entry = ENCODERS[wildcards.encoder]
-    return pipeline_config.encoder_options(entry["kind"], entry["options"])
+    return pipeline_config.encoder_options(ENCODERS[wildcards.encoder]["options"])
 
 
 # ---------------------------------------------------------------- datasets

@@ -400,11 +400,34 @@ def test_encode_params_leave_out_checkpoint_key_when_unset():
         options = OPTIONS[kind].check({**required, "checkpoint": "w.pth"})
         assert options["checkpoint_key"] is None
         before = {k: v for k, v in options.items() if k != "checkpoint_key"}
-        assert pc.encoder_options(kind, options) == json.dumps(before, sort_keys=True)
-        ema = json.loads(pc.encoder_options(kind, {**options, "checkpoint_key": "model_ema"}))
+        assert pc.encoder_options(options) == json.dumps(before, sort_keys=True)
+        ema = json.loads(pc.encoder_options({**options, "checkpoint_key": "model_ema"}))
         assert ema == {**before, "checkpoint_key": "model_ema"}
     pixels = OPTIONS["pixels"].check({})
-    assert pc.encoder_options("pixels", pixels) == json.dumps(pixels, sort_keys=True)
+    assert pc.encoder_options(pixels) == json.dumps(pixels, sort_keys=True)
+
+
+def test_unrecorded_encoder_options_are_every_kinds_and_need_no_encoder_import():
+    """The pipeline's list of options left out at their default is every kind's
+    ``record_default=False`` option, and reading it imports no encoder module: the encode
+    params are computed in every Snakemake run (importing rankwise.encoders there, with
+    numpy, PIL and pandas, took ~0.3 s)."""
+    import subprocess
+    import sys
+
+    from rankwise.encoders import OPTIONS
+    from rankwise.options import UNRECORDED_ENCODER_OPTIONS
+
+    later = {o.name: o for spec in OPTIONS.values() for o in spec.options if not o.record_default}
+    assert later == {o.name: o for o in UNRECORDED_ENCODER_OPTIONS}
+    probe = (
+        "import sys; from rankwise import pipeline_config as pc; "
+        "print(pc.encoder_options({'model': 'm', 'checkpoint_key': None})); "
+        "print(sorted(m for m in ('rankwise.encoders', 'numpy', 'pandas', 'PIL') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ['{"model": "m"}', "[]"], out.stdout
 
 
 def _resolved(datasets, encoders):

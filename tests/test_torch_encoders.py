@@ -362,7 +362,7 @@ def test_checkpoint_of_another_architecture(manifest: Path, tmp_path: Path):
     assert "shape mismatch(es) (checkpoint vs model): " in message
 
 
-@pytest.mark.parametrize("saved", ["dict with args", "whole model"])
+@pytest.mark.parametrize("saved", ["dict with args", "whole model", "model under a key"])
 def test_pickled_python_object_is_refused_not_executed(
     saved, timm_model, manifest: Path, tmp_path: Path, monkeypatch
 ):
@@ -374,6 +374,9 @@ def test_pickled_python_object_is_refused_not_executed(
     ema = {k: v * 2 if v.is_floating_point() else v for k, v in state.items()}
     if saved == "whole model":
         torch.save(model, ckpt)
+        name = r"timm\.models\.\w+\.\w+"
+    elif saved == "model under a key":  # as YOLO-style trainers save it, beside int keys
+        torch.save({"model": model, "epoch": 3, 7: "seven"}, ckpt)
         name = r"timm\.models\.\w+\.\w+"
     else:
         torch.save(
@@ -394,7 +397,7 @@ def test_pickled_python_object_is_refused_not_executed(
     options["checkpoint"] = str(tmp_path / "weights.pth")
     encode_manifest(manifest, "timm", options, tmp_path / "x.zarr", progress=False)
     assert (tmp_path / "x.zarr").is_dir()
-    if saved != "whole model":
+    if saved == "dict with args":
         _assert_weights(_load_timm(tmp_path / "weights.pth", checkpoint_key="state_dict_ema"), ema)
 
 

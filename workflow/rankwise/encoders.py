@@ -103,7 +103,7 @@ from .errors import RankwiseError, first_line
 from .feature_ids import ON_MISSING, Alignment
 from .hashing import file_sha256
 from .manifest import check_nonempty, read_manifest
-from .options import BATCH_SIZE, WORKERS, Option, OptionSet
+from .options import BATCH_SIZE, CHECKPOINT_KEY, WORKERS, Option, OptionSet
 from .store import write_embeddings
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -145,19 +145,6 @@ _TORCH_COMMON = (
     ),
     Option("half", "boolean", False, help="float16 inference (cuda only)"),
 )
-# Which weights of the file, for reid and timm: the kinds that read a state dict
-# (rankwise.torch_encoders.read_checkpoint); python factories read their own
-_CHECKPOINT_KEY = Option(
-    "checkpoint_key",
-    "string",
-    None,
-    nullable=True,
-    record_default=False,  # added later: at null, stores and encode params are as before
-    help="the weights to load: the checkpoint's entry (state_dict_ema, model_ema) or their "
-    "keys' prefix (model_ema.module); null = found automatically (state_dict; not an EMA "
-    "copy)",
-)
-
 OPTIONS: dict[str, OptionSet] = {
     "precomputed": OptionSet(
         "precomputed",
@@ -281,7 +268,7 @@ OPTIONS: dict[str, OptionSet] = {
                 required=True,
                 help="torchreid / fast-reid .pth (or .safetensors), loaded strictly",
             ),
-            _CHECKPOINT_KEY,
+            CHECKPOINT_KEY,
             Option(
                 "input_size",
                 "size",
@@ -302,7 +289,7 @@ OPTIONS: dict[str, OptionSet] = {
                 required=True,
                 help="local weights, loaded strictly (nothing is ever downloaded)",
             ),
-            _CHECKPOINT_KEY,
+            CHECKPOINT_KEY,
             Option(
                 "input_size",
                 "size",

@@ -454,8 +454,7 @@ class OptionSet:
     def recorded(self, values: dict[str, Any]) -> dict[str, Any]:
         """Checked ``values`` as a store and the pipeline's params record them: an option
         with ``record_default=False`` left out at its default."""
-        quiet = {o.name: _json_value(o.default) for o in self.options if not o.record_default}
-        return {k: v for k, v in values.items() if k not in quiet or v != quiet[k]}
+        return recorded(self.options, values)
 
     def check(self, options: dict[str, Any] | None) -> dict[str, Any]:
         """Defaults filled in, every value checked; unknown or missing keys are errors.
@@ -583,6 +582,13 @@ SHOT_SEED = Option(
 
 #: The k-reciprocal re-ranking variants (rankwise.rerank says how they differ).
 RERANK_VARIANTS = ("torchreid", "fastreid")
+
+
+def recorded(options: Sequence[Option], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` without those of ``options`` with ``record_default=False`` that are at
+    their default (:meth:`OptionSet.recorded`)."""
+    quiet = {o.name: _json_value(o.default) for o in options if not o.record_default}
+    return {k: v for k, v in values.items() if k not in quiet or v != quiet[k]}
 
 
 def recorded_rerank(rerank: dict[str, Any]) -> dict[str, Any]:
@@ -836,6 +842,24 @@ EVALUATION = group(
 THREADS = Option("threads", "integer", 2, minimum=1, help="threads per encode/rank job")
 QUERY_BLOCK = Option("query_block", "integer", 1024, minimum=1, help="queries per tile")
 GALLERY_CHUNK = Option("gallery_chunk", "integer", 8192, minimum=1, help="gallery rows per tile")
+# Which weights of the file, for the reid and timm encoders: the kinds that read a state
+# dict (rankwise.torch_encoders.read_checkpoint); python factories read their own
+CHECKPOINT_KEY = Option(
+    "checkpoint_key",
+    "string",
+    None,
+    nullable=True,
+    record_default=False,  # added later: at null, stores and encode params are as before
+    help="the weights to load: the checkpoint's entry (state_dict_ema, model_ema) or their "
+    "keys' prefix (model_ema.module); null = found automatically (state_dict; not an EMA "
+    "copy)",
+)
+#: Every encoder option with ``record_default=False`` (a test keeps the list whole): the
+#: pipeline's encode params leave them out at their default from this list, without
+#: importing the encoders (numpy, PIL, pandas: ~0.3 s in every Snakemake run).
+UNRECORDED_ENCODER_OPTIONS = (CHECKPOINT_KEY,)
+
+
 BATCH_SIZE = Option("batch_size", "integer", 64, minimum=1, help="images per encoder batch")
 SCHEDULER = Option(
     "scheduler",

@@ -611,16 +611,17 @@ def checkpoint_stem(path: str | os.PathLike) -> str:
 # ---------------------------------------------------------------- paths
 
 
-def encoder_options(kind: str, options: dict) -> str:
+def encoder_options(options: dict) -> str:
     """The encode rule's ``--options`` (a param: a change reruns encode): the entry's
     options as ``validate()`` filled them in, in JSON, those recorded only when set left
     out at their default (:meth:`rankwise.options.OptionSet.recorded`), so adding such an
-    option to rankwise reruns nothing."""
+    option to rankwise reruns nothing (:data:`rankwise.options.UNRECORDED_ENCODER_OPTIONS`:
+    an option a kind lacks is never in its entry)."""
     import json
 
-    from .encoders import OPTIONS
+    from .options import UNRECORDED_ENCODER_OPTIONS, recorded
 
-    return json.dumps(OPTIONS[kind].recorded(options), sort_keys=True)
+    return json.dumps(recorded(UNRECORDED_ENCODER_OPTIONS, options), sort_keys=True)
 
 
 def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[str]:

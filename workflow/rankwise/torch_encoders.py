@@ -179,9 +179,10 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
             raise RankwiseError(
                 f"{path}: the checkpoint holds a Python object ({found.group(1)}) that "
                 "torch.load(weights_only=True) refuses to run; if you trust the file, save its "
-                "weights alone: m = torch.load(f, weights_only=False); torch.save(m.state_dict() "
-                "if isinstance(m, torch.nn.Module) else {k: v for k, v in m.items() if "
-                "'state_dict' in k or 'model' in k}, 'weights.pth')"
+                "weights alone: M = torch.nn.Module; m = torch.load(f, weights_only=False); "
+                "torch.save(m.state_dict() if isinstance(m, M) else {k: v.state_dict() if "
+                "isinstance(v, M) else v for k, v in m.items() if isinstance(v, (dict, M))}, "
+                "'weights.pth')"
             ) from None
         except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
             reason = "unrecognised content" if isinstance(exc, KeyError) else first_line(exc)
