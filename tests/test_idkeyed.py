@@ -19,6 +19,7 @@ the ``precomputed`` encoder puts them in manifest order by id.  Checked here:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -61,6 +62,8 @@ def test_alignment_by_hand():
         "dropped_rows": 1,
         "dropped_example": "b",
         "ignored_features": 1,
+        # the kept rows 0, 2, 3 as little-endian int64, hashed
+        "kept_rows_sha256": hashlib.sha256(np.array([0, 2, 3], "<i8").tobytes()).hexdigest(),
     }
     # a permutation: nothing dropped, the inverse permutation
     perm = align(

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import zarr
 from helpers import run_rankwise
 
 from rankwise.metrics import cmc, mean
@@ -196,6 +197,59 @@ def test_an_encoder_that_dropped_gallery_rows_is_reported_not_compared(data, tmp
     # asked for directly, the pair is still refused, in one line
     line = one_error_line("compare", stores["A"], stores["D"])
     assert "num_gallery 21 differs from" in line
+
+
+def _ranked_without_gallery_rows(data: Path, tmp_path: Path, name: str, drop: list[int]) -> Path:
+    """A ranks store of q.npy against id-keyed gallery features lacking rows ``drop``."""
+    table = pd.read_csv(data / "g.csv", dtype=str)
+    keep = [i for i in range(N_GALLERY) if i not in drop]
+    np.save(tmp_path / f"{name}.npy", np.load(data / "g.npy")[keep])
+    (tmp_path / f"{name}.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
+    options = {
+        "path": str(tmp_path / f"{name}.npy"),
+        "ids": str(tmp_path / f"{name}.txt"),
+        "on_missing": "drop",
+    }
+    ok(
+        "encode", "--kind", "precomputed", "--options", json.dumps(options),
+        "--manifest", data / "g.csv", "--out", tmp_path / f"{name}-g.zarr",
+    )  # fmt: skip
+    ok(
+        "rank", "--query", data / "q.csv", "--query-embeddings", data / "q.npy",
+        "--gallery", data / "g.csv", "--gallery-embeddings", tmp_path / f"{name}-g.zarr",
+        "--out", tmp_path / f"{name}.zarr",
+    )  # fmt: skip
+    return tmp_path / f"{name}.zarr"
+
+
+def test_as_many_dropped_gallery_rows_are_compared_only_when_the_same(data, tmp_path):
+    """Two encoders whose id-keyed features each lacked 3 gallery rows were paired (the
+    same num_gallery) though they ranked different galleries; the stores now record which
+    rows they kept (id_alignment.kept_rows_sha256)."""
+    stores = {
+        "E": _ranked_without_gallery_rows(data, tmp_path, "E", [0, 1, 2]),
+        "F": _ranked_without_gallery_rows(data, tmp_path, "F", [0, 1, 2]),  # the same rows
+        "G": _ranked_without_gallery_rows(data, tmp_path, "G", [3, 4, 5]),  # as many, others
+    }
+    files = [metrics(s, tmp_path / "m" / "ds" / f"{n}.json") for n, s in stores.items()]
+    doc = report(tmp_path, *files)
+    assert {(c["a"], c["b"]) for c in doc["comparisons"]} == {("E", "F")}
+    skipped = {(s["a"], s["b"]): s["reason"] for s in doc["statistics"]["not_compared"]}
+    assert set(skipped) == {("E", "G"), ("F", "G")}
+    assert skipped["E", "G"].startswith(
+        "they ranked different galleries (E left out 3 gallery rows and G left out 3 gallery "
+        "rows without features, not the same ones;"
+    )
+    ok("compare", stores["E"], stores["F"])
+    line = one_error_line("compare", stores["E"], stores["G"])
+    assert "its id-keyed features and those of" in line and "lack different gallery rows" in line
+    # a store of an earlier rankwise (no record of which rows): never paired
+    group = zarr.open_group(tmp_path / "F.zarr", mode="r+")
+    attrs = dict(group.attrs)
+    del attrs["gallery_embeddings"]["id_alignment"]["kept_rows_sha256"]
+    group.attrs.update(attrs)
+    line = one_error_line("compare", stores["E"], stores["F"])
+    assert "is not recorded (a store encoded before rankwise recorded it)" in line
 
 
 def test_dropped_gallery_rows_do_not_hide_another_gallery_manifest(data, tmp_path):

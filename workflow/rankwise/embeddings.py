@@ -60,6 +60,7 @@ EMBEDDING_ATTRS: dict[str, Field] = {
     f"{ID_ALIGNMENT}.manifest_rows": Field("count", required=True),
     f"{ID_ALIGNMENT}.kept_rows": Field("count"),
     f"{ID_ALIGNMENT}.dropped_rows": Field("count"),
+    f"{ID_ALIGNMENT}.kept_rows_sha256": Field("string"),
 }
 
 

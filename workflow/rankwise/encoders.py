@@ -18,7 +18,7 @@ thread pool, one batch ahead of the encoder. Store attributes::
     num_rows          N (rows stored: fewer than the manifest's if id-keyed rows were dropped)
     id_alignment      id-keyed precomputed features only: ids (file), ids_sha256,
                       on_missing, manifest_rows, kept_rows, dropped_rows,
-                      dropped_example, ignored_features
+                      dropped_example, ignored_features, kept_rows_sha256 (which rows)
     rankwise_version  the package version
 
 Kinds (options; defaults after ``=``):
@@ -1006,7 +1006,8 @@ def _named_files(kind: str, options: dict[str, Any] | None) -> list[Path]:
 
 def _file_states(paths: list[Path]) -> dict[Path, tuple[int, int, int] | None]:
     """``(size, mtime_ns, inode)`` per path (None when unreadable): a rewrite, in place
-    or by rename, changes at least one of them."""
+    or by rename, changes at least one of them, unless it keeps the size and lands within
+    one tick of the filesystem's timestamps (nanoseconds on ext4 and xfs)."""
     states: dict[Path, tuple[int, int, int] | None] = {}
     for path in paths:
         try:

@@ -27,6 +27,7 @@ sha256); the readers keep those manifest rows (:mod:`rankwise.embeddings`,
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,10 @@ class Alignment:
             "dropped_rows": int(self.dropped),
             "dropped_example": self.dropped_example,
             "ignored_features": int(self.ignored),
+            # which rows: two stores that dropped as many rows may have dropped others
+            "kept_rows_sha256": hashlib.sha256(
+                np.asarray(self.manifest_rows, dtype="<i8").tobytes()
+            ).hexdigest(),
         }
 
 

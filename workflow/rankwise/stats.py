@@ -584,9 +584,38 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
             units += [arrays["group"], arrays["step"]]
         keys = ("protocol", "num_gallery", "protocol_options")
         keys += ("query_manifest_sha256", "gallery_manifest_sha256")  # `rankwise rank`'s
-        return {**{k: attrs[k] for k in keys if k in attrs}, "units": units}
+        gallery = (attrs.get("gallery_embeddings") or {}).get("id_alignment")
+        return {
+            **{k: attrs[k] for k in keys if k in attrs},
+            "gallery_rows": kept_rows(gallery),
+            "units": units,
+        }
 
     check_pairable(side(arrays_a, attrs_a), side(arrays_b, attrs_b), names)
+
+
+def kept_rows(record: dict | None) -> str | None:
+    """Which manifest rows an embedding store holds, from its ``id_alignment`` record
+    (:meth:`rankwise.feature_ids.Alignment.record`): ``None`` for all of them, else the
+    sha256 of the kept rows (``"unknown"`` for a store written before rankwise recorded
+    it).  Two stores rank the same items only when these are equal and not ``"unknown"``."""
+    if not record or not record.get("dropped_rows"):
+        return None
+    return record.get("kept_rows_sha256") or "unknown"
+
+
+def _gallery_rows_differ(rows_a: str | None, rows_b: str | None, names: tuple[str, str]) -> str:
+    """Why two evaluations' gallery items differ (:func:`rankwise.feature_ids.kept_rows`)."""
+    if "unknown" in (rows_a, rows_b):
+        old = names[0] if rows_a == "unknown" else names[1]
+        return (
+            f"which gallery rows {old}'s id-keyed features lacked (on_missing: drop) is not "
+            "recorded (a store encoded before rankwise recorded it): encode it again"
+        )
+    return (
+        "its id-keyed features and those of "
+        f"{names[0]} lack different gallery rows (on_missing: drop)"
+    )
 
 
 def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> None:
@@ -612,6 +641,12 @@ def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str])
                 f"{a[key]!r}; compare encoders on the same dataset "
                 "and protocol options"
             )
+    rows_a, rows_b = a.get("gallery_rows"), b.get("gallery_rows")
+    if rows_a != rows_b or "unknown" in (rows_a, rows_b):  # equal when neither dropped any
+        raise RankwiseError(
+            f"{name_b}: {_gallery_rows_differ(rows_a, rows_b, names)}; a paired comparison "
+            "needs both ranked on the same gallery items"
+        )
     for side in ("query", "gallery"):
         key = f"{side}_manifest_sha256"
         if key in a and key in b and a[key] != b[key]:
