@@ -164,27 +164,41 @@ def test_an_encoder_that_dropped_query_rows_is_reported_not_compared(data, tmp_p
     assert f"ds: protocol recall, distance cosine, {counts}. " in render_latex(doc)
 
 
+def _ranked_without_gallery_rows(
+    data: Path, tmp_path: Path, name: str, drop: list[int], gallery: Path | None = None
+) -> Path:
+    """A ranks store ``<name>.zarr`` of q.npy against id-keyed gallery features lacking the
+    rows ``drop`` of ``gallery`` (default g.csv; another manifest: rows of g.csv by id)."""
+    full = pd.read_csv(data / "g.csv", dtype=str)
+    table = full if gallery is None else pd.read_csv(gallery, dtype=str)
+    vectors = np.load(data / "g.npy")[pd.Index(full["id"]).get_indexer(table["id"])]
+    keep = [i for i in range(len(table)) if i not in drop]
+    np.save(tmp_path / f"{name}.npy", vectors[keep])
+    (tmp_path / f"{name}.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
+    options = {
+        "path": str(tmp_path / f"{name}.npy"),
+        "ids": str(tmp_path / f"{name}.txt"),
+        "on_missing": "drop",
+    }
+    manifest = gallery or data / "g.csv"
+    ok(
+        "encode", "--kind", "precomputed", "--options", json.dumps(options),
+        "--manifest", manifest, "--out", tmp_path / f"{name}-g.zarr",
+    )  # fmt: skip
+    ok(
+        "rank", "--query", data / "q.csv", "--query-embeddings", data / "q.npy",
+        "--gallery", manifest, "--gallery-embeddings", tmp_path / f"{name}-g.zarr",
+        "--out", tmp_path / f"{name}.zarr",
+    )  # fmt: skip
+    return tmp_path / f"{name}.zarr"
+
+
 def test_an_encoder_that_dropped_gallery_rows_is_reported_not_compared(data, tmp_path):
     """Gallery rows without features (on_missing: drop, as for torchreid's features of a
     gallery without its junk rows) stopped the whole report: "num_gallery 21 differs
     from A's 24"."""
-    table = pd.read_csv(data / "g.csv", dtype=str)
-    keep = list(range(3, N_GALLERY))
-    np.save(tmp_path / "gd.npy", np.load(data / "g.npy")[keep])
-    (tmp_path / "ids.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
-    options = json.dumps(
-        {"path": str(tmp_path / "gd.npy"), "ids": str(tmp_path / "ids.txt"), "on_missing": "drop"}
-    )
-    ok(
-        "encode", "--kind", "precomputed", "--options", options, "--manifest", data / "g.csv",
-        "--out", tmp_path / "gd.zarr",
-    )  # fmt: skip
-    ok(
-        "rank", "--query", data / "q.csv", "--query-embeddings", data / "q.npy",
-        "--gallery", data / "g.csv", "--gallery-embeddings", tmp_path / "gd.zarr",
-        "--out", tmp_path / "D.zarr",
-    )  # fmt: skip
-    stores = {"A": rank(data, tmp_path / "A.zarr"), "D": tmp_path / "D.zarr"}
+    dropped = _ranked_without_gallery_rows(data, tmp_path, "D", [0, 1, 2])
+    stores = {"A": rank(data, tmp_path / "A.zarr"), "D": dropped}
     stores["B"] = rank(data, tmp_path / "B.zarr", embeddings="q2.npy")
     files = [metrics(s, tmp_path / "m" / "ds" / f"{n}.json") for n, s in stores.items()]
     doc = report(tmp_path, *files)
@@ -197,29 +211,6 @@ def test_an_encoder_that_dropped_gallery_rows_is_reported_not_compared(data, tmp
     # asked for directly, the pair is still refused, in one line
     line = one_error_line("compare", stores["A"], stores["D"])
     assert "num_gallery 21 differs from" in line
-
-
-def _ranked_without_gallery_rows(data: Path, tmp_path: Path, name: str, drop: list[int]) -> Path:
-    """A ranks store of q.npy against id-keyed gallery features lacking rows ``drop``."""
-    table = pd.read_csv(data / "g.csv", dtype=str)
-    keep = [i for i in range(N_GALLERY) if i not in drop]
-    np.save(tmp_path / f"{name}.npy", np.load(data / "g.npy")[keep])
-    (tmp_path / f"{name}.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
-    options = {
-        "path": str(tmp_path / f"{name}.npy"),
-        "ids": str(tmp_path / f"{name}.txt"),
-        "on_missing": "drop",
-    }
-    ok(
-        "encode", "--kind", "precomputed", "--options", json.dumps(options),
-        "--manifest", data / "g.csv", "--out", tmp_path / f"{name}-g.zarr",
-    )  # fmt: skip
-    ok(
-        "rank", "--query", data / "q.csv", "--query-embeddings", data / "q.npy",
-        "--gallery", data / "g.csv", "--gallery-embeddings", tmp_path / f"{name}-g.zarr",
-        "--out", tmp_path / f"{name}.zarr",
-    )  # fmt: skip
-    return tmp_path / f"{name}.zarr"
 
 
 def test_as_many_dropped_gallery_rows_are_compared_only_when_the_same(data, tmp_path):
@@ -257,22 +248,7 @@ def test_dropped_gallery_rows_do_not_hide_another_gallery_manifest(data, tmp_pat
     rows) is an error, as without dropped rows, not a pair listed as not compared."""
     order = np.random.default_rng(2).permutation(N_GALLERY)
     pd.read_csv(data / "g.csv", dtype=str).iloc[order].to_csv(tmp_path / "gp.csv", index=False)
-    table = pd.read_csv(tmp_path / "gp.csv", dtype=str)
-    keep = list(range(3, N_GALLERY))
-    np.save(tmp_path / "gd.npy", np.load(data / "g.npy")[order][keep])
-    (tmp_path / "ids.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
-    options = json.dumps(
-        {"path": str(tmp_path / "gd.npy"), "ids": str(tmp_path / "ids.txt"), "on_missing": "drop"}
-    )
-    ok(
-        "encode", "--kind", "precomputed", "--options", options, "--manifest", tmp_path / "gp.csv",
-        "--out", tmp_path / "gd.zarr",
-    )  # fmt: skip
-    ok(
-        "rank", "--query", data / "q.csv", "--query-embeddings", data / "q.npy",
-        "--gallery", tmp_path / "gp.csv", "--gallery-embeddings", tmp_path / "gd.zarr",
-        "--out", tmp_path / "D.zarr",
-    )  # fmt: skip
+    _ranked_without_gallery_rows(data, tmp_path, "D", [0, 1, 2], gallery=tmp_path / "gp.csv")
     stores = {"A": rank(data, tmp_path / "A.zarr"), "D": tmp_path / "D.zarr"}
     files = [metrics(s, tmp_path / "m" / "ds" / f"{n}.json") for n, s in stores.items()]
     line = one_error_line(

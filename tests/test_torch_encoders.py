@@ -27,7 +27,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import ROOT, planned_jobs, run_rankwise
+from helpers import ROOT, planned_jobs, run_rankwise, snakemake
 
 from rankwise.encoders import DEFAULTS as _ALL_DEFAULTS
 from rankwise.encoders import encode_manifest
@@ -894,7 +894,6 @@ def test_the_workflow_tracks_the_checkpoint_files_of_torch_kinds():
 
 def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_path: Path):
     """A real Snakemake run: schema, encode rule and CLI accept the kinds end to end."""
-    import yaml
 
     _, state = timm_model
     (tmp_path / "runs" / "timm").mkdir(parents=True)
@@ -941,23 +940,7 @@ def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_p
         },
         "engine": {"threads": 1, "batch_size": 8},
     }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(ROOT / "Snakefile"),
-        "--directory",
-        str(tmp_path),
-        "--configfile",
-        str(tmp_path / "config.yaml"),
-        "--cores",
-        "2",
-        "--workflow-profile",
-        "none",
-    ]
-    proc = subprocess.run([*command, "-p"], capture_output=True, text=True, timeout=600)
+    proc = snakemake(tmp_path, config, "-p", configfile="config.yaml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # the encode jobs' --options, as a config written before checkpoint_key existed gave
     printed = proc.stdout + proc.stderr
@@ -984,8 +967,7 @@ def test_snakemake_runs_torch_encoders(timm_model, osnet_checkpoint: Path, tmp_p
     # those of a config written before the option existed); set, it reruns that encoder
     def dry_run(key: str | None) -> dict[str, int]:
         config["encoders"]["resnet"]["options"]["checkpoint_key"] = key
-        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        dry = subprocess.run([*command, "--dry-run"], capture_output=True, text=True, timeout=600)
+        dry = snakemake(tmp_path, config, "--dry-run", configfile="config.yaml")
         return planned_jobs(dry.stdout + dry.stderr)
 
     assert dry_run(None) == {}
