@@ -604,6 +604,12 @@ def kept_rows(record: dict | None) -> str | None:
     return record.get("kept_rows_sha256") or "unknown"
 
 
+def same_gallery_rows(rows_a: str | None, rows_b: str | None) -> bool:
+    """Whether two :func:`kept_rows` values name the same gallery items (not when either
+    store does not record which rows it kept)."""
+    return rows_a == rows_b and rows_a != "unknown"
+
+
 def _gallery_rows_differ(rows_a: str | None, rows_b: str | None, names: tuple[str, str]) -> str:
     """Why two evaluations' gallery items differ (:func:`rankwise.feature_ids.kept_rows`)."""
     if "unknown" in (rows_a, rows_b):
@@ -642,7 +648,7 @@ def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str])
                 "and protocol options"
             )
     rows_a, rows_b = a.get("gallery_rows"), b.get("gallery_rows")
-    if rows_a != rows_b or "unknown" in (rows_a, rows_b):  # equal when neither dropped any
+    if not same_gallery_rows(rows_a, rows_b):  # None and None when neither dropped any
         raise RankwiseError(
             f"{name_b}: {_gallery_rows_differ(rows_a, rows_b, names)}; a paired comparison "
             "needs both ranked on the same gallery items"

@@ -50,7 +50,7 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
     manifests whose evaluated queries or galleries differ (an id-keyed store that dropped
     query or gallery rows, ``on_missing: drop``) are not an error here: the reason they
     are not compared is returned (``None``: comparable), and the report says so."""
-    from ..stats import check_pairable, kept_rows
+    from ..stats import check_pairable, kept_rows, same_gallery_rows
 
     name_a, source = entry_a["encoder"], entry_b["source"]
     if ap_variant(entry_a) != ap_variant(entry_b):
@@ -81,23 +81,23 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
     side_a, side_b = side(entry_a), side(entry_b)
     galleries = None  # why the galleries differ, when dropped rows say it
     rows = [kept_rows(_gallery_alignment(e)) for e in (entry_a, entry_b)]
-    if rows[0] != rows[1] or "unknown" in rows:  # a side dropped gallery rows: which?
+    if not same_gallery_rows(*rows):  # a side dropped gallery rows, not the other's
         del side_a["num_gallery"], side_b["num_gallery"]  # the rest must pair all the same
         left_out = [
             f"{e['encoder']} left out {_gallery_alignment(e)['dropped_rows']} gallery rows"
             for e, kept in zip((entry_a, entry_b), rows, strict=True)
             if kept is not None
         ]
-        same_count = entry_a["num_gallery"] == entry_b["num_gallery"]
+        detail = (
+            ", which ones is not recorded (encoded by an earlier rankwise)"
+            if "unknown" in rows
+            else ", not the same ones"
+            if entry_a["num_gallery"] == entry_b["num_gallery"]
+            else ""
+        )
         galleries = (
             f"they ranked different galleries ({' and '.join(left_out)} without features"
-            + (", not the same ones" if same_count and "unknown" not in rows else "")
-            + (
-                ", which ones is not recorded (encoded by an earlier rankwise)"
-                if "unknown" in rows
-                else ""
-            )
-            + "; a paired test needs the same gallery)"
+            f"{detail}; a paired test needs the same gallery)"
         )
     check_pairable(side_a, side_b, (name_a, source))
     if galleries is not None:
