@@ -287,3 +287,62 @@ def test_memory_limit_counts_no_tiles_of_the_schedulers_workers(tmp_path):
                 r"one-row tiles need about \d+ MB: raise the limit",
             ):
                 rankwise.evaluate(*files, scheduler=client, protocol="reid", memory_limit_mb=100)
+
+
+def test_a_worker_killed_while_ranking_is_one_line(tmp_path):
+    """A worker process that dies under a task (killed for memory, most often) raised
+    distributed's KilledWorker, a multi-line traceback; now one line naming the task,
+    the worker and what to change."""
+    import dask
+
+    files = _reid_files(tmp_path, seed=10)
+
+    def die_in_every_tile() -> None:
+        from rankwise import kernels
+
+        kernels.count_tile = lambda *args: os._exit(1)
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        with distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+            silence_logs=50,
+        ) as lc, distributed.Client(lc) as client:  # fmt: skip
+            client.run(die_in_every_tile)
+            with pytest.raises(rankwise.RankwiseError) as caught:
+                rankwise.evaluate(*files, protocol="reid", gallery_chunk=100, scheduler=client)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "a worker of the Dask cluster died while running rankwise's 'tile' task (1 attempt(s); "
+        "the last on tcp://"
+    ), message
+    assert "lower --query-block and --gallery-chunk" in message
+
+
+def test_cuda_needs_a_gpu_on_the_workers_not_only_here(tmp_path, cluster, monkeypatch):
+    """With a scheduler the tiles run on its workers: `cuda` was checked only where
+    rankwise started, so workers without a GPU failed each task in torch (a traceback);
+    `auto` chose cuda for workers that have none."""
+    torch = pytest.importorskip("torch")
+    from rankwise import devices
+
+    def sees_cuda() -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    if any(cluster.run(sees_cuda).values()):
+        pytest.skip("the workers see a CUDA device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # here, not on the workers
+    monkeypatch.setattr(devices, "_gpu_may_be_visible", lambda: True)
+    assert devices.tiles_for("cuda").name == devices.tiles_for("auto").name == "cuda"
+    files = _reid_files(tmp_path, seed=11)
+    kwargs = dict(protocol="reid", gallery_chunk=100, scheduler=cluster)
+    with pytest.raises(
+        rankwise.RankwiseError,
+        match=r"^device cuda: 2 of the scheduler's 2 workers see no CUDA device \(or have no "
+        r"torch\): tcp://.*; start the workers where a GPU is visible, or use device cpu or auto$",
+    ):
+        rankwise.evaluate(*files, device="cuda", **kwargs)
+    on_auto = rankwise.evaluate(*files, device="auto", **kwargs)  # the workers' cpu
+    assert on_auto.metrics == rankwise.evaluate(*files, protocol="reid", workers=1).metrics

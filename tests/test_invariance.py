@@ -384,6 +384,18 @@ def test_reused_tile_buffers_change_nothing(make_case):
         assert sim.shape == (rows, cols) and np.array_equal(sim, q @ g[:cols].T)
         tiles.release(sim)
     assert len(devices._SCRATCH) == 1  # one worker: one buffer, reused
+    # two workers' buffers, a big one and a small one (a last, narrower chunk): a small
+    # tile takes the small one, so the big tile after it needs no third buffer
+    tiles.clear()
+    big, small = tiles.similarities(q, g), tiles.similarities(q[:1], g[:3])
+    tiles.release(big)
+    tiles.release(small)
+    narrow = tiles.similarities(q[:1], g[:2])  # one worker's narrow tile and, meanwhile,
+    wide = tiles.similarities(q, g)  # the other's full one
+    tiles.release(narrow)
+    tiles.release(wide)
+    assert sorted(b.size for b in devices._SCRATCH) == [3, q.shape[0] * 70]
+    tiles.clear()
     case = _case(make_case, "reid")
     base = rankwise.evaluate(*case.args(), **case.kwargs(workers=1))
     # uneven tiles: the last block / chunk of a pass is smaller than the buffer it reuses

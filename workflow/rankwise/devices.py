@@ -13,7 +13,8 @@ single-gallery-shot draws.  A :class:`Tiles` backend says how ``S`` is computed:
                ``CUDA_VISIBLE_DEVICES``); each gallery chunk and query block is copied to
                the device once, ``S`` is copied back per tile.
 ``auto``       ``cuda`` when torch is installed and sees a CUDA device, else ``cpu``
-               (without importing torch, ~2 s, where no NVIDIA device node exists).
+               (without importing torch, ~2 s, where no NVIDIA device node exists); with
+               a dask.distributed scheduler, on every worker (:func:`check_workers`).
 ``torch-cpu``  the ``cuda`` code path on torch's CPU device: what the tests run where
                there is no GPU; also a way to compare the two paths on one machine.
 
@@ -82,8 +83,12 @@ class NumpyTiles:
         """
         size = q.shape[0] * g.shape[0]
         with _SCRATCH_LOCK:
+            # the smallest that fits: a last, narrower chunk leaves the full-size buffers
+            # to the full-size tiles (first fit could hand it one and make the next tile
+            # allocate another)
             fits = [i for i, buffer in enumerate(_SCRATCH) if buffer.size >= size]
-            buffer = _SCRATCH.pop(fits[0]) if fits else np.empty(size, dtype=np.float32)
+            best = min(fits, key=lambda i: _SCRATCH[i].size, default=None)
+            buffer = _SCRATCH.pop(best) if best is not None else np.empty(size, np.float32)
         return np.matmul(q, g.T, out=buffer[:size].reshape(q.shape[0], g.shape[0]))
 
     def release(self, sim: np.ndarray) -> None:
@@ -188,6 +193,37 @@ def _torch(label: str, device: str) -> Any:
     return torch
 
 
+def cuda_visible() -> bool:
+    """Whether torch is installed here and sees a CUDA device (what ``auto`` asks; run on
+    each worker of a cluster, whose tiles it is)."""
+    if importlib.util.find_spec("torch") is None or not _gpu_may_be_visible():
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def check_workers(tiles: Tiles, device: str, client: Any, label: str = "device") -> Tiles:
+    """``tiles`` (chosen where rankwise started) for a dask.distributed cluster's
+    workers, which compute the tiles: a CUDA backend needs a CUDA device on every
+    worker.  ``auto`` then falls back to ``cpu``; ``cuda`` is an error naming the
+    workers without one (their tasks would each fail in torch, with a traceback)."""
+    if tiles.name != "cuda":
+        return tiles
+    seen = client.run(cuda_visible)  # worker address -> bool
+    missing = sorted(address for address, ok in seen.items() if not ok)
+    if not missing:
+        return tiles
+    if device == "auto":
+        return NumpyTiles()
+    named = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+    raise RankwiseError(
+        f"{label} cuda: {len(missing)} of the scheduler's {len(seen)} workers see no CUDA "
+        f"device (or have no torch): {named}; "
+        f"start the workers where a GPU is visible, or use {label} cpu or auto"
+    )
+
+
 def tiles_for(device: str, label: str = "device") -> Tiles:
     """The backend of ``device`` (:data:`rankwise.options.DEVICE`); ``label`` names the
     option in messages (the parameter, or the CLI's ``--device``).
@@ -203,9 +239,7 @@ def tiles_for(device: str, label: str = "device") -> Tiles:
         _torch(label, device)
         return TorchTiles("cpu")
     if device == "auto":
-        if importlib.util.find_spec("torch") is None or not _gpu_may_be_visible():
-            return NumpyTiles()
-        return TorchTiles("cuda") if _torch(label, device).cuda.is_available() else NumpyTiles()
+        return TorchTiles("cuda") if cuda_visible() else NumpyTiles()
     torch = _torch(label, device)
     if not torch.cuda.is_available():
         why = (

@@ -318,10 +318,29 @@ class _Runner:
 
     def get(self, graph: dict, keys: list):
         if self.client is not None:
-            return self.client.get(graph, keys)
+            from distributed import KilledWorker
+
+            try:
+                return self.client.get(graph, keys)
+            except KilledWorker as exc:
+                raise _killed_worker(exc) from None
         import dask.threaded
 
         return dask.threaded.get(graph, keys, num_workers=self.workers)
+
+
+def _killed_worker(exc) -> RankwiseError:
+    """One line for distributed's ``KilledWorker``: the worker process running a task
+    ended (most often killed for memory) as many times as the scheduler allows."""
+    task = exc.task[0] if isinstance(exc.task, tuple) else exc.task
+    name = str(task).rsplit("-", 1)[0]  # "tile-<graph token>" -> "tile"
+    return RankwiseError(
+        f"a worker of the Dask cluster died while running rankwise's {name!r} task "
+        f"({exc.allowed_failures + 1} attempt(s); the last on {exc.last_worker.address}): "
+        "its process ended, most often killed for using too much memory; see that "
+        "worker's log, and give the workers more memory or lower --query-block and "
+        "--gallery-chunk (each worker thread holds one tile of query-block x gallery-chunk)"
+    )
 
 
 #: Seconds to wait for a scheduler's answer, and then for its first worker.
@@ -483,6 +502,10 @@ def compute_ranks(
     dim = int(query.shape[1])
     runner = _Runner(options)
     try:  # a client rankwise opened is closed, whatever happens
+        if runner.client is not None:  # the tiles are computed on the workers
+            from .devices import check_workers
+
+            tiles = check_workers(tiles, options.device, runner.client)
         kept = None  # the gallery rows left, when junk rows are dropped
         if drop_junk and (rerank is not None or aqe is not None) and problem.gjunk.any():
             kept = np.flatnonzero(~problem.gjunk)
