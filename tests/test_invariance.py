@@ -160,6 +160,7 @@ def test_metrics_with_other_ks_and_ap_from_the_same_ranks(make_case, cli, tmp_pa
     api = rankwise.evaluate(*case.args(), **case.kwargs(ks=(2, 4), ap="trapezoid")).to_json()
     standard = rankwise.evaluate(*case.args(), **case.kwargs(ks=(2, 4))).to_json()
     assert api["metrics"]["map"] != standard["metrics"]["map"]
+    assert api.pop("ap") == "trapezoid"  # the Python API's JSON report says so too
     assert set(got) == set(api) and set(got["metrics"]) == {"rank2", "rank4", "map", "minp", "mrr"}
     for name in api["metrics"]:
         assert got["metrics"][name] == pytest.approx(api["metrics"][name], abs=1e-9), name

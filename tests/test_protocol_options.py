@@ -571,6 +571,13 @@ def test_evaluate_names_non_default_options(tmp_path, make_case):
     }
     assert "\nap: trapezoid\n" in rr.stdout
     assert '"rerank": {"k1": 6, "k2": 3, "lambda": 0.3}' in rr.stdout
+    # the Python API's JSON report is the same (it had neither key: read alone, a
+    # re-ranked trapezoid-AP result looked like a default run's)
+    api = rankwise.evaluate(
+        *args[1::2], protocol="reid", distance="euclidean", rerank="6,3,0.3", drop_junk=True,
+        exclude_same_camera=False, ap="trapezoid",
+    ).to_json()  # fmt: skip
+    assert json.loads(json.dumps(api)) == report
 
     # `rankwise metrics` of the same ranks says the same
     store = tmp_path / "rr.zarr"

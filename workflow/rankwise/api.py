@@ -51,7 +51,9 @@ class EvaluationResult:
 
     ``metrics`` maps names (``rank1``, ``map``, ...) to percentages; ``per_query``
     holds per evaluated query arrays (``query_index``, ``first_rank``, ``ap``, ``inp``,
-    ``rr``, ``num_relevant``; progressive adds ``sketches``).
+    ``rr``, ``num_relevant``; progressive adds ``sketches``).  ``variant``: what says
+    which numbers these are when they are not the protocol's defaults
+    (:func:`variant_keys`: ``protocol_options``, ``ap``), part of the JSON report.
     """
 
     protocol: str
@@ -62,11 +64,13 @@ class EvaluationResult:
     embedding_dim: int
     metrics: dict[str, float]
     per_query: dict[str, Any] = field(default_factory=dict, repr=False)
+    variant: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON report: exactly the keys the README lists (a copy: editing it leaves the
-        result as it is)."""
-        return {key: copy.deepcopy(getattr(self, key)) for key in REPORT_KEYS}
+        """The JSON report: exactly the keys the README lists, and ``variant``'s (a copy:
+        editing it leaves the result as it is)."""
+        report = {key: getattr(self, key) for key in REPORT_KEYS} | self.variant
+        return copy.deepcopy(report)
 
 
 def variant_keys(attrs: dict[str, Any], ap: str = "standard") -> dict[str, Any]:
@@ -126,6 +130,7 @@ def result_from_ranks(
         embedding_dim=int(attrs["embedding_dim"]),
         metrics=metrics,
         per_query=pq,
+        variant=variant_keys(attrs, ap),
     )
 
 

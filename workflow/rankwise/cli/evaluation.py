@@ -164,13 +164,12 @@ def _emit(report: dict, output: str | None, text_output: str | None = None) -> N
 @shared.output
 def evaluate(ks, ap, output, **kw):
     """Rank and score in one go; print the text report, write the JSON report."""
-    from ..api import result_from_ranks, variant_keys
+    from ..api import result_from_ranks
     from ..options import check_ap
 
     check_ap(ap, kw["protocol"] or "recall", "--ap")  # before the ranking work
     ranks, note = _rank(kw, progress=False)
-    report = result_from_ranks(ranks, ks=ks, ap=ap).to_json()
-    _emit(report | variant_keys(ranks.attrs, ap), output)
+    _emit(result_from_ranks(ranks, ks=ks, ap=ap).to_json(), output)
     if note:
         click.echo(note, err=True)
 
@@ -329,7 +328,7 @@ def _refuse_statistics_without_output() -> None:
 @spec.BY.click(help="With --stats-output: resample queries, or identities.")
 def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
     """Score a ranks store: print the text report, write the JSON report (+ provenance)."""
-    from ..api import REPORT_KEYS, result_from_ranks, variant_keys
+    from ..api import result_from_ranks
     from ..store import read_ranks
 
     if not stats_output:
@@ -339,8 +338,6 @@ def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
 
     check_ap(ap, attrs["protocol"], "--ap")
     report = result_from_ranks((arrays, attrs), ks=ks, ap=ap).to_json()
-    assert tuple(report) == REPORT_KEYS
-    report |= variant_keys(attrs, ap)
     report["provenance"] = {k: v for k, v in attrs.items() if k not in ("complete", "kind")}
     report["provenance"].update({"ks": list(ks), "ap": ap, "ranks": str(ranks)})
     if stats_output:
