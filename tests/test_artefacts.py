@@ -163,6 +163,12 @@ RANKS_CASES = [
      "a negative query row"),
     ("through-the-report", _attrs("r.zarr", lambda a: a.pop("distance")), REPORT,
      "'distance' is missing"),
+    # a newer layout is refused, not misread (rankwise.schema.STORE_FORMAT)
+    ("format-newer", _attrs("r.zarr", lambda a: a.update(rankwise_format=2)),
+     ["metrics", "r.zarr"], "written by a newer rankwise (store format 2; this version reads "
+     "format 1 and older), whose layout it could misread; upgrade rankwise"),
+    ("format-string", _attrs("r.zarr", lambda a: a.update(rankwise_format="1")), REPORT,
+     "'rankwise_format' must be a positive integer, found '1'"),
 ]  # fmt: skip
 
 
@@ -213,7 +219,17 @@ EMBEDDING_CASES = [
      "array 'embeddings' of the Zarr store cannot be read"),
     ("through-the-report", _attrs("q.zarr", lambda a: a.update(num_rows="6")), REPORT,
      "'num_rows' must be a non-negative integer"),
+    ("format-newer", _attrs("g.zarr", lambda a: a.update(rankwise_format=3)), _RANK_G,
+     "written by a newer rankwise (store format 3;"),
 ]  # fmt: skip
+
+
+def test_stores_of_before_the_format_number_are_format_1(work):
+    """Stores written before ``rankwise_format`` existed have none: read as format 1."""
+    for store in ("r.zarr", "g.zarr", "q.zarr"):
+        _attrs(store, lambda a: a.pop("rankwise_format"))(work)
+    _ok(*_RANK_G, cwd=work)
+    _ok("metrics", "r.zarr", cwd=work)
 
 
 @pytest.mark.parametrize(

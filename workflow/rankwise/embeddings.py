@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import RankwiseError, first_line
-from .schema import Field, check
+from .schema import Field, check, check_store_format
 
 #: Store attribute: sha256 of the bytes of the manifest CSV the store was encoded from.
 MANIFEST_SHA256 = "manifest_csv_sha256"
@@ -441,11 +441,13 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
                     f"{path}: incomplete embedding store (an interrupted encode); encode "
                     "again (it replaces the store)"
                 )
+            fix = "encode again with `rankwise encode` (it replaces the store)"
+            check_store_format(attrs, str(path), fix)
             check(
                 attrs,
                 EMBEDDING_ATTRS,
                 where=str(path),
-                fix="encode again with `rankwise encode` (it replaces the store)",
+                fix=fix,
                 noun="embedding store attribute ",
             )
         reading = "embeddings"

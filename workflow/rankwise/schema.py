@@ -166,6 +166,31 @@ def problem(data: Any, table: Mapping[str, Field], *, noun: str = "") -> str | N
     return None
 
 
+#: The layout of rankwise's Zarr stores (ranks, embeddings: their arrays, attributes and
+#: what they mean), written as each store's ``rankwise_format`` attribute.  A release that
+#: changes the layout in a way an older reader would misread raises it; a reader refuses a
+#: larger number than its own.  A store without the attribute (older ones) is format 1.
+STORE_FORMAT = 1
+
+
+def check_store_format(attrs: Mapping[str, Any], where: str, fix: str) -> None:
+    """Refuse a store of another layout than this version's: a ``rankwise_format``
+    above :data:`STORE_FORMAT` (a newer rankwise wrote it) or not a positive integer
+    (``fix``: the command that writes the store again, with this version)."""
+    found = attrs.get("rankwise_format", 1)
+    if not (_integer(found) and found >= 1):
+        raise RankwiseError(
+            f"{where}: store attribute 'rankwise_format' must be a positive integer, "
+            f"found {found!r}; {fix}"
+        )
+    if found > STORE_FORMAT:
+        raise RankwiseError(
+            f"{where}: written by a newer rankwise (store format {found}; this version "
+            f"reads format {STORE_FORMAT} and older), whose layout it could misread; "
+            f"upgrade rankwise (pip install -U rankwise), or {fix}"
+        )
+
+
 def check(data: Any, table: Mapping[str, Field], *, where: str, fix: str, noun: str = "") -> None:
     """Refuse ``data`` read from ``where`` unless it matches ``table``: one line naming
     ``where``, the key and ``fix`` (the command that writes the file)."""

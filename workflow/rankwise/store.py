@@ -9,7 +9,8 @@ Embedding store (a Zarr group)::
     embeddings   float32 (N, D), chunked along N
     manifest_row int64 (N,)           only when rows were dropped (id-keyed features)
     attrs        {"kind": "embeddings", "encoder": ..., "checkpoint_hash": ...,
-                  "manifest_hash": ..., "rankwise_version": ..., "complete": true}
+                  "manifest_hash": ..., "rankwise_version": ..., "rankwise_format": 1,
+                  "complete": true}
 
 Ranks store (a Zarr group), one entry per *evaluated* query::
 
@@ -19,7 +20,10 @@ Ranks store (a Zarr group), one entry per *evaluated* query::
     group        int64 (n_eval,)      progressive: sketch number (0..n_sketches-1), else -1
     step         int64 (n_eval,)      progressive: the rendering's step, else 0
     attrs        protocol, distance, num_queries, num_skipped, num_gallery, ...
-                 (:data:`RANKS_ATTRS`, checked when read)
+                 (:data:`RANKS_ATTRS`, checked when read), kind, rankwise_format, complete
+
+``rankwise_format`` (:data:`rankwise.schema.STORE_FORMAT`) is the layout's number: a
+reader refuses a store of a newer layout than its own instead of misreading it.
 
 Optional arrays (protocol variants; :data:`OPTIONAL_ARRAYS`), written when present::
 
@@ -52,7 +56,7 @@ from .embeddings import EMBEDDING_ATTRS
 from .errors import RankwiseError
 from .options import DISTANCE
 from .registry import PROTOCOLS
-from .schema import Field, check, optional
+from .schema import STORE_FORMAT, Field, check, check_store_format, optional
 
 if TYPE_CHECKING:
     import zarr
@@ -167,7 +171,7 @@ def atomic_store(path: str | os.PathLike, kind: str | None = None) -> Iterator[z
     with atomic_directory(path, kind) as tmp:
         group = zarr.open_group(str(tmp), mode="w")
         if kind is not None:
-            group.attrs["kind"] = kind
+            group.attrs.update(kind=kind, rankwise_format=STORE_FORMAT)
         yield group
         group.attrs["complete"] = True
 
@@ -211,6 +215,8 @@ def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
         raise RankwiseError(
             f"{p}: expected a rankwise {kind} store, found kind={attrs.get('kind')!r}"
         )
+    writer = dict(ranks="rank", embeddings="encode").get(kind, kind)
+    check_store_format(attrs, str(p), f"run `rankwise {writer}` again (it replaces the store)")
     return group
 
 
