@@ -101,7 +101,7 @@ def test_a_header_ending_with_a_delimiter_is_an_extra_column(tmp_path):
 def test_shorter_rows_and_blank_lines_keep_their_columns(tmp_path):
     (tmp_path / "m.csv").write_text("\nid,label,note\n\nq1,alice\nq2,bob,x\n")
     table = read_manifest(tmp_path / "m.csv")
-    assert table.to_dict("list") == {
+    assert {c: table[c].tolist() for c in table.columns} == {
         "id": ["q1", "q2"],
         "label": ["alice", "bob"],
         "note": ["", "x"],
@@ -211,7 +211,7 @@ SPACED_GALLERY = "id, label, camera\ng0, -1, 2\ng1, 1, 2 \ng2, 2, 2\ng3 ,2,1\n"
 def test_spaces_around_values_are_not_part_of_them(tmp_path):
     (tmp_path / "m.csv").write_text(SPACED_GALLERY)
     table = read_manifest(tmp_path / "m.csv", protocol="reid", role="gallery")
-    assert table.to_dict("list") == {
+    assert {c: table[c].tolist() for c in table.columns} == {
         "id": ["g0", "g1", "g2", "g3"],
         "label": ["-1", "1", "2", "2"],
         "camera": ["2", "2", "2", "1"],

@@ -30,8 +30,8 @@ from .options import (
 )
 from .registry import get_protocol
 
-if TYPE_CHECKING:  # the engine (numba) and pandas load only when ranking: `rankwise
-    # metrics` and the report read ranks stores without them
+if TYPE_CHECKING:  # the engine (numba) loads only when ranking: `rankwise metrics` and
+    # the report read ranks stores without it
     from .ranking import RankResult
 
 REPORT_KEYS = (
@@ -196,15 +196,14 @@ def rank(
     if rerank is not None or aqe is not None:  # their item order (rerank.item_order)
         from .protocols import id_keys
 
-        problem = replace(problem, gkey=id_keys(inputs.gallery["id"].to_numpy()))
+        problem = replace(problem, gkey=id_keys(inputs.gallery["id"]))
     q_src, g_src = inputs.query_embeddings, inputs.gallery_embeddings
     shots = None
     if problem.options.get("single_gallery_shot"):
         # What the draws are keyed by (single_shot's docstring): query ids, gallery
         # rows by (label, id).
-        g_label = inputs.gallery["label"].astype(str).to_numpy()
-        g_id = inputs.gallery["id"].astype(str).to_numpy()
-        shots = (inputs.query["id"].astype(str).to_numpy(), np.lexsort((g_id, g_label)))
+        g_label, g_id = inputs.gallery["label"], inputs.gallery["id"]
+        shots = (inputs.query["id"], np.lexsort((g_id, g_label)))
     # The string tables are no longer needed: free them before the tiles are allocated
     # (2M gallery rows hold ~240 MB of Python strings).
     del inputs
@@ -375,17 +374,16 @@ def recall_at_k(
     are skipped.
     """
 
-    import pandas as pd
-
     from .errors import RankwiseError
     from .manifest import whole_number_text
+    from .table import Table
 
     def column(values, name: str, rows: int | None = None) -> np.ndarray:
         values = np.asarray(values)
         if values.ndim != 1 or (rows is not None and len(values) != rows):
             want = "one value per row" if rows is None else f"{rows} values, one per row"
             raise RankwiseError(f"{name} must be 1-D with {want}; got shape {values.shape}")
-        missing = np.flatnonzero(pd.isna(values))
+        missing = np.flatnonzero(_missing(values))
         if len(missing):  # not the label "None" / "nan" that astype(str) would write
             raise RankwiseError(
                 f"{name}[{missing[0]}] is missing ({values[missing[0]]}); every item needs a value"
@@ -405,7 +403,7 @@ def recall_at_k(
                 if not np.isin(ids, taken).any():
                     break
                 prefix += side[0]
-        return pd.DataFrame({"id": ids, "label": labels})
+        return Table({"id": ids.astype(object), "label": labels.astype(object)})
 
     query_emb, gallery_emb = np.asarray(query_emb), np.asarray(gallery_emb)
     result = evaluate(
@@ -418,3 +416,20 @@ def recall_at_k(
         ks=ks,
     )
     return {name: value for name, value in result.metrics.items() if name.startswith("recall@")}
+
+
+def _missing(values: np.ndarray) -> np.ndarray:
+    """``(N,)`` bool: which of ``values`` are missing (None, NaN, NaT, ``pandas.NA``), as
+    ``pandas.isna`` tells, without importing pandas."""
+    if values.dtype.kind in "fcmM":
+        return values != values  # NaN and NaT only are unequal to themselves
+    if values.dtype.kind != "O":
+        return np.zeros(len(values), dtype=bool)
+
+    def missing(value) -> bool:
+        try:
+            return value is None or bool(value != value)
+        except TypeError:  # pandas.NA: neither equal nor unequal to itself
+            return True
+
+    return np.fromiter(map(missing, values), dtype=bool, count=len(values))

@@ -405,7 +405,7 @@ def _load_manifest(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     tables = {}
     for split in SPLITS:
         source = _existing_file(opts[split], f"{split} manifest")
-        table = read_manifest(source, protocol=opts["protocol"], role=split).copy()
+        table = read_manifest(source, protocol=opts["protocol"], role=split).to_frame()
         if "path" in table.columns:
             # Absolute and empty paths are kept; relative ones are re-based on out_dir.
             table["path"] = [

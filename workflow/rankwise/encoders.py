@@ -1082,7 +1082,7 @@ def encode_manifest(
                 "or use kind precomputed"
             )
         check_nonempty(table, ["path"], str(manifest))
-        rows.paths = table["path"].str.strip().tolist()
+        rows.paths = [str(p).strip() for p in table["path"]]
     if "text" in table.columns:
         rows.texts = table["text"].tolist()
     hashed = [manifest] + ([encoder.checkpoint] if encoder.checkpoint is not None else [])

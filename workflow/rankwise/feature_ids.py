@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from .errors import RankwiseError, first_line
 from .manifest import read_csv_strings, read_utf8_text
+from .table import factorize
 
 #: on_missing values: refuse ids missing on either side, or keep the ids both sides have.
 ON_MISSING = ("error", "drop")
@@ -129,7 +129,7 @@ def read_ids(path: str | Path, *, column: str = "id") -> np.ndarray:
                 f"{path}: no column {column!r} (found: {', '.join(table.columns) or 'none'}); "
                 "set options.ids_column to the column holding the ids"
             )
-        values = table[column].str.strip().to_numpy(dtype=object)
+        values = np.array([v.strip() for v in table[column]], dtype=object)
         first_row = 2  # line of the first id (after the header)
     else:
         lines = read_utf8_text(path, "text file of ids").splitlines()
@@ -197,20 +197,25 @@ def align(
         raise RankwiseError(
             f"on_missing must be one of {', '.join(ON_MISSING)}, got {on_missing!r}"
         )
-    wanted = pd.Index(np.asarray(manifest_ids, dtype=object))
-    have = pd.Index(np.asarray(feature_ids, dtype=object))
-    dup = have.duplicated(keep=False)
+    wanted = np.asarray(manifest_ids, dtype=object)
+    have = np.asarray(feature_ids, dtype=object)
+    codes, uniques = factorize(have)
+    copies = np.bincount(codes, minlength=len(uniques))
+    dup = copies[codes] > 1
     if dup.any():
         first = int(np.flatnonzero(dup)[0])
-        rows = np.flatnonzero(have == have[first])
-        count = int(have[dup].nunique())
+        rows = np.flatnonzero(codes == codes[first])
+        count = int(np.count_nonzero(copies > 1))
         raise RankwiseError(
             f"{ids}: {count} id(s) appear on more than one feature row, e.g. {have[first]!r} "
             f"on rows {int(rows[0])} and {int(rows[1])} (0-based); ids must be unique"
         )
-    position = have.get_indexer(wanted)  # feature row per manifest row, -1 if none
+    row_of = {v: i for i, v in enumerate(have.tolist())}
+    # feature row per manifest row, -1 if none
+    position = np.array([row_of.get(v, -1) for v in wanted.tolist()], dtype=np.int64)
     missing = np.flatnonzero(position < 0)
-    extra = np.flatnonzero(~have.isin(wanted))
+    listed = set(wanted.tolist())
+    extra = np.flatnonzero(np.array([v not in listed for v in have.tolist()], dtype=bool))
     if on_missing == "error":
         if len(missing):
             raise RankwiseError(

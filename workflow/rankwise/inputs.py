@@ -29,8 +29,6 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
 from .embeddings import (
     EmbeddingSource,
     check_manifest,
@@ -50,6 +48,7 @@ from .options import (
     SINGLE_GALLERY_SHOT,
 )
 from .protocols import Problem, build_problem, check_multi_query
+from .table import Table, is_dataframe
 
 if TYPE_CHECKING:
     from .multiquery import Pooled
@@ -70,8 +69,8 @@ class Inputs:
     """
 
     protocol: str
-    query: pd.DataFrame
-    gallery: pd.DataFrame
+    query: Table
+    gallery: Table
     query_embeddings: EmbeddingSource
     gallery_embeddings: EmbeddingSource
     names: tuple[str, str]
@@ -162,7 +161,7 @@ def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *, protoco
     )
 
 
-def _check_keyed(table: pd.DataFrame, source: EmbeddingSource, manifest: str | None) -> None:
+def _check_keyed(table: Table, source: EmbeddingSource, manifest: str | None) -> None:
     """Features keyed by ids (a Zarr group's ``ids``) are read by row: the ids must agree."""
     if source.ids_array is None:
         return
@@ -170,22 +169,22 @@ def _check_keyed(table: pd.DataFrame, source: EmbeddingSource, manifest: str | N
 
     check_in_order(
         zarr_ids(source.path),
-        table["id"].to_numpy(dtype=object),
+        table["id"],
         ids=f"{source.path}/{source.ids_array}",
         manifest=manifest or "the manifest",
     )
 
 
-def aligned_table(table: pd.DataFrame, source: EmbeddingSource) -> pd.DataFrame:
+def aligned_table(table: Table, source: EmbeddingSource) -> Table:
     """The manifest rows ``source`` holds (all of them, unless rows were dropped), 0..N-1."""
     if source.manifest_rows is None:
         return table
-    return table.iloc[source.manifest_rows].reset_index(drop=True)
+    return table.take(source.manifest_rows)
 
 
 def read_evaluated_manifest(
     manifest, embeddings, *, protocol: str, role: str, name: str | None = None
-) -> pd.DataFrame:
+) -> Table:
     """A manifest as it was evaluated with ``embeddings`` (a store's path, or None).
 
     The rows a ranks store's indices count: the whole manifest, or, when ``embeddings``
@@ -204,4 +203,4 @@ def read_evaluated_manifest(
 
 
 def _name(source) -> str | None:
-    return None if isinstance(source, pd.DataFrame) else str(source)
+    return None if is_dataframe(source) or isinstance(source, Table) else str(source)

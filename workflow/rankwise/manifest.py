@@ -28,18 +28,21 @@ from __future__ import annotations
 
 import csv
 import os
-import warnings
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .errors import RankwiseError, first_line
 from .registry import INTEGER_COLUMNS as _INTEGER_COLUMNS
 from .registry import PROTOCOLS, REGISTRY, ROLES, get_protocol
+from .table import Table, factorize, is_dataframe
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "MAX_INTEGER",
@@ -61,8 +64,6 @@ __all__ = [
 #: match the wrong candidates.  Video frame numbers are far below it (VeRi-776's eight
 #: digits included); timestamps in milliseconds are not, so renumber those.
 MAX_INTEGER = 2**31 - 1
-#: ``attrs["rows"]`` of a manifest read from a DataFrame: rows are named by position.
-_POSITIONS = "positions"
 
 
 def check_protocol(protocol: str) -> str:
@@ -84,17 +85,18 @@ def required_columns(protocol: str | None, role: str | None) -> tuple[str, ...]:
 
 
 def read_manifest(
-    source: str | os.PathLike | pd.DataFrame,
+    source: str | os.PathLike | pd.DataFrame | Table,
     *,
     protocol: str | None = None,
     role: str | None = None,
     extra_columns: tuple[str, ...] = (),
-) -> pd.DataFrame:
+) -> Table:
     """Read and validate a manifest (see the module docstring for what is checked).
 
     Parameters
     ----------
-    source : path to a CSV file, or a DataFrame with the same columns.
+    source : path to a CSV file, or a DataFrame (or :class:`~rankwise.table.Table` of
+        strings) with the same columns.
     protocol : one of ``PROTOCOLS``, deciding the required columns; ``None`` (not
         known, e.g. when encoding): the columns every protocol requires.
     role : ``"query"`` or ``"gallery"``; ``None``: the columns required in both roles.
@@ -102,26 +104,20 @@ def read_manifest(
 
     Returns
     -------
-    DataFrame of strings (integer columns ``frame``/``step`` as int64), index 0..N-1.
+    Table of ``(N,)`` string columns (integer columns ``frame``/``step`` as int64).
     """
     what = f"{role} manifest" if role else "manifest"
-    name = str(source) if not isinstance(source, pd.DataFrame) else f"<{role or 'manifest'} table>"
-    if isinstance(source, pd.DataFrame):
-        # before any column is read: source[col] of a name given twice is a DataFrame
+    in_memory = is_dataframe(source) or isinstance(source, Table)
+    name = f"<{role or 'manifest'} table>" if in_memory else str(source)
+    if is_dataframe(source):
+        table = _from_frame(source, name)
+    elif isinstance(source, Table):
         _check_unique_columns([str(c).strip() for c in source.columns], name)
-        table = source.astype(str).reset_index(drop=True)
-        table.attrs = {"rows": _POSITIONS}  # messages name positions (row_line)
-        for col in source.columns:  # keep integer columns given as numbers exact
-            if col in _INTEGER_COLUMNS and pd.api.types.is_integer_dtype(source[col]):
-                table[col] = source[col].astype(str).to_numpy()
-            elif pd.api.types.is_float_dtype(source[col]):
-                whole = whole_number_text(source[col].to_numpy(dtype=float, na_value=np.nan))
-                if whole is not None:
-                    table[col] = whole
-        # A missing value (None, NaN, pd.NA) is an empty cell, as in a CSV file, not the
-        # label "None" / "nan" / "<NA>" that astype(str) writes, shared by every such row.
-        table = table.mask(source.isna().to_numpy(), "")
-        table = _stripped(table)
+        table = Table(
+            {str(c).strip(): _strip_blanks(source[c]) for c in source.columns},
+            n_rows=len(source),
+            positions=True,
+        )
     elif not isinstance(source, (str, os.PathLike)):
         raise RankwiseError(
             f"the {what} must be a CSV file path or a pandas DataFrame; got {type(source).__name__}"
@@ -133,27 +129,28 @@ def read_manifest(
         table = read_csv_strings(
             path, "CSV manifest", fix="write one header line and one row per item"
         )
-    table.columns = [str(c).strip() for c in table.columns]
-    _check_unique_columns(list(table.columns), name)
+    _check_unique_columns(table.columns, name)
     needed = required_columns(protocol, role) + tuple(extra_columns)
-    missing = [c for c in needed if c not in table.columns]
+    missing = [c for c in needed if c not in table]
     if missing:
         by = f"protocol {protocol!r}" if protocol is not None else "every protocol"
         raise RankwiseError(
             f"{name}: missing column(s) {', '.join(missing)} required by "
             f"{by} for the {role or 'query and the gallery'}; "
-            f"{_missing_fix(list(table.columns), missing)} "
+            f"{_missing_fix(table.columns, missing)} "
             f"(found: {', '.join(table.columns) or 'none'})"
         )
     if len(table) == 0:
         raise RankwiseError(f"{name}: the {what} has no rows; it needs at least one item")
     check_nonempty(table, [c for c in needed if c not in _INTEGER_COLUMNS], name)
     _refuse_nul(table, name)
-    ids = table["id"].to_numpy()
-    dup = pd.Series(ids).duplicated(keep="first").to_numpy()
+    ids = table["id"]
+    codes, _ = factorize(ids)
+    # a first appearance has a code above every earlier one (codes number them in order)
+    dup = codes <= np.maximum.accumulate(np.r_[-1, codes[:-1]])
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
-        first = int(np.flatnonzero(ids == ids[i])[0])
+        first = int(np.flatnonzero(codes == codes[i])[0])
         raise RankwiseError(
             f"{name}: duplicate id {ids[i]!r} at rows {row_line(first, table)} and "
             f"{row_line(i, table)}; ids must be unique within a manifest"
@@ -162,6 +159,32 @@ def read_manifest(
         if col in needed:
             table[col] = _to_int(table[col], name, col, table)
     return table
+
+
+def _from_frame(source: pd.DataFrame, name: str) -> Table:
+    """A DataFrame manifest's cells as text, as a CSV file of them would read: integer
+    columns exact, whole-number floats as integers, a missing value an empty cell,
+    spaces and tabs around values dropped; its rows named by position."""
+    import pandas as pd  # the caller made a DataFrame: imported already
+
+    # before any column is read: source[col] of a name given twice is a DataFrame
+    _check_unique_columns([str(c).strip() for c in source.columns], name)
+    table = source.astype(str).reset_index(drop=True)
+    for col in source.columns:  # keep integer columns given as numbers exact
+        if col in _INTEGER_COLUMNS and pd.api.types.is_integer_dtype(source[col]):
+            table[col] = source[col].astype(str).to_numpy()
+        elif pd.api.types.is_float_dtype(source[col]):
+            whole = whole_number_text(source[col].to_numpy(dtype=float, na_value=np.nan))
+            if whole is not None:
+                table[col] = whole
+    # A missing value (None, NaN, pd.NA) is an empty cell, as in a CSV file, not the
+    # label "None" / "nan" / "<NA>" that astype(str) writes, shared by every such row.
+    table = table.mask(source.isna().to_numpy(), "")
+    return Table(
+        {str(c).strip(): _strip_blanks(table[c].to_numpy(dtype=object)) for c in table.columns},
+        n_rows=len(table),
+        positions=True,  # messages name positions (row_line)
+    )
 
 
 def whole_number_text(values: np.ndarray) -> np.ndarray | None:
@@ -200,66 +223,68 @@ def _missing_fix(columns: list[str], missing: list[str]) -> str:
     return "add them"
 
 
-def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> pd.DataFrame:
+def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> Table:
     """Every cell of the CSV file ``path`` as a string, names and values stripped.
 
-    The one CSV parse of the package (manifests, id files). A byte-order mark (Excel's
-    "CSV UTF-8") is not part of the first column's name. Refused, each in one line
-    naming the file: a column name given twice (after stripping; pandas would rename
-    the copy ``label.1`` and read the first), and rows with more fields than the header
-    (a delimiter at the end of each row: pandas would take the first column as the
-    index and shift every value one column left, or drop the extra fields).  ``noun``
-    and ``fix`` word the message for an unreadable file.
+    The one CSV parse of the package (manifests, id files), read as pandas'
+    ``read_csv(dtype=str, keep_default_na=False, index_col=False)`` read them (the
+    differential test holds the two together): blank lines skipped, a row shorter than
+    the header padded with empty values, an empty column name called ``Unnamed: <i>``.
+    A byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name.
+    Refused, each in one line naming the file: a column name given twice (after
+    stripping), and rows with more fields than the header (a delimiter at the end of
+    each row: pandas took the first column as the index and shifted every value one
+    column left, or dropped the extra fields).  ``noun`` and ``fix`` word the message
+    for an unreadable file.
 
     Spaces around a value are not part of it: a file written ``q1, -1, 3`` (a space
     after each comma) read verbatim would have label ``" -1"``, which is not the junk
     label ``-1`` and not the label ``-1`` of a file written without spaces, so such
     items would silently count as distractors or lose their matches.
     """
-
-    def parse(on_warning: Literal["error", "ignore"]) -> pd.DataFrame:
-        with warnings.catch_warnings():
-            # pandas warns when rows are longer than the header (and drops their ends)
-            warnings.simplefilter(on_warning, pd.errors.ParserWarning)
-            return pd.read_csv(
-                path,
-                dtype=str,
-                keep_default_na=False,
-                na_filter=False,
-                encoding="utf-8-sig",
-                index_col=False,  # never the first column as the index
-            )
-
-    error: Exception
+    rows: list[tuple[int, list[str]]] = []
+    error: Exception | None = None
     try:
-        names = [h.strip() for h in _csv_header(path)]
-        for i, col in enumerate(names):
-            if col and col in names[:i]:
-                raise RankwiseError(
-                    f"{path}: the header names column {col!r} twice; rename or remove "
-                    f"one (header: {', '.join(names)})"
-                )
-        try:
-            table = parse("error")
-        except pd.errors.ParserWarning:
-            _refuse_long_rows(path, noun, fix)
-            table = parse("ignore")  # some other warning: read as usual
-        table.columns = [str(c).strip() for c in table.columns]
-        table.attrs["csv_path"] = str(path)  # for the line numbers of error messages
-        return _stripped(table, path)
-    except pd.errors.ParserError as exc:
-        _refuse_long_rows(path, noun, fix)  # e.g. "Expected 3 fields in line 5, saw 4"
-        error = exc
+        for line, row in _csv_rows(path):
+            if not rows:
+                _refuse_twice_named(path, [h.strip() for h in row])
+            rows.append((line, row))
     except UnicodeDecodeError as exc:
-        line = first_non_utf8_line(path)
-        if line is not None:
-            raise not_utf8(path, noun, line) from None
+        where = first_non_utf8_line(path)
+        if where is not None:
+            raise not_utf8(path, noun, where) from None
         error = exc
-    except (pd.errors.EmptyDataError, csv.Error) as exc:
+    except csv.Error as exc:  # a quote left open: what pandas said
         error = exc
-    raise RankwiseError(
-        f"{path}: not a readable {noun} ({first_line(error)})" + (f"; {fix}" if fix else "")
-    ) from None
+    if not rows and error is None:
+        error = ValueError("No columns to parse from file")  # pandas' words
+    if rows:
+        _refuse_long_rows(path, noun, fix, rows)
+    if error is not None:
+        raise RankwiseError(
+            f"{path}: not a readable {noun} ({first_line(error)})" + (f"; {fix}" if fix else "")
+        ) from None
+    header = rows[0][1]
+    width = len(header)
+    names = [(raw or f"Unnamed: {i}").strip() for i, raw in enumerate(header)]  # pandas'
+    _check_unique_columns(names, str(path))  # blank ones: a table holds one per name
+    body = [row + [""] * (width - len(row)) for _, row in rows[1:]]  # short rows padded
+    blanks = _has_blanks(path)  # else no value has a space or tab to strip
+    columns = {}
+    for i, name in enumerate(names):
+        column = np.empty(len(body), dtype=object)
+        column[:] = [row[i].strip(" \t") if blanks else row[i] for row in body]
+        columns[name] = column
+    return Table(columns, n_rows=len(body), csv_path=str(path))
+
+
+def _refuse_twice_named(path: Path, names: list[str]) -> None:
+    for i, col in enumerate(names):
+        if col and col in names[:i]:
+            raise RankwiseError(
+                f"{path}: the header names column {col!r} twice; rename or remove "
+                f"one (header: {', '.join(names)})"
+            )
 
 
 def not_utf8(path: Path, noun: str, where: tuple[int, int] | None = None) -> RankwiseError:
@@ -293,20 +318,13 @@ def first_non_utf8_line(path: Path) -> tuple[int, int] | None:
     return None
 
 
-def _stripped(table: pd.DataFrame, path: Path | None = None) -> pd.DataFrame:
-    """``table`` (all strings) with the spaces and tabs around each value removed.
-
-    Only ASCII spaces and tabs (``str.strip()`` would also take a no-break space, which
-    the byte scan below does not look for: the same value would read differently
-    depending on the rest of the file).  Stripping costs ~0.4 s per million rows; a file
-    ``path`` with no space or tab in it (the usual case) needs none, which a byte scan
-    tells in milliseconds.
-    """
-    if path is not None and not _has_blanks(path):
-        return table
-    for col in table.columns:
-        table[col] = table[col].str.strip(" \t")
-    return table
+def _strip_blanks(values) -> np.ndarray:
+    """``(N,)`` object array of ``values`` as text without the spaces and tabs around
+    them: only ASCII spaces and tabs (``str.strip()`` would also take a no-break
+    space, which a CSV file's byte scan, :func:`_has_blanks`, does not look for)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = [str(v).strip(" \t") for v in values]
+    return out
 
 
 def _has_blanks(path: Path) -> bool:
@@ -329,49 +347,60 @@ def any_field_size() -> Iterator[None]:
         csv.field_size_limit(old)
 
 
+#: Fed to the csv reader after a file's last line: its own row, unless a quote left
+#: open at the end of the file takes it into that quoted value (the csv module, not
+#: strict, says nothing where pandas said "EOF inside string").
+_END = "\x00end of file\x00"
+
+
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, fields)`` of each non-blank row (pandas skips blank lines too); the
-    line a row starts on (a quoted value may span lines)."""
+    """``(line number, fields)`` of each row, the line it starts on (a quoted value may
+    span lines), without the blank lines pandas skipped (empty, or spaces and tabs
+    alone, unquoted).  A quote open at the end of the file: its row, then csv.Error in
+    pandas' words, counting rows from 0 as pandas did (blank lines included)."""
     with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
-        reader = csv.reader(handle)
+        last = ""
+
+        def lines() -> Iterator[str]:
+            nonlocal last
+            for line in handle:
+                last = line
+                yield line
+            last = _END
+            yield _END
+
+        reader = csv.reader(lines())
         start = 1
-        for row in reader:
-            if len(row) > 1 or any(field.strip() for field in row):
+        for record, row in enumerate(reader):
+            if last is _END:
+                if row == [_END]:
+                    return
+                row[-1] = row[-1][: -len(_END)]
+                yield start, row
+                raise csv.Error(
+                    f"Error tokenizing data. C error: EOF inside string starting at row {record}"
+                )
+            blank = not row or (len(row) == 1 and not row[0].strip(" \t") and '"' not in last)
+            if not blank:
                 yield start, row
             start = reader.line_num + 1
 
 
-def _csv_header(path: Path) -> list[str]:
-    for _, row in _csv_rows(path):
-        return row
-    return []
-
-
-def _refuse_long_rows(path: Path, noun: str, fix: str) -> None:
-    """Raise naming the first row with more fields than the header, if there is one
-    (nothing when the csv module cannot read the file either: the caller's pandas
-    error names the problem)."""
-    header: list[str] | None = None
-    first, n_long, n_rows = None, 0, 0
-    try:
-        for line, row in _csv_rows(path):
-            if header is None:
-                header = [h.strip() for h in row]
-                continue
-            n_rows += 1
-            if len(row) > len(header):
-                n_long += 1
-                first = first or (line, len(row))
-    except csv.Error:
-        return
-    if first is not None and header is not None:
-        scope = "every row has" if n_long == n_rows else f"{n_long} of {n_rows} rows have"
+def _refuse_long_rows(path: Path, noun: str, fix: str, rows: list[tuple[int, list[str]]]) -> None:
+    """Raise naming the first of ``rows`` (``(line, fields)``, the header first) with
+    more fields than the header, if there is one."""
+    header = [h.strip() for h in rows[0][1]]
+    long = [(line, len(row)) for line, row in rows[1:] if len(row) > len(header)]
+    if long:
+        n_rows = len(rows) - 1
+        scope = "every row has" if len(long) == n_rows else f"{len(long)} of {n_rows} rows have"
         raise RankwiseError(
-            f"{path}: not a readable {noun} (line {first[0]} has {first[1]} fields but the "
-            f"header names {len(header)}: {', '.join(header)}; {scope} more fields than the "
-            f"header, so values cannot be matched to columns); {fix + ', ' if fix else ''}"
-            "as many fields in each row as the header names: remove the extra delimiters "
-            "at the end of those rows, or name every column in the header"
+            f"{path}: not a readable {noun} (line {long[0][0]} has {long[0][1]} fields but "
+            f"the header names {len(header)}: {', '.join(header)}; {scope} more fields than "
+            f"the header, so values cannot be matched to columns); "
+            f"{fix + ', ' if fix else ''}as many fields in each row as the header names: "
+            "remove the extra delimiters at the end of those rows, or name every column in "
+            "the header"
         )
 
 
@@ -384,46 +413,47 @@ def _check_unique_columns(columns: list[str], name: str) -> None:
             )
 
 
-def _refuse_nul(table: pd.DataFrame, name: str) -> None:
+def _refuse_nul(table: Table, name: str) -> None:
     """A NUL character names no file (the OS refuses it) and numpy's fixed-width
     strings drop it at the end of a value, so two ids could silently become one."""
-    path = table.attrs.get("csv_path")
-    if path:  # one scan of the file's bytes spares a scan of every column of big files
+    if table.csv_path:  # one scan of the file's bytes spares a scan of every column
         try:
-            if b"\0" not in Path(path).read_bytes():
+            if b"\0" not in Path(table.csv_path).read_bytes():
                 return
         except OSError:
             pass
     for col in table.columns:
-        if pd.api.types.is_numeric_dtype(table[col]):
+        values = table[col]
+        if values.dtype != object:
             continue
-        nul = np.flatnonzero(table[col].astype(str).str.contains("\x00", regex=False).to_numpy())
-        if len(nul):
+        nul = [i for i, v in enumerate(values) if "\x00" in str(v)]
+        if nul:
             raise RankwiseError(
                 f"{name}: row {row_line(nul[0], table)}: column {col!r} contains a NUL "
                 "character (byte 0); remove it from the file"
             )
 
 
-def check_nonempty(table: pd.DataFrame, columns, name: str) -> None:
+def check_nonempty(table: Table, columns, name: str) -> None:
     """Refuse an empty (or blank) value in ``columns``, naming the first row."""
     for col in columns:
-        empty = np.flatnonzero(table[col].astype(str).str.strip().to_numpy() == "")
-        if len(empty):
+        empty = next((i for i, v in enumerate(table[col]) if not str(v).strip()), None)
+        if empty is not None:
             raise RankwiseError(
-                f"{name}: row {row_line(empty[0], table)}: empty {col!r}; every item needs "
+                f"{name}: row {row_line(empty, table)}: empty {col!r}; every item needs "
                 f"{'an' if col[0] in 'aeiou' else 'a'} {col}"
             )
 
 
-def row_line(i: int, table: pd.DataFrame | None = None) -> int | str:
+def row_line(i: int, table: Table | None = None) -> int | str:
     """1-based line number in the CSV file of data row ``i`` (the header's line + 1 + i
     when no blank line or multi-line value comes between; read from the file, which
-    ``table.attrs["csv_path"]`` names, when one does); ``"<i> (0-based)"`` for a
-    manifest given as a DataFrame (``table.attrs["rows"]``), which has no lines."""
-    if table is not None and table.attrs.get("rows") == _POSITIONS:
+    ``table.csv_path`` names, when one does); ``"<i> (0-based)"`` for a manifest given
+    as a DataFrame (``table.positions``), which has no lines."""
+    # getattr: build_problem also takes a DataFrame made in memory (tests), read by position
+    if getattr(table, "positions", False):
         return f"{int(i)} (0-based)"
-    path = table.attrs.get("csv_path") if table is not None else None
+    path = getattr(table, "csv_path", None)
     if path:
         try:
             lines = [line for line, _ in _csv_rows(Path(path))][1:]
@@ -434,27 +464,28 @@ def row_line(i: int, table: pd.DataFrame | None = None) -> int | str:
     return int(i) + 2
 
 
-def _to_int(column: pd.Series, name: str, col: str, table: pd.DataFrame | None = None) -> pd.Series:
-    """``column`` as int64; each value an integer within ``-MAX_INTEGER..MAX_INTEGER``."""
-    values = column.astype(str).str.strip()
-    ok = values.str.fullmatch(r"[+-]?\d+").to_numpy()
-    if not ok.all():
-        i = int(np.flatnonzero(~ok)[0])
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _to_int(column: np.ndarray, name: str, col: str, table: Table | None = None) -> np.ndarray:
+    """``column`` ``(N,)`` as int64; each value an integer within
+    ``-MAX_INTEGER..MAX_INTEGER``."""
+    values = [str(v).strip() for v in column]
+    bad = next((i for i, v in enumerate(values) if not _INTEGER.fullmatch(v)), None)
+    if bad is not None:
         raise RankwiseError(
-            f"{name}: row {row_line(i, table)}: column {col!r} must be an integer, found "
-            f"{values.iloc[i]!r}"
+            f"{name}: row {row_line(bad, table)}: column {col!r} must be an integer, found "
+            f"{values[bad]!r}"
         )
-    # At most 18 significant digits convert to int64 exactly; longer ones are out of range.
-    digits = values.str.replace(r"^[+-]?0*", "", regex=True).str.len().to_numpy()
-    short = digits <= 18
     numbers = np.zeros(len(values), dtype=np.int64)
-    numbers[short] = values[short].astype(np.int64).to_numpy()
-    bad = ~short | (np.abs(numbers) > MAX_INTEGER)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise RankwiseError(
-            f"{name}: row {row_line(i, table)}: column {col!r} value {values.iloc[i]} is out of "
-            f"range; {col} must be between {-MAX_INTEGER} and {MAX_INTEGER} (renumber, e.g. "
-            f"subtract the first {col})"
-        )
-    return pd.Series(numbers, index=column.index)
+    for i, v in enumerate(values):
+        # At most 18 significant digits convert to int64 exactly; longer ones are out of
+        # range (Python's int would not overflow: the bound below is the check).
+        if len(v.lstrip("+-").lstrip("0")) > 18 or abs(number := int(v)) > MAX_INTEGER:
+            raise RankwiseError(
+                f"{name}: row {row_line(i, table)}: column {col!r} value {v} is out of "
+                f"range; {col} must be between {-MAX_INTEGER} and {MAX_INTEGER} (renumber, "
+                f"e.g. subtract the first {col})"
+            )
+        numbers[i] = number
+    return numbers

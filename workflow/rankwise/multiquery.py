@@ -30,11 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from .embeddings import EmbeddingSource
 from .errors import RankwiseError
 from .ranking import prepare_chunk
+from .table import Table
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Pooled:
     """
 
     pooling: str
-    table: pd.DataFrame
+    table: Table
     rows: np.ndarray
     offsets: np.ndarray
     members: np.ndarray
@@ -62,7 +62,7 @@ class Pooled:
 
 
 def pool_queries(
-    table: pd.DataFrame, source: EmbeddingSource, pooling: str, *, cosine: bool, name: str
+    table: Table, source: EmbeddingSource, pooling: str, *, cosine: bool, name: str
 ) -> Pooled:
     """Group ``table`` by (label, camera) and pool each group's rows (module docstring).
 
@@ -74,9 +74,7 @@ def pool_queries(
     cosine : a zero pooled vector is an error (it has no cosine distance).
     name : the manifest's name, for messages.
     """
-    ids = table["id"].astype(str).to_numpy()
-    label = table["label"].astype(str).to_numpy()
-    camera = table["camera"].astype(str).to_numpy()
+    ids, label, camera = table["id"], table["label"], table["camera"]
     # Sorted by (label, camera, id): a group is contiguous, its first member the smallest id.
     by_id = np.lexsort((ids, camera, label))
     lab, cam = label[by_id], camera[by_id]
@@ -109,7 +107,7 @@ def pool_queries(
             )
     return Pooled(
         pooling=pooling,
-        table=table.iloc[reps].reset_index(drop=True),
+        table=table.take(reps),
         rows=reps.astype(np.int64),
         offsets=offsets,
         members=members.astype(np.int64),

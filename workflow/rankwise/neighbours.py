@@ -121,7 +121,7 @@ def nearest_items(
     best: list[list[tuple]] = [[] for _ in rows]
     # exact ties (identical vectors) go to the smaller gallery id, not the earlier row:
     # the list does not depend on the manifest's row order
-    gallery_ids = inputs.gallery["id"].astype(str).to_numpy()
+    gallery_ids = inputs.gallery["id"]
     for start in range(0, g_src.shape[0], chunk):
         stop = min(start + chunk, g_src.shape[0])
         grows = prepare_chunk(g_src, start, stop, cosine)[0]

@@ -30,11 +30,11 @@ than 2 candidates, or none of its label).  The gallery is unchanged.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 
 from .errors import RankwiseError
 from .manifest import row_line
@@ -49,6 +49,7 @@ from .options import (
     SINGLE_GALLERY_SHOT,
 )
 from .registry import get_protocol
+from .table import Table, factorize
 
 
 @dataclass
@@ -184,7 +185,7 @@ def id_keys(ids) -> np.ndarray:
     ranks: a numbering of items that no row order changes.  Memory follows the ids' total
     size (a fixed-width unicode array would take n x the longest id): the distinct ids are
     sorted as Python strings (1M distinct ids: ~1 s)."""
-    codes, uniques = pd.factorize(np.asarray(ids, dtype=object))
+    codes, uniques = factorize(ids)
     text = [str(u) for u in uniques]
     rank = np.empty(len(text), dtype=np.int64)
     rank[np.asarray(sorted(range(len(text)), key=text.__getitem__), dtype=np.int64)] = np.arange(
@@ -193,10 +194,10 @@ def id_keys(ids) -> np.ndarray:
     return rank[codes]
 
 
-def _codes(query: pd.Series, gallery: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes for two string columns, equal strings -> equal codes."""
-    codes, _ = pd.factorize(pd.concat([query, gallery], ignore_index=True).astype(str))
-    codes = codes.astype(np.int64)
+def _codes(query, gallery) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes ``(Q,)`` / ``(G,)`` for two columns read as text, equal text ->
+    equal code (numbered by first appearance, query rows first)."""
+    codes, _ = factorize(str(v) for v in itertools.chain(query, gallery))
     return codes[: len(query)], codes[len(query) :]
 
 
@@ -233,8 +234,8 @@ def _drop_dot_zero(label: str) -> str:
 
 
 def build_problem(
-    query: pd.DataFrame,
-    gallery: pd.DataFrame,
+    query: Table,
+    gallery: Table,
     protocol: str,
     *,
     gap_frames: int = GAP_FRAMES.default,
@@ -282,8 +283,8 @@ def build_problem(
         options["gap_frames"] = gap_frames = GAP_FRAMES.check(gap_frames)
         options["query_stride"] = query_stride = QUERY_STRIDE.check(query_stride)
         qseq, gseq = _codes(query["sequence"], gallery["sequence"])
-        qframe = query["frame"].to_numpy(np.int64)
-        gframe = gallery["frame"].to_numpy(np.int64)
+        qframe = np.asarray(query["frame"], dtype=np.int64)
+        gframe = np.asarray(gallery["frame"], dtype=np.int64)
         # One integer per (sequence, frame); a target frame outside the gallery's range
         # can match nothing, so it maps to -1.
         fmin, fmax = int(gframe.min()), int(gframe.max())
@@ -306,7 +307,7 @@ def build_problem(
         if spec.junk_labels:
             junk = {str(j) for j in junk_labels}
             options["junk_labels"] = sorted(junk)
-            gjunk = gallery["label"].astype(str).isin(junk).to_numpy()
+            gjunk = np.array([str(v) in junk for v in gallery["label"]], dtype=bool)
         if spec.exclude_same_camera:
             # No cameras in the problem = no camera rule, in dense_masks and count_tile.
             exclude = EXCLUDE_SAME_CAMERA.check(exclude_same_camera)
@@ -388,8 +389,13 @@ def build_problem(
         qcam=qcam,
         gcam=gcam,
         twins=twins,
-        qkey=id_keys(query["id"].to_numpy()),
+        qkey=id_keys(query["id"]),
     )
+
+
+def _at(table: Table, column: str, row) -> object:
+    """One value, for messages."""
+    return np.asarray(table[column])[int(row)]
 
 
 def _check_shared_ids(query, gallery, qid, gid, qlab, glab, names) -> None:
@@ -405,16 +411,16 @@ def _check_shared_ids(query, gallery, qid, gid, qlab, glab, names) -> None:
         q, j = int(bad[0]), int(g[bad[0]])
         shared = int(np.count_nonzero(g >= 0))
         raise RankwiseError(
-            f"{names[0]}, {names[1]}: id {query['id'].iloc[q]!r} is a query (row "
-            f"{row_line(q, query)}, label {query['label'].iloc[q]!r}) and a gallery item (row "
+            f"{names[0]}, {names[1]}: id {_at(query, 'id', q)!r} is a query (row "
+            f"{row_line(q, query)}, label {_at(query, 'label', q)!r}) and a gallery item (row "
             f"{row_line(j, gallery)}, label "
-            f"{gallery['label'].iloc[j]!r}); the same id is the same item, never its own "
+            f"{_at(gallery, 'label', j)!r}); the same id is the same item, never its own "
             f"match, so its labels must agree ({len(bad)} of the {shared} shared ids differ): "
             "give query and gallery items distinct ids (e.g. prefix them q/g), or fix the label"
         )
 
 
-def check_multi_query(multi_query: str, protocol: str, query: pd.DataFrame, name: str) -> str:
+def check_multi_query(multi_query: str, protocol: str, query: Table, name: str) -> str:
     """``multi_query`` checked: a choice of the option, a protocol that takes it (reid),
     and a query manifest with a ``camera`` column (queries are pooled per label and
     camera)."""
@@ -461,41 +467,44 @@ def _member_twins(members, query, gallery, qlab, glab, names) -> np.ndarray:
     if members is None:
         raise RankwiseError("multi_query needs the pooled queries' members (pool_queries)")
     offsets, ids = members
-    twin = pd.Index(gallery["id"].astype(str)).get_indexer(np.asarray(ids, dtype=str))
+    row_of = {str(v): g for g, v in enumerate(gallery["id"])}  # ids are unique
+    twin = np.array([row_of.get(str(v), -1) for v in ids], dtype=np.int64)
     owner = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
     owner, twin = owner[twin >= 0], twin[twin >= 0]
     other = np.flatnonzero(glab[twin] != qlab[owner])
     if len(other):
         g = int(twin[other[0]])
         raise RankwiseError(
-            f"{names[1]}: row {row_line(g, gallery)}: id {gallery['id'].iloc[g]!r} is also a "
-            f"query item (a member of pooled query {query['id'].iloc[owner[other[0]]]!r}) but "
-            f"its label {gallery['label'].iloc[g]!r} differs from the query's "
-            f"{query['label'].iloc[owner[other[0]]]!r}: the same id is the same item; fix "
+            f"{names[1]}: row {row_line(g, gallery)}: id {_at(gallery, 'id', g)!r} is also a "
+            f"query item (a member of pooled query {_at(query, 'id', owner[other[0]])!r}) but "
+            f"its label {_at(gallery, 'label', g)!r} differs from the query's "
+            f"{_at(query, 'label', owner[other[0]])!r}: the same id is the same item; fix "
             "the label or the id"
         )
     return np.unique(owner * len(gallery) + twin)
 
 
-def _sketches(query: pd.DataFrame, skip: np.ndarray, name: str = "query manifest"):
+def _sketches(query: Table, skip: np.ndarray, name: str = "query manifest"):
     """Progressive: sketch numbers, steps, and whole-sketch skipping.
 
     A sketch is evaluated only when every one of its renderings has its target in the
     gallery; otherwise all its rows are skipped.  Returns the sketch-level counts.
     """
-    group, names = pd.factorize(query["sketch"].astype(str))
-    group = group.astype(np.int64)
-    step = query["step"].to_numpy(np.int64)
-    labels = query["label"].astype(str).to_numpy()
-    table = pd.DataFrame({"g": group, "s": step, "l": labels})
-    dup = table.duplicated(["g", "s"]).to_numpy()
+    group, names = factorize(str(v) for v in query["sketch"])
+    step = np.asarray(query["step"], dtype=np.int64)
+    # first rows of each (sketch, step) and (sketch, label): a stable sort keeps the first
+    _, first = np.unique(np.c_[group, step], axis=0, return_index=True)
+    dup = np.ones(len(group), dtype=bool)
+    dup[first] = False
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
         raise RankwiseError(
             f"{name}: row {row_line(i, query)}: sketch {names[group[i]]!r} has "
             f"step {step[i]} twice; each rendering needs its own step"
         )
-    n_labels = table.groupby("g")["l"].nunique().to_numpy()
+    labels, _ = factorize(str(v) for v in query["label"])
+    pairs = np.unique(np.c_[group, labels], axis=0)
+    n_labels = np.bincount(pairs[:, 0], minlength=len(names))
     if (n_labels > 1).any():
         g = int(np.flatnonzero(n_labels > 1)[0])
         raise RankwiseError(

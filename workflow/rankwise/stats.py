@@ -175,9 +175,8 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     column (``reassociation``), a manifest gives ``sequence/label`` (a track): labels
     are reused across sequences.
     """
-    import pandas as pd  # heavy, and only --by identity reads a manifest
-
     from .inputs import read_evaluated_manifest
+    from .table import is_dataframe
 
     protocol = attrs.get("protocol", "recall")
     if labels is None:
@@ -197,7 +196,7 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
         labels = path
     store = (attrs.get("query_embeddings") or {}).get("path")
     aligned = (attrs.get("query_embeddings") or {}).get("id_alignment") or {}
-    if isinstance(labels, (str, os.PathLike, pd.DataFrame)):
+    if isinstance(labels, (str, os.PathLike)) or is_dataframe(labels):
         if aligned.get("dropped_rows") and not (store and os.path.isdir(store)):
             raise RankwiseError(
                 f"{store}: query embeddings not found; their manifest rows were dropped "
@@ -219,18 +218,20 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
                     "manifest (--labels QUERY.csv) or rank again"
                 )
         table = read_evaluated_manifest(labels, store, protocol=protocol, role="query")
-        out = table["label"].astype(str).to_numpy()
+        out = table["label"]
         if "sequence" in get_protocol(protocol).required_columns("query"):
             # "/" and "\\" escaped in each part: sequence "a/b" label "c" is not sequence
             # "a" label "b/c" (names without them read as before: the same clusters)
-            parts = [
-                table[c]
-                .astype(str)
-                .str.replace("\\", "\\\\", regex=False)
-                .str.replace("/", "\\/", regex=False)
-                for c in ("sequence", "label")
-            ]
-            out = (parts[0] + "/" + parts[1]).to_numpy()
+            def escaped(value: str) -> str:
+                return value.replace("\\", "\\\\").replace("/", "\\/")
+
+            out = np.array(
+                [
+                    escaped(s) + "/" + escaped(lab)
+                    for s, lab in zip(table["sequence"], table["label"], strict=True)
+                ],
+                dtype=object,
+            )
         _check_label_count(out, attrs, f"{labels if isinstance(labels, str) else 'labels'}")
         return out
     out = np.asarray(labels)

@@ -23,14 +23,12 @@ def _reid_hint(query: str, gallery: str) -> str | None:
                 found = "a 'camera' column"
                 break
         if found is None and "label" in header:
-            import pandas as pd
+            from ..manifest import read_csv_strings
 
-            labels = pd.read_csv(gallery, usecols=["label"], dtype=str, keep_default_na=False)[
-                "label"
-            ].str.strip()
-            if (labels == "-1").any():
+            labels = read_csv_strings(Path(gallery), "CSV manifest")["label"]
+            if any(label.strip() == "-1" for label in labels):
                 found = "gallery label -1"
-    except (OSError, UnicodeDecodeError, ValueError, csv.Error):
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error):  # RankwiseError too
         return None
     if found is None:
         return None

@@ -74,11 +74,10 @@ def _item(table, row: int, folder: Path | None) -> dict[str, Any]:
     """id, label and image path of one manifest row (``row`` alone without a manifest)."""
     if table is None:
         return {"id": f"row {row}", "label": None, "image": None}
-    record = table.iloc[row]
-    image = record.get("path") if "path" in table.columns else None
+    image = table["path"][row] if "path" in table else None
     return {
-        "id": str(record["id"]),
-        "label": str(record["label"]),
+        "id": str(table["id"][row]),
+        "label": str(table["label"][row]),
         "image": str(folder / image) if image else None,
     }
 
@@ -156,7 +155,7 @@ def worst_queries_of(
             "num_relevant": int(relevant[i]),
         }
         if table.unit == "sketch" and q_table is not None:
-            entry["sketch"] = str(q_table.iloc[row]["sketch"])
+            entry["sketch"] = str(q_table["sketch"][row])
         entry["top"] = (
             None
             if tops is None
@@ -181,11 +180,11 @@ def _stored_tops(arrays, query_rows, q_table, g_table, top_k: int) -> list[dict]
     :func:`rankwise.neighbours.top_items` returns them (listed items are valid, so
     relevant = same label)."""
     position = {int(r): i for i, r in enumerate(arrays["query_index"])}
-    labels = g_table["label"].astype(str).to_numpy()
+    labels = g_table["label"]
     out = []
     for row in query_rows:
         items = arrays["top_items"][position[int(row)]]
         items = items[items >= 0][:top_k]
-        label = str(q_table.iloc[int(row)]["label"])
+        label = str(q_table["label"][int(row)])
         out.append({"gallery_index": items, "relevant": labels[items] == label})
     return out
