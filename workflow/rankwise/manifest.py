@@ -27,6 +27,8 @@ columns.
 from __future__ import annotations
 
 import csv
+import gc
+import itertools
 import os
 import re
 from collections.abc import Iterator
@@ -145,10 +147,10 @@ def read_manifest(
     check_nonempty(table, [c for c in needed if c not in _INTEGER_COLUMNS], name)
     _refuse_nul(table, name)
     ids = table["id"]
-    codes, _ = factorize(ids)
-    # a first appearance has a code above every earlier one (codes number them in order)
-    dup = codes <= np.maximum.accumulate(np.r_[-1, codes[:-1]])
-    if dup.any():
+    if len(set(ids)) < len(ids):
+        codes, _ = factorize(ids)
+        # a first appearance has a code above every earlier one (numbered in order)
+        dup = codes <= np.maximum.accumulate(np.r_[-1, codes[:-1]])
         i = int(np.flatnonzero(dup)[0])
         first = int(np.flatnonzero(codes == codes[i])[0])
         raise RankwiseError(
@@ -242,13 +244,20 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> Table:
     label ``-1`` and not the label ``-1`` of a file written without spaces, so such
     items would silently count as distractors or lose their matches.
     """
+    with _gc_paused():
+        return _read_csv_strings(path, noun, fix)
+
+
+def _read_csv_strings(path: Path, noun: str, fix: str) -> Table:
     rows: list[tuple[int, list[str]]] = []
     error: Exception | None = None
     try:
-        for line, row in _csv_rows(path):
-            if not rows:
-                _refuse_twice_named(path, [h.strip() for h in row])
-            rows.append((line, row))
+        found = _csv_rows(path)
+        for first in found:  # the header, checked before a bad byte further on is met
+            _refuse_twice_named(path, [h.strip() for h in first[1]])
+            rows.append(first)
+            break
+        rows.extend(found)
     except UnicodeDecodeError as exc:
         where = first_non_utf8_line(path)
         if where is not None:
@@ -258,7 +267,8 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> Table:
         error = exc
     if not rows and error is None:
         error = ValueError("No columns to parse from file")  # pandas' words
-    if rows:
+    body = [row for _, row in rows[1:]]
+    if rows and max(map(len, body), default=0) > len(rows[0][1]):
         _refuse_long_rows(path, noun, fix, rows)
     if error is not None:
         raise RankwiseError(
@@ -268,12 +278,14 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> Table:
     width = len(header)
     names = [(raw or f"Unnamed: {i}").strip() for i, raw in enumerate(header)]  # pandas'
     _check_unique_columns(names, str(path))  # blank ones: a table holds one per name
-    body = [row + [""] * (width - len(row)) for _, row in rows[1:]]  # short rows padded
+    if min(map(len, body), default=width) < width:
+        for row in body:  # short rows: empty values, as pandas read them
+            row.extend([""] * (width - len(row)))
     blanks = _has_blanks(path)  # else no value has a space or tab to strip
     columns = {}
-    for i, name in enumerate(names):
+    for name, values in zip(names, zip(*body, strict=True) if body else [()] * width, strict=True):
         column = np.empty(len(body), dtype=object)
-        column[:] = [row[i].strip(" \t") if blanks else row[i] for row in body]
+        column[:] = [v.strip(" \t") for v in values] if blanks else values
         columns[name] = column
     return Table(columns, n_rows=len(body), csv_path=str(path))
 
@@ -336,6 +348,20 @@ def _has_blanks(path: Path) -> bool:
 
 
 @contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a file's rows are made: each row is a new list
+    (a tracked object), and the collections they set off would walk every earlier one,
+    ~3/4 of the time of a million-row read, finding nothing to free."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextmanager
 def any_field_size() -> Iterator[None]:
     """Lift the csv module's field size limit (128 KiB; pandas has none) while reading:
     a long ``text`` value is a field like any other, and a quote left open reads as one
@@ -359,20 +385,11 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     alone, unquoted).  A quote open at the end of the file: its row, then csv.Error in
     pandas' words, counting rows from 0 as pandas did (blank lines included)."""
     with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
-        last = ""
-
-        def lines() -> Iterator[str]:
-            nonlocal last
-            for line in handle:
-                last = line
-                yield line
-            last = _END
-            yield _END
-
-        reader = csv.reader(lines())
+        reader = csv.reader(itertools.chain(handle, (_END,)))
         start = 1
+        lines: list[str] | None = None  # read when a row of spaces alone needs its line
         for record, row in enumerate(reader):
-            if last is _END:
+            if row and row[-1].endswith(_END):
                 if row == [_END]:
                     return
                 row[-1] = row[-1][: -len(_END)]
@@ -380,8 +397,13 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
                 raise csv.Error(
                     f"Error tokenizing data. C error: EOF inside string starting at row {record}"
                 )
-            blank = not row or (len(row) == 1 and not row[0].strip(" \t") and '"' not in last)
-            if not blank:
+            if len(row) == 1 and row[0] and not row[0].strip(" \t"):  # quoted, or blank?
+                if lines is None:
+                    with open(path, newline="", encoding="utf-8-sig") as again:
+                        lines = again.readlines()
+                if '"' in lines[reader.line_num - 1]:
+                    yield start, row
+            elif row:  # an empty line is no field; a quoted empty value, one
                 yield start, row
             start = reader.line_num + 1
 
@@ -437,10 +459,11 @@ def _refuse_nul(table: Table, name: str) -> None:
 def check_nonempty(table: Table, columns, name: str) -> None:
     """Refuse an empty (or blank) value in ``columns``, naming the first row."""
     for col in columns:
-        empty = next((i for i, v in enumerate(table[col]) if not str(v).strip()), None)
-        if empty is not None:
+        values = table[col]  # strings: empty, or whitespace alone (what strip() leaves empty)
+        empty = np.flatnonzero((values == "") | np.fromiter(map(str.isspace, values), bool))
+        if len(empty):
             raise RankwiseError(
-                f"{name}: row {row_line(empty, table)}: empty {col!r}; every item needs "
+                f"{name}: row {row_line(empty[0], table)}: empty {col!r}; every item needs "
                 f"{'an' if col[0] in 'aeiou' else 'a'} {col}"
             )
 
@@ -450,7 +473,7 @@ def row_line(i: int, table: Table | None = None) -> int | str:
     when no blank line or multi-line value comes between; read from the file, which
     ``table.csv_path`` names, when one does); ``"<i> (0-based)"`` for a manifest given
     as a DataFrame (``table.positions``), which has no lines."""
-    # getattr: build_problem also takes a DataFrame made in memory (tests), read by position
+    # getattr: build_problem is also given DataFrames (tests), which carry neither
     if getattr(table, "positions", False):
         return f"{int(i)} (0-based)"
     path = getattr(table, "csv_path", None)

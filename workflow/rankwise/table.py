@@ -92,13 +92,13 @@ def factorize(values: Iterable) -> tuple[np.ndarray, np.ndarray]:
     numbered by first appearance as ``pandas.factorize`` numbers them (not sorted, as
     ``np.unique`` would: seeded draws and stored unit keys depend on this order).
 
-    A dict of the distinct values: O(N) hashing, ~0.2 s per million values.
+    Two dicts of the distinct values (a dict keeps its keys in insertion order): O(N)
+    hashing, ~0.1 s per million values.
     """
     items = values.tolist() if isinstance(values, np.ndarray) else list(values)
-    first: dict = {}
-    codes = np.fromiter(
-        (first.setdefault(v, len(first)) for v in items), dtype=np.int64, count=len(items)
-    )
+    first = dict.fromkeys(items)
+    code = {v: i for i, v in enumerate(first)}
+    codes = np.fromiter(map(code.__getitem__, items), dtype=np.int64, count=len(items))
     return codes, np.fromiter(first, dtype=object, count=len(first))
 
 
