@@ -32,7 +32,7 @@ import itertools
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -249,32 +249,39 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> Table:
 
 
 def _read_csv_strings(path: Path, noun: str, fix: str) -> Table:
-    rows: list[tuple[int, list[str]]] = []
+    rows: list[list[str]] = []
     error: Exception | None = None
     try:
-        found = _csv_rows(path)
-        for first in found:  # the header, checked before a bad byte further on is met
-            _refuse_twice_named(path, [h.strip() for h in first[1]])
-            rows.append(first)
-            break
-        rows.extend(found)
+        fast = _fast_rows(path)
+        if fast is not None:
+            rows = fast
+        else:
+            rows.extend(row for _, row in _csv_rows(path))
     except UnicodeDecodeError as exc:
+        try:  # the header first, as when it was read before the rest
+            header = next(_csv_rows(path), None)
+        except (UnicodeDecodeError, csv.Error):
+            header = None
+        if header is not None:
+            _refuse_twice_named(path, [h.strip() for h in header[1]])
         where = first_non_utf8_line(path)
         if where is not None:
             raise not_utf8(path, noun, where) from None
         error = exc
     except csv.Error as exc:  # a quote left open: what pandas said
         error = exc
-    if not rows and error is None:
+    if rows:
+        _refuse_twice_named(path, [h.strip() for h in rows[0]])
+    elif error is None:
         error = ValueError("No columns to parse from file")  # pandas' words
-    body = [row for _, row in rows[1:]]
-    if rows and max(map(len, body), default=0) > len(rows[0][1]):
-        _refuse_long_rows(path, noun, fix, rows)
+    body = rows[1:]
+    if rows and max(map(len, body), default=0) > len(rows[0]):
+        _refuse_long_rows(path, noun, fix)
     if error is not None:
         raise RankwiseError(
             f"{path}: not a readable {noun} ({first_line(error)})" + (f"; {fix}" if fix else "")
         ) from None
-    header = rows[0][1]
+    header = rows[0]
     width = len(header)
     names = [(raw or f"Unnamed: {i}").strip() for i, raw in enumerate(header)]  # pandas'
     _check_unique_columns(names, str(path))  # blank ones: a table holds one per name
@@ -408,9 +415,25 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
             start = reader.line_num + 1
 
 
-def _refuse_long_rows(path: Path, noun: str, fix: str, rows: list[tuple[int, list[str]]]) -> None:
-    """Raise naming the first of ``rows`` (``(line, fields)``, the header first) with
-    more fields than the header, if there is one."""
+def _fast_rows(path: Path) -> list[list[str]] | None:
+    """The fields of :func:`_csv_rows`' rows, read at C speed (~4x faster: no line
+    numbers); None where that takes reading row by row: a quote left open, or a row of
+    spaces alone (blank unless quoted, which only its line tells)."""
+    with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
+        records = list(csv.reader(itertools.chain(handle, (_END,))))
+    if records.pop() != [_END]:
+        return None
+    rows = [row for row in records if row]  # an empty line is no field
+    if any(row[0] and not row[0].strip(" \t") for row in rows if len(row) == 1):
+        return None
+    return rows
+
+
+def _refuse_long_rows(path: Path, noun: str, fix: str) -> None:
+    """Raise naming the first row with more fields than the header, if there is one."""
+    rows: list[tuple[int, list[str]]] = []
+    with suppress(csv.Error):  # a quote left open: the rows up to it
+        rows.extend(_csv_rows(path))
     header = [h.strip() for h in rows[0][1]]
     long = [(line, len(row)) for line, row in rows[1:] if len(row) > len(header)]
     if long:
