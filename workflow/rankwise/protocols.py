@@ -197,7 +197,7 @@ def id_keys(ids) -> np.ndarray:
 def _codes(query, gallery) -> tuple[np.ndarray, np.ndarray]:
     """Integer codes ``(Q,)`` / ``(G,)`` for two columns read as text, equal text ->
     equal code (numbered by first appearance, query rows first)."""
-    codes, _ = factorize(str(v) for v in itertools.chain(query, gallery))
+    codes, _ = factorize(map(str, itertools.chain(query, gallery)))
     return codes[: len(query)], codes[len(query) :]
 
 
@@ -490,7 +490,7 @@ def _sketches(query: Table, skip: np.ndarray, name: str = "query manifest"):
     A sketch is evaluated only when every one of its renderings has its target in the
     gallery; otherwise all its rows are skipped.  Returns the sketch-level counts.
     """
-    group, names = factorize(str(v) for v in query["sketch"])
+    group, names = factorize(map(str, query["sketch"]))
     step = np.asarray(query["step"], dtype=np.int64)
     # first rows of each (sketch, step) and (sketch, label): a stable sort keeps the first
     _, first = np.unique(np.c_[group, step], axis=0, return_index=True)
@@ -502,7 +502,7 @@ def _sketches(query: Table, skip: np.ndarray, name: str = "query manifest"):
             f"{name}: row {row_line(i, query)}: sketch {names[group[i]]!r} has "
             f"step {step[i]} twice; each rendering needs its own step"
         )
-    labels, _ = factorize(str(v) for v in query["label"])
+    labels, _ = factorize(map(str, query["label"]))
     pairs = np.unique(np.c_[group, labels], axis=0)
     n_labels = np.bincount(pairs[:, 0], minlength=len(names))
     if (n_labels > 1).any():

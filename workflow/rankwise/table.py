@@ -92,14 +92,14 @@ def factorize(values: Iterable) -> tuple[np.ndarray, np.ndarray]:
     numbered by first appearance as ``pandas.factorize`` numbers them (not sorted, as
     ``np.unique`` would: seeded draws and stored unit keys depend on this order).
 
-    Two dicts of the distinct values (a dict keeps its keys in insertion order): O(N)
-    hashing, ~0.1 s per million values.
+    A dict of the distinct values, which keeps them in insertion order: O(N) hashing,
+    ~0.3 s per million distinct strings (pandas: ~0.15 s).
     """
     items = values.tolist() if isinstance(values, np.ndarray) else list(values)
-    first = dict.fromkeys(items)
-    code = {v: i for i, v in enumerate(first)}
+    code = dict.fromkeys(items)
+    code.update(zip(code, range(len(code)), strict=True))  # same keys: order kept
     codes = np.fromiter(map(code.__getitem__, items), dtype=np.int64, count=len(items))
-    return codes, np.fromiter(first, dtype=object, count=len(first))
+    return codes, np.fromiter(code, dtype=object, count=len(code))
 
 
 def is_dataframe(source: object) -> bool:
