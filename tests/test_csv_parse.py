@@ -71,6 +71,17 @@ def test_cells_are_what_pandas_read(tmp_path, name):
     assert len(table) == len(next(iter(expected.values())))
 
 
+def test_a_blank_line_of_a_cr_file_shifts_no_value(tmp_path):
+    """A file with old-Mac line ends (CR alone): pandas' tokenizer dropped the delimiter
+    after a blank line, so the next row's values moved one column left (id '2', label
+    'z', silently); the csv module reads the row as written."""
+    path = tmp_path / "m.csv"
+    path.write_bytes(b"note,id,label,extra\rx,q0,1,a\r\r,q1,2,z\r")
+    table = read_csv_strings(path, "CSV manifest")
+    assert table["id"].tolist() == ["q0", "q1"] and table["label"].tolist() == ["1", "2"]
+    assert table["note"].tolist() == ["x", ""] and table["extra"].tolist() == ["a", "z"]
+
+
 def test_a_short_row_reads_empty_values(tmp_path):
     """What pandas gave (na_filter off): an empty string, not NaN, for a missing field."""
     (tmp_path / "m.csv").write_text("id,label,note\nq1\nq2,2,x\n")
@@ -86,6 +97,7 @@ def test_a_short_row_reads_empty_values(tmp_path):
         'id,label\nq0,a\n\nq1,"x\n',
         'id,label\n"a\n\nb",1\n\n \nq,"x\n',
         '\n\nid,label\nq,1\n"x\n',
+        'id,label\nq1,1\n"',  # a lone quote, no line break after it: was read as no row
     ],
 )
 def test_a_quote_left_open_is_pandas_message(tmp_path, text):

@@ -63,7 +63,8 @@ class Inputs:
     protocol : the protocol the manifests were checked for.
     query, gallery : manifests ``(Q rows)`` / ``(G rows)`` from ``read_manifest``.
     query_embeddings, gallery_embeddings : sources ``(Q, D)`` / ``(G, D)``.
-    names : the manifests' file names for messages (``"query table"`` for a DataFrame).
+    names : the manifests' file names for messages (``"query table"`` for a DataFrame
+        or Table).
     pooled : multi-query only (:meth:`pool`): the groups; ``query`` and
         ``query_embeddings`` then hold the pooled queries ``(P rows)`` / ``(P, D)``.
     """

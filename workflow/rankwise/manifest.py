@@ -380,10 +380,13 @@ def any_field_size() -> Iterator[None]:
         csv.field_size_limit(old)
 
 
-#: Fed to the csv reader after a file's last line: its own row, unless a quote left
-#: open at the end of the file takes it into that quoted value (the csv module, not
-#: strict, says nothing where pandas said "EOF inside string").
+#: Fed to the csv reader after a file's last line (behind a line break, ``_AFTER_END``):
+#: its own row, unless a quote left open at the end of the file takes it into that
+#: quoted value (the csv module, not strict, says nothing where pandas said "EOF inside
+#: string").  The line break first: a lone ``"`` ending a file without one would
+#: otherwise open a value holding exactly the marker, which reads as its own row.
 _END = "\x00end of file\x00"
+_AFTER_END = ("\n", _END)
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
@@ -392,7 +395,7 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     alone, unquoted).  A quote open at the end of the file: its row, then csv.Error in
     pandas' words, counting rows from 0 as pandas did (blank lines included)."""
     with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
-        reader = csv.reader(itertools.chain(handle, (_END,)))
+        reader = csv.reader(itertools.chain(handle, _AFTER_END))
         start = 1
         lines: list[str] | None = None  # read when a row of spaces alone needs its line
         for record, row in enumerate(reader):
@@ -420,7 +423,7 @@ def _fast_rows(path: Path) -> list[list[str]] | None:
     numbers); None where that takes reading row by row: a quote left open, or a row of
     spaces alone (blank unless quoted, which only its line tells)."""
     with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
-        records = list(csv.reader(itertools.chain(handle, (_END,))))
+        records = list(csv.reader(itertools.chain(handle, _AFTER_END)))
     if records.pop() != [_END]:
         return None
     rows = [row for row in records if row]  # an empty line is no field
@@ -497,6 +500,9 @@ def row_line(i: int, table: Table | None = None) -> int | str:
     ``table.csv_path`` names, when one does); ``"<i> (0-based)"`` for a manifest given
     as a DataFrame (``table.positions``), which has no lines."""
     # getattr: build_problem is also given DataFrames (tests), which carry neither
+    source_rows = getattr(table, "source_rows", None)
+    if source_rows is not None:  # a subset (Table.take): the row as read
+        i = int(source_rows[int(i)])
     if getattr(table, "positions", False):
         return f"{int(i)} (0-based)"
     path = getattr(table, "csv_path", None)

@@ -168,7 +168,7 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     """Identity of every query manifest row, as strings.
 
     ``labels``: ``None`` (read the query manifest named in ``attrs["query_manifest"]``,
-    as written by ``rankwise rank``), a manifest path or DataFrame, or a sequence with
+    as written by ``rankwise rank``), a manifest path, DataFrame or Table, or a sequence with
     one label per query manifest row.  A manifest is read as it was evaluated
     (:func:`rankwise.inputs.read_evaluated_manifest`: without the rows an id-keyed
     store dropped).  When the protocol's queries have a ``sequence``
@@ -176,7 +176,7 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     are reused across sequences.
     """
     from .inputs import read_evaluated_manifest
-    from .table import is_dataframe
+    from .table import Table, is_dataframe
 
     protocol = attrs.get("protocol", "recall")
     if labels is None:
@@ -196,7 +196,7 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
         labels = path
     store = (attrs.get("query_embeddings") or {}).get("path")
     aligned = (attrs.get("query_embeddings") or {}).get("id_alignment") or {}
-    if isinstance(labels, (str, os.PathLike)) or is_dataframe(labels):
+    if isinstance(labels, (str, os.PathLike, Table)) or is_dataframe(labels):
         if aligned.get("dropped_rows") and not (store and os.path.isdir(store)):
             raise RankwiseError(
                 f"{store}: query embeddings not found; their manifest rows were dropped "

@@ -27,7 +27,9 @@ class Table:
     :meth:`take` selects rows.  ``csv_path`` names the file the rows were read from and
     ``positions`` says they came from memory (a DataFrame): error messages then name a
     row by its line in the file or by its 0-based position
-    (:func:`rankwise.manifest.row_line`).
+    (:func:`rankwise.manifest.row_line`).  ``source_rows``: after :meth:`take`, the row
+    of the table as read that each row is (``None``: the same row), which those
+    messages name.
     """
 
     def __init__(
@@ -37,16 +39,18 @@ class Table:
         n_rows: int | None = None,
         csv_path: str | None = None,
         positions: bool = False,
+        source_rows: np.ndarray | None = None,
     ) -> None:
         self._columns = dict(columns)
-        lengths = {len(values) for values in self._columns.values()}
+        lengths = sorted({len(values) for values in self._columns.values()})
         if n_rows is None:  # a table without columns has the rows it is told
-            n_rows = lengths.pop() if lengths else 0
-        if lengths - {n_rows}:
-            raise ValueError(f"columns of unequal lengths {sorted(lengths)}")
+            n_rows = lengths[0] if lengths else 0
+        if set(lengths) - {n_rows}:
+            raise ValueError(f"columns of unequal lengths {lengths}")
         self._n_rows = n_rows
         self.csv_path = csv_path
         self.positions = positions
+        self.source_rows = source_rows
 
     @property
     def columns(self) -> list[str]:
@@ -70,14 +74,16 @@ class Table:
         return f"Table({self._n_rows} rows: {', '.join(self._columns)})"
 
     def take(self, rows: np.ndarray) -> Table:
-        """Rows ``rows`` ``(M,)`` int, in that order, as a table of ``M`` rows (the same
-        ``csv_path`` and ``positions``, as ``DataFrame.iloc`` kept its ``attrs``)."""
+        """Rows ``rows`` ``(M,)`` int, in that order, as a table of ``M`` rows; messages
+        about its row ``i`` name the row it was in the table as read (``source_rows``),
+        in the same file."""
         rows = np.asarray(rows, dtype=np.int64)
         return Table(
             {name: values[rows] for name, values in self._columns.items()},
             n_rows=len(rows),
             csv_path=self.csv_path,
             positions=self.positions,
+            source_rows=rows if self.source_rows is None else self.source_rows[rows],
         )
 
     def to_frame(self):
