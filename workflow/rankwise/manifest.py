@@ -231,8 +231,10 @@ def read_csv_strings(path: Path, noun: str, *, fix: str = "") -> Table:
     The one CSV parse of the package (manifests, id files), read as pandas'
     ``read_csv(dtype=str, keep_default_na=False, index_col=False)`` read them (the
     differential test holds the two together): blank lines skipped, a row shorter than
-    the header padded with empty values, an empty column name called ``Unnamed: <i>``.
-    A byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name.
+    the header padded with empty values, an empty column name called ``Unnamed: <i>``
+    (one difference, pandas' bug: in a file of CR-only line ends, pandas shifted the row
+    after a blank line one column left; it is read as written here).  A byte-order
+    mark (Excel's "CSV UTF-8") is not part of the first column's name.
     Refused, each in one line naming the file: a column name given twice (after
     stripping), and rows with more fields than the header (a delimiter at the end of
     each row: pandas took the first column as the index and shifted every value one
