@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -261,11 +261,11 @@ def _read_csv_strings(path: Path, noun: str, fix: str) -> Table:
             rows.extend(row for _, row in _csv_rows(path))
     except UnicodeDecodeError as exc:
         try:  # the header first, as when it was read before the rest
-            header = next(_csv_rows(path), None)
+            first = next(_csv_rows(path), None)
         except (UnicodeDecodeError, csv.Error):
-            header = None
-        if header is not None:
-            _refuse_twice_named(path, [h.strip() for h in header[1]])
+            first = None
+        if first is not None:
+            _refuse_twice_named(path, [h.strip() for h in first[1]])
         where = first_non_utf8_line(path)
         if where is not None:
             raise not_utf8(path, noun, where) from None
@@ -391,13 +391,25 @@ _END = "\x00end of file\x00"
 _AFTER_END = ("\n", _END)
 
 
+@contextmanager
+def _records(path: Path) -> Iterator[Any]:
+    """The csv module's records of ``path`` (UTF-8, a byte-order mark dropped, any field
+    size), then ``[_END]`` unless a quote left open at the end takes it in."""
+    with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
+        yield csv.reader(itertools.chain(handle, _AFTER_END))
+
+
+def _spaces_alone(row: list[str]) -> bool:
+    """One field of spaces and tabs alone: a blank line, unless its value was quoted."""
+    return len(row) == 1 and bool(row[0]) and not row[0].strip(" \t")
+
+
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """``(line number, fields)`` of each row, the line it starts on (a quoted value may
     span lines), without the blank lines pandas skipped (empty, or spaces and tabs
     alone, unquoted).  A quote open at the end of the file: its row, then csv.Error in
     pandas' words, counting rows from 0 as pandas did (blank lines included)."""
-    with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
-        reader = csv.reader(itertools.chain(handle, _AFTER_END))
+    with _records(path) as reader:
         start = 1
         lines: list[str] | None = None  # read when a row of spaces alone needs its line
         for record, row in enumerate(reader):
@@ -409,7 +421,7 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
                 raise csv.Error(
                     f"Error tokenizing data. C error: EOF inside string starting at row {record}"
                 )
-            if len(row) == 1 and row[0] and not row[0].strip(" \t"):  # quoted, or blank?
+            if _spaces_alone(row):  # quoted, or blank?
                 if lines is None:
                     with open(path, newline="", encoding="utf-8-sig") as again:
                         lines = again.readlines()
@@ -424,12 +436,12 @@ def _fast_rows(path: Path) -> list[list[str]] | None:
     """The fields of :func:`_csv_rows`' rows, read at C speed (~4x faster: no line
     numbers); None where that takes reading row by row: a quote left open, or a row of
     spaces alone (blank unless quoted, which only its line tells)."""
-    with open(path, newline="", encoding="utf-8-sig") as handle, any_field_size():
-        records = list(csv.reader(itertools.chain(handle, _AFTER_END)))
+    with _records(path) as reader:
+        records = list(reader)
     if records.pop() != [_END]:
         return None
     rows = [row for row in records if row]  # an empty line is no field
-    if any(row[0] and not row[0].strip(" \t") for row in rows if len(row) == 1):
+    if any(map(_spaces_alone, rows)):
         return None
     return rows
 

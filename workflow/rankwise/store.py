@@ -181,6 +181,7 @@ def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
     import zarr
 
     p = Path(path)
+    writer = dict(ranks="rank", embeddings="encode").get(kind, kind)  # the command
     if not p.exists():
         tmp = p.with_name(p.name + ".tmp")
         hint = (
@@ -194,14 +195,12 @@ def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
     except Exception as exc:  # zarr raises several types for a corrupt store
         raise RankwiseError(
             f"{p}: not a readable Zarr store ({type(exc).__name__}); "
-            f"expected a {kind} store, the Zarr folder written by `rankwise "
-            f"{dict(ranks='rank', embeddings='encode').get(kind, kind)}`: "
+            f"expected a {kind} store, the Zarr folder written by `rankwise {writer}`: "
             "check the path"
         ) from None
     attrs = dict(group.attrs)
     found = attrs.get("kind")
     if found != kind and isinstance(found, str):  # another rankwise store: not "incomplete"
-        writer = dict(ranks="rank", embeddings="encode").get(kind, kind)
         raise RankwiseError(
             f"{p}: a rankwise {found} store, not a {kind} store; give the {kind} store "
             f"written by `rankwise {writer}`"
@@ -215,7 +214,6 @@ def open_complete_group(path: str | os.PathLike, kind: str) -> zarr.Group:
         raise RankwiseError(
             f"{p}: expected a rankwise {kind} store, found kind={attrs.get('kind')!r}"
         )
-    writer = dict(ranks="rank", embeddings="encode").get(kind, kind)
     check_store_format(attrs, str(p), f"run `rankwise {writer}` again (it replaces the store)")
     return group
 
