@@ -1,6 +1,7 @@
 """The rank engine on a dask.distributed cluster gives the threaded scheduler's numbers."""
 
 import os
+import re
 import time
 
 import numpy as np
@@ -312,9 +313,11 @@ def test_a_worker_killed_while_ranking_is_one_line(tmp_path):
                 rankwise.evaluate(*files, protocol="reid", gallery_chunk=100, scheduler=client)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith(
-        "a worker of the Dask cluster died while running rankwise's 'tile' task (1 attempt(s); "
-        "the last on tcp://"
+    # the scheduler blames any task it had queued on the worker: 'tile', or a data key
+    assert re.match(
+        r"a worker of the Dask cluster died while running rankwise's ('tile' task|tasks) "
+        r"\(1 attempt\(s\); the last on tcp://",
+        message,
     ), message
     assert "lower --query-block and --gallery-chunk" in message
 

@@ -173,7 +173,7 @@ def test_rank_killed_then_rerun(big, tmp_path):
     ref = tmp_path / "ref.zarr"
     ok(subprocess.run(rank_argv(big, ref), capture_output=True, text=True, timeout=300))
 
-    # killed once the progress bar shows a finished chunk group (or a .tmp store appears)
+    # killed once the progress bar shows a finished chunk (or a .tmp store appears)
     out = tmp_path / "ranks.zarr"
     tmp = tmp_path / "ranks.zarr.tmp"
     log = tmp_path / "killed.log"

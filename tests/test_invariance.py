@@ -403,3 +403,66 @@ def test_reused_tile_buffers_change_nothing(make_case):
     res = rankwise.evaluate(*case.args(), **case.kwargs(query_block=4, gallery_chunk=7, workers=2))
     assert devices._SCRATCH == []  # cleared at the end of the run
     _assert_identical(res, base)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_pass_reads_a_chunk_only_when_it_may(make_case, monkeypatch, workers):
+    """Each pass is one Dask graph (no worker waits at a barrier between groups of
+    chunks). Memory stays flat because gallery chunk ``c`` is read only once chunk ``c -
+    (workers + 1)`` is used up (pass 1: its keys computed; pass 2: all its tiles counted),
+    so at most ``workers + 1`` prepared chunks are alive; and the counts are unchanged."""
+    import threading
+
+    from rankwise import ranking
+
+    case = _case(make_case, "reid")
+    base = rankwise.evaluate(*case.args(), **case.kwargs(workers=1))
+    chunk_rows, n_blocks = 3, -(-len(case.query) // 4)
+    n_chunks = -(-len(case.gallery) // chunk_rows)
+    lock, events, chunk_of = threading.Lock(), [], {}
+    prepare, count, pair_keys = ranking.prepare_chunk, ranking._count_task, ranking._pair_keys_task
+
+    def prepare_logged(source, start, stop, *args, **kwargs):
+        prep = prepare(source, start, stop, *args, **kwargs)
+        if "gallery" in source.name:
+            with lock:
+                events.append(("read", start // chunk_rows))
+                chunk_of[id(prep[0])] = start // chunk_rows
+        return prep
+
+    def logged(fn, kind):
+        def run(prep, *args):
+            out = fn(prep, *args)
+            with lock:
+                events.append((kind, chunk_of[id(prep[0])]))
+            return out
+
+        return run
+
+    monkeypatch.setattr(ranking, "prepare_chunk", prepare_logged)
+    monkeypatch.setattr(ranking, "_count_task", logged(count, "tile"))
+    monkeypatch.setattr(ranking, "_pair_keys_task", logged(pair_keys, "keys"))
+    res = rankwise.evaluate(
+        *case.args(), **case.kwargs(query_block=4, gallery_chunk=chunk_rows, workers=workers)
+    )
+    _assert_identical(res, base)
+    ahead = workers + 1
+    reads = [i for i, e in enumerate(events) if e[0] == "read"]
+    assert len(reads) == 2 * n_chunks  # each chunk read once per pass
+    for kind, uses, passed in (
+        ("keys", 1, events[: reads[n_chunks]]),
+        ("tile", n_blocks, events[reads[n_chunks] :]),
+    ):
+        assert sorted(c for what, c in passed if what == "read") == list(range(n_chunks))
+        done, alive, most = {}, set(), 0
+        for what, c in passed:
+            if what == "read":
+                assert c < ahead or done.get(c - ahead) == uses, (kind, c, done)
+                alive.add(c)
+            elif what == kind:
+                done[c] = done.get(c, 0) + 1
+                if done[c] == uses:
+                    alive.discard(c)
+            most = max(most, len(alive))
+        assert most <= ahead, (kind, most)
+        assert n_chunks > 2 * ahead  # the bound was tested
