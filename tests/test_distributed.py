@@ -55,16 +55,35 @@ def test_local_cluster_matches_threads(tmp_path, cluster, distance):
 
 def test_tile_buffers_are_not_kept_by_the_workers(tmp_path, cluster):
     """The count pass's reused tile buffers (rankwise.devices.NumpyTiles) live in each
-    worker process: they are freed there too at the end of the run, as in a threaded
-    one (a worker kept one per thread, between runs, for as long as it lived)."""
+    worker process: they are freed there too at the end of the run, failed or not, as in
+    a threaded one (a worker kept one per thread, between runs, for as long as it lived)."""
 
     def held() -> int:
         from rankwise import devices
 
         return sum(buffer.nbytes for buffer in devices._SCRATCH)
 
+    def fail_tiles(fail: bool) -> None:
+        from rankwise import kernels
+
+        if fail:
+            kernels.kept_count_tile = kernels.count_tile
+            kernels.count_tile = lambda *args: 1 / 0  # after the tile's buffer is taken
+        else:
+            kernels.count_tile = kernels.kept_count_tile
+
     files = _reid_files(tmp_path, seed=9)
-    rankwise.evaluate(*files, protocol="reid", query_block=17, gallery_chunk=64, scheduler=cluster)
+    kwargs = dict(protocol="reid", query_block=17, gallery_chunk=64, scheduler=cluster)
+    rankwise.evaluate(*files, **kwargs)
+    by_worker = cluster.run(held)
+    assert len(by_worker) == 2 and set(by_worker.values()) == {0}, by_worker
+    # and after a run that failed in a tile (they were kept until the next good run)
+    cluster.run(fail_tiles, True)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            rankwise.evaluate(*files, **kwargs)
+    finally:
+        cluster.run(fail_tiles, False)
     by_worker = cluster.run(held)
     assert len(by_worker) == 2 and set(by_worker.values()) == {0}, by_worker
 

@@ -579,14 +579,20 @@ def compute_ranks(
             extra_arrays = {"top_items": top}
         else:
             with tiles.exact_float32():
+                ranked = False
                 try:
                     offsets, ranks = _plain_ranks(
                         problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles
                     )
+                    ranked = True
                 finally:
                     tiles.clear()  # the tile buffers are not kept between runs
-                if runner.client is not None:  # nor by a cluster's worker processes
-                    runner.client.run(tiles.clear)
+                    if runner.client is not None:  # nor by a cluster's worker processes,
+                        try:  # after a failed run too
+                            runner.client.run(tiles.clear)
+                        except Exception:
+                            if ranked:  # else the run's own error is the one to show
+                                raise
             if aqe is not None:
                 # the report cannot rebuild the expanded rows' neighbours: keep them here
                 from .neighbours import tiled_top_items
