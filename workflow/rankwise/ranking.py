@@ -330,7 +330,8 @@ class _Runner:
                 if tick is None or not ticks:
                     return self.client.get(graph, keys)
                 futures = self.client.get(graph, [*keys, *ticks], sync=False)
-                for _ in as_completed(futures[len(keys) :]):
+                # this client's loop: a client rankwise connected is not the default one
+                for _ in as_completed(futures[len(keys) :], loop=self.client.loop):
                     tick()
                 return self.client.gather(futures[: len(keys)])
             except KilledWorker as exc:
