@@ -338,12 +338,15 @@ class _Runner:
                 raise _killed_worker(exc) from None
         import dask.threaded
 
-        callbacks = []
-        if tick is not None and ticks:
-            wanted = set(ticks)
-            # dask.local calls posttask in its scheduling thread (this one)
-            callbacks.append((None, None, None, lambda key, *_: key in wanted and tick(), None))
-        return dask.threaded.get(graph, keys, num_workers=self.workers, callbacks=callbacks)
+        if tick is None or not ticks:
+            return dask.threaded.get(graph, keys, num_workers=self.workers)
+        from dask.callbacks import Callback
+
+        wanted = set(ticks)
+        # registered beside a caller's own (dask.diagnostics.ProgressBar); dask.local
+        # calls posttask in its scheduling thread, this one
+        with Callback(posttask=lambda key, *_: key in wanted and tick()):
+            return dask.threaded.get(graph, keys, num_workers=self.workers)
 
 
 #: Task names whose work can exhaust a worker (the rest hold data or add counts).
