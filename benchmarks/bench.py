@@ -6,6 +6,7 @@ usual full-argsort evaluation, on synthetic Market/MSMT-like re-identification d
     python benchmarks/bench.py --scale market --methods matmul,argsort,rankwise --workers 2
     python benchmarks/bench.py --scale msmt --out benchmarks/results/msmt.json
     python benchmarks/bench.py --scale market --methods matmul,rankwise,rankwise-gpu
+    python benchmarks/bench.py --scale market,msmt --distribution all --repeat 2   # the run
 
 ``rankwise-gpu`` is ``rankwise evaluate --device cuda``: it runs when torch sees a CUDA
 device and is reported as "no GPU" otherwise (``--gpu-device torch-cpu`` runs its code path
@@ -995,7 +996,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--scale", choices=sorted(SCALES), default="tiny")
+    ap.add_argument(
+        "--scale",
+        default="tiny",
+        help=f"scale(s), comma-separated, of {', '.join(sorted(SCALES))}: each is run on "
+        "every --distribution and shown side by side, every scale's table again at the end "
+        "(market,msmt: the engine issue's one run)",
+    )
     ap.add_argument(
         "--distribution",
         default="default",
@@ -1133,12 +1140,26 @@ def main(argv=None) -> int:
     bad = sorted(set(distributions) - set(DISTRIBUTIONS))
     if bad or not distributions:
         ap.error(f"unknown distributions {bad}; choose from {tuple(DISTRIBUTIONS)}")
-    reports = [run_distribution(args, methods, d) for d in distributions]
-    if args.generate_only:
-        return 0
-    if len(reports) > 1:
+    scales = [x.strip() for x in args.scale.split(",") if x.strip()]
+    bad = sorted(set(scales) - set(SCALES))
+    if bad or not scales:
+        ap.error(f"unknown scales {bad}; choose from {tuple(sorted(SCALES))}")
+    tables = []
+    for scale in scales:
+        one = argparse.Namespace(**vars(args))
+        one.scale = scale
+        if args.out and len(scales) > 1:  # one file per scale (and distribution)
+            one.out = args.out.with_name(f"{args.out.stem}-{scale}{args.out.suffix}")
+        reports = [run_distribution(one, methods, d) for d in distributions]
+        if args.generate_only:
+            continue
+        tables.append(side_by_side(scale, reports))
+        if len(reports) > 1:
+            print()
+            print(tables[-1])
+    if len(tables) > 1:  # every scale of this run together
         print()
-        print(side_by_side(args.scale, reports))
+        print("\n\n".join(tables))
     return 0
 
 
