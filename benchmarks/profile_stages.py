@@ -5,11 +5,13 @@
     nice python benchmarks/profile_stages.py --scale msmt --distribution all --repeat 2
 
 The engine runs in this process (``rankwise.api.rank`` then the metrics, the same calls
-``rankwise evaluate`` makes) with ``workers=1``, so the stages run one after another and
-their times add up to the whole.  Nothing in the package is changed: this script wraps
-the engine's stage functions with timers before the run (``rankwise.ranking`` and
-``rankwise.kernels`` look them up by name at call time), so normal runs carry no
-instrumentation at all.  Stages:
+``rankwise evaluate`` makes) on the numba kernels (``RANKWISE_KERNELS=numba``: a normal
+run uses their C counterparts, :mod:`rankwise.native`, which take the same steps but
+cannot be timed step by step from outside) with ``workers=1``, so the stages run one
+after another and their times add up to the whole.  Nothing in the package is changed:
+this script wraps the engine's stage functions with timers before the run
+(``rankwise.ranking`` and ``rankwise.kernels`` look them up by name at call time), so
+normal runs carry no instrumentation at all.  Stages:
 
     setup            manifests read and checked, protocol problem built (open_inputs)
     read             embedding rows read (EmbeddingSource.read: Zarr chunks decoded; a
@@ -56,6 +58,11 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+
+# The stages are timed by wrapping the numba kernels (rankwise.kernels): the C kernels
+# that a ranking process uses by default (rankwise.native) take the same steps but cannot
+# be split from outside, so this script runs the engine on numba's.
+os.environ["RANKWISE_KERNELS"] = "numba"
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

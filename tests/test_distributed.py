@@ -66,8 +66,9 @@ def test_tile_buffers_are_not_kept_by_the_workers(tmp_path, cluster):
         return sum(buffer.nbytes for buffer in devices._SCRATCH)
 
     def fail_tiles(fail: bool) -> None:
-        from rankwise import kernels
+        from rankwise.native import engine_kernels
 
+        kernels = engine_kernels()  # the worker's kernel set: C or numba
         if fail:
             kernels.kept_count_tile = kernels.count_tile
             kernels.count_tile = lambda *args: 1 / 0  # after the tile's buffer is taken
@@ -365,9 +366,9 @@ def test_a_worker_killed_while_ranking_is_one_line(tmp_path):
     files = _reid_files(tmp_path, seed=10)
 
     def die_in_every_tile() -> None:
-        from rankwise import kernels
+        from rankwise.native import engine_kernels
 
-        kernels.count_tile = lambda *args: os._exit(1)
+        engine_kernels().count_tile = lambda *args: os._exit(1)
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
         with distributed.LocalCluster(

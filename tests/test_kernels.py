@@ -9,8 +9,24 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rankwise import kernels
+from rankwise import kernels, native
 from rankwise.protocols import dense_masks
+from rankwise.ranking import _sum_counts
+
+
+@pytest.fixture(params=["numba", "native"])
+def both_kernel_sets(request, monkeypatch):
+    """Run the test on numba's kernels and again on their C counterparts
+    (rankwise.native), swapped into this module's ``kernels``: same expected numbers."""
+    if request.param == "native":
+        try:
+            c_kernels = native._build()
+        except (OSError, RuntimeError) as exc:
+            pytest.skip(f"no C kernels here: {exc}")
+        for name in ("prepare_rows", "pair_keys", "count_tile", "ranks_from_hist"):
+            monkeypatch.setattr(kernels, name, getattr(c_kernels, name))
+    return request.param
+
 
 # ---------------------------------------------------------------- a hand-built tile
 #
@@ -63,18 +79,21 @@ def _count(qrows, grows, qlab, qid, glab, gid, gjunk, thr, toff, exclude_self, c
     )
 
 
+@pytest.mark.usefixtures("both_kernel_sets")
 def test_count_tile_hand_computed():
     hist = _count(QROWS, GROWS, QLAB, QID, GLAB, GID, GJUNK, THR, TOFF, True, False)
     np.testing.assert_array_equal(hist, [1, 1, 0, 1, 1, 0])
 
 
+@pytest.mark.usefixtures("both_kernel_sets")
 def test_count_tile_without_self_exclusion_counts_the_query_item():
     hist = _count(QROWS, GROWS, QLAB, QID, GLAB, GID, GJUNK, THR, TOFF, False, False)
     np.testing.assert_array_equal(hist, [2, 1, 0, 1, 1, 0])
 
 
+@pytest.mark.usefixtures("both_kernel_sets")
 def test_count_tile_split_gallery_sums_to_the_whole():
-    """Counting per gallery chunk and combining with sum_counts gives the whole tile's
+    """Counting per gallery chunk and combining with ranking._sum_counts gives the whole tile's
     counts (the engine's per tile + combine steps)."""
     parts = [
         _count(
@@ -83,11 +102,12 @@ def test_count_tile_split_gallery_sums_to_the_whole():
         for a, b in ((0, 3), (3, 4), (4, 7))
     ]
     before = [p.copy() for p in parts]
-    np.testing.assert_array_equal(kernels.sum_counts(parts), [1, 1, 0, 1, 1, 0])
+    np.testing.assert_array_equal(_sum_counts(parts), [1, 1, 0, 1, 1, 0])
     for part, copy in zip(parts, before, strict=True):  # inputs are not modified
         np.testing.assert_array_equal(part, copy)
 
 
+@pytest.mark.usefixtures("both_kernel_sets")
 def test_count_tile_cosine_hand_computed():
     """Cosine, key = -cos.  Query (1, 0) label A; gallery at angles 0, 45, 90, 180 deg.
 
@@ -129,6 +149,7 @@ def test_count_tile_cosine_hand_computed():
     assert kernels.ranks_from_hist(hist, np.array([0, 2])).tolist() == [2, 4]
 
 
+@pytest.mark.usefixtures("both_kernel_sets")
 def test_ranks_from_hist_hand_computed():
     hist = np.array([1, 1, 0, 1, 1, 0])
     np.testing.assert_array_equal(kernels.ranks_from_hist(hist, TOFF), [2, 4, 1, 3, 5, 6])
@@ -154,6 +175,7 @@ def test_rank_candidates_hand_computed():
 # ---------------------------------------------------------------- the validity rule
 
 
+@pytest.mark.usefixtures("both_kernel_sets")
 @pytest.mark.parametrize("cosine", [False, True])
 @pytest.mark.parametrize("exclude_self, cameras", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("n_g", [60, 64, 129])
@@ -210,6 +232,7 @@ def test_count_tile_applies_dense_masks(cosine, exclude_self, cameras, n_g):
         np.testing.assert_array_equal(np.cumsum(hist[toff[i] : toff[i + 1]]), ahead)
 
 
+@pytest.mark.usefixtures("both_kernel_sets")
 @pytest.mark.parametrize("cosine", [False, True])
 @pytest.mark.parametrize("exclude_self", [True, False])
 def test_count_tile_equals_brute_force_on_every_path(cosine, exclude_self):
@@ -272,6 +295,7 @@ def test_count_tile_equals_brute_force_on_every_path(cosine, exclude_self):
     assert min(deepest) < 1 / 8 < max(deepest)
 
 
+@pytest.mark.usefixtures("both_kernel_sets")
 @pytest.mark.parametrize("cosine", [False, True])
 def test_count_tile_decides_near_ties_by_the_canonical_key(cosine):
     """Non-relevant rows that permute a relevant row's coordinates, for queries of equal

@@ -1,7 +1,7 @@
 """Compiled per-row and per-tile kernels (numba); plain numpy in, numpy out.
 
 The engine's steps, in order: per chunk :func:`prepare_rows` and :func:`pair_keys`
-(pass 1); per tile :func:`count_tile`, combine :func:`sum_counts`, finish
+(pass 1); per tile :func:`count_tile` (summed per query block by the engine), finish
 :func:`ranks_from_hist` (pass 2); reassociation's candidate lists:
 :func:`rank_candidates`.  Which gallery items count is decided by
 :func:`rankwise.protocols.dense_masks`; ``count_tile`` applies the same rule inline
@@ -37,6 +37,8 @@ from numba import njit as _numba_njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import overload
 
+from .rounding import U32, U64, error_bound_factor  # noqa: F401  (callers use kernels.error_bound_factor)
+
 
 def _load_numba_arraymath_without_scipy_linalg() -> None:
     """Import ``numba.np.arraymath`` with ``scipy.linalg`` kept out, unless already loaded.
@@ -61,10 +63,8 @@ def _load_numba_arraymath_without_scipy_linalg() -> None:
 
 _load_numba_arraymath_without_scipy_linalg()
 
-#: Unit roundoff of float32.
-_U32 = 2.0**-24
-#: Unit roundoff of float64.
-_U64 = 2.0**-53
+_U32 = U32
+_U64 = U64
 
 
 def lowest_bit(m):
@@ -93,11 +93,6 @@ def njit(**options: Any):
             return _numba_njit(**dict(options, cache=False))(func)
 
     return decorate
-
-
-def error_bound_factor(dim: int) -> float:
-    """Safety-doubled ``gamma_D`` bound on the float32 dot-product error, relative."""
-    return 2.0 * (dim + 2) * _U32
 
 
 @njit(cache=True, nogil=True)
@@ -471,17 +466,6 @@ def count_tile(
         if lo + p < hi:
             hist[lo + p] += 1
     return hist
-
-
-def sum_counts(parts):
-    """Combine: add the per-chunk ``count_tile`` histograms of one query block.
-
-    ``parts`` is a non-empty list of equal-shape int64 arrays; none is modified.
-    """
-    total = parts[0].copy()
-    for part in parts[1:]:
-        total += part
-    return total
 
 
 @njit(cache=True, nogil=True)

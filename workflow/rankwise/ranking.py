@@ -8,7 +8,8 @@ process holds the ``Q x G`` matrix.
    items (or, for reassociation, of all its candidates), and a validity check of
    every gallery row (finite, non-zero under cosine).
 2. *Counts* (per tile): for every threshold, the valid non-relevant items at or
-   ahead of it (:func:`rankwise.kernels.count_tile`), summed over chunks.
+   ahead of it (:func:`rankwise.kernels.count_tile`, in C or numba: :mod:`rankwise.native`),
+   summed over chunks.
 
 With ``t_1 <= ... <= t_G`` a query's sorted thresholds and
 ``N(t) = #{valid non-relevant g : key(g) <= t}``, its ranks are
@@ -32,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import kernels
 from .embeddings import EmbeddingSource, check_same_dim
 from .errors import RankwiseError, first_line
 from .options import (
@@ -45,6 +45,7 @@ from .options import (
     recorded_rerank,
 )
 from .protocols import Problem
+from .rounding import error_bound_factor
 
 if TYPE_CHECKING:
     from .devices import Tiles
@@ -171,7 +172,7 @@ def prepare_chunk(
     row.  ``check_range=False``: rows read to be pooled, checked when ranked.
     ``zero_fix``: the advice for a zero row under cosine.
     """
-    rows, sq, bad, why = kernels.prepare_rows(source.read(start, stop), cosine)
+    rows, sq, bad, why = _kernels().prepare_rows(source.read(start, stop), cosine)
     if bad >= 0:
         raise RankwiseError(_bad_row_message(source, start + bad, why, zero_fix=zero_fix))
     if not cosine and check_range:
@@ -207,10 +208,26 @@ def _bad_row_message(
     return f"{where} is a zero vector, which has no cosine distance; {zero_fix}"
 
 
+def _kernels():
+    """The process's kernel set: the C kernels, or numba's (:mod:`rankwise.native`)."""
+    from .native import engine_kernels
+
+    return engine_kernels()
+
+
+def _sum_counts(parts):
+    """Combine: add the per-chunk ``count_tile`` histograms of one query block
+    (a non-empty list of equal-shape int64 arrays; none is modified)."""
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
 def _pair_keys_task(prep, qrows, pair_q, pair_g_local, cosine):
     """Per chunk: canonical keys of the pairs whose gallery item is in this chunk."""
     _limit_blas()
-    return kernels.pair_keys(qrows, prep[0], pair_q, pair_g_local, cosine)
+    return _kernels().pair_keys(qrows, prep[0], pair_q, pair_g_local, cosine)
 
 
 def _upload_task(prep, tiles: Tiles):
@@ -231,7 +248,7 @@ def _count_task(prep, gdev, block, gmeta, cosine, bound, tiles: Tiles):
     qdev = block["dev"] if block["dev"] is not None else tiles.upload(block["rows"])
     sim = tiles.similarities(qdev, gdev if gdev is not None else tiles.upload(grows))
     try:
-        return kernels.count_tile(
+        return _kernels().count_tile(
             sim,
             block["rows"],
             block["sq"],
@@ -726,16 +743,18 @@ def _plain_ranks(
                 gallery,
                 bounds,
                 cosine,
-                kernels.error_bound_factor(dim),
+                error_bound_factor(dim),
                 runner,
                 options,
                 tiles,
             )
-            ranks = kernels.ranks_from_hist(hist, toff)
+            ranks = _kernels().ranks_from_hist(hist, toff)
             offsets = toff
         else:
             cand_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-            offsets, ranks = kernels.rank_candidates(cand_off, keys, problem.pair_rel)
+            from .kernels import rank_candidates  # reassociation: numba's
+
+            offsets, ranks = rank_candidates(cand_off, keys, problem.pair_rel)
     return offsets, ranks
 
 
@@ -835,7 +854,7 @@ def _pass_counts(
             # a block's counts summed chunk after chunk: each tile's result is freed
             # as soon as it is added
             parts = [key("sum", b, c - 1), key("tile", b, c)] if c else [key("tile", b, c)]
-            graph[key("sum", b, c)] = (kernels.sum_counts, parts)
+            graph[key("sum", b, c)] = (_sum_counts, parts)
         graph[key("done", c)] = (_all_done, [key("tile", b, c) for b in range(len(blocks))])
     bar = None
     if options.progress and sys.stderr.isatty():  # a log file would keep a stale 0% bar

@@ -1,0 +1,242 @@
+"""The C kernels (rankwise.native) against the numba kernels they replace, and how a
+process picks, builds and caches them.
+
+The numba kernels are the reference: every count, rank, prepared row and canonical key
+of the C kernels must be identical (the hand-computed and brute-force tests of
+tests/test_kernels.py run on both kernel sets too).  Skips only where no C compiler is
+found; .ci/run installs one.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import rankwise
+from rankwise import kernels, native
+from rankwise.errors import RankwiseError
+
+
+@pytest.fixture(scope="module")
+def nk():
+    try:
+        return native._build()
+    except (OSError, RuntimeError) as exc:
+        pytest.skip(f"no C kernels here: {exc}")
+
+
+def _problem(rng, cosine, n_q, n_g, dim, n_lab, noise, dup=40):
+    """Clustered rows (noise sets how deep relevant items lie: a weak model's rows put
+    many non-relevant items ahead of the deepest relevant one), exact duplicates of
+    query rows under other labels (exact ties), junk, ids shared with queries."""
+    centres = 2.0 * rng.standard_normal((n_lab, dim))
+    qlab, glab = rng.integers(0, n_lab, n_q), rng.integers(0, n_lab, n_g)
+    glab[:90] = qlab[0]  # > 64 relevant items for some queries: binary searches
+    q = (centres[qlab] + noise * rng.standard_normal((n_q, dim))).astype(np.float32)
+    g = (centres[glab] + noise * rng.standard_normal((n_g, dim))).astype(np.float32)
+    g[100 : 100 + dup] = q[rng.integers(0, n_q, dup)]
+    qrows, qsq, _, _ = kernels.prepare_rows(q, cosine)
+    grows, gsq, _, _ = kernels.prepare_rows(g, cosine)
+    qid = np.arange(n_q, dtype=np.int64)
+    gid = rng.integers(0, 3 * n_q, n_g).astype(np.int64)
+    junk = rng.random(n_g) < 0.05
+    thr = []
+    for i in range(n_q):
+        rel = np.flatnonzero((glab == qlab[i]) & ~junk)
+        thr.append(np.sort(kernels.pair_keys(qrows, grows, np.full(rel.size, i), rel, cosine)))
+    toff = np.concatenate([[0], np.cumsum([t.size for t in thr])]).astype(np.int64)
+    return dict(
+        q=q, g=g, qrows=qrows, qsq=qsq, grows=grows, gsq=gsq, qlab=qlab.astype(np.int64),
+        glab=glab.astype(np.int64), qid=qid, gid=gid, junk=junk, thr=np.concatenate(thr),
+        toff=toff,
+    )  # fmt: skip
+
+
+def _tile_args(p, sim, exclude_self, cosine):
+    return (
+        sim, p["qrows"], p["qsq"], p["qlab"], p["qid"], p["grows"], p["gsq"], p["glab"],
+        p["gid"], p["junk"], p["thr"], p["toff"], exclude_self, cosine,
+        kernels.error_bound_factor(p["qrows"].shape[1]),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+@pytest.mark.parametrize("exclude_self", [True, False])
+@pytest.mark.parametrize("noise", [0.6, 1.6, 3.0])
+@pytest.mark.parametrize("n_g", [700, 1031])
+def test_count_tile_equals_numba(nk, cosine, exclude_self, noise, n_g):
+    """Identical histograms (and ranks) on easy to very hard rows, both distances, a
+    gallery that fills its last 64-item word and one that does not; and on a tile that is
+    a strided view of a wider buffer (the C kernel reads it with its row stride)."""
+    rng = np.random.default_rng(int(noise * 10) + n_g + 2 * cosine + exclude_self)
+    p = _problem(rng, cosine, n_q=45, n_g=n_g, dim=70, n_lab=12, noise=noise)
+    sim = p["qrows"] @ p["grows"].T
+    want = kernels.count_tile(*_tile_args(p, sim, exclude_self, cosine))
+    assert want.sum() > 0
+    np.testing.assert_array_equal(nk.count_tile(*_tile_args(p, sim, exclude_self, cosine)), want)
+    wide = np.zeros((sim.shape[0], sim.shape[1] + 13), np.float32)
+    wide[:, 5 : 5 + sim.shape[1]] = sim
+    view = wide[:, 5 : 5 + sim.shape[1]]
+    np.testing.assert_array_equal(nk.count_tile(*_tile_args(p, view, exclude_self, cosine)), want)
+    np.testing.assert_array_equal(
+        nk.ranks_from_hist(want, p["toff"]), kernels.ranks_from_hist(want, p["toff"])
+    )
+
+
+def test_count_tile_on_an_empty_gallery_chunk_and_rows_without_thresholds(nk):
+    rng = np.random.default_rng(3)
+    p = _problem(rng, False, n_q=6, n_g=200, dim=8, n_lab=3, noise=1.0)
+    args = list(_tile_args(p, p["qrows"] @ p["grows"].T, True, False))
+    # queries without relevant items: no thresholds
+    args[10], args[11] = np.zeros(0), np.zeros(7, np.int64)
+    assert nk.count_tile(*args).shape == (0,)
+    empty = _tile_args(p, np.zeros((6, 0), np.float32), True, False)
+    empty = (empty[0], *empty[1:5], p["grows"][:0], p["gsq"][:0], p["glab"][:0],
+             p["gid"][:0], p["junk"][:0], *empty[10:])  # fmt: skip
+    np.testing.assert_array_equal(nk.count_tile(*empty), np.zeros(p["thr"].size, np.int64))
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+def test_prepared_rows_and_keys_are_bit_identical(nk, cosine):
+    """prepare_rows for float32, float64, Fortran-ordered and strided input,
+    and pair_keys: the same bits (the canonical key is the definition of the distance)."""
+    rng = np.random.default_rng(5 + cosine)
+    base = rng.standard_normal((50, 33)) * 10.0 ** rng.integers(-3, 4, (50, 33))
+    for x in (
+        base.astype(np.float32),
+        base,
+        np.asfortranarray(base.astype(np.float32)),
+        base.astype(np.float32)[:, ::2],
+    ):
+        got, want = nk.prepare_rows(x, cosine), kernels.prepare_rows(x, cosine)
+        assert got[2:] == want[2:] == (-1, 0)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    rows = kernels.prepare_rows(base.astype(np.float32), cosine)[0]
+    pq, pg = rng.integers(0, 50, 500), rng.integers(0, 50, 500)
+    np.testing.assert_array_equal(
+        nk.pair_keys(rows, rows, pq, pg, cosine), kernels.pair_keys(rows, rows, pq, pg, cosine)
+    )
+
+
+def test_prepare_rows_names_the_same_bad_row(nk):
+    x = np.ones((9, 4), np.float32)
+    x[6, 1] = np.nan
+    x[4] = 0.0
+    assert nk.prepare_rows(x, True)[2:] == kernels.prepare_rows(x, True)[2:] == (4, 2)
+    assert nk.prepare_rows(x, False)[2:] == kernels.prepare_rows(x, False)[2:] == (6, 1)
+    big = np.ones((3, 2))
+    big[2, 0] = 1e200  # its square overflows float64
+    assert nk.prepare_rows(big, False)[2:] == kernels.prepare_rows(big, False)[2:] == (2, 1)
+
+
+def _cli_args(files):
+    flags = ("--query", "--gallery", "--query-embeddings", "--gallery-embeddings")
+    return [x for flag, f in zip(flags, files, strict=True) for x in (flag, str(f))]
+
+
+def _files(tmp_path, seed=1, n_q=90, n_g=900, dim=24):
+    rng = np.random.default_rng(seed)
+    glab, qlab = rng.integers(-1, 30, n_g), rng.integers(0, 33, n_q)
+    for name, lab, n in (("g", glab, n_g), ("q", qlab, n_q)):
+        rows = ["id,label,camera"] + [
+            f"{name}{i},{lab[i]},{c}" for i, c in enumerate(rng.integers(0, 4, n))
+        ]
+        (tmp_path / f"{name}.csv").write_text("\n".join(rows) + "\n")
+    centres = rng.standard_normal((40, dim))
+    ge = (centres[glab + 1] + 1.2 * rng.standard_normal((n_g, dim))).astype(np.float32)
+    ge[10:30] = ge[0]  # exact ties across chunks
+    np.save(tmp_path / "g.npy", ge)
+    np.save(tmp_path / "q.npy", (centres[qlab + 1] + rng.standard_normal((n_q, dim))).astype("f4"))
+    return [tmp_path / n for n in ("q.csv", "g.csv", "q.npy", "g.npy")]
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_the_engine_gives_the_same_ranks_on_both_kernel_sets(tmp_path, nk, monkeypatch, distance):
+    files = _files(tmp_path)
+    kwargs = dict(protocol="reid", distance=distance, query_block=32, gallery_chunk=200)
+    monkeypatch.setattr(native, "_CHOSEN", kernels)
+    on_numba = rankwise.rank(*files, workers=2, **kwargs)
+    monkeypatch.setattr(native, "_CHOSEN", nk)
+    on_c = rankwise.rank(*files, workers=2, **kwargs)
+    np.testing.assert_array_equal(on_c.offsets, on_numba.offsets)
+    np.testing.assert_array_equal(on_c.ranks, on_numba.ranks)
+    assert on_c.ranks.size > 500
+
+
+def test_a_ranking_process_never_imports_numba(tmp_path, nk):
+    """`rankwise evaluate` with the C kernels: numba (and its LLVM) stay out of the
+    process, which is where the start-up time goes (benchmarks/bench_startup.py)."""
+    files = _files(tmp_path)
+    script = (
+        "import sys\n"
+        "from rankwise.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print('numba' in sys.modules, 'llvmlite' in sys.modules)\n"
+    )
+    out = str(tmp_path / "r.json")
+    args = ["evaluate", *_cli_args(files), "--protocol", "reid", "--output", out]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "RANKWISE_KERNELS"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["False", "False"], done.stdout
+    assert (tmp_path / "r.json").is_file()
+
+
+def test_the_library_is_built_once_then_loaded(tmp_path, nk, monkeypatch):
+    """A first process compiles into the first writable cache folder (an unwritable one
+    is skipped); later ones load that file without calling the compiler."""
+    locked = tmp_path / "locked"
+    locked.write_text("a file where a folder should be")
+    monkeypatch.setattr(native, "_cache_dirs", lambda: [locked, tmp_path / "cache"])
+    built = native._build()
+    assert built.path.parent == tmp_path / "cache" and built.path.is_file()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [built.path.name]  # no temp file
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(native.subprocess, "run", no_compiler)
+    assert native._build().path == built.path
+
+
+def test_without_a_compiler_numba_takes_over_unless_native_is_required(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setattr(native, "_cache_dirs", lambda: [tmp_path / "cache"])
+    monkeypatch.setattr(native, "_CHOSEN", None)
+    assert native.engine_kernels() is kernels
+    assert "no-such-cc" in native.why_not_native()
+    monkeypatch.setattr(native, "_CHOSEN", None)
+    monkeypatch.setenv("RANKWISE_KERNELS", "native")
+    with pytest.raises(RankwiseError, match="RANKWISE_KERNELS=native: the C kernels cannot be"):
+        native.engine_kernels()
+    monkeypatch.setenv("RANKWISE_KERNELS", "fortran")
+    with pytest.raises(RankwiseError, match="'fortran' is not one of auto, native, numba"):
+        native.engine_kernels()
+    monkeypatch.setenv("RANKWISE_KERNELS", "numba")
+    monkeypatch.delenv("CC")
+    assert native.engine_kernels() is kernels
+
+
+def test_a_bad_kernels_setting_is_one_line_from_the_cli(tmp_path):
+    files = _files(tmp_path, n_q=5, n_g=20)
+    done = subprocess.run(
+        ["rankwise", "evaluate", *_cli_args(files), "--protocol", "reid"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, RANKWISE_KERNELS="fast"),
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: environment variable RANKWISE_KERNELS='fast' is not one of auto, native, "
+        "numba; unset it or pick one"
+    ]

@@ -1,0 +1,353 @@
+/* The rank path's kernels in C: prepare_rows, pair_keys, count_tile, ranks_from_hist.
+ *
+ * A line-for-line counterpart of the numba kernels in kernels.py (read their docstrings
+ * for the maths), compiled ahead of time by rankwise/native.py and called through ctypes
+ * (which releases the GIL), so a ranking process never imports numba.  Every decision is
+ * the same rigorous test as in kernels.py, so the outputs are identical integers; the
+ * canonical key is the same sequential float64 sum, bit for bit.  That needs IEEE
+ * float32/float64 arithmetic exactly as written: build with -ffp-contract=off and without
+ * -ffast-math (native.py does), so no multiply-add is fused and no sum reordered except
+ * in fast_key, whose reordering its bound covers.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define U32 (1.0 / 16777216.0)          /* 2^-24, float32 unit roundoff */
+#define U64 (1.0 / 9007199254740992.0)  /* 2^-53, float64 unit roundoff */
+
+typedef int64_t i64;
+
+/* ------------------------------------------------------------------ prepare_rows */
+
+#define PREPARE(NAME, T)                                                              \
+    i64 NAME(const T *x, i64 n, i64 d, int cosine, float *rows, double *sq, i64 *why) \
+    {                                                                                 \
+        for (i64 i = 0; i < n; i++) {                                                 \
+            const T *xi = x + i * d;                                                  \
+            double s = 0.0;                                                           \
+            for (i64 k = 0; k < d; k++) {                                             \
+                double v = (double)xi[k];                                             \
+                s += v * v;                                                           \
+            }                                                                         \
+            if (!isfinite(s)) {                                                       \
+                *why = 1;                                                             \
+                return i;                                                             \
+            }                                                                         \
+            float *ri = rows + i * d;                                                 \
+            if (cosine) {                                                             \
+                if (s == 0.0) {                                                       \
+                    *why = 2;                                                         \
+                    return i;                                                         \
+                }                                                                     \
+                double inv = 1.0 / sqrt(s);                                           \
+                double t = 0.0;                                                       \
+                for (i64 k = 0; k < d; k++) {                                         \
+                    float r = (float)((double)xi[k] * inv);                           \
+                    ri[k] = r;                                                        \
+                    t += (double)r * (double)r;                                       \
+                }                                                                     \
+                sq[i] = t;                                                            \
+            } else {                                                                  \
+                for (i64 k = 0; k < d; k++) ri[k] = (float)xi[k];                     \
+                sq[i] = s;                                                            \
+            }                                                                         \
+        }                                                                             \
+        *why = 0;                                                                     \
+        return -1;                                                                    \
+    }
+
+PREPARE(rw_prepare_rows_f32, float)
+PREPARE(rw_prepare_rows_f64, double)
+
+/* ------------------------------------------------------------------ keys */
+
+static inline double canonical_key(const float *q, const float *g, i64 d, int cosine)
+{
+    double s = 0.0;
+    if (cosine) {
+        for (i64 k = 0; k < d; k++) s += (double)q[k] * (double)g[k];
+        return -s;
+    }
+    for (i64 k = 0; k < d; k++) {
+        double t = (double)q[k] - (double)g[k];
+        s += t * t;
+    }
+    return s;
+}
+
+/* The canonical key's terms summed in eight interleaved partial sums (vectorised):
+ * within fast_bound of the canonical key, like kernels._fast_key. */
+static inline double fast_key(const float *q, const float *g, i64 d, int cosine)
+{
+    double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    i64 k = 0;
+    if (cosine) {
+        for (; k + 8 <= d; k += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)q[k + l] * (double)g[k + l];
+        for (; k < d; k++) acc[0] += (double)q[k] * (double)g[k];
+    } else {
+        for (; k + 8 <= d; k += 8)
+            for (int l = 0; l < 8; l++) {
+                double t = (double)q[k + l] - (double)g[k + l];
+                acc[l] += t * t;
+            }
+        for (; k < d; k++) {
+            double t = (double)q[k] - (double)g[k];
+            acc[0] += t * t;
+        }
+    }
+    double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return cosine ? -s : s;
+}
+
+static inline double fast_bound(double key, double qn, double gn, i64 dim, int cosine)
+{
+    if (cosine) return 4.0 * (double)(dim + 2) * U64 * qn * gn;
+    return 4.0 * (double)(dim + 2) * U64 * fabs(key);
+}
+
+void rw_pair_keys(const float *qrows, const float *grows, const i64 *pq, const i64 *pg, i64 n,
+                  i64 d, int cosine, double *out)
+{
+    for (i64 i = 0; i < n; i++) out[i] = canonical_key(qrows + pq[i] * d, grows + pg[i] * d, d, cosine);
+}
+
+/* ------------------------------------------------------------------ count_tile */
+
+static inline i64 count_less_d(const double *thr, i64 lo, i64 hi, double x)
+{
+    if (hi - lo <= 64) {
+        i64 n = 0;
+        for (i64 k = lo; k < hi; k++) n += thr[k] < x;
+        return n;
+    }
+    i64 a = lo, b = hi;
+    while (a < b) {
+        i64 m = (a + b) >> 1;
+        if (thr[m] < x)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a - lo;
+}
+
+static inline i64 count_less_f(const float *thr, i64 r, float x)
+{
+    i64 a = 0, b = r;
+    while (a < b) {
+        i64 m = (a + b) >> 1;
+        if (thr[m] < x)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+static inline double key_bound(double qn, double gn, double bound, int cosine)
+{
+    if (cosine) return bound * qn * gn;
+    double e = qn + gn;
+    return 2.0 * bound * (qn * gn + 0x1p-20 * e * e);
+}
+
+static void float32_bounds(const double *thr, i64 lo, i64 hi, double h0, double scale,
+                           double margin, float *aup, float *bdn)
+{
+    i64 r = hi - lo;
+    for (i64 p = 0; p < r; p++) {
+        double h = (thr[lo + p] - h0) * scale;
+        double m = margin + 4.0 * U32 * fabs(h);
+        float a = (float)(h + m);
+        if ((double)a < h + m) a = nextafterf(a, INFINITY);
+        float b = (float)(h - m);
+        if ((double)b > h - m) b = nextafterf(b, -INFINITY);
+        aup[p] = a;
+        bdn[p] = b;
+    }
+    for (i64 p = 1; p < r; p++)
+        if (aup[p] < aup[p - 1]) aup[p] = aup[p - 1];
+    for (i64 p = r - 2; p >= 0; p--)
+        if (bdn[p] > bdn[p + 1]) bdn[p] = bdn[p + 1];
+    bdn[r] = INFINITY;
+}
+
+/* Bit k of the result: off[k] - s[k] <= cut (float32; false for a NaN off), k < 64. */
+static inline uint64_t ahead_word(const float *off, const float *s, float cut)
+{
+#if defined(__AVX512F__)
+    __m512 c = _mm512_set1_ps(cut);
+    uint64_t m = 0;
+    for (int h = 0; h < 4; h++) {
+        __m512 v = _mm512_sub_ps(_mm512_loadu_ps(off + 16 * h), _mm512_loadu_ps(s + 16 * h));
+        m |= (uint64_t)_mm512_cmp_ps_mask(v, c, _CMP_LE_OQ) << (16 * h);
+    }
+    return m;
+#elif defined(__AVX2__)
+    __m256 c = _mm256_set1_ps(cut);
+    uint64_t m = 0;
+    for (int h = 0; h < 8; h++) {
+        __m256 v = _mm256_sub_ps(_mm256_loadu_ps(off + 8 * h), _mm256_loadu_ps(s + 8 * h));
+        m |= (uint64_t)(unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, c, _CMP_LE_OQ)) << (8 * h);
+    }
+    return m;
+#else
+    uint64_t m = 0;
+    for (int k = 0; k < 64; k++) m |= (uint64_t)(off[k] - s[k] <= cut) << k;
+    return m;
+#endif
+}
+
+/* kernels.count_tile, the same steps; hist (length toff[b]) must be zeroed by the
+ * caller.  sim: (b, c) float32 with row stride ld.  Returns 0, or -1 when out of
+ * memory. */
+int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, const double *qsq,
+                  const i64 *qlab, const i64 *qid, const float *grows, const double *gsq,
+                  const i64 *glab, const i64 *gid, const uint8_t *gjunk, const double *thr,
+                  const i64 *toff, i64 dim, int exclude_self, int cosine, double bound, i64 *hist)
+{
+    if (c == 0) return 0;
+    i64 rmax = 0;
+    for (i64 i = 0; i < b; i++)
+        if (toff[i + 1] - toff[i] > rmax) rmax = toff[i + 1] - toff[i];
+    i64 nw = (c + 63) >> 6;
+    i64 cp = nw << 6; /* off padded to whole words */
+    double *gn = malloc(sizeof(double) * c);
+    float *off = malloc(sizeof(float) * cp);
+    float *aup = malloc(sizeof(float) * (rmax + 1));
+    float *bdn = malloc(sizeof(float) * (rmax + 1));
+    i64 *row_hist = malloc(sizeof(i64) * (rmax + 1));
+    uint64_t *masks = malloc(sizeof(uint64_t) * nw);
+    float *vv = malloc(sizeof(float) * c);
+    int32_t *jj = malloc(sizeof(int32_t) * c);
+    int32_t *pos = malloc(sizeof(int32_t) * c);
+    float *spad = malloc(sizeof(float) * 64);
+    int status = 0;
+    if (!gn || !off || !aup || !bdn || !row_hist || !masks || !vv || !jj || !pos || !spad) {
+        status = -1;
+        goto done;
+    }
+    double gmax = 0.0;
+    float hmax32 = -INFINITY;
+    for (i64 j = 0; j < c; j++) {
+        gn[j] = sqrt(gsq[j]);
+        if (gn[j] > gmax || j == 0) gmax = gn[j];
+        float h = (float)(gsq[j] / 2.0);
+        if (h > hmax32 || j == 0) hmax32 = h;
+        off[j] = gjunk[j] ? NAN : (cosine ? 0.0f : h);
+    }
+    for (i64 j = c; j < cp; j++) off[j] = NAN;
+    double hmax = (double)hmax32;
+    for (int k = 0; k < 64; k++) spad[k] = 0.0f;
+
+    for (i64 i = 0; i < b; i++) {
+        i64 lo = toff[i], hi = toff[i + 1], r = hi - lo;
+        if (r == 0) continue;
+        const float *srow = sim + i * ld;
+        double qn = sqrt(qsq[i]);
+        if (cosine) {
+            float32_bounds(thr, lo, hi, 0.0, 1.0, key_bound(qn, gmax, bound, 1), aup, bdn);
+        } else {
+            double margin = key_bound(qn, gmax, bound, 0) / 2.0 + 4.0 * U32 * (hmax + qn * gmax);
+            float32_bounds(thr, lo, hi, qsq[i], 0.5, margin, aup, bdn);
+        }
+        float cut = aup[r - 1];
+        uint64_t dense = 0;
+        for (i64 w = 0; w < nw; w++) {
+            i64 base = w << 6;
+            uint64_t m;
+            if (base + 64 <= c) {
+                m = ahead_word(off + base, srow + base, cut);
+            } else { /* the last, partial word: the padding's off is NaN */
+                for (i64 k = 0; k < c - base; k++) spad[k] = srow[base + k];
+                m = ahead_word(off + base, spad, cut);
+            }
+            masks[w] = m;
+            dense |= m;
+        }
+        if (dense == 0) continue;
+        /* compact the items ahead of the deepest threshold, dropping the query's own
+         * label (relevant items, same-camera junk) and, with exclude_self, its own id */
+        i64 ql = qlab[i], qi = qid[i];
+        i64 n = 0;
+        for (i64 w = 0; w < nw; w++) {
+            uint64_t m = masks[w];
+            while (m != 0) {
+                i64 j = (w << 6) + __builtin_ctzll(m);
+                vv[n] = off[j] - srow[j];
+                jj[n] = (int32_t)j;
+                n += (glab[j] != ql) & !(exclude_self && gid[j] == qi);
+                m &= m - 1;
+            }
+        }
+        if (r <= 64) {
+            for (i64 t = 0; t < n; t++) pos[t] = 0;
+            for (i64 p = 0; p < r; p++) {
+                float a = aup[p];
+                for (i64 t = 0; t < n; t++) pos[t] += vv[t] > a;
+            }
+        } else {
+            for (i64 t = 0; t < n; t++) pos[t] = (int32_t)count_less_f(aup, r, vv[t]);
+        }
+        for (i64 p = 0; p <= r; p++) row_hist[p] = 0;
+        i64 n_open = 0;
+        for (i64 t = 0; t < n; t++) {
+            int32_t p = pos[t];
+            int settled = vv[t] <= bdn[p];
+            row_hist[p] += settled;
+            pos[n_open] = (int32_t)t;
+            n_open += !settled;
+        }
+        for (i64 p = 0; p < r; p++) hist[lo + p] += row_hist[p];
+        const float *qrow = qrows + i * dim;
+        for (i64 u = 0; u < n_open; u++) {
+            i64 j = jj[pos[u]];
+            double s = (double)srow[j];
+            double key = cosine ? -s : qsq[i] + gsq[j] - 2.0 * s;
+            double eps = key_bound(qn, gn[j], bound, cosine);
+            i64 p = count_less_d(thr, lo, hi, key - eps);
+            if (lo + p < hi && thr[lo + p] < key + eps) {
+                /* too close to call from the tile: a float64 key in any order, the
+                 * canonical one when a threshold lies within that key's bound */
+                const float *grow = grows + j * dim;
+                double fk = fast_key(qrow, grow, dim, cosine);
+                double fe = fast_bound(fk, qn, gn[j], dim, cosine);
+                p = count_less_d(thr, lo, hi, fk - fe);
+                if (lo + p < hi && thr[lo + p] < fk + fe)
+                    p = count_less_d(thr, lo, hi, canonical_key(qrow, grow, dim, cosine));
+            }
+            if (lo + p < hi) hist[lo + p] += 1;
+        }
+    }
+done:
+    free(gn);
+    free(off);
+    free(aup);
+    free(bdn);
+    free(row_hist);
+    free(masks);
+    free(vv);
+    free(jj);
+    free(pos);
+    free(spad);
+    return status;
+}
+
+/* ------------------------------------------------------------------ ranks_from_hist */
+
+void rw_ranks_from_hist(const i64 *hist, const i64 *toff, i64 nq, i64 *ranks)
+{
+    for (i64 i = 0; i < nq; i++) {
+        i64 ahead = 0;
+        for (i64 p = toff[i]; p < toff[i + 1]; p++) {
+            ahead += hist[p];
+            ranks[p] = 1 + ahead + (p - toff[i]);
+        }
+    }
+}
