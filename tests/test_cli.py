@@ -237,9 +237,10 @@ def _after_evaluate(tmp_path, report: str) -> str:
 
 
 def test_console_script_freezes_the_heap_before_exit(tmp_path):
-    # the interpreter's final collection then skips numba's and pandas' objects
-    # (bench_startup.py: ~0.3 s of the process's end at Market-1501 scale)
-    assert int(_after_evaluate(tmp_path, "gc.get_freeze_count()")) > 100_000
+    # the interpreter's final collection then skips the heap's objects (numba's, where the
+    # C kernels are not built, and dask's, pandas'; bench_startup.py: ~0.3 s of the
+    # process's end at Market-1501 scale with numba); without the freeze the count is 0
+    assert int(_after_evaluate(tmp_path, "gc.get_freeze_count()")) > 10_000
 
 
 # Every path a command reads; every other path option is something it writes.

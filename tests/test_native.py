@@ -19,10 +19,39 @@ from rankwise import kernels, native
 from rankwise.errors import RankwiseError
 
 
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and f" {flag}" in line for line in f)
+    except OSError:
+        return False
+
+
+# The kernels as built (-march=native), and their other code paths built on purpose:
+# without AVX-512 (AVX2 masks) and without either (plain C), where this CPU has them.
+PATHS = {
+    "native": (),
+    "avx2": ("-mno-avx512f",),
+    "plain": ("-mno-avx512f", "-mno-avx2"),
+}
+
+
 @pytest.fixture(scope="module")
-def nk():
+def built():
+    """The kernels as a ranking process builds them (skips without a C compiler)."""
     try:
         return native._build()
+    except (OSError, RuntimeError) as exc:
+        pytest.skip(f"no C kernels here: {exc}")
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
+def nk(request):
+    extra = PATHS[request.param]
+    if extra and not _cpu_has("avx2"):
+        pytest.skip("this CPU has no AVX2: -march=native already builds the plain path")
+    try:
+        return native._build(native.FLAGS + extra)
     except (OSError, RuntimeError) as exc:
         pytest.skip(f"no C kernels here: {exc}")
 
@@ -121,6 +150,32 @@ def test_prepared_rows_and_keys_are_bit_identical(nk, cosine):
     )
 
 
+@pytest.mark.parametrize("cosine", [False, True])
+def test_the_fast_key_lies_within_its_bound_of_the_canonical_key(nk, cosine):
+    """count_tile's any-order float64 key (vectorised, fused multiply-adds) against the
+    canonical key, on rows whose sums depend on their order (entries over 12 orders of
+    magnitude) and on Gaussian rows, dimensions around its 32- and 8-wide steps."""
+    rng = np.random.default_rng(9 + cosine)
+    differ = 0
+    for d in (5, 37, 64, 515):
+        for spread in (True, False):
+            x = rng.standard_normal((40, d))
+            if spread:
+                x *= 10.0 ** rng.integers(-6, 6, (40, d))
+            rows, sq, _, _ = kernels.prepare_rows(x.astype(np.float32), cosine)
+            pq, pg = np.repeat(np.arange(40), 40), np.tile(np.arange(40), 40)
+            canonical = kernels.pair_keys(rows, rows, pq, pg, cosine)
+            fast = nk.pair_keys(rows, rows, pq, pg, cosine, fast=True)
+            norms = np.sqrt(sq)
+            if cosine:
+                eps = 4.0 * (d + 2) * 2.0**-53 * norms[pq] * norms[pg]
+            else:
+                eps = 4.0 * (d + 2) * 2.0**-53 * np.abs(fast)
+            assert (np.abs(fast - canonical) <= eps / 2.0).all()
+            differ += (fast != canonical).sum()
+    assert differ > 0  # really two different sums
+
+
 def test_prepare_rows_names_the_same_bad_row(nk):
     x = np.ones((9, 4), np.float32)
     x[6, 1] = np.nan
@@ -166,7 +221,7 @@ def test_the_engine_gives_the_same_ranks_on_both_kernel_sets(tmp_path, nk, monke
     assert on_c.ranks.size > 500
 
 
-def test_a_ranking_process_never_imports_numba(tmp_path, nk):
+def test_a_ranking_process_never_imports_numba(tmp_path, built):
     """`rankwise evaluate` with the C kernels: numba (and its LLVM) stay out of the
     process, which is where the start-up time goes (benchmarks/bench_startup.py)."""
     files = _files(tmp_path)
@@ -192,7 +247,7 @@ def test_a_ranking_process_never_imports_numba(tmp_path, nk):
     assert (tmp_path / "r.json").is_file()
 
 
-def test_the_library_is_built_once_then_loaded(tmp_path, nk, monkeypatch):
+def test_the_library_is_built_once_then_loaded(tmp_path, built, monkeypatch):
     """A first process compiles into the first writable cache folder (an unwritable one
     is skipped); later ones load that file without calling the compiler."""
     locked = tmp_path / "locked"

@@ -80,28 +80,79 @@ static inline double canonical_key(const float *q, const float *g, i64 d, int co
     return s;
 }
 
-/* The canonical key's terms summed in eight interleaved partial sums (vectorised):
- * within fast_bound of the canonical key, like kernels._fast_key. */
+/* The canonical key's terms summed in any order (interleaved partial sums, fused
+ * multiply-adds: vectorised): within fast_bound of the canonical key, like
+ * kernels._fast_key (the bound holds for every order, fused or not). */
 static inline double fast_key(const float *q, const float *g, i64 d, int cosine)
 {
-    double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    double s = 0.0;
     i64 k = 0;
+#if defined(__AVX512F__)
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    __m512d a2 = _mm512_setzero_pd(), a3 = _mm512_setzero_pd();
+    if (cosine) {
+        for (; k + 32 <= d; k += 32) {
+            __m512d x0, y0, x1, y1, x2, y2, x3, y3;
+            x0 = _mm512_cvtps_pd(_mm256_loadu_ps(q + k));
+            y0 = _mm512_cvtps_pd(_mm256_loadu_ps(g + k));
+            x1 = _mm512_cvtps_pd(_mm256_loadu_ps(q + k + 8));
+            y1 = _mm512_cvtps_pd(_mm256_loadu_ps(g + k + 8));
+            x2 = _mm512_cvtps_pd(_mm256_loadu_ps(q + k + 16));
+            y2 = _mm512_cvtps_pd(_mm256_loadu_ps(g + k + 16));
+            x3 = _mm512_cvtps_pd(_mm256_loadu_ps(q + k + 24));
+            y3 = _mm512_cvtps_pd(_mm256_loadu_ps(g + k + 24));
+            a0 = _mm512_fmadd_pd(x0, y0, a0);
+            a1 = _mm512_fmadd_pd(x1, y1, a1);
+            a2 = _mm512_fmadd_pd(x2, y2, a2);
+            a3 = _mm512_fmadd_pd(x3, y3, a3);
+        }
+        for (; k + 8 <= d; k += 8)
+            a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(q + k)),
+                                 _mm512_cvtps_pd(_mm256_loadu_ps(g + k)), a0);
+    } else {
+        for (; k + 32 <= d; k += 32) {
+            __m512d t0 = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(q + k)),
+                                       _mm512_cvtps_pd(_mm256_loadu_ps(g + k)));
+            __m512d t1 = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(q + k + 8)),
+                                       _mm512_cvtps_pd(_mm256_loadu_ps(g + k + 8)));
+            __m512d t2 = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(q + k + 16)),
+                                       _mm512_cvtps_pd(_mm256_loadu_ps(g + k + 16)));
+            __m512d t3 = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(q + k + 24)),
+                                       _mm512_cvtps_pd(_mm256_loadu_ps(g + k + 24)));
+            a0 = _mm512_fmadd_pd(t0, t0, a0);
+            a1 = _mm512_fmadd_pd(t1, t1, a1);
+            a2 = _mm512_fmadd_pd(t2, t2, a2);
+            a3 = _mm512_fmadd_pd(t3, t3, a3);
+        }
+        for (; k + 8 <= d; k += 8) {
+            __m512d t = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(q + k)),
+                                      _mm512_cvtps_pd(_mm256_loadu_ps(g + k)));
+            a0 = _mm512_fmadd_pd(t, t, a0);
+        }
+    }
+    s = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
+#else
+    double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
     if (cosine) {
         for (; k + 8 <= d; k += 8)
             for (int l = 0; l < 8; l++) acc[l] += (double)q[k + l] * (double)g[k + l];
-        for (; k < d; k++) acc[0] += (double)q[k] * (double)g[k];
     } else {
         for (; k + 8 <= d; k += 8)
             for (int l = 0; l < 8; l++) {
                 double t = (double)q[k + l] - (double)g[k + l];
                 acc[l] += t * t;
             }
-        for (; k < d; k++) {
+    }
+    s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+#endif
+    for (; k < d; k++) {
+        if (cosine) {
+            s += (double)q[k] * (double)g[k];
+        } else {
             double t = (double)q[k] - (double)g[k];
-            acc[0] += t * t;
+            s += t * t;
         }
     }
-    double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     return cosine ? -s : s;
 }
 
@@ -115,6 +166,13 @@ void rw_pair_keys(const float *qrows, const float *grows, const i64 *pq, const i
                   i64 d, int cosine, double *out)
 {
     for (i64 i = 0; i < n; i++) out[i] = canonical_key(qrows + pq[i] * d, grows + pg[i] * d, d, cosine);
+}
+
+/* fast_key of each pair (for the tests: it must lie within fast_bound of pair_keys) */
+void rw_fast_keys(const float *qrows, const float *grows, const i64 *pq, const i64 *pg, i64 n,
+                  i64 d, int cosine, double *out)
+{
+    for (i64 i = 0; i < n; i++) out[i] = fast_key(qrows + pq[i] * d, grows + pg[i] * d, d, cosine);
 }
 
 /* ------------------------------------------------------------------ count_tile */
@@ -178,18 +236,11 @@ static void float32_bounds(const double *thr, i64 lo, i64 hi, double h0, double 
     bdn[r] = INFINITY;
 }
 
+#if !defined(__AVX512F__)
 /* Bit k of the result: off[k] - s[k] <= cut (float32; false for a NaN off), k < 64. */
 static inline uint64_t ahead_word(const float *off, const float *s, float cut)
 {
-#if defined(__AVX512F__)
-    __m512 c = _mm512_set1_ps(cut);
-    uint64_t m = 0;
-    for (int h = 0; h < 4; h++) {
-        __m512 v = _mm512_sub_ps(_mm512_loadu_ps(off + 16 * h), _mm512_loadu_ps(s + 16 * h));
-        m |= (uint64_t)_mm512_cmp_ps_mask(v, c, _CMP_LE_OQ) << (16 * h);
-    }
-    return m;
-#elif defined(__AVX2__)
+#if defined(__AVX2__)
     __m256 c = _mm256_set1_ps(cut);
     uint64_t m = 0;
     for (int h = 0; h < 8; h++) {
@@ -202,6 +253,76 @@ static inline uint64_t ahead_word(const float *off, const float *s, float cut)
     for (int k = 0; k < 64; k++) m |= (uint64_t)(off[k] - s[k] <= cut) << k;
     return m;
 #endif
+}
+#endif
+
+/* The items of one row at or ahead of the deepest threshold (float32 proxy
+ * v = off - s <= cut), without the query's own label (relevant items, same-camera junk)
+ * and, with exclude_self, its own id: their proxies into vv and indices into jj, in
+ * gallery order; returns how many.  vv and jj have room for 16 more than c. */
+static i64 compact_row(const float *off, const float *srow, i64 c, float cut, const i64 *glab,
+                       const i64 *gid, i64 ql, i64 qi, int exclude_self, uint64_t *masks,
+                       float *spad, float *vv, int32_t *jj)
+{
+    i64 n = 0;
+#if defined(__AVX512F__)
+    /* 16 items a step: compare, drop own label / id, compress into registers (a
+     * compressing store is slow on some CPUs) and store all 16 lanes */
+    __m512 cv = _mm512_set1_ps(cut);
+    __m512i lv = _mm512_set1_epi64(ql), iv = _mm512_set1_epi64(qi);
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    i64 base = 0;
+    for (; base + 16 <= c; base += 16, idx = _mm512_add_epi32(idx, sixteen)) {
+        __m512 v = _mm512_sub_ps(_mm512_loadu_ps(off + base), _mm512_loadu_ps(srow + base));
+        /* no branch on m: at typical densities it would mispredict a third of the time */
+        __mmask16 m = _mm512_cmp_ps_mask(v, cv, _CMP_LE_OQ);
+        __mmask16 own = (__mmask16)(_mm512_cmpeq_epi64_mask(_mm512_loadu_si512(glab + base), lv) |
+                                    (_mm512_cmpeq_epi64_mask(_mm512_loadu_si512(glab + base + 8), lv) << 8));
+        if (exclude_self)
+            own |= (__mmask16)(_mm512_cmpeq_epi64_mask(_mm512_loadu_si512(gid + base), iv) |
+                               (_mm512_cmpeq_epi64_mask(_mm512_loadu_si512(gid + base + 8), iv) << 8));
+        m &= (__mmask16)~own;
+        _mm512_storeu_ps(vv + n, _mm512_maskz_compress_ps(m, v));
+        _mm512_storeu_si512(jj + n, _mm512_maskz_compress_epi32(m, idx));
+        n += __builtin_popcount((unsigned)m);
+    }
+    for (i64 j = base; j < c; j++) { /* the last, partial group */
+        float v = off[j] - srow[j];
+        vv[n] = v;
+        jj[n] = (int32_t)j;
+        n += (v <= cut) & (glab[j] != ql) & !(exclude_self && gid[j] == qi);
+    }
+    (void)masks;
+    (void)spad;
+#else
+    i64 nw = (c + 63) >> 6;
+    uint64_t dense = 0;
+    for (i64 w = 0; w < nw; w++) {
+        i64 base = w << 6;
+        uint64_t m;
+        if (base + 64 <= c) {
+            m = ahead_word(off + base, srow + base, cut);
+        } else { /* the last, partial word: the padding's off is NaN */
+            for (i64 k = 0; k < c - base; k++) spad[k] = srow[base + k];
+            m = ahead_word(off + base, spad, cut);
+        }
+        masks[w] = m;
+        dense |= m;
+    }
+    if (dense == 0) return 0;
+    for (i64 w = 0; w < nw; w++) {
+        uint64_t m = masks[w];
+        while (m != 0) {
+            i64 j = (w << 6) + __builtin_ctzll(m);
+            vv[n] = off[j] - srow[j];
+            jj[n] = (int32_t)j;
+            n += (glab[j] != ql) & !(exclude_self && gid[j] == qi);
+            m &= m - 1;
+        }
+    }
+#endif
+    return n;
 }
 
 /* kernels.count_tile, the same steps; hist (length toff[b]) must be zeroed by the
@@ -224,8 +345,8 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
     float *bdn = malloc(sizeof(float) * (rmax + 1));
     i64 *row_hist = malloc(sizeof(i64) * (rmax + 1));
     uint64_t *masks = malloc(sizeof(uint64_t) * nw);
-    float *vv = malloc(sizeof(float) * c);
-    int32_t *jj = malloc(sizeof(int32_t) * c);
+    float *vv = malloc(sizeof(float) * (c + 16));
+    int32_t *jj = malloc(sizeof(int32_t) * (c + 16));
     int32_t *pos = malloc(sizeof(int32_t) * c);
     float *spad = malloc(sizeof(float) * 64);
     int status = 0;
@@ -257,35 +378,9 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
             double margin = key_bound(qn, gmax, bound, 0) / 2.0 + 4.0 * U32 * (hmax + qn * gmax);
             float32_bounds(thr, lo, hi, qsq[i], 0.5, margin, aup, bdn);
         }
-        float cut = aup[r - 1];
-        uint64_t dense = 0;
-        for (i64 w = 0; w < nw; w++) {
-            i64 base = w << 6;
-            uint64_t m;
-            if (base + 64 <= c) {
-                m = ahead_word(off + base, srow + base, cut);
-            } else { /* the last, partial word: the padding's off is NaN */
-                for (i64 k = 0; k < c - base; k++) spad[k] = srow[base + k];
-                m = ahead_word(off + base, spad, cut);
-            }
-            masks[w] = m;
-            dense |= m;
-        }
-        if (dense == 0) continue;
-        /* compact the items ahead of the deepest threshold, dropping the query's own
-         * label (relevant items, same-camera junk) and, with exclude_self, its own id */
-        i64 ql = qlab[i], qi = qid[i];
-        i64 n = 0;
-        for (i64 w = 0; w < nw; w++) {
-            uint64_t m = masks[w];
-            while (m != 0) {
-                i64 j = (w << 6) + __builtin_ctzll(m);
-                vv[n] = off[j] - srow[j];
-                jj[n] = (int32_t)j;
-                n += (glab[j] != ql) & !(exclude_self && gid[j] == qi);
-                m &= m - 1;
-            }
-        }
+        i64 n = compact_row(off, srow, c, aup[r - 1], glab, gid, qlab[i], qid[i], exclude_self,
+                            masks, spad, vv, jj);
+        if (n == 0) continue;
         if (r <= 64) {
             for (i64 t = 0; t < n; t++) pos[t] = 0;
             for (i64 p = 0; p < r; p++) {
@@ -308,6 +403,10 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
         const float *qrow = qrows + i * dim;
         for (i64 u = 0; u < n_open; u++) {
             i64 j = jj[pos[u]];
+            if (u + 4 < n_open) { /* the gallery row a few items on: most need their key */
+                const char *ahead = (const char *)(grows + jj[pos[u + 4]] * dim);
+                for (i64 b8 = 0; b8 < dim * 4; b8 += 64) __builtin_prefetch(ahead + b8);
+            }
             double s = (double)srow[j];
             double key = cosine ? -s : qsq[i] + gsq[j] - 2.0 * s;
             double eps = key_bound(qn, gn[j], bound, cosine);

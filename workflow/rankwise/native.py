@@ -67,6 +67,7 @@ _SIGNATURES = {
     "rw_prepare_rows_f32": (ctypes.c_int64, [_P, _I, _I, _B, _P, _P, _P]),
     "rw_prepare_rows_f64": (ctypes.c_int64, [_P, _I, _I, _B, _P, _P, _P]),
     "rw_pair_keys": (None, [_P, _P, _P, _P, _I, _I, _B, _P]),
+    "rw_fast_keys": (None, [_P, _P, _P, _P, _I, _I, _B, _P]),
     "rw_count_tile": (
         ctypes.c_int,
         [_P, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _B, _B, _D, _P],
@@ -114,12 +115,13 @@ class NativeKernels:
         bad = fn(_ptr(x), n, d, bool(cosine), _ptr(rows), _ptr(sq), _ptr(why))
         return rows, sq, int(bad), int(why[0])
 
-    def pair_keys(self, qrows, grows, pq, pg, cosine):
-        """:func:`rankwise.kernels.pair_keys`: float64 canonical keys of the pairs."""
+    def pair_keys(self, qrows, grows, pq, pg, cosine, *, fast=False):
+        """:func:`rankwise.kernels.pair_keys`: float64 canonical keys of the pairs
+        (``fast``: count_tile's any-order keys instead, for the tests)."""
         qrows, grows = _c(qrows, np.float32), _c(grows, np.float32)
         pq, pg = _c(pq, np.int64), _c(pg, np.int64)
         out = np.empty(pq.shape[0], dtype=np.float64)
-        self._f["rw_pair_keys"](
+        self._f["rw_fast_keys" if fast else "rw_pair_keys"](
             _ptr(qrows), _ptr(grows), _ptr(pq), _ptr(pg), pq.shape[0], qrows.shape[1],
             bool(cosine), _ptr(out),
         )  # fmt: skip
@@ -185,23 +187,24 @@ def _cache_dirs() -> list[Path]:
     return [SOURCE.parent / "__pycache__", home / "rankwise"]
 
 
-def library_name(cc: str) -> str:
+def library_name(cc: str, flags: tuple[str, ...] = FLAGS) -> str:
     """``_native_kernels-<key>.so``: the key hashes all that makes the binary."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(),
+    for part in (SOURCE.read_bytes(), cc.encode(), " ".join(flags).encode(),
                  _cpu_flags().encode(), sys.platform.encode()):  # fmt: skip
         h.update(part)
         h.update(b"\0")
     return f"_native_kernels-{h.hexdigest()[:16]}.so"
 
 
-def _build() -> NativeKernels:
+def _build(flags: tuple[str, ...] = FLAGS) -> NativeKernels:
     """Load the cached library, building it first when no cache has it; raises
-    OSError / RuntimeError saying why not."""
+    OSError / RuntimeError saying why not.  (``flags``: the tests also build the
+    kernels' AVX2-only and plain-C paths.)"""
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
-    name = library_name(cc)
+    name = library_name(cc, flags)
     for folder in _cache_dirs():
         path = folder / name
         if path.is_file():
@@ -213,7 +216,7 @@ def _build() -> NativeKernels:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             done = subprocess.run(
-                [cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"],
+                [cc, *flags, "-o", str(tmp), str(SOURCE), "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=300,
