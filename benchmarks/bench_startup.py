@@ -3,7 +3,8 @@
 first tile, on bench.py's synthetic data (Market-1501 scale by default).
 
     python benchmarks/bench_startup.py                      # best of 5, market, default data
-    python benchmarks/bench_startup.py --repeat 5 --cold    # + one run with an empty numba cache
+    python benchmarks/bench_startup.py --repeat 5 --cold    # + one run with empty kernel caches
+    python benchmarks/bench_startup.py --kernels numba      # the numba kernels instead of C
     python benchmarks/bench_startup.py --importtime         # + the slowest imports (-X importtime)
     python benchmarks/bench_startup.py --commands metrics   # `rankwise metrics` on a ranks store
 
@@ -16,7 +17,8 @@ records wall-clock timestamps, relative to the moment the parent started the pro
     cli imported          ``from rankwise.cli import main`` returned
     engine entered        ``compute_ranks`` called: manifests read, protocol problem
                           built, every import of the rank path done
-    queries prepared      the query rows normalised and checked (first numba call:
+    queries prepared      the query rows normalised and checked (first kernel call:
+                          the C kernels' library loaded, or with numba's kernels
                           numba's target initialisation + ``prepare_rows`` cache load)
     first pass-1 task     the first gallery chunk's threshold task starts
     first tile            the first (query block x gallery chunk) tile task starts
@@ -176,11 +178,16 @@ def importtime(args: list[str]) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def numba_cache_dir() -> str:
-    """Where numba keeps the compiled kernels of the rankwise being measured."""
+def kernels_in_use() -> str:
+    """Which kernels the rankwise being measured runs, and where they are cached."""
     code = (
-        "from rankwise import kernels\n"
-        "print(getattr(kernels.count_tile._cache, '_cache_path', 'none (compiled per process)'))"
+        "from rankwise import native\n"
+        "k = native.engine_kernels()\n"
+        "if getattr(k, 'name', '') != 'native':\n"
+        "    c = getattr(k.count_tile._cache, '_cache_path', 'none (compiled per process)')\n"
+        "    print(f'numba ({native.why_not_native() or \"RANKWISE_KERNELS=numba\"}), cache {c}')\n"
+        "else:\n"
+        "    print(f'C, {k.path}')\n"
     )
     return subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
@@ -207,7 +214,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--repeat", type=int, default=5, help="runs per command (best is shown)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--cold", action="store_true", help="also one run with an empty numba cache")
+    ap.add_argument(
+        "--cold", action="store_true", help="also one run with empty kernel caches (C and numba)"
+    )
+    ap.add_argument(
+        "--kernels", choices=("auto", "native", "numba"), help="RANKWISE_KERNELS for the runs"
+    )
     ap.add_argument("--importtime", action="store_true", help="also list the slowest imports")
     ap.add_argument("--data-root", type=Path, default=RESULTS / "data")
     ap.add_argument("--out", type=Path, default=None)
@@ -218,7 +230,9 @@ def main(argv=None) -> int:
     commands = [c for c in args.commands.split(",") if c]
     load_before = os.getloadavg()
     report: dict = {"scale": args.scale, "distribution": args.distribution, "data": str(folder)}
-    report["numba_cache"] = numba_cache_dir()
+    if args.kernels:
+        os.environ["RANKWISE_KERNELS"] = args.kernels  # every probe inherits it
+    report["kernels"] = kernels_in_use()
     # rankwise's own bytecode, compiled once: an editable install is not compiled by pip,
     # and with PYTHONDONTWRITEBYTECODE=1 (set on some CI machines and sandboxes) every
     # measured start would compile the package's modules again (~0.07-0.1 s here)
@@ -247,7 +261,7 @@ def main(argv=None) -> int:
                 runs[c].append(run_probe(command_args(c, files, args.workers, out_dir)))
         if args.cold:
             with tempfile.TemporaryDirectory() as cache:
-                env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+                env = dict(os.environ, NUMBA_CACHE_DIR=cache, RANKWISE_CACHE_DIR=cache)
                 cold = run_probe(command_args(commands[0], files, args.workers, out_dir), env)
             report["cold"] = {"command": commands[0], **cold}
         if args.importtime:
@@ -261,9 +275,7 @@ def main(argv=None) -> int:
     report["repeat"] = args.repeat
     report["command"] = " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])
 
-    print(
-        f"data: {folder} ({args.scale}, {args.distribution}); numba cache: {report['numba_cache']}"
-    )
+    print(f"data: {folder} ({args.scale}, {args.distribution}); kernels: {report['kernels']}")
     print(
         f"load average before {load_before[0]:.2f}, after {report['loadavg']['after'][0]:.2f};"
         f" best of {args.repeat} (spread = max - min), seconds from process start"
@@ -282,7 +294,7 @@ def main(argv=None) -> int:
     if "cold" in report:
         cold = report["cold"]
         print(
-            f"cold numba cache ({cold['command']}): first tile at {cold['first tile']:.2f} s,"
+            f"cold kernel caches ({cold['command']}): first tile at {cold['first tile']:.2f} s,"
             f" wall {cold['wall']:.2f} s"
         )
     if "importtime" in report:

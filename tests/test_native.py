@@ -264,6 +264,30 @@ def test_the_library_is_built_once_then_loaded(tmp_path, built, monkeypatch):
     assert native._build().path == built.path
 
 
+def test_a_library_that_fails_its_self_test_is_never_cached(tmp_path, built, monkeypatch):
+    """The miscompilation GCC 12's SLP vectoriser made of an interleaved prepare_rows
+    (the float32 rounding of normalised rows dropped from their squared norm), written
+    into the source: the build is refused, nothing is cached, numba's kernels run."""
+    source = native.SOURCE.read_text()
+    rounded = "                t += (double)r * (double)r;"
+    assert source.count(rounded) == 1
+    bad = tmp_path / "_native_kernels.c"
+    bad.write_text(
+        source.replace(
+            rounded, "                t += ((double)xi[k] * inv) * ((double)xi[k] * inv);"
+        )
+    )
+    monkeypatch.setattr(native, "SOURCE", bad)
+    monkeypatch.setattr(native, "_cache_dirs", lambda: [tmp_path / "cache"])
+    with pytest.raises(RuntimeError, match=r"prepare_rows \(float32\) failed its self-test"):
+        native._build()
+    assert list((tmp_path / "cache").iterdir()) == []
+    monkeypatch.setattr(native, "_CHOSEN", None)
+    monkeypatch.delenv("RANKWISE_KERNELS", raising=False)
+    assert native.engine_kernels() is kernels
+    assert "failed its self-test" in native.why_not_native()
+
+
 def test_without_a_compiler_numba_takes_over_unless_native_is_required(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setattr(native, "_cache_dirs", lambda: [tmp_path / "cache"])

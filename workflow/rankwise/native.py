@@ -18,7 +18,8 @@ tested equal in ``tests/test_native.py``.  ``RANKWISE_KERNELS=auto`` (default),
 ``native`` (an error when the C kernels cannot be built) or ``numba`` chooses.
 
 The library is cached like numba's code: in ``__pycache__`` beside this file, or in
-``~/.cache/rankwise`` when the install is read-only, named by a hash of the source, the
+``~/.cache/rankwise`` when the install is read-only (``RANKWISE_CACHE_DIR`` names the one
+folder to use instead), named by a hash of the source, the
 compiler, its flags and the CPU's feature flags (``-march=native`` code must never run
 on another CPU of a shared home).  A build writes a temporary file and renames it, so
 concurrent first runs never load a half-written library.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -183,6 +185,11 @@ def _cpu_flags() -> str:
 
 
 def _cache_dirs() -> list[Path]:
+    """Where the library may be: ``$RANKWISE_CACHE_DIR`` alone when set, else beside
+    the package, then the user's cache."""
+    chosen = os.environ.get("RANKWISE_CACHE_DIR")
+    if chosen:
+        return [Path(chosen)]
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return [SOURCE.parent / "__pycache__", home / "rankwise"]
 
@@ -223,14 +230,101 @@ def _build(flags: tuple[str, ...] = FLAGS) -> NativeKernels:
             )
             if done.returncode != 0:
                 raise RuntimeError(f"{Path(cc).name} failed: {done.stderr.strip()[:300]}")
+            built = NativeKernels(ctypes.CDLL(str(tmp)), path)
+            self_test(built)  # a miscompiled library never reaches the cache
             os.replace(tmp, path)
-            return NativeKernels(ctypes.CDLL(str(path)), path)
+            return built
         except (OSError, subprocess.SubprocessError) as exc:
             errors.append(f"{folder}: {exc}")
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
     raise RuntimeError("; ".join(errors))
+
+
+def _sequential(terms) -> float:
+    """A float64 sum in order (Python floats are IEEE doubles): the canonical sum."""
+    total = 0.0
+    for t in terms:
+        total += t
+    return total
+
+
+def _reference_key(q, g, cosine: bool) -> float:
+    q, g = [float(v) for v in q], [float(v) for v in g]
+    if cosine:
+        return -_sequential(a * b for a, b in zip(q, g, strict=True))
+    return _sequential((a - b) * (a - b) for a, b in zip(q, g, strict=True))
+
+
+def self_test(k: NativeKernels) -> None:
+    """Known answers, computed here in plain Python float arithmetic, that a freshly
+    built library must reproduce bit for bit before it is cached: a compiler that
+    reorders, fuses or drops a rounding (GCC 12's SLP vectoriser, for one, dropped the
+    float32 rounding of interleaved normalised rows) would silently change ranks.
+    Raises RuntimeError naming the first kernel that differs."""
+    rng = np.random.default_rng(20261203)
+    # entries over eight orders of magnitude: every sum here depends on its order
+    x = rng.standard_normal((11, 37)) * 10.0 ** rng.integers(-4, 5, (11, 37))
+    for dtype in (np.float32, np.float64):
+        for cosine in (False, True):
+            xs = x.astype(dtype)
+            rows, sq, bad, _ = k.prepare_rows(xs, cosine)
+            for i in range(xs.shape[0]):
+                s = _sequential(float(v) * float(v) for v in xs[i])
+                if cosine:
+                    inv = 1.0 / math.sqrt(s)
+                    want = np.array([float(v) * inv for v in xs[i]], dtype=np.float32)
+                    s = _sequential(float(r) * float(r) for r in want)
+                else:
+                    want = xs[i].astype(np.float32)
+                if bad != -1 or not np.array_equal(rows[i], want) or sq[i] != s:
+                    raise RuntimeError(
+                        f"prepare_rows ({np.dtype(dtype).name}) failed its self-test"
+                    )
+    for cosine in (False, True):
+        rows, sq, _, _ = k.prepare_rows(x.astype(np.float32), cosine)
+        pq, pg = rng.integers(0, 11, 23), rng.integers(0, 11, 23)
+        keys = k.pair_keys(rows, rows, pq, pg, cosine)
+        expected = [_reference_key(rows[a], rows[b], cosine) for a, b in zip(pq, pg, strict=True)]
+        if keys.tolist() != expected:
+            raise RuntimeError("pair_keys failed its self-test")
+        _self_test_count_tile(k, rng, cosine)
+
+
+def _self_test_count_tile(k: NativeKernels, rng, cosine: bool) -> None:
+    """count_tile against brute-force counts on the canonical keys: clustered rows, exact
+    duplicates under other labels, junk, own ids, 150 items (whole and partial groups)."""
+    from .rounding import error_bound_factor
+
+    n_q, n_g, d = 5, 150, 19
+    centres = rng.standard_normal((3, d))
+    qlab, glab = rng.integers(0, 3, n_q), rng.integers(0, 3, n_g)
+    q = (centres[qlab] + 0.5 * rng.standard_normal((n_q, d))).astype(np.float32)
+    g = (centres[glab] + 0.5 * rng.standard_normal((n_g, d))).astype(np.float32)
+    g[:20] = g[20]  # exact ties
+    glab[:10] = (glab[20] + 1) % 3
+    qrows, qsq, _, _ = k.prepare_rows(q, cosine)
+    grows, gsq, _, _ = k.prepare_rows(g, cosine)
+    qid, gid = np.arange(n_q), rng.integers(0, 3 * n_q, n_g)
+    junk = rng.random(n_g) < 0.1
+    key = [[_reference_key(a, b, cosine) for b in grows] for a in qrows]
+    thr, hist_want = [], []
+    for i in range(n_q):
+        rel = sorted(key[i][j] for j in range(n_g) if glab[j] == qlab[i] and not junk[j])
+        other = [
+            key[i][j] for j in range(n_g) if glab[j] != qlab[i] and not junk[j] and gid[j] != qid[i]
+        ]
+        ahead = [sum(v <= t for v in other) for t in rel]
+        hist_want += [a - b for a, b in zip(ahead, [0, *ahead[:-1]], strict=True)]
+        thr.append(rel)
+    toff = np.cumsum([0] + [len(t) for t in thr])
+    hist = k.count_tile(
+        qrows @ grows.T, qrows, qsq, qlab, qid, grows, gsq, glab, gid, junk,
+        np.array([v for t in thr for v in t]), toff, True, cosine, error_bound_factor(d),
+    )  # fmt: skip
+    if hist.tolist() != hist_want:
+        raise RuntimeError("count_tile failed its self-test")
 
 
 def mode() -> str:
