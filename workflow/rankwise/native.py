@@ -4,25 +4,28 @@
 ``pair_keys``, ``count_tile``, ``ranks_from_hist``, same arguments and results as
 :mod:`rankwise.kernels`):
 
-- ``native`` — ``_native_kernels.c``, a line-for-line counterpart of the numba kernels,
-  compiled by the system C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) with
-  ``-O3 -march=native -ffp-contract=off`` the first time a process needs it, then loaded
-  from the cache in ~1 ms.  A ranking process then never imports numba (~0.15 s) nor
-  sets up its compiler (~0.08 s), and ctypes releases the GIL during each call, so the
-  workers' tiles still run in parallel.
+- ``native`` — ``_native_kernels.c``: the numba kernels' steps in C (with AVX-512 /
+  AVX2 paths where the CPU has them), compiled by the system C compiler (``$CC``, else
+  ``cc``, ``gcc`` or ``clang``) with ``-O3 -march=native -ffp-contract=off`` the first
+  time a process needs it, then loaded from the cache in ~1 ms.  A ranking process then
+  never imports numba (~0.15 s) nor sets up its compiler (~0.08 s), and ctypes releases
+  the GIL during each call, so the workers' tiles still run in parallel.
 - ``numba`` — :mod:`rankwise.kernels`, where no C compiler is found or the build fails.
 
 Both give identical numbers: every count is the same rigorous decision, and the
 canonical key the same sequential float64 sum (no fused multiply-add, no reordering),
-tested equal in ``tests/test_native.py``.  ``RANKWISE_KERNELS=auto`` (default),
-``native`` (an error when the C kernels cannot be built) or ``numba`` chooses.
+tested equal in ``tests/test_native.py``.  A freshly built library must also reproduce
+known answers computed in plain Python (:func:`self_test`) before it is cached: an
+optimiser that drops a rounding would otherwise change ranks silently.
+``RANKWISE_KERNELS=auto`` (default), ``native`` (an error when the C kernels cannot be
+built) or ``numba`` chooses.
 
 The library is cached like numba's code: in ``__pycache__`` beside this file, or in
 ``~/.cache/rankwise`` when the install is read-only (``RANKWISE_CACHE_DIR`` names the one
-folder to use instead), named by a hash of the source, the
-compiler, its flags and the CPU's feature flags (``-march=native`` code must never run
-on another CPU of a shared home).  A build writes a temporary file and renames it, so
-concurrent first runs never load a half-written library.
+folder to use instead), named by a hash of the source, the compiler, its flags and the
+CPU's feature flags (``-march=native`` code must never run on another CPU of a shared
+home).  A build writes a temporary file and renames it, so concurrent first runs never
+load a half-written library.
 """
 
 from __future__ import annotations
@@ -222,6 +225,7 @@ def _build(flags: tuple[str, ...] = FLAGS) -> NativeKernels:
         tmp = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            tmp.touch()  # an unwritable folder: OSError here, and the next folder is tried
             done = subprocess.run(
                 [cc, *flags, "-o", str(tmp), str(SOURCE), "-lm"],
                 capture_output=True,
