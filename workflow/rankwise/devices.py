@@ -3,10 +3,10 @@
 The engine's count pass (:mod:`rankwise.ranking`) needs, per tile, the float32
 similarities ``S = Q G^T`` of a query block ``(b, D)`` and a gallery chunk ``(c, D)``;
 everything else (pass 1's canonical keys, the prefilter, the exact float64 fallback,
-the counting) stays in the numba kernels on the host.  Runs without that pass ignore the
-device: reassociation (candidate lists ranked on exact keys), re-ranking
-(:mod:`rankwise.rerank`), and the CPU-side steps of query expansion and
-single-gallery-shot draws.  A :class:`Tiles` backend says how ``S`` is computed:
+the counting) stays in the host kernels (C or numba: :mod:`rankwise.native`).  Runs
+without that pass ignore the device: reassociation (candidate lists ranked on exact
+keys), re-ranking (:mod:`rankwise.rerank`), and the CPU-side steps of query expansion
+and single-gallery-shot draws.  A :class:`Tiles` backend says how ``S`` is computed:
 
 ``cpu``        numpy's float32 BLAS (the default; torch is never imported).
 ``cuda``       ``torch.matmul`` in float32 on the current CUDA device (choose one with
@@ -35,7 +35,7 @@ the bound ignores float32 underflow (products below ~1e-38, flushed to zero on s
 GPUs): irrelevant for L2-normalised rows, reachable only for euclidean embeddings with
 norms below ~1e-15.
 
-The prefilter stays on the host, in :func:`rankwise.kernels.count_tile`: it is a
+The prefilter stays on the host, in ``count_tile`` (:mod:`rankwise.native`): it is a
 vectorised float32 pass (billions of items a second per core) beside the counting it
 feeds; moving it to the GPU would save the copy back of ``S`` (4 bytes a pair) at the
 price of a second, sparse counting kernel repeating the exactness logic.
