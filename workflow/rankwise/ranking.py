@@ -367,7 +367,9 @@ class _Runner:
 
 
 #: Task names whose work can exhaust a worker (the rest hold data or add counts).
-_COMPUTE_TASKS = ("prep", "keys", "tile", "gdev")
+# (A chunk's upload, 'gdev', is not among them: a no-op on the CPU and a copy on a GPU,
+# whose failure raises; it is only ever blamed for being queued behind the task that died.)
+_COMPUTE_TASKS = ("prep", "keys", "tile")
 
 
 def _killed_worker(exc) -> RankwiseError:
