@@ -264,6 +264,32 @@ def test_the_library_is_built_once_then_loaded(tmp_path, built, monkeypatch):
     assert native._build().path == built.path
 
 
+def test_processes_that_build_at_once_all_get_the_library(tmp_path, built):
+    """A pipeline's first run starts several ranking jobs together on an empty cache:
+    each compiles to a temporary file of its own and renames it into place, so every
+    one of them loads a whole library, and no temporary file is left behind."""
+    code = "from rankwise import native; print(native.engine_kernels().path.name)"
+    env = {k: v for k, v in os.environ.items() if k != "RANKWISE_KERNELS"}
+    env.update(RANKWISE_CACHE_DIR=str(tmp_path / "cache"), RANKWISE_KERNELS="native")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    names = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(names) == 1 and names.pop().startswith("_native_kernels-")
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_a_damaged_cached_library_is_built_again(tmp_path, built, monkeypatch):
+    monkeypatch.setattr(native, "_cache_dirs", lambda: [tmp_path])
+    (tmp_path / built.path.name).write_bytes(b"not a shared library")
+    again = native._build()
+    assert again.path == tmp_path / built.path.name
+    assert again.path.read_bytes()[:4] == b"\x7fELF" or sys.platform != "linux"
+    assert again.ranks_from_hist(np.array([0, 2]), np.array([0, 2])).tolist() == [1, 4]
+
+
 def test_a_library_that_fails_its_self_test_is_never_cached(tmp_path, built, monkeypatch):
     """The miscompilation GCC 12's SLP vectoriser made of an interleaved prepare_rows
     (the float32 rounding of normalised rows dropped from their squared norm), written

@@ -218,7 +218,10 @@ def _build(flags: tuple[str, ...] = FLAGS) -> NativeKernels:
     for folder in _cache_dirs():
         path = folder / name
         if path.is_file():
-            return NativeKernels(ctypes.CDLL(str(path)), path)
+            try:
+                return NativeKernels(ctypes.CDLL(str(path)), path)
+            except OSError:  # not a loadable library (a damaged file): built again below
+                pass
     errors = []
     for folder in _cache_dirs():
         path = folder / name
