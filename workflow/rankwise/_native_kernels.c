@@ -1,13 +1,16 @@
 /* The rank path's kernels in C: prepare_rows, pair_keys, count_tile, ranks_from_hist.
  *
- * A line-for-line counterpart of the numba kernels in kernels.py (read their docstrings
- * for the maths), compiled ahead of time by rankwise/native.py and called through ctypes
- * (which releases the GIL), so a ranking process never imports numba.  Every decision is
- * the same rigorous test as in kernels.py, so the outputs are identical integers; the
- * canonical key is the same sequential float64 sum, bit for bit.  That needs IEEE
- * float32/float64 arithmetic exactly as written: build with -ffp-contract=off and without
- * -ffast-math (native.py does), so no multiply-add is fused and no sum reordered except
- * in fast_key, whose reordering its bound covers.
+ * The numba kernels' steps (kernels.py: read their docstrings for the maths), with
+ * AVX-512 and AVX2 paths where the CPU has them, compiled ahead of time by
+ * rankwise/native.py and called through ctypes (which releases the GIL), so a ranking
+ * process never imports numba.  Every decision is the same rigorous test as in
+ * kernels.py, so the outputs are identical integers; the canonical key is the same
+ * sequential float64 sum, bit for bit.  That needs IEEE float32/float64 arithmetic
+ * exactly as written: build with -ffp-contract=off and without -ffast-math (native.py
+ * does), so no multiply-add is fused and no sum reordered except in fast_key, whose
+ * reordering its bound covers.  An optimiser can still break that (GCC 12's SLP
+ * vectoriser dropped a float32 rounding from an interleaved prepare_rows, since
+ * reverted): native.py caches a build only after it reproduces known answers.
  */
 #include <math.h>
 #include <stdint.h>
