@@ -20,11 +20,9 @@ from rankwise.errors import RankwiseError
 
 
 def _cpu_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and f" {flag}" in line for line in f)
-    except OSError:
-        return False
+    """Whether the CPU's feature flags (the line rankwise.native keys its builds by) list
+    ``flag``."""
+    return f" {flag}" in native._cpu_flags()
 
 
 # The kernels as built (-march=native), and their other code paths built on purpose:
