@@ -199,3 +199,40 @@ def test_zarr_chunks_of_zeros_are_zeros_not_a_partial_copy(tmp_path):
     chunk.unlink()
     with pytest.raises(RankwiseError, match=r"rows 2-2 .* missing from the Zarr store"):
         rankwise.evaluate(q, g, query, str(store), distance="euclidean")
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_a_file_gone_after_opening_is_not_called_corrupt(tmp_path, kind):
+    """Opened and checked, then gone when its rows are read (moved or deleted during the
+    run, or a Dask worker whose machine does not see the path): the message said "the
+    file is corrupt ... write it again", advice that fits neither."""
+    import shutil
+
+    import zarr
+
+    rows = np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32)
+    path = tmp_path / f"g.{kind}"
+    if kind == "npy":
+        np.save(path, rows)
+    else:
+        zarr.create_array(str(path), data=rows, chunks=(4, 4))
+    source = open_embeddings(str(path), name="gallery embeddings")
+    assert np.array_equal(source.read(0, 8), rows)
+    (shutil.rmtree if kind == "zarr" else Path.unlink)(path)
+    with pytest.raises(RankwiseError) as caught:
+        source.read(0, 8)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: cannot read rows ")
+    assert "FileNotFoundError" in message
+    assert "no longer there" in message and "a path every worker sees" in message
+    assert "corrupt" not in message and "\n" not in message
+
+
+def test_a_file_this_process_may_not_read_is_not_called_corrupt():
+    """The cause named for a permission error (a Dask worker running as another user;
+    the tests run as root, who may read anything, so the reason is checked directly)."""
+    from rankwise.embeddings import _why_unreadable
+
+    why = _why_unreadable(PermissionError(13, "Permission denied"))
+    assert "may not read it" in why and "readable by every process" in why
+    assert "corrupt" in _why_unreadable(ValueError("bad bytes"))

@@ -173,8 +173,7 @@ class EmbeddingSource:
             start, stop = self._narrow(start, stop)
             raise RankwiseError(
                 f"{self.path}: cannot read rows {start}-{stop - 1} (0-based) of the {self.name} "
-                f"({type(exc).__name__}: {first_line(exc)}); the file is corrupt or was "
-                "changed during the run: write it again"
+                f"({type(exc).__name__}: {first_line(exc)}); {_why_unreadable(exc)}"
             ) from None
 
     def _float32(self, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -210,6 +209,23 @@ class EmbeddingSource:
             except Exception:
                 return lo, hi
         return start, stop
+
+
+def _why_unreadable(exc: BaseException) -> str:
+    """The likely cause and fix of a read that failed after the source was opened (and
+    checked) by the caller: a Dask worker may run as another user, or on a machine that
+    does not see the path, and a file may change during the run."""
+    if isinstance(exc, PermissionError):
+        return (
+            "this process may not read it (a Dask worker running as another user?): make "
+            "it readable by every process of the run"
+        )
+    if isinstance(exc, FileNotFoundError):
+        return (
+            "it is no longer there (moved or deleted during the run, or not visible on a "
+            "Dask worker's machine): put it back, or use a path every worker sees"
+        )
+    return "the file is corrupt or was changed during the run: write it again"
 
 
 def _check_chunks_present(array, start: int, stop: int, source: EmbeddingSource) -> None:
