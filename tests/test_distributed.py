@@ -389,7 +389,7 @@ def test_a_worker_killed_while_ranking_is_one_line(tmp_path):
         r"\(1 attempt\(s\); the last on tcp://",
         message,
     ), message
-    assert "lower --query-block and --gallery-chunk" in message
+    assert "lower query_block and gallery_chunk" in message  # the API's names: an API call
 
 
 def test_cuda_needs_a_gpu_on_the_workers_not_only_here(tmp_path, cluster, monkeypatch):

@@ -96,7 +96,8 @@ def test_a_limit_between_plain_and_reranking_refuses_only_reranking():
     assert plain < reranked and plain < expanded
     limit = (plain + reranked) / 2
     rankwise.rank(*case, protocol="recall", memory_limit_mb=limit)  # runs
-    with pytest.raises(RankwiseError, match=r"workers, re-ranking\); lower --query-block"):
+    advice = r"workers, re-ranking\); lower query_block, gallery_chunk or workers"
+    with pytest.raises(RankwiseError, match=advice):
         rankwise.rank(*case, protocol="recall", memory_limit_mb=limit, rerank=rerank)
 
 
@@ -122,4 +123,31 @@ def test_cli_refuses_reranking_over_the_limit_in_one_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "re-ranking" in lines[0] and "cannot be met" in lines[0]
+    assert "lower --query-block, --gallery-chunk or --workers" in lines[0]  # the flags
     assert not out.exists()
+
+
+def test_the_advice_names_the_options_as_the_caller_writes_them(tmp_path):
+    """The engine's advice named the command line's flags to Python callers too
+    ("lower --query-block"), who pass ``query_block``; a command run in this process
+    names the flags, and Python calls after it the parameters again."""
+    from click.testing import CliRunner
+
+    from rankwise.cli import main
+
+    case = _case()
+    rerank = {"k1": 20, "k2": 6, "lambda": 0.3}
+    limit = (_estimate(*case) + _estimate(*case, rerank=rerank)) / 2
+    api = r"lower query_block, gallery_chunk or workers, or raise the limit"
+    with pytest.raises(RankwiseError, match=api):
+        rankwise.rank(*case, protocol="recall", memory_limit_mb=limit, rerank=rerank)
+    args = write_inputs(tmp_path, *case)
+    out = CliRunner().invoke(
+        main,
+        ["rank", *map(str, args), "--protocol", "recall", "--rerank", "20,6,0.3",
+         "--memory-limit", f"{limit:.1f}", "--out", str(tmp_path / "r.zarr")],
+    )  # fmt: skip
+    assert out.exit_code == 2
+    assert "lower --query-block, --gallery-chunk or --workers, or raise the limit" in out.output
+    with pytest.raises(RankwiseError, match=api):
+        rankwise.rank(*case, protocol="recall", memory_limit_mb=limit, rerank=rerank)

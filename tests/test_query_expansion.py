@@ -180,7 +180,7 @@ def test_cli_messages_name_the_files_and_fit_query_expansion(tmp_path, cli):
     assert proc.returncode == 2, proc.stderr
     assert re.fullmatch(
         r"error: \S+/b/g\.npy: gallery embeddings row 4 \(0-based\) is a zero vector, which has "
-        r"no cosine distance; fix that item or drop query expansion \(aqe\), which weighs rows "
+        r"no cosine distance; fix that item or drop query expansion \(--aqe\), which weighs rows "
         r"by their cosine\n",
         proc.stderr,
     ), proc.stderr

@@ -41,6 +41,24 @@ DEFAULT_RESAMPLES = 10_000
 #: Monte Carlo p-value resolves 1e-7, far below any Holm-adjusted threshold.
 MAX_RESAMPLES = 10_000_000
 
+#: How messages built far from the caller spell an option (:attr:`Option.spelled`):
+#: ``"param"`` (``query_block``: Python, and the pipeline config's key) or ``"flag"``
+#: (``--query-block``) while a command runs (:func:`flag_spelling`). A process-wide
+#: setting, not a context variable: Dask's worker threads build messages too.
+_SPELLING = "param"
+
+
+@contextlib.contextmanager
+def flag_spelling():
+    """While the command line runs a command: messages name flags, not parameters."""
+    global _SPELLING
+    before, _SPELLING = _SPELLING, "flag"
+    try:
+        yield
+    finally:
+        _SPELLING = before
+
+
 _KINDS = (
     "integer",
     "number",
@@ -130,6 +148,12 @@ class Option:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def spelled(self) -> str:
+        """The option as the caller writes it: the flag under the command line
+        (:func:`flag_spelling`), else the parameter (also the pipeline config's key)."""
+        return self.flag if _SPELLING == "flag" else self.name
 
     # ------------------------------------------------------------ checking
 

@@ -25,6 +25,7 @@ import numpy as np
 from .embeddings import EmbeddingSource, open_embeddings
 from .errors import RankwiseError
 from .kernels import pair_keys
+from .options import AQE
 
 
 def _self_first(nn: np.ndarray) -> np.ndarray:
@@ -94,7 +95,9 @@ def expand(
     n_query, n_gallery = query.shape[0], gallery.shape[0]
     raw = np.concatenate([query.read(0, n_query), gallery.read(0, n_gallery)]).astype(np.float32)
     # whatever the ranking distance: the expansion weighs neighbours by cosine similarity
-    fix = "fix that item or drop query expansion (aqe), which weighs rows by their cosine"
+    fix = (
+        f"fix that item or drop query expansion ({AQE.spelled}), which weighs rows by their cosine"
+    )
     (qu, qsq), (gu, gsq) = (
         prepare_chunk(query, 0, n_query, True, zero_fix=fix),
         prepare_chunk(gallery, 0, n_gallery, True, zero_fix=fix),
@@ -130,7 +133,8 @@ def expand(
         raise RankwiseError(
             f"{where(item)} has a neighbour with a negative cosine similarity ({sim[t]:.4g}; "
             f"{where(other)}), and aqe alpha {alpha:g} is not an integer: cos^{alpha:g} is "
-            "undefined there; use an integer alpha (e.g. 3) or a smaller k (--aqe k,alpha)"
+            "undefined there; use an integer alpha (e.g. 3) or a smaller k "
+            f"({AQE.spelled} k,alpha)"
         )
     weights = np.power(sim, alpha).reshape(n_all, k)
     expanded = np.zeros(raw.shape, dtype=np.float64)

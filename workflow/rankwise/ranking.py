@@ -41,6 +41,7 @@ from .options import (
     GALLERY_CHUNK,
     MEMORY_LIMIT,
     QUERY_BLOCK,
+    SCHEDULER,
     WORKERS,
     recorded_rerank,
 )
@@ -149,9 +150,10 @@ EUCLIDEAN_MIN_SQ = 2.0**-100
 EUCLIDEAN_MAX_SQ = 2.0**120
 
 
-#: The advice for a zero row under cosine (query expansion, cosine whatever the distance,
-#: gives its own).
-ZERO_ROW_FIX = "fix that item or use --distance euclidean"
+def zero_row_fix() -> str:
+    """The advice for a zero row under cosine (query expansion, cosine whatever the
+    distance, gives its own)."""
+    return f"fix that item or use {DISTANCE.spelled} euclidean"
 
 
 def prepare_chunk(
@@ -161,7 +163,7 @@ def prepare_chunk(
     cosine: bool,
     *,
     check_range: bool = True,
-    zero_fix: str = ZERO_ROW_FIX,
+    zero_fix: str | None = None,
 ):
     """Per chunk: read rows ``[start, stop)``, normalise (cosine), check every row.
 
@@ -193,7 +195,7 @@ def _bad_row_message(
     row: int,
     why: int,
     sq: float = 0.0,
-    zero_fix: str = ZERO_ROW_FIX,
+    zero_fix: str | None = None,
 ) -> str:
     where = row_location(source, row)
     if why == 1:
@@ -203,9 +205,9 @@ def _bad_row_message(
             f"{where} has norm {np.sqrt(sq):.3g}, outside "
             "[2^-50, 2^60] (8.9e-16 to 1.2e18), where float32 tiles cannot rank euclidean "
             "distances exactly; multiply all embeddings by one constant (euclidean ranks do "
-            "not change) or use --distance cosine"
+            f"not change) or use {DISTANCE.spelled} cosine"
         )
-    return f"{where} is a zero vector, which has no cosine distance; {zero_fix}"
+    return f"{where} is a zero vector, which has no cosine distance; {zero_fix or zero_row_fix()}"
 
 
 def _kernels():
@@ -306,7 +308,7 @@ class _Runner:
                 from distributed import Client
             except ImportError:
                 raise RankwiseError(
-                    "--scheduler needs the 'distributed' package: "
+                    f"{SCHEDULER.spelled} needs the 'distributed' package: "
                     "pip install 'rankwise[distributed]'"
                 ) from None
             if isinstance(options.scheduler, Client):
@@ -384,8 +386,9 @@ def _killed_worker(exc) -> RankwiseError:
         f"a worker of the Dask cluster died while running {what} "
         f"({exc.allowed_failures + 1} attempt(s); the last on {exc.last_worker.address}): "
         "its process ended, most often killed for using too much memory; see that "
-        "worker's log, and give the workers more memory or lower --query-block and "
-        "--gallery-chunk (each worker thread holds one tile of query-block x gallery-chunk)"
+        f"worker's log, and give the workers more memory or lower {QUERY_BLOCK.spelled} and "
+        f"{GALLERY_CHUNK.spelled} (each worker thread holds one tile of that many queries x "
+        "gallery rows)"
     )
 
 
@@ -402,7 +405,7 @@ def _connect(client_class, address: str):
     task would fail after Dask's timeout with "No valid workers found")."""
     import threading
 
-    where = f"the Dask scheduler at {address!r} (--scheduler)"
+    where = f"the Dask scheduler at {address!r} ({SCHEDULER.spelled})"
     _check_address(address, where)
     result: dict = {}
 
@@ -451,9 +454,9 @@ def _wait_for_workers(client, address: str) -> None:
         client.wait_for_workers(1, timeout=_WORKERS_S)
     except Exception:  # distributed's TimeoutError
         raise RankwiseError(
-            f"the Dask scheduler at {address!r} (--scheduler) has no workers (none joined "
-            f"within {_WORKERS_S:g} s); start some (dask worker {address}) or run without "
-            "--scheduler"
+            f"the Dask scheduler at {address!r} ({SCHEDULER.spelled}) has no workers (none "
+            f"joined within {_WORKERS_S:g} s); start some (dask worker {address}) or run "
+            f"without {SCHEDULER.spelled}"
         ) from None
 
 
@@ -703,8 +706,8 @@ def _check_memory(
         )
         least = estimate(1, 1, min(workers, 1))
         fix = (
-            f"lower --query-block, --gallery-chunk{' or --workers' if workers else ''}, or "
-            "raise the limit"
+            f"lower {QUERY_BLOCK.spelled}, {GALLERY_CHUNK.spelled}"
+            f"{f' or {WORKERS.spelled}' if workers else ''}, or raise the limit"
             if least <= options.memory_limit_mb
             else f"even one-row tiles{' on one worker' if workers else ''} need about "
             f"{least:.0f} MB: raise the limit"

@@ -38,8 +38,11 @@ class _Group(click.Group):
             gc.freeze()
 
     def invoke(self, ctx: click.Context):
+        from ..options import flag_spelling
+
         try:
-            return super().invoke(ctx)
+            with flag_spelling():  # messages from deep inside name the flags
+                return super().invoke(ctx)
         except RankwiseError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
