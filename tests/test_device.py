@@ -255,6 +255,8 @@ class _Pushed(devices.NumpyTiles):
     seeded per tile): ``scale`` < 1 is a matmul within the bound the engine assumes
     (``error_bound_factor`` = 2 (D + 2) u), whatever summation order made it."""
 
+    host = False  # its products, not the C kernels' fused ones, are the ones counted
+
     def __init__(self, scale: float):
         self.scale = scale
 

@@ -75,18 +75,33 @@ def test_tile_buffers_are_not_kept_by_the_workers(tmp_path, cluster):
         else:
             kernels.count_tile = kernels.kept_count_tile
 
+    def blas_tiles(on: bool) -> None:
+        """Tiles from numpy's BLAS on the worker (its C kernels' fused tile kernel
+        writes no tile, into no buffer), or back to its own choice."""
+        from rankwise.native import engine_kernels
+
+        kernels = engine_kernels()
+        if on:
+            kernels.kept_fused, kernels.fused = getattr(kernels, "fused", False), False
+        else:
+            kernels.fused = kernels.kept_fused
+
     files = _reid_files(tmp_path, seed=9)
     kwargs = dict(protocol="reid", query_block=17, gallery_chunk=64, scheduler=cluster)
-    rankwise.evaluate(*files, **kwargs)
-    by_worker = cluster.run(held)
-    assert len(by_worker) == 2 and set(by_worker.values()) == {0}, by_worker
-    # and after a run that failed in a tile (they were kept until the next good run)
-    cluster.run(fail_tiles, True)
+    cluster.run(blas_tiles, True)
     try:
-        with pytest.raises(ZeroDivisionError):
-            rankwise.evaluate(*files, **kwargs)
+        rankwise.evaluate(*files, **kwargs)
+        by_worker = cluster.run(held)
+        assert len(by_worker) == 2 and set(by_worker.values()) == {0}, by_worker
+        # and after a run that failed in a tile (they were kept until the next good run)
+        cluster.run(fail_tiles, True)
+        try:
+            with pytest.raises(ZeroDivisionError):
+                rankwise.evaluate(*files, **kwargs)
+        finally:
+            cluster.run(fail_tiles, False)
     finally:
-        cluster.run(fail_tiles, False)
+        cluster.run(blas_tiles, False)
     by_worker = cluster.run(held)
     assert len(by_worker) == 2 and set(by_worker.values()) == {0}, by_worker
 
@@ -368,7 +383,8 @@ def test_a_worker_killed_while_ranking_is_one_line(tmp_path):
     def die_in_every_tile() -> None:
         from rankwise.native import engine_kernels
 
-        engine_kernels().count_tile = lambda *args: os._exit(1)
+        kernels = engine_kernels()
+        kernels.count_tile = kernels.count_fused = lambda *args: os._exit(1)  # C: either
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
         with distributed.LocalCluster(

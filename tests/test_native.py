@@ -125,6 +125,82 @@ def test_count_tile_on_an_empty_gallery_chunk_and_rows_without_thresholds(nk):
     np.testing.assert_array_equal(nk.count_tile(*empty), np.zeros(p["thr"].size, np.int64))
 
 
+@pytest.fixture(scope="module")
+def fused(built):
+    """The C kernels' fused tile kernel (AVX-512 builds only; skips elsewhere)."""
+    if not built.fused:
+        pytest.skip("no AVX-512 here: the C kernels have no fused tile kernel")
+    return built
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+@pytest.mark.parametrize("exclude_self", [True, False])
+@pytest.mark.parametrize("noise", [0.6, 1.6, 3.0])
+@pytest.mark.parametrize(("n_q", "n_g", "dim"), [(45, 1031, 70), (12, 256, 32), (1, 300, 3)])
+def test_count_fused_equals_count_tile(fused, cosine, exclude_self, noise, n_q, n_g, dim):
+    """The fused kernel computes the products itself (float32 multiply-adds in its own
+    order, 256 gallery items at a time) and must give count_tile's histogram exactly: on
+    easy to very hard rows, with exact ties, junk and own ids, query blocks that fill
+    their 12-row panels or not (one row), gallery chunks of whole and partial 32-item
+    panels and 256-item blocks, and dimensions from 3 up."""
+    rng = np.random.default_rng(int(noise * 10) + n_g + 2 * cosine + exclude_self + n_q)
+    p = _problem(rng, cosine, n_q=n_q, n_g=n_g, dim=dim, n_lab=12, noise=noise, dup=min(40, n_q))
+    args = _tile_args(p, p["qrows"] @ p["grows"].T, exclude_self, cosine)
+    want = kernels.count_tile(*args)
+    assert want.sum() > 0 or noise < 1  # (one easy row may have nothing ahead)
+    packed = (fused.pack_queries(p["qrows"]), fused.pack_gallery(p["grows"]))
+    np.testing.assert_array_equal(fused.count_fused(*packed, *args[1:]), want)
+    # packed rows that travelled to a cluster's worker (unpickled): maybe not aligned
+    moved = [np.frombuffer(b"\0\0\0\0" + x.tobytes(), np.float32, offset=4) for x in packed]
+    assert all(x.ctypes.data % 64 for x in moved)
+    np.testing.assert_array_equal(fused.count_fused(*moved, *args[1:]), want)
+
+
+def test_the_fused_kernel_refuses_packed_rows_of_another_shape(fused):
+    rng = np.random.default_rng(4)
+    p = _problem(rng, False, n_q=13, n_g=200, dim=8, n_lab=3, noise=1.0)
+    args = _tile_args(p, p["qrows"] @ p["grows"].T, True, False)[1:]
+    qpack, gpack = fused.pack_queries(p["qrows"]), fused.pack_gallery(p["grows"])
+    assert qpack.size == 24 * 8 and gpack.size == 224 * 8  # whole panels: 12 rows, 32 items
+    for bad in (
+        (qpack[:-8], gpack),
+        (qpack, gpack[:-8]),
+        (qpack, fused.pack_gallery(p["grows"][:160])),
+    ):
+        with pytest.raises(ValueError, match="another shape"):
+            fused.count_fused(*bad, *args)
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_the_engine_gives_the_same_ranks_with_and_without_the_fused_kernel(
+    tmp_path, fused, monkeypatch, distance
+):
+    """Ranked through the fused kernel (products and counts in one pass) and through
+    numpy's BLAS + count_tile: the same ranks, whatever the tiling."""
+    files = _files(tmp_path, seed=2)
+    calls = []
+    count_fused = fused.count_fused
+
+    def counted(*args):
+        calls.append(1)
+        return count_fused(*args)
+
+    monkeypatch.setattr(native, "_CHOSEN", fused)
+    monkeypatch.setattr(fused, "count_fused", counted)
+    for block, chunk in ((32, 200), (1, 900), (90, 257), (7, 1)):
+        kwargs = dict(protocol="reid", distance=distance, query_block=block, gallery_chunk=chunk)
+        with_fused = rankwise.rank(*files, workers=2, **kwargs)
+        assert calls, "the fused kernel was not used"
+        calls.clear()
+        monkeypatch.setattr(fused, "fused", False)
+        with_blas = rankwise.rank(*files, workers=2, **kwargs)
+        assert not calls
+        monkeypatch.setattr(fused, "fused", True)
+        np.testing.assert_array_equal(with_fused.offsets, with_blas.offsets)
+        np.testing.assert_array_equal(with_fused.ranks, with_blas.ranks)
+        assert with_fused.ranks.size > 500
+
+
 @pytest.mark.parametrize("cosine", [False, True])
 def test_prepared_rows_and_keys_are_bit_identical(nk, cosine):
     """prepare_rows for float32, float64, Fortran-ordered and strided input,

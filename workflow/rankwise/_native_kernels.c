@@ -366,6 +366,107 @@ static i64 compact_row(const float *off, const float *srow, i64 c, float cut, co
     return n;
 }
 
+/* A chunk's per-item values shared by its rows: norms gn, the float32 proxy offsets off
+ * (junk items NaN: never ahead), and the largest norm and half squared norm. */
+static void chunk_setup(const double *gsq, const uint8_t *gjunk, i64 c, int cosine, double *gn,
+                        float *off, double *gmax, double *hmax)
+{
+    double gm = 0.0;
+    float hm = -INFINITY;
+    for (i64 j = 0; j < c; j++) {
+        gn[j] = sqrt(gsq[j]);
+        if (gn[j] > gm || j == 0) gm = gn[j];
+        float h = (float)(gsq[j] / 2.0);
+        if (h > hm || j == 0) hm = h;
+        off[j] = gjunk[j] ? NAN : (cosine ? 0.0f : h);
+    }
+    *gmax = gm;
+    *hmax = (double)hm;
+}
+
+/* Query row i's float32 bounds aup[0 .. r), bdn[0 .. r] of its thresholds thr[lo .. hi). */
+static void row_bounds(const double *thr, i64 lo, i64 hi, double qsq_i, double gmax,
+                       double hmax, int cosine, double bound, float *aup, float *bdn)
+{
+    double qn = sqrt(qsq_i);
+    if (cosine) {
+        float32_bounds(thr, lo, hi, 0.0, 1.0, key_bound(qn, gmax, bound, 1), aup, bdn);
+    } else {
+        double margin = key_bound(qn, gmax, bound, 0) / 2.0 + 4.0 * U32 * (hmax + qn * gmax);
+        float32_bounds(thr, lo, hi, qsq_i, 0.5, margin, aup, bdn);
+    }
+}
+
+/* Scratch arrays of count_row, for rows of up to `c` items and `rmax` thresholds. */
+struct row_scratch {
+    float *vv;
+    int32_t *jj, *pos;
+    i64 *row_hist;
+    uint64_t *masks;
+    float *spad;
+};
+
+/* One query row's counts against items j0 .. j0 + c of the gallery chunk: srow (c
+ * float32 products), off / glab / gid from item j0 on, aup / bdn the row's float32
+ * bounds (float32_bounds) of its thresholds thr[lo .. hi) (r = hi - lo >= 1); gn /
+ * gsq / grows are the whole chunk's.  Adds to hist[lo .. hi). */
+static void count_row(const float *srow, i64 c, i64 j0, const float *off, const float *aup,
+                      const float *bdn, i64 lo, i64 hi, const float *qrow, double qsq_i,
+                      double qn, i64 ql, i64 qi, const float *grows, const double *gsq,
+                      const double *gn, const i64 *glab, const i64 *gid, const double *thr,
+                      i64 dim, int exclude_self, int cosine, double bound,
+                      const struct row_scratch *w, i64 *hist)
+{
+    i64 r = hi - lo;
+    float *vv = w->vv;
+    int32_t *jj = w->jj, *pos = w->pos;
+    i64 *row_hist = w->row_hist;
+    i64 n = compact_row(off, srow, c, aup[r - 1], glab, gid, ql, qi, exclude_self, w->masks,
+                        w->spad, vv, jj);
+    if (n == 0) return;
+    if (r <= 64) {
+        for (i64 t = 0; t < n; t++) pos[t] = 0;
+        for (i64 p = 0; p < r; p++) {
+            float a = aup[p];
+            for (i64 t = 0; t < n; t++) pos[t] += vv[t] > a;
+        }
+    } else {
+        for (i64 t = 0; t < n; t++) pos[t] = (int32_t)count_less_f(aup, r, vv[t]);
+    }
+    for (i64 p = 0; p <= r; p++) row_hist[p] = 0;
+    i64 n_open = 0;
+    for (i64 t = 0; t < n; t++) {
+        int32_t p = pos[t];
+        int settled = vv[t] <= bdn[p];
+        row_hist[p] += settled;
+        pos[n_open] = (int32_t)t;
+        n_open += !settled;
+    }
+    for (i64 p = 0; p < r; p++) hist[lo + p] += row_hist[p];
+    for (i64 u = 0; u < n_open; u++) {
+        i64 jl = jj[pos[u]], j = j0 + jl;
+        if (u + 4 < n_open) { /* the gallery row a few items on: most need their key */
+            const char *ahead = (const char *)(grows + (j0 + jj[pos[u + 4]]) * dim);
+            for (i64 b8 = 0; b8 < dim * 4; b8 += 64) __builtin_prefetch(ahead + b8);
+        }
+        double s = (double)srow[jl];
+        double key = cosine ? -s : qsq_i + gsq[j] - 2.0 * s;
+        double eps = key_bound(qn, gn[j], bound, cosine);
+        i64 p = count_less_d(thr, lo, hi, key - eps);
+        if (lo + p < hi && thr[lo + p] < key + eps) {
+            /* too close to call from the tile: a float64 key in any order, the
+             * canonical one when a threshold lies within that key's bound */
+            const float *grow = grows + j * dim;
+            double fk = fast_key(qrow, grow, dim, cosine);
+            double fe = fast_bound(fk, qn, gn[j], dim, cosine);
+            p = count_less_d(thr, lo, hi, fk - fe);
+            if (lo + p < hi && thr[lo + p] < fk + fe)
+                p = count_less_d(thr, lo, hi, canonical_key(qrow, grow, dim, cosine));
+        }
+        if (lo + p < hi) hist[lo + p] += 1;
+    }
+}
+
 /* kernels.count_tile, the same steps; hist (length toff[b]) must be zeroed by the
  * caller.  sim: (b, c) float32 with row stride ld.  Returns 0, or -1 when out of
  * memory. */
@@ -395,75 +496,18 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
         status = -1;
         goto done;
     }
-    double gmax = 0.0;
-    float hmax32 = -INFINITY;
-    for (i64 j = 0; j < c; j++) {
-        gn[j] = sqrt(gsq[j]);
-        if (gn[j] > gmax || j == 0) gmax = gn[j];
-        float h = (float)(gsq[j] / 2.0);
-        if (h > hmax32 || j == 0) hmax32 = h;
-        off[j] = gjunk[j] ? NAN : (cosine ? 0.0f : h);
-    }
+    struct row_scratch scratch = {vv, jj, pos, row_hist, masks, spad};
+    double gmax, hmax;
+    chunk_setup(gsq, gjunk, c, cosine, gn, off, &gmax, &hmax);
     for (i64 j = c; j < cp; j++) off[j] = NAN;
-    double hmax = (double)hmax32;
     for (int k = 0; k < 64; k++) spad[k] = 0.0f;
-
     for (i64 i = 0; i < b; i++) {
-        i64 lo = toff[i], hi = toff[i + 1], r = hi - lo;
-        if (r == 0) continue;
-        const float *srow = sim + i * ld;
-        double qn = sqrt(qsq[i]);
-        if (cosine) {
-            float32_bounds(thr, lo, hi, 0.0, 1.0, key_bound(qn, gmax, bound, 1), aup, bdn);
-        } else {
-            double margin = key_bound(qn, gmax, bound, 0) / 2.0 + 4.0 * U32 * (hmax + qn * gmax);
-            float32_bounds(thr, lo, hi, qsq[i], 0.5, margin, aup, bdn);
-        }
-        i64 n = compact_row(off, srow, c, aup[r - 1], glab, gid, qlab[i], qid[i], exclude_self,
-                            masks, spad, vv, jj);
-        if (n == 0) continue;
-        if (r <= 64) {
-            for (i64 t = 0; t < n; t++) pos[t] = 0;
-            for (i64 p = 0; p < r; p++) {
-                float a = aup[p];
-                for (i64 t = 0; t < n; t++) pos[t] += vv[t] > a;
-            }
-        } else {
-            for (i64 t = 0; t < n; t++) pos[t] = (int32_t)count_less_f(aup, r, vv[t]);
-        }
-        for (i64 p = 0; p <= r; p++) row_hist[p] = 0;
-        i64 n_open = 0;
-        for (i64 t = 0; t < n; t++) {
-            int32_t p = pos[t];
-            int settled = vv[t] <= bdn[p];
-            row_hist[p] += settled;
-            pos[n_open] = (int32_t)t;
-            n_open += !settled;
-        }
-        for (i64 p = 0; p < r; p++) hist[lo + p] += row_hist[p];
-        const float *qrow = qrows + i * dim;
-        for (i64 u = 0; u < n_open; u++) {
-            i64 j = jj[pos[u]];
-            if (u + 4 < n_open) { /* the gallery row a few items on: most need their key */
-                const char *ahead = (const char *)(grows + jj[pos[u + 4]] * dim);
-                for (i64 b8 = 0; b8 < dim * 4; b8 += 64) __builtin_prefetch(ahead + b8);
-            }
-            double s = (double)srow[j];
-            double key = cosine ? -s : qsq[i] + gsq[j] - 2.0 * s;
-            double eps = key_bound(qn, gn[j], bound, cosine);
-            i64 p = count_less_d(thr, lo, hi, key - eps);
-            if (lo + p < hi && thr[lo + p] < key + eps) {
-                /* too close to call from the tile: a float64 key in any order, the
-                 * canonical one when a threshold lies within that key's bound */
-                const float *grow = grows + j * dim;
-                double fk = fast_key(qrow, grow, dim, cosine);
-                double fe = fast_bound(fk, qn, gn[j], dim, cosine);
-                p = count_less_d(thr, lo, hi, fk - fe);
-                if (lo + p < hi && thr[lo + p] < fk + fe)
-                    p = count_less_d(thr, lo, hi, canonical_key(qrow, grow, dim, cosine));
-            }
-            if (lo + p < hi) hist[lo + p] += 1;
-        }
+        i64 lo = toff[i], hi = toff[i + 1];
+        if (hi == lo) continue;
+        row_bounds(thr, lo, hi, qsq[i], gmax, hmax, cosine, bound, aup, bdn);
+        count_row(sim + i * ld, c, 0, off, aup, bdn, lo, hi, qrows + i * dim, qsq[i],
+                  sqrt(qsq[i]), qlab[i], qid[i], grows, gsq, gn, glab, gid, thr, dim,
+                  exclude_self, cosine, bound, &scratch, hist);
     }
 done:
     free(gn);
@@ -478,6 +522,136 @@ done:
     free(spad);
     return status;
 }
+
+/* ------------------------------------------------------------------ fused tiles (AVX-512)
+ *
+ * rw_count_fused: count_tile's counts, with the tile's float32 products computed here
+ * instead of by BLAS, RW_NB gallery items at a time into a block that stays in the
+ * core's L2 cache, and counted right away: the 32 MB tile is never written out and read
+ * back.  The products are float32 multiply-adds in k order (a different rounding from
+ * BLAS's, inside the same gamma_D bound, which holds for every order, fused or not), so
+ * every count, and every rank, is the one count_tile gives.  The product is a register-
+ * blocked micro-kernel (RW_MR query rows x RW_NR gallery items, 24 accumulators) over
+ * operands packed once per query block and gallery chunk (rw_pack_rows), the layout of
+ * BLIS / OpenBLAS's own kernels; measured as fast as numpy's OpenBLAS sgemm here. */
+#if defined(__AVX512F__)
+#define RW_MR 12
+#define RW_NR 32
+#define RW_NB 256
+
+void rw_panel_widths(i64 *widths)
+{
+    widths[0] = RW_MR;
+    widths[1] = RW_NR;
+}
+
+/* x (n x d) in panels of `width` rows, each k-major: out[p*d + k*width + i] =
+ * x[(p + i)*d + k] for panel start p; rows past n are zeros.  out: ceil(n/width)*width*d. */
+void rw_pack_rows(const float *x, i64 n, i64 d, i64 width, float *out)
+{
+    for (i64 p = 0; p < n; p += width) {
+        i64 h = n - p < width ? n - p : width;
+        float *dst = out + p * d;
+        for (i64 k = 0; k < d; k++, dst += width) {
+            for (i64 i = 0; i < h; i++) dst[i] = x[(p + i) * d + k];
+            for (i64 i = h; i < width; i++) dst[i] = 0.0f;
+        }
+    }
+}
+
+/* c[i*ldc + j] = sum_k a[k*RW_MR + i] * b[k*RW_NR + j] (float32 fused multiply-adds in k
+ * order), i < RW_MR, j < RW_NR; c 64-byte aligned and ldc a multiple of 16 (b need not
+ * be: packed rows that travelled to a cluster's worker may not be). */
+static inline void micro_kernel(const float *a, const float *b, i64 d, float *c, i64 ldc)
+{
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00,
+           c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00, c90 = c00, c91 = c00,
+           ca0 = c00, ca1 = c00, cb0 = c00, cb1 = c00;
+    for (i64 k = 0; k < d; k++, a += RW_MR, b += RW_NR) {
+        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
+#define RW_ROW(i, r0, r1)            \
+    x = _mm512_set1_ps(a[i]);        \
+    r0 = _mm512_fmadd_ps(x, b0, r0); \
+    r1 = _mm512_fmadd_ps(x, b1, r1);
+        RW_ROW(0, c00, c01) RW_ROW(1, c10, c11) RW_ROW(2, c20, c21) RW_ROW(3, c30, c31)
+        RW_ROW(4, c40, c41) RW_ROW(5, c50, c51) RW_ROW(6, c60, c61) RW_ROW(7, c70, c71)
+        RW_ROW(8, c80, c81) RW_ROW(9, c90, c91) RW_ROW(10, ca0, ca1) RW_ROW(11, cb0, cb1)
+#undef RW_ROW
+    }
+#define RW_STORE(i, r0, r1)                \
+    _mm512_store_ps(c + (i) * ldc, r0);    \
+    _mm512_store_ps(c + (i) * ldc + 16, r1);
+    RW_STORE(0, c00, c01) RW_STORE(1, c10, c11) RW_STORE(2, c20, c21) RW_STORE(3, c30, c31)
+    RW_STORE(4, c40, c41) RW_STORE(5, c50, c51) RW_STORE(6, c60, c61) RW_STORE(7, c70, c71)
+    RW_STORE(8, c80, c81) RW_STORE(9, c90, c91) RW_STORE(10, ca0, ca1) RW_STORE(11, cb0, cb1)
+#undef RW_STORE
+}
+
+/* count_tile's arguments, with the packed query block (RW_MR panels) and gallery chunk
+ * (RW_NR panels) in place of the tile.  hist must be zeroed by the
+ * caller.  Returns 0, or -1 when out of memory. */
+int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const float *qrows,
+                   const double *qsq, const i64 *qlab, const i64 *qid, const float *grows,
+                   const double *gsq, const i64 *glab, const i64 *gid, const uint8_t *gjunk,
+                   const double *thr, const i64 *toff, i64 dim, int exclude_self, int cosine,
+                   double bound, i64 *hist)
+{
+    if (c == 0 || b == 0) return 0;
+    i64 bp = (b + RW_MR - 1) / RW_MR * RW_MR, rmax = 0;
+    for (i64 i = 0; i < b; i++)
+        if (toff[i + 1] - toff[i] > rmax) rmax = toff[i + 1] - toff[i];
+    double *gn = malloc(sizeof(double) * c);
+    float *off = malloc(sizeof(float) * c);
+    /* every row's float32 bounds, once per tile: row i's aup from toff[i] (r of them),
+     * its bdn from toff[i] + i (r + 1 of them) */
+    float *aup = malloc(sizeof(float) * (toff[b] + 1));
+    float *bdn = malloc(sizeof(float) * (toff[b] + b + 1));
+    i64 *row_hist = malloc(sizeof(i64) * (rmax + 1));
+    float *vv = malloc(sizeof(float) * (RW_NB + 16));
+    int32_t *jj = malloc(sizeof(int32_t) * (RW_NB + 16));
+    int32_t *pos = malloc(sizeof(int32_t) * RW_NB);
+    float *blk = aligned_alloc(64, sizeof(float) * bp * RW_NB); /* 1 MB at b = 1024 */
+    int status = 0;
+    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk) {
+        status = -1;
+        goto done;
+    }
+    struct row_scratch scratch = {vv, jj, pos, row_hist, NULL, NULL};
+    double gmax, hmax;
+    chunk_setup(gsq, gjunk, c, cosine, gn, off, &gmax, &hmax);
+    for (i64 i = 0; i < b; i++)
+        if (toff[i + 1] > toff[i])
+            row_bounds(thr, toff[i], toff[i + 1], qsq[i], gmax, hmax, cosine, bound,
+                       aup + toff[i], bdn + toff[i] + i);
+    for (i64 j0 = 0; j0 < c; j0 += RW_NB) {
+        i64 nb = c - j0 < RW_NB ? c - j0 : RW_NB;
+        for (i64 jp = 0; jp < nb; jp += RW_NR)
+            for (i64 ip = 0; ip < bp; ip += RW_MR)
+                micro_kernel(qpack + ip * dim, gpack + (j0 + jp) * dim, dim,
+                             blk + ip * RW_NB + jp, RW_NB);
+        for (i64 i = 0; i < b; i++) {
+            i64 lo = toff[i], hi = toff[i + 1];
+            if (hi == lo) continue;
+            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lo, hi,
+                      qrows + i * dim, qsq[i], sqrt(qsq[i]), qlab[i], qid[i], grows, gsq, gn,
+                      glab + j0, gid + j0, thr, dim, exclude_self, cosine, bound, &scratch,
+                      hist);
+        }
+    }
+done:
+    free(gn);
+    free(off);
+    free(aup);
+    free(bdn);
+    free(row_hist);
+    free(vv);
+    free(jj);
+    free(pos);
+    free(blk);
+    return status;
+}
+#endif
 
 /* ------------------------------------------------------------------ ranks_from_hist */
 

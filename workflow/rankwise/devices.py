@@ -8,7 +8,10 @@ without that pass ignore the device: reassociation (candidate lists ranked on ex
 keys), re-ranking (:mod:`rankwise.rerank`), and the CPU-side steps of query expansion
 and single-gallery-shot draws.  A :class:`Tiles` backend says how ``S`` is computed:
 
-``cpu``        numpy's float32 BLAS (the default; torch is never imported).
+``cpu``        numpy's float32 BLAS (the default; torch is never imported); with the C
+               kernels on an AVX-512 CPU, their fused tile kernel instead, which
+               computes each tile's products itself and counts them while they are in
+               the core's cache (``count_fused`` in :mod:`rankwise.native`).
 ``cuda``       ``torch.matmul`` in float32 on the current CUDA device (choose one with
                ``CUDA_VISIBLE_DEVICES``); each gallery chunk and query block is copied to
                the device once, ``S`` is copied back per tile.
@@ -68,6 +71,8 @@ class NumpyTiles:
     name = "cpu"
     #: whether uploaded rows are worth sharing between the tiles of a graph
     resident = False
+    #: whether the host computes the products (kernels with a fused tile kernel may)
+    host = True
 
     def upload(self, rows: np.ndarray) -> np.ndarray:
         return rows
@@ -116,6 +121,7 @@ class TorchTiles:
     """
 
     resident = True
+    host = False
 
     def __init__(self, device: str):
         self.device = device  # "cuda" or "cpu"

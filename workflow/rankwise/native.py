@@ -68,7 +68,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _B = ctypes.c_int
 _D = ctypes.c_double
-_SIGNATURES = {
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rw_prepare_rows_f32": (ctypes.c_int64, [_P, _I, _I, _B, _P, _P, _P]),
     "rw_prepare_rows_f64": (ctypes.c_int64, [_P, _I, _I, _B, _P, _P, _P]),
     "rw_pair_keys": (None, [_P, _P, _P, _P, _I, _I, _B, _P]),
@@ -78,6 +78,15 @@ _SIGNATURES = {
         [_P, _I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _B, _B, _D, _P],
     ),
     "rw_ranks_from_hist": (None, [_P, _P, _I, _P]),
+}
+#: The fused tile kernel's functions: built only where the CPU has AVX-512.
+_FUSED_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "rw_panel_widths": (None, [_P]),
+    "rw_pack_rows": (None, [_P, _I, _I, _I, _P]),
+    "rw_count_fused": (
+        ctypes.c_int,
+        [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _B, _B, _D, _P],
+    ),
 }
 
 
@@ -103,6 +112,18 @@ class NativeKernels:
             fn.restype = restype
             fn.argtypes = argtypes
             self._f[fname] = fn
+        #: whether :meth:`count_fused` exists (an AVX-512 build), and its panel widths
+        self.fused = hasattr(lib, "rw_count_fused")
+        self.panels = (0, 0)
+        if self.fused:
+            for fname, (restype, argtypes) in _FUSED_SIGNATURES.items():
+                fn = getattr(lib, fname)
+                fn.restype = restype
+                fn.argtypes = argtypes
+                self._f[fname] = fn
+            widths = np.zeros(2, dtype=np.int64)
+            self._f["rw_panel_widths"](_ptr(widths))
+            self.panels = (int(widths[0]), int(widths[1]))
 
     def prepare_rows(self, x, cosine):
         """:func:`rankwise.kernels.prepare_rows`: ``(rows, sq, bad, why)``."""
@@ -154,6 +175,54 @@ class NativeKernels:
         )  # fmt: skip
         if status != 0:
             raise MemoryError("count_tile: out of memory for a tile's scratch arrays")
+        return hist
+
+    def pack_queries(self, rows):
+        """A query block's prepared rows ``(b, D)`` packed for :meth:`count_fused`."""
+        return self._pack(rows, self.panels[0])
+
+    def pack_gallery(self, rows):
+        """A gallery chunk's prepared rows ``(c, D)`` packed for :meth:`count_fused`."""
+        return self._pack(rows, self.panels[1])
+
+    def _pack(self, rows, width: int) -> np.ndarray:
+        """Panels of ``width`` rows, each stored k-major (zero rows pad the last), in a
+        64-byte aligned float32 array (each panel's loads then stay within cache lines)."""
+        rows = _c(rows, np.float32)
+        n, d = rows.shape
+        size = -(-n // width) * width * d
+        raw = np.empty(size + 16, dtype=np.float32)
+        start = (-raw.ctypes.data % 64) // 4
+        out = raw[start : start + size]
+        self._f["rw_pack_rows"](_ptr(rows), n, d, width, _ptr(out))
+        return out
+
+    def count_fused(
+        self, qpack, gpack, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk, thr, toff,
+        exclude_self, cosine, bound,
+    ):  # fmt: skip
+        """:meth:`count_tile`'s histogram, the tile's products computed in the same pass
+        (``qpack``, ``gpack``: :meth:`pack_queries` / :meth:`pack_gallery` of ``qrows`` /
+        ``grows``); the same integers, whatever the products' rounding."""
+        qrows, grows = _c(qrows, np.float32), _c(grows, np.float32)
+        b, c = qrows.shape[0], grows.shape[0]
+        qpack, gpack = _c(qpack, np.float32), _c(gpack, np.float32)
+        if qpack.size != -(-b // self.panels[0]) * self.panels[0] * qrows.shape[1] or (
+            gpack.size != -(-c // self.panels[1]) * self.panels[1] * grows.shape[1]
+        ):
+            raise ValueError("count_fused: packed rows of another shape")
+        qsq, gsq, thr = _c(qsq, np.float64), _c(gsq, np.float64), _c(thr, np.float64)
+        qlab, qid = _c(qlab, np.int64), _c(qid, np.int64)
+        glab, gid, toff = _c(glab, np.int64), _c(gid, np.int64), _c(toff, np.int64)
+        gjunk = _c(gjunk, np.bool_).view(np.uint8)
+        hist = np.zeros(thr.shape[0], dtype=np.int64)
+        status = self._f["rw_count_fused"](
+            _ptr(qpack), _ptr(gpack), b, c, _ptr(qrows), _ptr(qsq), _ptr(qlab), _ptr(qid),
+            _ptr(grows), _ptr(gsq), _ptr(glab), _ptr(gid), _ptr(gjunk), _ptr(thr), _ptr(toff),
+            qrows.shape[1], bool(exclude_self), bool(cosine), float(bound), _ptr(hist),
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError("count_fused: out of memory for a tile's scratch arrays")
         return hist
 
     def ranks_from_hist(self, hist, toff):
@@ -332,6 +401,14 @@ def _self_test_count_tile(k: NativeKernels, rng, cosine: bool) -> None:
     )  # fmt: skip
     if hist.tolist() != hist_want:
         raise RuntimeError("count_tile failed its self-test")
+    if k.fused:
+        flat = np.array([v for t in thr for v in t])
+        fused = k.count_fused(
+            k.pack_queries(qrows), k.pack_gallery(grows), qrows, qsq, qlab, qid, grows, gsq,
+            glab, gid, junk, flat, toff, True, cosine, error_bound_factor(d),
+        )  # fmt: skip
+        if fused.tolist() != hist_want:
+            raise RuntimeError("count_fused failed its self-test")
 
 
 def mode() -> str:

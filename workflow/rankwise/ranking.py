@@ -19,9 +19,10 @@ the row order among tied relevant items.  The two passes run as separate
 ``compute`` calls, one graph each; a gallery chunk is read only once the tasks of the
 chunk ``workers + 1`` places before it are done, which keeps memory flat.
 
-The tile similarities of pass 2 run on numpy's BLAS or, with ``EngineOptions.device``,
-with torch on a GPU (:mod:`rankwise.devices`); everything else runs on the host, and
-the numbers are the same on every device.
+The tile similarities of pass 2 run on numpy's BLAS, in the C kernels' fused tile
+kernel (an AVX-512 CPU: products and counts in one pass, no tile written out) or, with
+``EngineOptions.device``, with torch on a GPU (:mod:`rankwise.devices`); everything else
+runs on the host, and the numbers are the same on every device.
 """
 
 from __future__ import annotations
@@ -120,16 +121,19 @@ def estimate_memory_mb(
 ) -> float:
     """Peak resident memory (MB) of one rank run, from its shapes alone.
 
-    Held throughout: the prepared queries ``(Q, D)`` twice (raw + prepared), the pair
-    lists and keys (~48 bytes a pair), the gallery codes (~25 bytes a row).  Per
-    worker at a time: a raw and a prepared gallery chunk ``(c, D)`` and the float32 tile
-    ``(b, c)``, plus the interpreter's own size (and torch's, on a torch device).
+    Held throughout: the prepared queries ``(Q, D)`` three times (raw, prepared, packed
+    for the fused kernel), the pair lists and keys (~48 bytes a pair), the gallery codes
+    (~25 bytes a row).  Per worker at a time: a raw and a prepared gallery chunk
+    ``(c, D)`` and the float32 tile ``(b, c)``, plus the interpreter's own size (and
+    torch's, on a torch device); on the CPU, room for the packed copies of two more
+    chunks (at most workers + 1 chunks are alive).
     """
     b = min(options.query_block, max(n_query, 1))
     c = min(options.gallery_chunk, max(n_gallery, 1))
-    held = 8.0 * n_query * dim + 48.0 * n_pairs + 25.0 * n_gallery
-    per_worker = 8.0 * c * dim + 4.0 * b * c + 16.0 * c
-    base = _BASE_MB + (_TORCH_MB if options.device in ("cuda", "torch-cpu") else 0.0)
+    torch = options.device in ("cuda", "torch-cpu")
+    held = 12.0 * n_query * dim + 48.0 * n_pairs + 25.0 * n_gallery
+    per_worker = 8.0 * c * dim + 4.0 * b * c + 16.0 * c + (0.0 if torch else 8.0 * c * dim)
+    base = _BASE_MB + (_TORCH_MB if torch else 0.0)
     # Per worker a chunk being read (raw + prepared) and room for two more prepared
     # ones: at most workers + 1 prepared chunks are alive at once (_prep_tasks).
     return base + (held + workers * (per_worker + 8.0 * c * dim)) / 2**20
@@ -238,19 +242,50 @@ def _upload_task(prep, tiles: Tiles):
     return tiles.upload(prep[0])
 
 
+def _prepare_packed_chunk(source: EmbeddingSource, start: int, stop: int, cosine: bool):
+    """Pass 2's gallery chunk: :func:`prepare_chunk`'s ``(rows, sq)`` and the rows packed
+    for the fused tile kernel when this process's kernels have one, else None."""
+    rows, sq = prepare_chunk(source, start, stop, cosine)
+    kernels = _kernels()
+    return rows, sq, kernels.pack_gallery(rows) if getattr(kernels, "fused", False) else None
+
+
 def _count_task(prep, gdev, block, gmeta, cosine, bound, tiles: Tiles):
     """Per tile: float32 similarities (BLAS, or torch on a device: ``tiles``), then
-    masks + counting in one compiled pass on the host.
+    masks + counting in one compiled pass on the host; or, where the chunk was packed
+    (:func:`_prepare_packed_chunk`), both in the C kernels' fused tile kernel.
 
     ``gdev`` / ``block["dev"]``: the rows already on the device, or None to copy them
     here (a dask.distributed run, where device tensors must not travel between workers).
     """
     _limit_blas()
-    grows, gsq = prep
+    grows, gsq = prep[0], prep[1]
+    kernels = _kernels()
+    if len(prep) > 2 and prep[2] is not None and getattr(kernels, "fused", False):
+        # (a cluster's worker may differ from the caller, which packed the block or not)
+        qpack = block["pack"] if block["pack"] is not None else kernels.pack_queries(block["rows"])
+        return kernels.count_fused(
+            qpack,
+            prep[2],
+            block["rows"],
+            block["sq"],
+            block["lab"],
+            block["id"],
+            grows,
+            gsq,
+            gmeta["lab"],
+            gmeta["id"],
+            gmeta["junk"],
+            block["thr"],
+            block["toff"],
+            block["exclude_self"],
+            cosine,
+            bound,
+        )
     qdev = block["dev"] if block["dev"] is not None else tiles.upload(block["rows"])
     sim = tiles.similarities(qdev, gdev if gdev is not None else tiles.upload(grows))
     try:
-        return _kernels().count_tile(
+        return kernels.count_tile(
             sim,
             block["rows"],
             block["sq"],
@@ -485,8 +520,11 @@ def _unusable_address(where: str, error: BaseException) -> RankwiseError:
     )
 
 
-def _prep_tasks(graph, key, bounds, gallery: EmbeddingSource, cosine: bool, runner, done) -> None:
-    """Add each gallery chunk's read-and-prepare task ``key("prep", c)`` to ``graph``.
+def _prep_tasks(
+    graph, key, bounds, gallery: EmbeddingSource, cosine: bool, runner, done, prepare=None
+) -> None:
+    """Add each gallery chunk's read-and-prepare task ``key("prep", c)`` to ``graph``
+    (``prepare``: the task's function, :func:`prepare_chunk` by default).
 
     A pass is one graph, so no worker waits at a barrier between groups of chunks; to
     keep memory flat, chunk ``c`` is read only after the tasks that use chunk
@@ -495,7 +533,7 @@ def _prep_tasks(graph, key, bounds, gallery: EmbeddingSource, cosine: bool, runn
     """
     ahead = runner.lookahead
     for c in range(len(bounds) - 1):
-        task = (prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]), cosine)
+        task = (prepare or prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]), cosine)
         graph[key("prep", c)] = task if c < ahead else (_after, done(c - ahead), *task)
 
 
@@ -815,6 +853,8 @@ def _pass_counts(
     the pass and each gallery chunk once for its tiles.
     """
     resident = tiles.resident and runner.client is None
+    kernels = _kernels()
+    fused = tiles.host and getattr(kernels, "fused", False)
     blocks = []
     for lo in range(0, len(evaluated), options.query_block):
         hi = min(lo + options.query_block, len(evaluated))
@@ -824,6 +864,7 @@ def _pass_counts(
             {
                 "rows": block_rows,
                 "dev": tiles.upload(block_rows) if resident else None,
+                "pack": kernels.pack_queries(block_rows) if fused else None,
                 "sq": qsq[rows],
                 "lab": problem.qlab[rows],
                 "id": problem.qid[rows],
@@ -836,7 +877,9 @@ def _pass_counts(
     key = _key_maker()
     graph: dict = {key("block", b): block for b, block in enumerate(blocks)}
     n_chunks = len(bounds) - 1
-    _prep_tasks(graph, key, bounds, gallery, cosine, runner, lambda c: key("done", c))
+    # host tiles: each worker packs its chunks when its kernels fuse (a cluster's may not)
+    prepare = _prepare_packed_chunk if tiles.host else None
+    _prep_tasks(graph, key, bounds, gallery, cosine, runner, lambda c: key("done", c), prepare)
     for c in range(n_chunks):
         start, stop = int(bounds[c]), int(bounds[c + 1])
         graph[key("gdev", c)] = (_upload_task, key("prep", c), tiles) if resident else None
