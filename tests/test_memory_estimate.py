@@ -104,11 +104,17 @@ def test_a_limit_between_plain_and_reranking_refuses_only_reranking():
 def test_tiny_runs_are_not_charged_for_tiles_larger_than_their_pairs():
     """8 queries x 26 gallery items were estimated ~100 MB above the plain ranking (a
     full-size tile per worker), and lowering --query-block or --gallery-chunk, which the
-    refusal advises, changed nothing."""
+    refusal advises, changed nothing.  (Re-ranking and query expansion import numba,
+    which a plain ranking on the C kernels does not: that much more is theirs.)"""
+    from rankwise.native import engine_kernels
+    from rankwise.ranking import _BASE_MB, _BASE_NATIVE_MB
+
+    native = getattr(engine_kernels(), "name", "") == "native"
+    numba = _BASE_MB - _BASE_NATIVE_MB if native else 0.0
     case = _case(n_query=8, n_gallery=26, dim=4)
     plain = _estimate(*case, workers=1)
     for extra in ({"rerank": "5,2,0.3"}, {"aqe": "3,3"}, {"rerank": "5,2,0.3", "aqe": "3,3"}):
-        assert _estimate(*case, workers=1, **extra) < plain + 1.0, extra
+        assert _estimate(*case, workers=1, **extra) < plain + numba + 1.0, extra
 
 
 def test_cli_refuses_reranking_over_the_limit_in_one_line(tmp_path):

@@ -2,7 +2,9 @@
 
 :func:`engine_kernels` returns the kernel set the engine calls (``prepare_rows``,
 ``pair_keys``, ``count_tile``, ``ranks_from_hist``, same arguments and results as
-:mod:`rankwise.kernels`):
+:mod:`rankwise.kernels`; on an AVX-512 CPU the C kernels also have ``count_fused``,
+``count_tile``'s histogram with the tile's float32 products computed in the same pass
+over packed rows, so the tile never leaves the core's cache):
 
 - ``native`` — ``_native_kernels.c``: the numba kernels' steps in C (with AVX-512 /
   AVX2 paths where the CPU has them), compiled by the system C compiler (``$CC``, else

@@ -110,33 +110,48 @@ class EngineOptions:
 
 #: Resident size of the interpreter with numpy, numba, dask and zarr loaded.
 _BASE_MB = 250.0
+#: The same with the C kernels' library in place of numba (a plain ranking process never
+#: imports numba; measured ~80 MB on a tiny run, with room to spare).
+_BASE_NATIVE_MB = 130.0
 #: What importing torch adds to it (its CPU and CUDA libraries; measured 470-510 MB of
 #: resident size before any CUDA context, which adds more host memory on a GPU machine;
 #: with 500 a torch-cpu run peaked 30-50 MB above the estimate, hence the margin).
 _TORCH_MB = 650.0
+#: Gallery items per block of the fused tile kernel (RW_NB in _native_kernels.c).
+_FUSED_BLOCK = 256
 
 
 def estimate_memory_mb(
-    n_query: int, n_gallery: int, dim: int, n_pairs: int, options: EngineOptions, workers: int
+    n_query: int,
+    n_gallery: int,
+    dim: int,
+    n_pairs: int,
+    options: EngineOptions,
+    workers: int,
+    *,
+    native: bool = False,
+    fused: bool = False,
 ) -> float:
     """Peak resident memory (MB) of one rank run, from its shapes alone.
 
-    Held throughout: the prepared queries ``(Q, D)`` three times (raw, prepared, packed
-    for the fused kernel), the pair lists and keys (~48 bytes a pair), the gallery codes
+    Held throughout: the prepared queries ``(Q, D)`` twice (raw + prepared; three times
+    when ``fused``: packed), the pair lists and keys (~48 bytes a pair), the gallery codes
     (~25 bytes a row).  Per worker at a time: a raw and a prepared gallery chunk
-    ``(c, D)`` and the float32 tile ``(b, c)``, plus the interpreter's own size (and
-    torch's, on a torch device); on the CPU, room for the packed copies of two more
-    chunks (at most workers + 1 chunks are alive).
+    ``(c, D)`` and either the float32 tile ``(b, c)`` or, ``fused``, the chunk's packed
+    copy and the fused kernel's ``(b, 256)`` block, plus the interpreter's own size
+    (``native``: with the C kernels, no numba; torch's on a torch device).
     """
     b = min(options.query_block, max(n_query, 1))
     c = min(options.gallery_chunk, max(n_gallery, 1))
     torch = options.device in ("cuda", "torch-cpu")
-    held = 12.0 * n_query * dim + 48.0 * n_pairs + 25.0 * n_gallery
-    per_worker = 8.0 * c * dim + 4.0 * b * c + 16.0 * c + (0.0 if torch else 8.0 * c * dim)
-    base = _BASE_MB + (_TORCH_MB if torch else 0.0)
+    held = (12.0 if fused else 8.0) * n_query * dim + 48.0 * n_pairs + 25.0 * n_gallery
+    tile = 4.0 * c * dim + 4.0 * (b + 12) * _FUSED_BLOCK if fused else 4.0 * b * c
+    per_worker = 8.0 * c * dim + tile + 16.0 * c
+    base = (_BASE_NATIVE_MB if native else _BASE_MB) + (_TORCH_MB if torch else 0.0)
     # Per worker a chunk being read (raw + prepared) and room for two more prepared
-    # ones: at most workers + 1 prepared chunks are alive at once (_prep_tasks).
-    return base + (held + workers * (per_worker + 8.0 * c * dim)) / 2**20
+    # ones (and packed, fused): at most workers + 1 are alive at once (_prep_tasks).
+    more = (12.0 if fused else 8.0) * c * dim
+    return base + (held + workers * (per_worker + more)) / 2**20
 
 
 # ----------------------------------------------------------------- task functions
@@ -709,11 +724,15 @@ def _check_memory(
     a scheduler, whose workers hold them)."""
     n_query, n_gallery, dim = query.shape[0], gallery.shape[0], int(query.shape[1])
     chunk = int(np.diff(_chunk_bounds(n_gallery, gallery, options.gallery_chunk)).max())
+    kernels = _kernels()
+    # re-ranking and query expansion import numba's kernels whatever ranks the tiles
+    native = getattr(kernels, "name", "") == "native" and rerank is None and aqe is None
+    fused = device == "cpu" and getattr(kernels, "fused", False)
 
     def estimate(block: int, chunk: int, workers: int) -> float:
         need = estimate_memory_mb(
             n_query, n_gallery, dim, len(problem.pair_q),
-            EngineOptions(block, chunk, device=device), workers,
+            EngineOptions(block, chunk, device=device), workers, native=native, fused=fused,
         )  # fmt: skip
         if rerank is not None:
             from . import rerank as rerank_module
