@@ -1619,3 +1619,18 @@ def test_the_first_bad_gallery_row_is_named_whatever_the_task_order(tmp_path):
             RankwiseError, match=rf"gallery embeddings row {n - 1} \(0-based\) contains NaN"
         ):
             rankwise.evaluate(q, g, query, gallery, gallery_chunk=n, workers=2)
+
+
+def test_api_advice_names_parameters_not_flags(d):
+    """The engine's advice, built in Dask's worker threads, named the command line's flags
+    to Python callers too ("use --distance euclidean"); from Python it names the
+    parameter (the command line's case, zero-vector-cosine-gallery above, the flag)."""
+    import rankwise
+
+    with pytest.raises(rankwise.RankwiseError) as caught:
+        rankwise.evaluate(d / "q.csv", d / "g.csv", d / "q.npy", d / "g_zero.npy", workers=2)
+    message = str(caught.value)
+    assert re.search(
+        r"row 4 \(0-based\) is a zero vector.*; fix that item or use distance euclidean$", message
+    )
+    assert "--" not in message
