@@ -93,7 +93,11 @@ def expand(
     from .rerank import neighbours
 
     n_query, n_gallery = query.shape[0], gallery.shape[0]
-    raw = np.concatenate([query.read(0, n_query), gallery.read(0, n_gallery)]).astype(np.float32)
+    # (copy=False: the concatenation is already a new float32 array; a second copy of all
+    # N x D rows was the peak's largest transient)
+    raw = np.concatenate([query.read(0, n_query), gallery.read(0, n_gallery)]).astype(
+        np.float32, copy=False
+    )
     # whatever the ranking distance: the expansion weighs neighbours by cosine similarity
     fix = (
         f"fix that item or drop query expansion ({AQE.spelled}), which weighs rows by their cosine"
@@ -103,6 +107,7 @@ def expand(
         prepare_chunk(gallery, 0, n_gallery, True, zero_fix=fix),
     )
     unit, sq = np.concatenate([qu, gu]), np.concatenate([qsq, gsq])
+    del qu, gu  # held to the end, they were a second copy of the unit rows
     n_all = len(raw)
     # item position -> row of [query; gallery] (exactly tied neighbours at the k cut and
     # the order of the sums follow the ids, not the manifests' row order)
@@ -139,9 +144,11 @@ def expand(
     weights = np.power(sim, alpha).reshape(n_all, k)
     expanded = np.zeros(raw.shape, dtype=np.float64)
     for t in range(k):  # sum over the k neighbours in their order, then the mean
-        expanded += raw[nn[:, t]].astype(np.float64) * weights[:, t : t + 1]
+        # float64(raw) x weight, as float64(raw) * weights would, without a float64 copy
+        expanded += np.multiply(raw[nn[:, t]], weights[:, t : t + 1], dtype=np.float64)
+    expanded /= k
     by_row = np.empty(raw.shape, dtype=np.float32)
-    by_row[perm] = (expanded / k).astype(np.float32)  # item positions -> rows
+    by_row[perm] = expanded  # item positions -> rows, rounded to float32 as astype would
     expanded = by_row
     out = (
         open_embeddings(expanded[:n_query], name=f"{query.name} (expanded)"),
