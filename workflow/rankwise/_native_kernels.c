@@ -386,7 +386,7 @@ static void chunk_setup(const double *gsq, const uint8_t *gjunk, i64 c, int cosi
     *hmax = (double)hm;
 }
 
-/* Query row i's float32 bounds aup[0 .. r), bdn[0 .. r] of its thresholds thr[lo .. hi). */
+/* A query row's float32 bounds aup[0 .. r), bdn[0 .. r] of its thresholds thr[lo .. hi). */
 static void row_bounds(const double *thr, i64 lo, i64 hi, double qsq_i, double gmax,
                        double hmax, int cosine, double bound, float *aup, float *bdn)
 {
