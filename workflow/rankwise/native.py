@@ -155,28 +155,34 @@ class NativeKernels:
         )  # fmt: skip
         return out
 
-    def count_tile(
-        self, sim, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk, thr, toff,
-        exclude_self, cosine, bound,
-    ):  # fmt: skip
-        """:func:`rankwise.kernels.count_tile`: the int64 histogram like ``thr``."""
+    def count_tile(self, sim, qrows, *args):
+        """:func:`rankwise.kernels.count_tile`: the int64 histogram like ``thr``
+        (``args``: ``qsq, qlab, qid, grows, gsq, glab, gid, gjunk, thr, toff,
+        exclude_self, cosine, bound``)."""
         if sim.dtype != np.float32 or sim.strides[1] != 4 or sim.strides[0] % 4:
             sim = _c(sim, np.float32)
         b, c = sim.shape
         ld = sim.strides[0] // 4 if b > 1 else c
+        return self._count("rw_count_tile", (_ptr(sim), b, c, ld), qrows, *args)
+
+    def _count(self, fname, head, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk, thr,
+               toff, exclude_self, cosine, bound):  # fmt: skip
+        """Call ``fname`` (``rw_count_tile`` or ``rw_count_fused``): ``head`` its leading
+        arguments (the tile or the packed rows, and the shape), then the arguments both
+        take, converted here; the histogram."""
         qrows, grows = _c(qrows, np.float32), _c(grows, np.float32)
         qsq, gsq, thr = _c(qsq, np.float64), _c(gsq, np.float64), _c(thr, np.float64)
         qlab, qid = _c(qlab, np.int64), _c(qid, np.int64)
         glab, gid, toff = _c(glab, np.int64), _c(gid, np.int64), _c(toff, np.int64)
         gjunk = _c(gjunk, np.bool_).view(np.uint8)
         hist = np.zeros(thr.shape[0], dtype=np.int64)
-        status = self._f["rw_count_tile"](
-            _ptr(sim), b, c, ld, _ptr(qrows), _ptr(qsq), _ptr(qlab), _ptr(qid), _ptr(grows),
-            _ptr(gsq), _ptr(glab), _ptr(gid), _ptr(gjunk), _ptr(thr), _ptr(toff),
-            qrows.shape[1], bool(exclude_self), bool(cosine), float(bound), _ptr(hist),
+        status = self._f[fname](
+            *head, _ptr(qrows), _ptr(qsq), _ptr(qlab), _ptr(qid), _ptr(grows), _ptr(gsq),
+            _ptr(glab), _ptr(gid), _ptr(gjunk), _ptr(thr), _ptr(toff), qrows.shape[1],
+            bool(exclude_self), bool(cosine), float(bound), _ptr(hist),
         )  # fmt: skip
         if status != 0:
-            raise MemoryError("count_tile: out of memory for a tile's scratch arrays")
+            raise MemoryError(f"{fname[3:]}: out of memory for a tile's scratch arrays")
         return hist
 
     def pack_queries(self, rows):
@@ -199,33 +205,18 @@ class NativeKernels:
         self._f["rw_pack_rows"](_ptr(rows), n, d, width, _ptr(out))
         return out
 
-    def count_fused(
-        self, qpack, gpack, qrows, qsq, qlab, qid, grows, gsq, glab, gid, gjunk, thr, toff,
-        exclude_self, cosine, bound,
-    ):  # fmt: skip
+    def count_fused(self, qpack, gpack, qrows, qsq, qlab, qid, grows, *args):
         """:meth:`count_tile`'s histogram, the tile's products computed in the same pass
         (``qpack``, ``gpack``: :meth:`pack_queries` / :meth:`pack_gallery` of ``qrows`` /
         ``grows``); the same integers, whatever the products' rounding."""
-        qrows, grows = _c(qrows, np.float32), _c(grows, np.float32)
-        b, c = qrows.shape[0], grows.shape[0]
+        (b, d), c = np.shape(qrows), np.shape(grows)[0]
         qpack, gpack = _c(qpack, np.float32), _c(gpack, np.float32)
-        if qpack.size != -(-b // self.panels[0]) * self.panels[0] * qrows.shape[1] or (
-            gpack.size != -(-c // self.panels[1]) * self.panels[1] * grows.shape[1]
+        if qpack.size != -(-b // self.panels[0]) * self.panels[0] * d or (
+            gpack.size != -(-c // self.panels[1]) * self.panels[1] * d
         ):
             raise ValueError("count_fused: packed rows of another shape")
-        qsq, gsq, thr = _c(qsq, np.float64), _c(gsq, np.float64), _c(thr, np.float64)
-        qlab, qid = _c(qlab, np.int64), _c(qid, np.int64)
-        glab, gid, toff = _c(glab, np.int64), _c(gid, np.int64), _c(toff, np.int64)
-        gjunk = _c(gjunk, np.bool_).view(np.uint8)
-        hist = np.zeros(thr.shape[0], dtype=np.int64)
-        status = self._f["rw_count_fused"](
-            _ptr(qpack), _ptr(gpack), b, c, _ptr(qrows), _ptr(qsq), _ptr(qlab), _ptr(qid),
-            _ptr(grows), _ptr(gsq), _ptr(glab), _ptr(gid), _ptr(gjunk), _ptr(thr), _ptr(toff),
-            qrows.shape[1], bool(exclude_self), bool(cosine), float(bound), _ptr(hist),
-        )  # fmt: skip
-        if status != 0:
-            raise MemoryError("count_fused: out of memory for a tile's scratch arrays")
-        return hist
+        head = (_ptr(qpack), _ptr(gpack), b, c)
+        return self._count("rw_count_fused", head, qrows, qsq, qlab, qid, grows, *args)
 
     def ranks_from_hist(self, hist, toff):
         """:func:`rankwise.kernels.ranks_from_hist`: sorted 1-based ranks per query."""

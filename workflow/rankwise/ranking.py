@@ -276,47 +276,31 @@ def _count_task(prep, gdev, block, gmeta, cosine, bound, tiles: Tiles):
     _limit_blas()
     grows, gsq = prep[0], prep[1]
     kernels = _kernels()
+    # count_tile's arguments after the tile (count_fused's after the packed rows)
+    args = (
+        block["rows"],
+        block["sq"],
+        block["lab"],
+        block["id"],
+        grows,
+        gsq,
+        gmeta["lab"],
+        gmeta["id"],
+        gmeta["junk"],
+        block["thr"],
+        block["toff"],
+        block["exclude_self"],
+        cosine,
+        bound,
+    )
     if len(prep) > 2 and prep[2] is not None and getattr(kernels, "fused", False):
         # (a cluster's worker may differ from the caller, which packed the block or not)
         qpack = block["pack"] if block["pack"] is not None else kernels.pack_queries(block["rows"])
-        return kernels.count_fused(
-            qpack,
-            prep[2],
-            block["rows"],
-            block["sq"],
-            block["lab"],
-            block["id"],
-            grows,
-            gsq,
-            gmeta["lab"],
-            gmeta["id"],
-            gmeta["junk"],
-            block["thr"],
-            block["toff"],
-            block["exclude_self"],
-            cosine,
-            bound,
-        )
+        return kernels.count_fused(qpack, prep[2], *args)
     qdev = block["dev"] if block["dev"] is not None else tiles.upload(block["rows"])
     sim = tiles.similarities(qdev, gdev if gdev is not None else tiles.upload(grows))
     try:
-        return kernels.count_tile(
-            sim,
-            block["rows"],
-            block["sq"],
-            block["lab"],
-            block["id"],
-            grows,
-            gsq,
-            gmeta["lab"],
-            gmeta["id"],
-            gmeta["junk"],
-            block["thr"],
-            block["toff"],
-            block["exclude_self"],
-            cosine,
-            bound,
-        )
+        return kernels.count_tile(sim, *args)
     finally:
         tiles.release(sim)
 
