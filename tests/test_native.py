@@ -171,6 +171,100 @@ def test_the_fused_kernel_refuses_packed_rows_of_another_shape(fused):
             fused.count_fused(*bad, *args)
 
 
+DEPTHS = [1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100]
+
+
+def _problem_with_depths(rng, cosine, noise, dim=40, n_other=600):
+    """One query per entry of DEPTHS with exactly that many relevant items (so that many
+    thresholds): every way count_tile places items among a row's thresholds (in
+    registers below 32 and below 64, searched beyond), on clustered rows."""
+    n_q = len(DEPTHS)
+    centres = 2.0 * rng.standard_normal((n_q + 20, dim))
+    qlab = np.arange(n_q)
+    glab = np.concatenate([np.repeat(qlab, DEPTHS), rng.integers(n_q, n_q + 20, n_other)])
+    glab = rng.permutation(glab)
+    q = (centres[qlab] + noise * rng.standard_normal((n_q, dim))).astype(np.float32)
+    g = (centres[glab] + noise * rng.standard_normal((glab.size, dim))).astype(np.float32)
+    qrows, qsq, _, _ = kernels.prepare_rows(q, cosine)
+    grows, gsq, _, _ = kernels.prepare_rows(g, cosine)
+    thr = [
+        np.sort(kernels.pair_keys(qrows, grows, np.full(d, i), np.flatnonzero(glab == i), cosine))
+        for i, d in enumerate(DEPTHS)
+    ]
+    return dict(
+        qrows=qrows, qsq=qsq, grows=grows, gsq=gsq, qlab=qlab.astype(np.int64),
+        glab=glab.astype(np.int64), qid=np.arange(n_q, dtype=np.int64),
+        gid=np.arange(n_q, n_q + glab.size, dtype=np.int64), junk=rng.random(glab.size) < 0.03,
+        thr=np.concatenate(thr), toff=np.concatenate([[0], np.cumsum(DEPTHS)]).astype(np.int64),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+@pytest.mark.parametrize("noise", [2.0, 3.0, 6.0])
+def test_every_number_of_thresholds_counts_like_numba(nk, built, cosine, noise):
+    """Rows with 1 to 100 thresholds (the AVX-512 kernels place an item among up to 63
+    of them by a binary search in registers, beyond that in memory; the other builds
+    always in memory): count_tile's and count_fused's histograms are numba's."""
+    rng = np.random.default_rng(int(10 * noise) + cosine)
+    p = _problem_with_depths(rng, cosine, noise)
+    args = _tile_args(p, p["qrows"] @ p["grows"].T, False, cosine)
+    want = kernels.count_tile(*args)
+    ahead = np.add.reduceat(want, p["toff"][:-1])
+    assert (ahead > 0).sum() >= len(DEPTHS) - 2  # items ahead of nearly every query
+    np.testing.assert_array_equal(nk.count_tile(*args), want)
+    if built.fused:
+        packed = (built.pack_queries(p["qrows"]), built.pack_gallery(p["grows"]))
+        np.testing.assert_array_equal(built.count_fused(*packed, *args[1:]), want)
+
+
+def test_the_fused_products_are_four_partial_sums(fused):
+    """A term of the fused products goes through kc + parts - 1 roundings (parts partial
+    sums of kc = ceil(D / 4) terms): never more than D, and kc >= D / 4, which the
+    bound's doubling needs to cover the D + 3 operations' underflow errors."""
+    for d in range(1, 4097):
+        kc = -(-d // 4)
+        m = fused.fused_roundings(d)
+        assert m == kc + -(-d // kc) - 1 <= d
+        assert (d + 3) / 4 <= m + 4
+
+
+def _gamma(m: int) -> float:
+    u = 2.0**-24
+    return m * u / (1 - m * u)
+
+
+@pytest.mark.parametrize("dim", [3, 70, 512, 2048])
+def test_the_fused_products_lie_within_their_tighter_bound(fused, dim):
+    """count_fused decides with gamma_m |q||g|, m = fused_roundings(D) ~ D / 4, not BLAS's
+    gamma_D: every product lies within gamma_m sum_k |q_k g_k| of the exact dot product
+    (float64 products summed exactly by math.fsum) — on random rows with cancellation,
+    and on rows whose every addition rounds the same way, where a sequential float32 sum
+    (one order BLAS may use) is off by more than that bound."""
+    import math
+
+    rng = np.random.default_rng(dim)
+    q = rng.standard_normal((14, dim)).astype(np.float32)
+    g = rng.standard_normal((40, dim)).astype(np.float32)
+    g[:14] = q + 1e-3 * rng.standard_normal(q.shape).astype(np.float32)  # no cancellation
+    q[13], g[39] = 1.0, 0.6 * 2.0**-24  # 1 + (D - 1) terms each lost in the rounding
+    g[39, 0] = 1.0
+    got = fused.fused_products(fused.pack_queries(q), fused.pack_gallery(g), 14, 40, dim)
+    m = fused.fused_roundings(dim)
+    q64, g64 = q.astype(np.float64), g.astype(np.float64)
+    for i in range(14):
+        for j in range(40):
+            terms = q64[i] * g64[j]  # exact: float32 x float32 fits float64
+            exact = math.fsum(terms)
+            assert abs(float(got[i, j]) - exact) <= _gamma(m) * np.abs(terms).sum(), (i, j)
+    if dim >= 70:  # the bound is tight enough to matter: the usual order breaks it
+        seq = np.float32(0.0)
+        for t in (q[13] * g[39]).astype(np.float32):
+            seq = np.float32(seq + t)
+        worst = abs(float(seq) - math.fsum(q64[13] * g64[39]))
+        assert worst > _gamma(m) * np.abs(q64[13] * g64[39]).sum()
+        assert worst < _gamma(dim) * np.abs(q64[13] * g64[39]).sum()
+
+
 @pytest.mark.parametrize("distance", ["euclidean", "cosine"])
 def test_the_engine_gives_the_same_ranks_with_and_without_the_fused_kernel(
     tmp_path, fused, monkeypatch, distance

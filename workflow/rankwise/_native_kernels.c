@@ -399,6 +399,63 @@ static void row_bounds(const double *thr, i64 lo, i64 hi, double qsq_i, double g
     }
 }
 
+#if defined(__AVX512F__)
+/* Entry idx (0 .. 63) of the 64 floats in t[0..3] for each lane (t[2], t[3] only when
+ * wide). */
+static inline __m512 lookup64(__m512i idx, const __m512 t[4], int wide)
+{
+    __m512 x = _mm512_permutex2var_ps(t[0], idx, t[1]);
+    if (!wide) return x;
+    __mmask16 up = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+    return _mm512_mask_mov_ps(x, up, _mm512_permutex2var_ps(t[2], idx, t[3]));
+}
+
+/* count_row's settling for r < 64 thresholds, 16 items a step: p = the number of
+ * upper bounds below the proxy, by a branchless binary search over the bounds held in
+ * registers (+inf past r); settled items counted into four interleaved histograms (no
+ * chain of increments of one counter), open items' indices jj compressed into opn (room
+ * for n + 16).  Adds the settled counts to hist[0 .. r); returns how many are open. */
+static i64 settle_row(const float *vv, const int32_t *jj, i64 n, const float *aup,
+                      const float *bdn, i64 r, i64 *hist, int32_t *opn)
+{
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    __m512 a[4], b[4];
+    for (int h = 0; h < 4; h++) {
+        i64 s = 16 * h;
+        i64 na = r - s < 0 ? 0 : (r - s > 16 ? 16 : r - s);
+        i64 nb = r + 1 - s < 0 ? 0 : (r + 1 - s > 16 ? 16 : r + 1 - s);
+        a[h] = _mm512_mask_loadu_ps(inf, (__mmask16)((1u << na) - 1), aup + s);
+        b[h] = _mm512_mask_loadu_ps(inf, (__mmask16)((1u << nb) - 1), bdn + s);
+    }
+    int wide = r >= 32;
+    int32_t cnt[4][64];
+    for (int h = 0; h < 4; h++)
+        for (i64 p = 0; p <= r; p++) cnt[h][p] = 0;
+    int32_t pl[16];
+    const __m512i one = _mm512_set1_epi32(1);
+    i64 n_open = 0;
+    for (i64 t = 0; t < n; t += 16) {
+        __mmask16 live = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(live, vv + t);
+        __m512i p = _mm512_setzero_si512();
+        for (int s = wide ? 32 : 16; s >= 1; s >>= 1) {
+            __m512i cand = _mm512_add_epi32(p, _mm512_set1_epi32(s));
+            __m512 below = lookup64(_mm512_sub_epi32(cand, one), a, wide);
+            p = _mm512_mask_mov_epi32(p, _mm512_cmp_ps_mask(below, v, _CMP_LT_OQ), cand);
+        }
+        __mmask16 settled = _mm512_cmp_ps_mask(v, lookup64(p, b, wide), _CMP_LE_OQ) & live;
+        __mmask16 open = live & (__mmask16)~settled;
+        _mm512_storeu_si512(opn + n_open,
+                            _mm512_maskz_compress_epi32(open, _mm512_maskz_loadu_epi32(live, jj + t)));
+        n_open += __builtin_popcount((unsigned)open);
+        _mm512_storeu_si512(pl, p);
+        for (int l = 0; l < 16; l++) cnt[l & 3][pl[l]] += (settled >> l) & 1;
+    }
+    for (i64 p = 0; p < r; p++) hist[p] += cnt[0][p] + cnt[1][p] + cnt[2][p] + cnt[3][p];
+    return n_open;
+}
+#endif
+
 /* Scratch arrays of count_row, for rows of up to `c` items and `rmax` thresholds. */
 struct row_scratch {
     float *vv;
@@ -426,29 +483,40 @@ static void count_row(const float *srow, i64 c, i64 j0, const float *off, const 
     i64 n = compact_row(off, srow, c, aup[r - 1], glab, gid, ql, qi, exclude_self, w->masks,
                         w->spad, vv, jj);
     if (n == 0) return;
-    if (r <= 64) {
-        for (i64 t = 0; t < n; t++) pos[t] = 0;
-        for (i64 p = 0; p < r; p++) {
-            float a = aup[p];
-            for (i64 t = 0; t < n; t++) pos[t] += vv[t] > a;
+    /* each item's place p among the upper bounds (the number below its proxy); settled
+     * (at or below bdn[p]: ahead of exactly the thresholds from p on) are counted,
+     * the others' indices go to the open list (pos) */
+    i64 n_open;
+#if defined(__AVX512F__)
+    if (r < 64) {
+        n_open = settle_row(vv, jj, n, aup, bdn, r, hist + lo, pos);
+    } else
+#endif
+    {
+        if (r <= 64) {
+            for (i64 t = 0; t < n; t++) pos[t] = 0;
+            for (i64 p = 0; p < r; p++) {
+                float a = aup[p];
+                for (i64 t = 0; t < n; t++) pos[t] += vv[t] > a;
+            }
+        } else {
+            for (i64 t = 0; t < n; t++) pos[t] = (int32_t)count_less_f(aup, r, vv[t]);
         }
-    } else {
-        for (i64 t = 0; t < n; t++) pos[t] = (int32_t)count_less_f(aup, r, vv[t]);
+        for (i64 p = 0; p <= r; p++) row_hist[p] = 0;
+        n_open = 0;
+        for (i64 t = 0; t < n; t++) {
+            int32_t p = pos[t];
+            int settled = vv[t] <= bdn[p];
+            row_hist[p] += settled;
+            pos[n_open] = jj[t];
+            n_open += !settled;
+        }
+        for (i64 p = 0; p < r; p++) hist[lo + p] += row_hist[p];
     }
-    for (i64 p = 0; p <= r; p++) row_hist[p] = 0;
-    i64 n_open = 0;
-    for (i64 t = 0; t < n; t++) {
-        int32_t p = pos[t];
-        int settled = vv[t] <= bdn[p];
-        row_hist[p] += settled;
-        pos[n_open] = (int32_t)t;
-        n_open += !settled;
-    }
-    for (i64 p = 0; p < r; p++) hist[lo + p] += row_hist[p];
     for (i64 u = 0; u < n_open; u++) {
-        i64 jl = jj[pos[u]], j = j0 + jl;
+        i64 jl = pos[u], j = j0 + jl;
         if (u + 4 < n_open) { /* the gallery row a few items on: most need their key */
-            const char *ahead = (const char *)(grows + (j0 + jj[pos[u + 4]]) * dim);
+            const char *ahead = (const char *)(grows + (j0 + pos[u + 4]) * dim);
             for (i64 b8 = 0; b8 < dim * 4; b8 += 64) __builtin_prefetch(ahead + b8);
         }
         double s = (double)srow[jl];
@@ -491,7 +559,7 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
     uint64_t *masks = malloc(sizeof(uint64_t) * nw);
     float *vv = malloc(sizeof(float) * (c + 16));
     int32_t *jj = malloc(sizeof(int32_t) * (c + 16));
-    int32_t *pos = malloc(sizeof(int32_t) * c);
+    int32_t *pos = malloc(sizeof(int32_t) * (c + 16));
     float *spad = malloc(sizeof(float) * 64);
     int status = 0;
     if (!gn || !off || !aup || !bdn || !row_hist || !masks || !vv || !jj || !pos || !spad) {
@@ -530,8 +598,9 @@ done:
  * rw_count_fused: count_tile's counts, with the tile's float32 products computed here
  * instead of by BLAS, RW_NB gallery items at a time into a block that stays in the
  * core's L2 cache, and counted right away: the 32 MB tile is never written out and read
- * back.  The products are float32 multiply-adds in k order (a different rounding from
- * BLAS's, inside the same gamma_D bound, which holds for every order, fused or not), so
+ * back.  The products are float32 multiply-adds in four partial sums (a different
+ * rounding from BLAS's, with a smaller bound: micro_kernel), and every decision is made
+ * within the bound the caller passes (at least the products' own, rw_fused_roundings), so
  * every count, and every rank, is the one count_tile gives.  The product is a register-
  * blocked micro-kernel (RW_MR query rows x RW_NR gallery items, 24 accumulators) over
  * operands packed once per query block and gallery chunk (rw_pack_rows), the layout of
@@ -561,38 +630,88 @@ void rw_pack_rows(const float *x, i64 n, i64 d, i64 width, float *out)
     }
 }
 
-/* c[i*ldc + j] = sum_k a[k*RW_MR + i] * b[k*RW_NR + j] (float32 fused multiply-adds in k
- * order), i < RW_MR, j < RW_NR; c 64-byte aligned and ldc a multiple of 16 (b need not
- * be: packed rows that travelled to a cluster's worker may not be). */
-static inline void micro_kernel(const float *a, const float *b, i64 d, float *c, i64 ldc)
+/* The products' summation: RW_PARTS sequential partial sums of kc = ceil(d / RW_PARTS)
+ * terms each (float32 fused multiply-adds in k order), added in order.  A term of the dot
+ * product then goes through at most kc + RW_PARTS - 1 roundings instead of d, so the
+ * products' error bound is gamma_{kc + parts - 1} |q||g| (rw_fused_roundings), about a
+ * quarter of BLAS's gamma_d: a quarter as many items too close to call from the tile.
+ * Four parts, not more: with m = kc + 3 roundings the bound error_bound_factor(m) =
+ * 2 (m + 2) u exceeds gamma_m by (m + 4) u |q||g|, which must still cover the d + 3
+ * operations' underflow errors (ranking.EUCLIDEAN_MIN_SQ: |q||g| >= 2^-100, so each
+ * < 2^-126 <= u |q||g| / 4): (d + 3) / 4 <= m + 4 needs kc >= d / 4. */
+#define RW_PARTS 4
+
+static inline i64 fused_kc(i64 d) { return (d + RW_PARTS - 1) / RW_PARTS; }
+
+/* The most roundings a term of count_fused's products goes through (see above). */
+i64 rw_fused_roundings(i64 d)
 {
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-           c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00,
-           c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00, c90 = c00, c91 = c00,
-           ca0 = c00, ca1 = c00, cb0 = c00, cb1 = c00;
-    for (i64 k = 0; k < d; k++, a += RW_MR, b += RW_NR) {
-        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
+    if (d <= 0) return 0;
+    i64 kc = fused_kc(d);
+    return kc + (d + kc - 1) / kc - 1;
+}
+
+/* c[i*ldc + j] = sum_k a[k*RW_MR + i] * b[k*RW_NR + j], i < RW_MR, j < RW_NR, as partial
+ * sums of kc terms (float32 fused multiply-adds in k order) added in order; c 64-byte
+ * aligned and ldc a multiple of 16 (b need not be: packed rows that travelled to a
+ * cluster's worker may not be). */
+static inline void micro_kernel(const float *a, const float *b, i64 d, i64 kc, float *c,
+                                i64 ldc)
+{
+    for (i64 k0 = 0; k0 < d; k0 += kc) {
+        i64 kn = d - k0 < kc ? d - k0 : kc;
+        __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+               c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00,
+               c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00, c90 = c00,
+               c91 = c00, ca0 = c00, ca1 = c00, cb0 = c00, cb1 = c00;
+        for (i64 k = 0; k < kn; k++, a += RW_MR, b += RW_NR) {
+            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
 #define RW_ROW(i, r0, r1)            \
     x = _mm512_set1_ps(a[i]);        \
     r0 = _mm512_fmadd_ps(x, b0, r0); \
     r1 = _mm512_fmadd_ps(x, b1, r1);
-        RW_ROW(0, c00, c01) RW_ROW(1, c10, c11) RW_ROW(2, c20, c21) RW_ROW(3, c30, c31)
-        RW_ROW(4, c40, c41) RW_ROW(5, c50, c51) RW_ROW(6, c60, c61) RW_ROW(7, c70, c71)
-        RW_ROW(8, c80, c81) RW_ROW(9, c90, c91) RW_ROW(10, ca0, ca1) RW_ROW(11, cb0, cb1)
+            RW_ROW(0, c00, c01) RW_ROW(1, c10, c11) RW_ROW(2, c20, c21) RW_ROW(3, c30, c31)
+            RW_ROW(4, c40, c41) RW_ROW(5, c50, c51) RW_ROW(6, c60, c61) RW_ROW(7, c70, c71)
+            RW_ROW(8, c80, c81) RW_ROW(9, c90, c91) RW_ROW(10, ca0, ca1) RW_ROW(11, cb0, cb1)
 #undef RW_ROW
+        }
+        /* the first part stored, each later one added to the sum so far */
+#define RW_PUT(i, r0, r1)                                                      \
+    if (k0 == 0) {                                                             \
+        _mm512_store_ps(c + (i) * ldc, r0);                                    \
+        _mm512_store_ps(c + (i) * ldc + 16, r1);                               \
+    } else {                                                                   \
+        _mm512_store_ps(c + (i) * ldc, _mm512_add_ps(_mm512_load_ps(c + (i) * ldc), r0)); \
+        _mm512_store_ps(c + (i) * ldc + 16,                                    \
+                        _mm512_add_ps(_mm512_load_ps(c + (i) * ldc + 16), r1)); \
     }
-#define RW_STORE(i, r0, r1)                \
-    _mm512_store_ps(c + (i) * ldc, r0);    \
-    _mm512_store_ps(c + (i) * ldc + 16, r1);
-    RW_STORE(0, c00, c01) RW_STORE(1, c10, c11) RW_STORE(2, c20, c21) RW_STORE(3, c30, c31)
-    RW_STORE(4, c40, c41) RW_STORE(5, c50, c51) RW_STORE(6, c60, c61) RW_STORE(7, c70, c71)
-    RW_STORE(8, c80, c81) RW_STORE(9, c90, c91) RW_STORE(10, ca0, ca1) RW_STORE(11, cb0, cb1)
-#undef RW_STORE
+        RW_PUT(0, c00, c01) RW_PUT(1, c10, c11) RW_PUT(2, c20, c21) RW_PUT(3, c30, c31)
+        RW_PUT(4, c40, c41) RW_PUT(5, c50, c51) RW_PUT(6, c60, c61) RW_PUT(7, c70, c71)
+        RW_PUT(8, c80, c81) RW_PUT(9, c90, c91) RW_PUT(10, ca0, ca1) RW_PUT(11, cb0, cb1)
+#undef RW_PUT
+    }
+}
+
+/* The fused kernel's products alone, out (b x c, row-major): for the tests (each lies
+ * within gamma_{rw_fused_roundings(d)} sum_k |q_k g_k| of the exact dot product). */
+void rw_fused_products(const float *qpack, const float *gpack, i64 b, i64 c, i64 d,
+                       float *out)
+{
+    float tmp[RW_MR * RW_NR] __attribute__((aligned(64)));
+    i64 kc = fused_kc(d);
+    for (i64 ip = 0; ip < b; ip += RW_MR)
+        for (i64 jp = 0; jp < c; jp += RW_NR) {
+            micro_kernel(qpack + ip * d, gpack + jp * d, d, kc, tmp, RW_NR);
+            for (i64 i = 0; i < RW_MR && ip + i < b; i++)
+                for (i64 j = 0; j < RW_NR && jp + j < c; j++)
+                    out[(ip + i) * c + jp + j] = tmp[i * RW_NR + j];
+        }
 }
 
 /* count_tile's arguments, with the packed query block (RW_MR panels) and gallery chunk
- * (RW_NR panels) in place of the tile.  hist must be zeroed by the
- * caller.  Returns 0, or -1 when out of memory. */
+ * (RW_NR panels) in place of the tile; `bound` may be error_bound_factor of
+ * rw_fused_roundings(dim) instead of dim.  hist must be zeroed by the caller.  Returns 0,
+ * or -1 when out of memory. */
 int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const float *qrows,
                    const double *qsq, const i64 *qlab, const i64 *qid, const float *grows,
                    const double *gsq, const i64 *glab, const i64 *gid, const uint8_t *gjunk,
@@ -600,7 +719,7 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
                    double bound, i64 *hist)
 {
     if (c == 0 || b == 0) return 0;
-    i64 bp = (b + RW_MR - 1) / RW_MR * RW_MR, rmax = 0;
+    i64 bp = (b + RW_MR - 1) / RW_MR * RW_MR, rmax = 0, kc = fused_kc(dim);
     for (i64 i = 0; i < b; i++)
         if (toff[i + 1] - toff[i] > rmax) rmax = toff[i + 1] - toff[i];
     double *gn = malloc(sizeof(double) * c);
@@ -612,7 +731,7 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
     i64 *row_hist = malloc(sizeof(i64) * (rmax + 1));
     float *vv = malloc(sizeof(float) * (RW_NB + 16));
     int32_t *jj = malloc(sizeof(int32_t) * (RW_NB + 16));
-    int32_t *pos = malloc(sizeof(int32_t) * RW_NB);
+    int32_t *pos = malloc(sizeof(int32_t) * (RW_NB + 16));
     float *blk = aligned_alloc(64, sizeof(float) * bp * RW_NB); /* 1 MB at b = 1024 */
     int status = 0;
     if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk) {
@@ -630,7 +749,7 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
         i64 nb = c - j0 < RW_NB ? c - j0 : RW_NB;
         for (i64 jp = 0; jp < nb; jp += RW_NR)
             for (i64 ip = 0; ip < bp; ip += RW_MR)
-                micro_kernel(qpack + ip * dim, gpack + (j0 + jp) * dim, dim,
+                micro_kernel(qpack + ip * dim, gpack + (j0 + jp) * dim, dim, kc,
                              blk + ip * RW_NB + jp, RW_NB);
         for (i64 i = 0; i < b; i++) {
             i64 lo = toff[i], hi = toff[i + 1];

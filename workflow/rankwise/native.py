@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .errors import RankwiseError
+from .rounding import error_bound_factor
 
 SOURCE = Path(__file__).with_name("_native_kernels.c")
 FLAGS = (
@@ -85,6 +86,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
 _FUSED_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rw_panel_widths": (None, [_P]),
     "rw_pack_rows": (None, [_P, _I, _I, _I, _P]),
+    "rw_fused_roundings": (ctypes.c_int64, [_I]),
+    "rw_fused_products": (None, [_P, _P, _I, _I, _I, _P]),
     "rw_count_fused": (
         ctypes.c_int,
         [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _B, _B, _D, _P],
@@ -208,15 +211,40 @@ class NativeKernels:
     def count_fused(self, qpack, gpack, qrows, qsq, qlab, qid, grows, *args):
         """:meth:`count_tile`'s histogram, the tile's products computed in the same pass
         (``qpack``, ``gpack``: :meth:`pack_queries` / :meth:`pack_gallery` of ``qrows`` /
-        ``grows``); the same integers, whatever the products' rounding."""
+        ``grows``); the same integers, whatever the products' rounding.
+
+        The products are four partial sums in order, so a term goes through at most
+        :meth:`fused_roundings` ``(D)`` roundings (~D/4) instead of BLAS's D: the bound
+        ``args[-1]`` (``error_bound_factor(D)``) is lowered to that, and fewer items are too
+        close to call from the tile."""
         (b, d), c = np.shape(qrows), np.shape(grows)[0]
+        qpack, gpack = self._packed(qpack, gpack, b, c, d, "count_fused")
+        args = (*args[:-1], min(float(args[-1]), error_bound_factor(self.fused_roundings(d))))
+        head = (_ptr(qpack), _ptr(gpack), b, c)
+        return self._count("rw_count_fused", head, qrows, qsq, qlab, qid, grows, *args)
+
+    def fused_products(self, qpack, gpack, n_query: int, n_gallery: int, dim: int):
+        """The float32 products ``(n_query, n_gallery)`` :meth:`count_fused` computes from
+        the packed rows (for the tests: their rounding is its own)."""
+        qpack, gpack = self._packed(qpack, gpack, n_query, n_gallery, dim, "fused_products")
+        out = np.empty((n_query, n_gallery), dtype=np.float32)
+        self._f["rw_fused_products"](_ptr(qpack), _ptr(gpack), n_query, n_gallery, dim, _ptr(out))
+        return out
+
+    def _packed(self, qpack, gpack, b: int, c: int, d: int, what: str):
+        """``qpack``, ``gpack`` as C float32 arrays, checked to be ``b`` query and ``c``
+        gallery rows of ``d`` dims packed (the kernels read exactly that much)."""
         qpack, gpack = _c(qpack, np.float32), _c(gpack, np.float32)
         if qpack.size != -(-b // self.panels[0]) * self.panels[0] * d or (
             gpack.size != -(-c // self.panels[1]) * self.panels[1] * d
         ):
-            raise ValueError("count_fused: packed rows of another shape")
-        head = (_ptr(qpack), _ptr(gpack), b, c)
-        return self._count("rw_count_fused", head, qrows, qsq, qlab, qid, grows, *args)
+            raise ValueError(f"{what}: packed rows of another shape")
+        return qpack, gpack
+
+    def fused_roundings(self, dim: int) -> int:
+        """The most roundings a term of :meth:`count_fused`'s ``D``-term products goes
+        through: ``kc + parts - 1`` for ``parts`` partial sums of ``kc = ceil(D / 4)``."""
+        return int(self._f["rw_fused_roundings"](int(dim)))
 
     def ranks_from_hist(self, hist, toff):
         """:func:`rankwise.kernels.ranks_from_hist`: sorted 1-based ranks per query."""
