@@ -217,6 +217,29 @@ def test_every_number_of_thresholds_counts_like_numba(nk, built, cosine, noise):
         np.testing.assert_array_equal(built.count_fused(*packed, *args[1:]), want)
 
 
+@pytest.mark.parametrize("cosine", [False, True])
+def test_thousands_of_exact_ties_in_one_tile_count_like_numba(nk, built, cosine):
+    """Every gallery row twice, under two labels: each relevant item has an exact tie
+    under another identity, which no float32 bound can settle.  Over 4,096 such items in
+    one tile: the C kernels queue them and decide them in batches (several batches
+    here), with the same histogram as numba's."""
+    rng = np.random.default_rng(7 + cosine)
+    p = _problem(rng, cosine, n_q=60, n_g=1200, dim=24, n_lab=12, noise=1.0, dup=0)
+    grows, gsq = np.concatenate([p["grows"]] * 2), np.concatenate([p["gsq"]] * 2)
+    p.update(
+        grows=grows, gsq=gsq, glab=np.concatenate([p["glab"], p["glab"] + 100]),
+        gid=np.concatenate([p["gid"]] * 2), junk=np.concatenate([p["junk"]] * 2),
+    )  # fmt: skip
+    args = _tile_args(p, p["qrows"] @ p["grows"].T, True, cosine)
+    want = kernels.count_tile(*args)
+    # nearly every relevant item's twin is counted at its tied threshold
+    assert p["thr"].size > 4096 and want.sum() > 4096
+    np.testing.assert_array_equal(nk.count_tile(*args), want)
+    if built.fused:
+        packed = (built.pack_queries(p["qrows"]), built.pack_gallery(p["grows"]))
+        np.testing.assert_array_equal(built.count_fused(*packed, *args[1:]), want)
+
+
 def test_the_fused_products_are_four_partial_sums(fused):
     """A term of the fused products goes through kc + parts - 1 roundings (parts partial
     sums of kc = ceil(D / 4) terms): never more than D, and kc >= D / 4, which the

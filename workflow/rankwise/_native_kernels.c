@@ -465,16 +465,62 @@ struct row_scratch {
     float *spad;
 };
 
-/* One query row's counts against items j0 .. j0 + c of the gallery chunk: srow (c
- * float32 products), off / glab / gid from item j0 on, aup / bdn the row's float32
- * bounds (float32_bounds) of its thresholds thr[lo .. hi) (r = hi - lo >= 1); gn /
- * gsq / grows are the whole chunk's.  Adds to hist[lo .. hi). */
+/* Items too close to call from their row's bounds, queued by count_row and decided by
+ * count_open: the row i of the tile, the chunk's item j and their float32 product.  A
+ * queue holds RW_OPEN of them plus one row's items (count_open runs when it is fuller). */
+#define RW_OPEN 4096
+struct open_item {
+    int32_t i, j;
+    float s;
+};
+
+/* Decide the n queued items: each one's place among its row's thresholds from its
+ * product when that is farther than the products' bound from every threshold, else
+ * from a float64 key in any order, else from the canonical key; adds 1 to hist there.
+ * Queued across rows, so the rows each key needs are prefetched a few items ahead (a
+ * key reads two 4 D-byte rows, most often from memory). */
+static void count_open(const struct open_item *it, i64 n, const float *qrows, const double *qsq,
+                       const i64 *toff, const float *grows, const double *gsq, const double *gn,
+                       const double *thr, i64 dim, int cosine, double bound, i64 *hist)
+{
+    for (i64 u = 0; u < n; u++) {
+        if (u + 4 < n) {
+            const char *qa = (const char *)(qrows + (i64)it[u + 4].i * dim);
+            const char *ga = (const char *)(grows + (i64)it[u + 4].j * dim);
+            for (i64 b8 = 0; b8 < dim * 4; b8 += 64) {
+                __builtin_prefetch(qa + b8);
+                __builtin_prefetch(ga + b8);
+            }
+        }
+        i64 i = it[u].i, j = it[u].j, lo = toff[i], hi = toff[i + 1];
+        double qsq_i = qsq[i], qn = sqrt(qsq_i), s = (double)it[u].s;
+        double key = cosine ? -s : qsq_i + gsq[j] - 2.0 * s;
+        double eps = key_bound(qn, gn[j], bound, cosine);
+        i64 p = count_less_d(thr, lo, hi, key - eps);
+        if (lo + p < hi && thr[lo + p] < key + eps) {
+            /* too close to call from the tile: a float64 key in any order, the
+             * canonical one when a threshold lies within that key's bound */
+            const float *qrow = qrows + i * dim, *grow = grows + j * dim;
+            double fk = fast_key(qrow, grow, dim, cosine);
+            double fe = fast_bound(fk, qn, gn[j], dim, cosine);
+            p = count_less_d(thr, lo, hi, fk - fe);
+            if (lo + p < hi && thr[lo + p] < fk + fe)
+                p = count_less_d(thr, lo, hi, canonical_key(qrow, grow, dim, cosine));
+        }
+        if (lo + p < hi) hist[lo + p] += 1;
+    }
+}
+
+/* Query row i's counts against items j0 .. j0 + c of the gallery chunk: srow (c float32
+ * products), off / glab / gid from item j0 on, aup / bdn the row's float32 bounds
+ * (float32_bounds) of its thresholds [lo .. hi) (r = hi - lo >= 1).  Adds the settled
+ * items to hist[lo .. hi) and queues the others in `open` (room for c more), for
+ * count_open. */
 static void count_row(const float *srow, i64 c, i64 j0, const float *off, const float *aup,
-                      const float *bdn, i64 lo, i64 hi, const float *qrow, double qsq_i,
-                      double qn, i64 ql, i64 qi, const float *grows, const double *gsq,
-                      const double *gn, const i64 *glab, const i64 *gid, const double *thr,
-                      i64 dim, int exclude_self, int cosine, double bound,
-                      const struct row_scratch *w, i64 *hist)
+                      const float *bdn, i64 lo, i64 hi, i64 i, i64 ql, i64 qi,
+                      const i64 *glab, const i64 *gid, int exclude_self,
+                      const struct row_scratch *w, i64 *hist, struct open_item *open,
+                      i64 *n_queued)
 {
     i64 r = hi - lo;
     float *vv = w->vv;
@@ -513,28 +559,13 @@ static void count_row(const float *srow, i64 c, i64 j0, const float *off, const 
         }
         for (i64 p = 0; p < r; p++) hist[lo + p] += row_hist[p];
     }
+    struct open_item *q = open + *n_queued;
     for (i64 u = 0; u < n_open; u++) {
-        i64 jl = pos[u], j = j0 + jl;
-        if (u + 4 < n_open) { /* the gallery row a few items on: most need their key */
-            const char *ahead = (const char *)(grows + (j0 + pos[u + 4]) * dim);
-            for (i64 b8 = 0; b8 < dim * 4; b8 += 64) __builtin_prefetch(ahead + b8);
-        }
-        double s = (double)srow[jl];
-        double key = cosine ? -s : qsq_i + gsq[j] - 2.0 * s;
-        double eps = key_bound(qn, gn[j], bound, cosine);
-        i64 p = count_less_d(thr, lo, hi, key - eps);
-        if (lo + p < hi && thr[lo + p] < key + eps) {
-            /* too close to call from the tile: a float64 key in any order, the
-             * canonical one when a threshold lies within that key's bound */
-            const float *grow = grows + j * dim;
-            double fk = fast_key(qrow, grow, dim, cosine);
-            double fe = fast_bound(fk, qn, gn[j], dim, cosine);
-            p = count_less_d(thr, lo, hi, fk - fe);
-            if (lo + p < hi && thr[lo + p] < fk + fe)
-                p = count_less_d(thr, lo, hi, canonical_key(qrow, grow, dim, cosine));
-        }
-        if (lo + p < hi) hist[lo + p] += 1;
+        q[u].i = (int32_t)i;
+        q[u].j = (int32_t)(j0 + pos[u]);
+        q[u].s = srow[pos[u]];
     }
+    *n_queued += n_open;
 }
 
 /* kernels.count_tile, the same steps; hist (length toff[b]) must be zeroed by the
@@ -561,8 +592,11 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
     int32_t *jj = malloc(sizeof(int32_t) * (c + 16));
     int32_t *pos = malloc(sizeof(int32_t) * (c + 16));
     float *spad = malloc(sizeof(float) * 64);
+    struct open_item *open = malloc(sizeof(struct open_item) * (RW_OPEN + c));
+    i64 n_open = 0;
     int status = 0;
-    if (!gn || !off || !aup || !bdn || !row_hist || !masks || !vv || !jj || !pos || !spad) {
+    if (!gn || !off || !aup || !bdn || !row_hist || !masks || !vv || !jj || !pos || !spad ||
+        !open) {
         status = -1;
         goto done;
     }
@@ -574,12 +608,18 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
     for (i64 i = 0; i < b; i++) {
         i64 lo = toff[i], hi = toff[i + 1];
         if (hi == lo) continue;
+        if (n_open > RW_OPEN) {
+            count_open(open, n_open, qrows, qsq, toff, grows, gsq, gn, thr, dim, cosine, bound,
+                       hist);
+            n_open = 0;
+        }
         row_bounds(thr, lo, hi, qsq[i], gmax, hmax, cosine, bound, aup, bdn);
-        count_row(sim + i * ld, c, 0, off, aup, bdn, lo, hi, qrows + i * dim, qsq[i],
-                  sqrt(qsq[i]), qlab[i], qid[i], grows, gsq, gn, glab, gid, thr, dim,
-                  exclude_self, cosine, bound, &scratch, hist);
+        count_row(sim + i * ld, c, 0, off, aup, bdn, lo, hi, i, qlab[i], qid[i], glab, gid,
+                  exclude_self, &scratch, hist, open, &n_open);
     }
+    count_open(open, n_open, qrows, qsq, toff, grows, gsq, gn, thr, dim, cosine, bound, hist);
 done:
+    free(open);
     free(gn);
     free(off);
     free(aup);
@@ -733,8 +773,10 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
     int32_t *jj = malloc(sizeof(int32_t) * (RW_NB + 16));
     int32_t *pos = malloc(sizeof(int32_t) * (RW_NB + 16));
     float *blk = aligned_alloc(64, sizeof(float) * bp * RW_NB); /* 1 MB at b = 1024 */
+    struct open_item *open = malloc(sizeof(struct open_item) * (RW_OPEN + RW_NB));
+    i64 n_open = 0;
     int status = 0;
-    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk) {
+    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk || !open) {
         status = -1;
         goto done;
     }
@@ -754,13 +796,19 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
         for (i64 i = 0; i < b; i++) {
             i64 lo = toff[i], hi = toff[i + 1];
             if (hi == lo) continue;
-            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lo, hi,
-                      qrows + i * dim, qsq[i], sqrt(qsq[i]), qlab[i], qid[i], grows, gsq, gn,
-                      glab + j0, gid + j0, thr, dim, exclude_self, cosine, bound, &scratch,
-                      hist);
+            if (n_open > RW_OPEN) {
+                count_open(open, n_open, qrows, qsq, toff, grows, gsq, gn, thr, dim, cosine,
+                           bound, hist);
+                n_open = 0;
+            }
+            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lo, hi, i,
+                      qlab[i], qid[i], glab + j0, gid + j0, exclude_self, &scratch, hist, open,
+                      &n_open);
         }
     }
+    count_open(open, n_open, qrows, qsq, toff, grows, gsq, gn, thr, dim, cosine, bound, hist);
 done:
+    free(open);
     free(gn);
     free(off);
     free(aup);
