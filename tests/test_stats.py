@@ -516,6 +516,16 @@ def test_cli_compare_by_identity_and_metrics(stores, tmp_path):
     assert "no difference can reach" not in done.output  # 2^(1 - C) x 2 < 0.05
 
 
+def test_an_empty_metrics_list_is_named_as_the_caller_wrote_it(stores):
+    """The command line's flag on the command line, the argument's name from Python."""
+    paths, _ = stores
+    done = CliRunner().invoke(main, ["ci", str(paths["a"]), "--metrics", " , "])
+    assert done.exit_code == 2
+    assert "--metrics is empty; give names such as " in done.output
+    with pytest.raises(RankwiseError, match=r"^metrics is empty; give names such as rank1,map,"):
+        stats.resolve_metrics("reid", " , ")
+
+
 def test_cli_compare_says_when_few_identities_rule_out_significance(tmp_path):
     """4 persons: the exact test's p is at least 2^(1 - 4) = 0.125 whatever the data."""
     rng = np.random.default_rng(0)

@@ -59,6 +59,12 @@ def flag_spelling():
         _SPELLING = before
 
 
+def spelled(name: str) -> str:
+    """Parameter ``name`` as the caller writes it: ``--name-with-dashes`` while the command
+    line runs a command (:func:`flag_spelling`), else ``name`` (a Python argument)."""
+    return "--" + name.replace("_", "-") if _SPELLING == "flag" else name
+
+
 _KINDS = (
     "integer",
     "number",
@@ -153,7 +159,7 @@ class Option:
     def spelled(self) -> str:
         """The option as the caller writes it: the flag under the command line
         (:func:`flag_spelling`), else the parameter (also the pipeline config's key)."""
-        return self.flag if _SPELLING == "flag" else self.name
+        return spelled(self.name)
 
     # ------------------------------------------------------------ checking
 

@@ -68,7 +68,7 @@ from .metrics import (
     parse_metric,
     per_unit,
 )
-from .options import AP, KS
+from .options import AP, KS, spelled
 from .registry import get_protocol
 
 BY = ("query", "identity")
@@ -154,7 +154,8 @@ def resolve_metrics(
     names = [str(n).strip() for n in names if str(n).strip()]
     if not names:
         raise RankwiseError(
-            f"--metrics is empty; give names such as {','.join(metric_names(protocol, (1,)))}"
+            f"{spelled('metrics')} is empty; give names such as "
+            f"{','.join(metric_names(protocol, (1,)))}"
         )
     for name in names:
         parse_metric(name, protocol)
