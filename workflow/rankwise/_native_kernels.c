@@ -467,22 +467,39 @@ struct row_scratch {
 
 /* Items too close to call from their row's bounds, queued by count_row and decided by
  * count_open: the row i of the tile, the chunk's item j and their float32 product.  A
- * queue holds RW_OPEN of them plus one row's items (count_open runs when it is fuller). */
+ * queue holds RW_OPEN of them plus one row's items (count_row runs count_open first
+ * when it is fuller), and what count_open needs to decide them. */
 #define RW_OPEN 4096
 struct open_item {
     int32_t i, j;
     float s;
 };
+struct open_queue {
+    struct open_item *it;
+    i64 n;
+    const float *qrows, *grows;
+    const double *qsq, *gsq, *gn, *thr;
+    const i64 *toff;
+    i64 dim;
+    int cosine;
+    double bound;
+    i64 *hist;
+};
 
-/* Decide the n queued items: each one's place among its row's thresholds from its
- * product when that is farther than the products' bound from every threshold, else
- * from a float64 key in any order, else from the canonical key; adds 1 to hist there.
- * Queued across rows, so the rows each key needs are prefetched a few items ahead (a
- * key reads two 4 D-byte rows, most often from memory). */
-static void count_open(const struct open_item *it, i64 n, const float *qrows, const double *qsq,
-                       const i64 *toff, const float *grows, const double *gsq, const double *gn,
-                       const double *thr, i64 dim, int cosine, double bound, i64 *hist)
+/* Decide the queued items and empty the queue: each one's place among its row's
+ * thresholds from its product when that is farther than the products' bound from every
+ * threshold, else from a float64 key in any order, else from the canonical key; adds 1
+ * to hist there.  Queued across rows, so the rows each key needs are prefetched a few
+ * items ahead (a key reads two 4 D-byte rows, most often from memory). */
+static void count_open(struct open_queue *q)
 {
+    const struct open_item *it = q->it;
+    const float *qrows = q->qrows, *grows = q->grows;
+    const double *qsq = q->qsq, *gsq = q->gsq, *gn = q->gn, *thr = q->thr;
+    const i64 *toff = q->toff;
+    i64 n = q->n, dim = q->dim, *hist = q->hist;
+    int cosine = q->cosine;
+    double bound = q->bound;
     for (i64 u = 0; u < n; u++) {
         if (u + 4 < n) {
             const char *qa = (const char *)(qrows + (i64)it[u + 4].i * dim);
@@ -509,18 +526,17 @@ static void count_open(const struct open_item *it, i64 n, const float *qrows, co
         }
         if (lo + p < hi) hist[lo + p] += 1;
     }
+    q->n = 0;
 }
 
 /* Query row i's counts against items j0 .. j0 + c of the gallery chunk: srow (c float32
  * products), off / glab / gid from item j0 on, aup / bdn the row's float32 bounds
  * (float32_bounds) of its thresholds [lo .. hi) (r = hi - lo >= 1).  Adds the settled
- * items to hist[lo .. hi) and queues the others in `open` (room for c more), for
- * count_open. */
+ * items to hist[lo .. hi) and queues the others in `open` (room for RW_OPEN + c). */
 static void count_row(const float *srow, i64 c, i64 j0, const float *off, const float *aup,
                       const float *bdn, i64 lo, i64 hi, i64 i, i64 ql, i64 qi,
                       const i64 *glab, const i64 *gid, int exclude_self,
-                      const struct row_scratch *w, i64 *hist, struct open_item *open,
-                      i64 *n_queued)
+                      const struct row_scratch *w, i64 *hist, struct open_queue *open)
 {
     i64 r = hi - lo;
     float *vv = w->vv;
@@ -559,13 +575,14 @@ static void count_row(const float *srow, i64 c, i64 j0, const float *off, const 
         }
         for (i64 p = 0; p < r; p++) hist[lo + p] += row_hist[p];
     }
-    struct open_item *q = open + *n_queued;
+    if (open->n > RW_OPEN) count_open(open);
+    struct open_item *q = open->it + open->n;
     for (i64 u = 0; u < n_open; u++) {
         q[u].i = (int32_t)i;
         q[u].j = (int32_t)(j0 + pos[u]);
         q[u].s = srow[pos[u]];
     }
-    *n_queued += n_open;
+    open->n += n_open;
 }
 
 /* kernels.count_tile, the same steps; hist (length toff[b]) must be zeroed by the
@@ -592,11 +609,11 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
     int32_t *jj = malloc(sizeof(int32_t) * (c + 16));
     int32_t *pos = malloc(sizeof(int32_t) * (c + 16));
     float *spad = malloc(sizeof(float) * 64);
-    struct open_item *open = malloc(sizeof(struct open_item) * (RW_OPEN + c));
-    i64 n_open = 0;
+    struct open_queue open = {malloc(sizeof(struct open_item) * (RW_OPEN + c)), 0, qrows,
+                              grows, qsq, gsq, gn, thr, toff, dim, cosine, bound, hist};
     int status = 0;
     if (!gn || !off || !aup || !bdn || !row_hist || !masks || !vv || !jj || !pos || !spad ||
-        !open) {
+        !open.it) {
         status = -1;
         goto done;
     }
@@ -608,18 +625,13 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
     for (i64 i = 0; i < b; i++) {
         i64 lo = toff[i], hi = toff[i + 1];
         if (hi == lo) continue;
-        if (n_open > RW_OPEN) {
-            count_open(open, n_open, qrows, qsq, toff, grows, gsq, gn, thr, dim, cosine, bound,
-                       hist);
-            n_open = 0;
-        }
         row_bounds(thr, lo, hi, qsq[i], gmax, hmax, cosine, bound, aup, bdn);
         count_row(sim + i * ld, c, 0, off, aup, bdn, lo, hi, i, qlab[i], qid[i], glab, gid,
-                  exclude_self, &scratch, hist, open, &n_open);
+                  exclude_self, &scratch, hist, &open);
     }
-    count_open(open, n_open, qrows, qsq, toff, grows, gsq, gn, thr, dim, cosine, bound, hist);
+    count_open(&open);
 done:
-    free(open);
+    free(open.it);
     free(gn);
     free(off);
     free(aup);
@@ -773,10 +785,10 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
     int32_t *jj = malloc(sizeof(int32_t) * (RW_NB + 16));
     int32_t *pos = malloc(sizeof(int32_t) * (RW_NB + 16));
     float *blk = aligned_alloc(64, sizeof(float) * bp * RW_NB); /* 1 MB at b = 1024 */
-    struct open_item *open = malloc(sizeof(struct open_item) * (RW_OPEN + RW_NB));
-    i64 n_open = 0;
+    struct open_queue open = {malloc(sizeof(struct open_item) * (RW_OPEN + RW_NB)), 0, qrows,
+                              grows, qsq, gsq, gn, thr, toff, dim, cosine, bound, hist};
     int status = 0;
-    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk || !open) {
+    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk || !open.it) {
         status = -1;
         goto done;
     }
@@ -796,19 +808,14 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
         for (i64 i = 0; i < b; i++) {
             i64 lo = toff[i], hi = toff[i + 1];
             if (hi == lo) continue;
-            if (n_open > RW_OPEN) {
-                count_open(open, n_open, qrows, qsq, toff, grows, gsq, gn, thr, dim, cosine,
-                           bound, hist);
-                n_open = 0;
-            }
             count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lo, hi, i,
-                      qlab[i], qid[i], glab + j0, gid + j0, exclude_self, &scratch, hist, open,
-                      &n_open);
+                      qlab[i], qid[i], glab + j0, gid + j0, exclude_self, &scratch, hist,
+                      &open);
         }
     }
-    count_open(open, n_open, qrows, qsq, toff, grows, gsq, gn, thr, dim, cosine, bound, hist);
+    count_open(&open);
 done:
-    free(open);
+    free(open.it);
     free(gn);
     free(off);
     free(aup);
