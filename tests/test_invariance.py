@@ -466,3 +466,43 @@ def test_a_pass_reads_a_chunk_only_when_it_may(make_case, monkeypatch, workers):
             most = max(most, len(alive))
         assert most <= ahead, (kind, most)
         assert n_chunks > 2 * ahead  # the bound was tested
+
+
+@pytest.mark.parametrize(
+    "n,most,multiple",
+    [(3368, 1024, 12), (11659, 1024, 12), (1, 1024, 12), (1024, 1024, 12), (1025, 1024, 12),
+     (7, 3, 1), (10, 4, 4), (13, 5, 12), (5, 5, 2), (100, 1, 12)],
+)  # fmt: skip
+def test_query_blocks_are_even_and_within_the_block_size(n, most, multiple):
+    """Pass 2 cuts the evaluated queries into the fewest blocks of at most ``query_block``
+    rows, equal (a multiple of the fused kernel's panel height where that fits) but the
+    last, so no worker's last tile is a long one while the other idles."""
+    from rankwise.ranking import _even_cuts
+
+    cuts = _even_cuts(n, most, multiple)
+    sizes = np.diff(cuts)
+    assert cuts[0] == 0 and cuts[-1] == n and (sizes > 0).all() and (sizes <= most).all()
+    assert len(sizes) == -(-n // most)  # as few blocks as before
+    assert len(set(sizes[:-1].tolist())) <= 1 and sizes[-1] <= sizes[0]
+    if -(-sizes[0] // multiple) * multiple <= most and len(sizes) > 1:
+        assert sizes[0] % multiple == 0
+    assert sizes[0] - sizes[-1] < max(multiple, 1) * len(sizes)  # even, not 1024 + 1
+
+
+@pytest.mark.parametrize("sorted_queries", [True, False])
+def test_thresholds_by_query_equal_a_lexsort(sorted_queries):
+    """Pass 2's thresholds: the pairs' keys grouped by query, each query's ascending;
+    against np.lexsort, with ties across and within queries, negative keys (cosine),
+    queries in any pair order and queries without pairs."""
+    from rankwise.ranking import _thresholds_by_query
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 50, 5000):
+        pair_q = rng.integers(0, max(1, n // 7), n).astype(np.int64)
+        if sorted_queries:
+            pair_q.sort()
+        keys = rng.choice(np.array([-2.5, -0.0, 0.0, 1.0, 1.0 + 2**-52, 3.0]), n)
+        keys[: n // 2] = rng.standard_normal(n // 2)
+        got = _thresholds_by_query(keys, pair_q)
+        want = keys[np.lexsort((keys, pair_q))]
+        assert got.dtype == np.float64 and np.array_equal(got, want)

@@ -773,11 +773,7 @@ def _plain_ranks(
         pair_q = problem.pair_q
         counts = np.bincount(pair_q, minlength=len(problem.skip))[evaluated]
         if problem.dense:
-            # by query, each query's keys ascending; only the values matter (tied keys
-            # may come in any order): a quicksort, then a stable sort by query, ~40 %
-            # faster than np.lexsort's two stable sorts
-            order = np.argsort(keys)
-            thr = keys[order[np.argsort(pair_q[order], kind="stable")]]
+            thr = _thresholds_by_query(keys, pair_q)
             toff = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             hist = _pass_counts(
                 problem,
@@ -804,15 +800,36 @@ def _plain_ranks(
     return offsets, ranks
 
 
+def _thresholds_by_query(keys: np.ndarray, pair_q: np.ndarray) -> np.ndarray:
+    """The pairs' keys ``(P,)`` float64 ordered by query (``pair_q``), each query's keys
+    ascending; only the values matter (tied keys may come in any order).
+
+    One sort of the keys, then one of ``pair_q * P + rank`` (int64: the query, then the
+    key's place among all keys): both numpy's vectorised sorts, ~8 ms for 300,000 pairs
+    where a stable sort by query of the sorted keys (timsort on int64) took ~30 ms.
+    """
+    n = len(keys)
+    order = np.argsort(keys)
+    by_key = keys[order]
+    if n == 0 or int(pair_q.max()) >= np.iinfo(np.int64).max // n:  # pragma: no cover
+        return by_key[np.argsort(pair_q[order], kind="stable")]  # beyond int64's range
+    composite = pair_q[order] * np.int64(n) + np.arange(n, dtype=np.int64)
+    composite.sort()
+    return by_key[composite % n]
+
+
 def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -> np.ndarray:
     """Pass 1: canonical keys of all pairs (relevant or candidate), by gallery chunk."""
     pair_q, pair_g = problem.pair_q, problem.pair_g
-    by_g = np.argsort(pair_g, kind="stable")
-    cuts = np.searchsorted(pair_g[by_g], bounds)
+    n_chunks = len(bounds) - 1
+    # the pairs by gallery chunk, in pair order within one: a radix sort of the chunk
+    # numbers (~3 ms for 300,000 pairs, where a stable sort by gallery row took ~20 ms)
+    chunk_of = np.searchsorted(bounds, pair_g, side="right") - 1
+    by_g = np.argsort(chunk_of.astype(np.uint16 if n_chunks < 2**16 else np.int64), kind="stable")
+    cuts = np.concatenate([[0], np.cumsum(np.bincount(chunk_of, minlength=n_chunks))])
     keys = np.empty(len(pair_q), dtype=np.float64)
     key = _key_maker()
     graph: dict = {key("qrows"): qrows}  # one key: sent to a cluster once
-    n_chunks = len(bounds) - 1
     _prep_tasks(graph, key, bounds, gallery, cosine, runner, lambda c: key("keys", c))
     for c in range(n_chunks):
         sel = by_g[cuts[c] : cuts[c + 1]]
@@ -833,6 +850,18 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
     for c, values in enumerate(results):
         keys[by_g[cuts[c] : cuts[c + 1]]] = values
     return keys
+
+
+def _even_cuts(n: int, most: int, multiple: int = 1) -> np.ndarray:
+    """Bounds ``(k + 1,)`` of the fewest blocks of at most ``most`` rows covering ``n``,
+    of equal size (a multiple of ``multiple`` where that stays within ``most``) but the
+    last: ``n = 3,368``, ``most = 1,024`` gives 852, 852, 852, 812 rather than 1,024 x 3
+    and 296, so the two workers' last tiles end together."""
+    k = -(-n // most)
+    size = -(-n // k)
+    if -(-size // multiple) * multiple <= most:
+        size = -(-size // multiple) * multiple
+    return np.append(np.arange(0, n, size), n).astype(np.int64)
 
 
 def _pass_counts(
@@ -859,10 +888,13 @@ def _pass_counts(
     kernels = _kernels()
     fused = tiles.host and getattr(kernels, "fused", False)
     blocks = []
-    for lo in range(0, len(evaluated), options.query_block):
-        hi = min(lo + options.query_block, len(evaluated))
+    cuts = _even_cuts(len(evaluated), options.query_block, kernels.panels[0] if fused else 1)
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
         rows = evaluated[lo:hi]
-        block_rows = np.ascontiguousarray(qrows[rows])
+        if rows[-1] - rows[0] == hi - lo - 1:  # consecutive rows: a view, not a copy
+            block_rows = qrows[rows[0] : rows[-1] + 1]
+        else:
+            block_rows = np.ascontiguousarray(qrows[rows])
         blocks.append(
             {
                 "rows": block_rows,
