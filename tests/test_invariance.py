@@ -408,9 +408,11 @@ def test_reused_tile_buffers_change_nothing(make_case):
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_a_pass_reads_a_chunk_only_when_it_may(make_case, monkeypatch, workers):
     """Each pass is one Dask graph (no worker waits at a barrier between groups of
-    chunks). Memory stays flat because gallery chunk ``c`` is read only once chunk ``c -
-    (workers + 1)`` is used up (pass 1: its keys computed; pass 2: all its tiles counted),
-    so at most ``workers + 1`` prepared chunks are alive; and the counts are unchanged."""
+    chunks). Memory stays flat because a gallery chunk is read only once the chunk
+    ``workers + 1`` places before it is used up (pass 1: its keys computed; pass 2: all
+    its tiles counted), so at most ``workers + 1`` prepared chunks are alive; and the
+    counts are unchanged.  Pass 1's last ``workers + 1`` chunks, alive when it ends, are
+    pass 2's first, not read again."""
     import threading
 
     from rankwise import ranking
@@ -421,6 +423,7 @@ def test_a_pass_reads_a_chunk_only_when_it_may(make_case, monkeypatch, workers):
     n_chunks = -(-len(case.gallery) // chunk_rows)
     lock, events, chunk_of = threading.Lock(), [], {}
     prepare, count, pair_keys = ranking.prepare_chunk, ranking._count_task, ranking._pair_keys_task
+    packed = ranking._packed_chunk
 
     def prepare_logged(source, start, stop, *args, **kwargs):
         prep = prepare(source, start, stop, *args, **kwargs)
@@ -429,6 +432,11 @@ def test_a_pass_reads_a_chunk_only_when_it_may(make_case, monkeypatch, workers):
                 events.append(("read", start // chunk_rows))
                 chunk_of[id(prep[0])] = start // chunk_rows
         return prep
+
+    def packed_logged(rows, sq):  # every chunk of pass 2, read again or carried over
+        with lock:
+            events.append(("pack", chunk_of[id(rows)]))
+        return packed(rows, sq)
 
     def logged(fn, kind):
         def run(prep, *args):
@@ -440,6 +448,7 @@ def test_a_pass_reads_a_chunk_only_when_it_may(make_case, monkeypatch, workers):
         return run
 
     monkeypatch.setattr(ranking, "prepare_chunk", prepare_logged)
+    monkeypatch.setattr(ranking, "_packed_chunk", packed_logged)
     monkeypatch.setattr(ranking, "_count_task", logged(count, "tile"))
     monkeypatch.setattr(ranking, "_pair_keys_task", logged(pair_keys, "keys"))
     res = rankwise.evaluate(
@@ -447,17 +456,22 @@ def test_a_pass_reads_a_chunk_only_when_it_may(make_case, monkeypatch, workers):
     )
     _assert_identical(res, base)
     ahead = workers + 1
-    reads = [i for i, e in enumerate(events) if e[0] == "read"]
-    assert len(reads) == 2 * n_chunks  # each chunk read once per pass
-    for kind, uses, passed in (
-        ("keys", 1, events[: reads[n_chunks]]),
-        ("tile", n_blocks, events[reads[n_chunks] :]),
+    carried = list(range(n_chunks - ahead, n_chunks))
+    second = next(i for i, e in enumerate(events) if e[0] == "pack")  # pass 2 begins
+    first_pass = events[:second]
+    second_pass = [(w, c) for w, c in events[second:] if w != "read"]  # arrival: packing
+    assert sorted(c for w, c in events[second:] if w == "read") == list(range(n_chunks - ahead))
+    orders = (list(range(n_chunks)), carried + list(range(n_chunks - ahead)))
+    for kind, uses, passed, order in (
+        ("keys", 1, first_pass, orders[0]),
+        ("tile", n_blocks, second_pass, orders[1]),
     ):
-        assert sorted(c for what, c in passed if what == "read") == list(range(n_chunks))
+        assert sorted(c for what, c in passed if what in ("read", "pack")) == sorted(order)
         done, alive, most = {}, set(), 0
         for what, c in passed:
-            if what == "read":
-                assert c < ahead or done.get(c - ahead) == uses, (kind, c, done)
+            if what in ("read", "pack"):  # the chunk p-th in the pass's order arrives
+                p = order.index(c)
+                assert p < ahead or done.get(order[p - ahead]) == uses, (kind, c, done)
                 alive.add(c)
             elif what == kind:
                 done[c] = done.get(c, 0) + 1

@@ -17,7 +17,9 @@ With ``t_1 <= ... <= t_G`` a query's sorted thresholds and
 before relevant at equal distance), and the sorted rank list does not depend on
 the row order among tied relevant items.  The two passes run as separate
 ``compute`` calls, one graph each; a gallery chunk is read only once the tasks of the
-chunk ``workers + 1`` places before it are done, which keeps memory flat.
+chunk ``workers + 1`` places before it are done, which keeps memory flat.  The last
+``workers + 1`` chunks of pass 1, still in memory when it ends, are carried over: pass 2
+counts them first, without reading and preparing them again.
 
 The tile similarities of pass 2 run on numpy's BLAS, in the C kernels' fused tile
 kernel (an AVX-512 CPU: products and counts in one pass, no tile written out) or, with
@@ -260,9 +262,32 @@ def _upload_task(prep, tiles: Tiles):
 def _prepare_packed_chunk(source: EmbeddingSource, start: int, stop: int, cosine: bool):
     """Pass 2's gallery chunk: :func:`prepare_chunk`'s ``(rows, sq)`` and the rows packed
     for the fused tile kernel when this process's kernels have one, else None."""
-    rows, sq = prepare_chunk(source, start, stop, cosine)
+    return _packed_chunk(*prepare_chunk(source, start, stop, cosine))
+
+
+def _packed_chunk(rows, sq):
+    """``(rows, sq, packed rows or None)`` of a prepared chunk."""
     kernels = _kernels()
     return rows, sq, kernels.pack_gallery(rows) if getattr(kernels, "fused", False) else None
+
+
+class _Carried:
+    """Pass 1's last prepared chunks ``{c: (rows, sq)}``, handed to pass 2's tasks: each
+    is taken out once (:func:`_carried_chunk`), so the chunk is freed with its tiles, as
+    a chunk read in pass 2 is (a graph's literal arguments live as long as the graph)."""
+
+    def __init__(self, chunks: dict):
+        self.chunks = chunks
+
+    def take(self, c: int):
+        return self.chunks.pop(c)
+
+
+def _carried_chunk(carried: _Carried, c: int, pack: bool):
+    """Pass 2's chunk ``c`` from pass 1 (packed like :func:`_prepare_packed_chunk`'s
+    when ``pack``: tiles on the host)."""
+    rows, sq = carried.take(c)
+    return _packed_chunk(rows, sq) if pack else (rows, sq)
 
 
 def _count_task(prep, gdev, block, gmeta, cosine, bound, tiles: Tiles):
@@ -519,21 +544,25 @@ def _unusable_address(where: str, error: BaseException) -> RankwiseError:
     )
 
 
-def _prep_tasks(
-    graph, key, bounds, gallery: EmbeddingSource, cosine: bool, runner, done, prepare=None
-) -> None:
-    """Add each gallery chunk's read-and-prepare task ``key("prep", c)`` to ``graph``
-    (``prepare``: the task's function, :func:`prepare_chunk` by default).
+def _prep_tasks(graph, key, tasks: list, runner, done) -> None:
+    """Add each gallery chunk's task (read and prepare it, or take it from pass 1) to
+    ``graph`` as ``key("prep", c)``; ``tasks``: ``(c, task)`` in the order the chunks are
+    to be used.
 
     A pass is one graph, so no worker waits at a barrier between groups of chunks; to
-    keep memory flat, chunk ``c`` is read only after the tasks that use chunk
-    ``c - lookahead`` are done (``done(c)``: a key whose completion means that), so at
-    most ``lookahead`` (workers + 1) prepared chunks are alive at once.
+    keep memory flat, the chunk ``i``-th in that order is read only after the tasks that
+    use the ``(i - lookahead)``-th are done (``done(c)``: a key whose completion means that),
+    so at most ``lookahead`` (workers + 1) prepared chunks are alive at once.
     """
     ahead = runner.lookahead
-    for c in range(len(bounds) - 1):
-        task = (prepare or prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]), cosine)
-        graph[key("prep", c)] = task if c < ahead else (_after, done(c - ahead), *task)
+    for i, (c, task) in enumerate(tasks):
+        graph[key("prep", c)] = task if i < ahead else (_after, done(tasks[i - ahead][0]), *task)
+
+
+def _read_task(bounds, c: int, gallery: EmbeddingSource, cosine: bool, prepare=None) -> tuple:
+    """The task reading and preparing gallery chunk ``c`` (with ``prepare``:
+    :func:`prepare_chunk` by default)."""
+    return (prepare or prepare_chunk, gallery, int(bounds[c]), int(bounds[c + 1]), cosine)
 
 
 def _after(_done, func, *args):
@@ -768,7 +797,7 @@ def _plain_ranks(
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):
-        keys = _pass_thresholds(problem, qrows, gallery, bounds, cosine, runner)
+        keys, carried = _pass_thresholds(problem, qrows, gallery, bounds, cosine, runner)
         evaluated = np.flatnonzero(~problem.skip)
         pair_q = problem.pair_q
         counts = np.bincount(pair_q, minlength=len(problem.skip))[evaluated]
@@ -789,6 +818,7 @@ def _plain_ranks(
                 runner,
                 options,
                 tiles,
+                carried,
             )
             ranks = _kernels().ranks_from_hist(hist, toff)
             offsets = toff
@@ -818,8 +848,11 @@ def _thresholds_by_query(keys: np.ndarray, pair_q: np.ndarray) -> np.ndarray:
     return by_key[composite % n]
 
 
-def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -> np.ndarray:
-    """Pass 1: canonical keys of all pairs (relevant or candidate), by gallery chunk."""
+def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner):
+    """Pass 1: canonical keys of all pairs (relevant or candidate), by gallery chunk;
+    ``(keys (P,), carried)``: :class:`_Carried` holding the last ``lookahead`` prepared
+    chunks (in memory at the pass's end anyway), or None with a cluster (whose workers
+    would have to send them back)."""
     pair_q, pair_g = problem.pair_q, problem.pair_g
     n_chunks = len(bounds) - 1
     # the pairs by gallery chunk, in pair order within one: a radix sort of the chunk
@@ -830,7 +863,8 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
     keys = np.empty(len(pair_q), dtype=np.float64)
     key = _key_maker()
     graph: dict = {key("qrows"): qrows}  # one key: sent to a cluster once
-    _prep_tasks(graph, key, bounds, gallery, cosine, runner, lambda c: key("keys", c))
+    tasks = [(c, _read_task(bounds, c, gallery, cosine)) for c in range(n_chunks)]
+    _prep_tasks(graph, key, tasks, runner, lambda c: key("keys", c))
     for c in range(n_chunks):
         sel = by_g[cuts[c] : cuts[c + 1]]
         # Every chunk is read and checked, even one holding no relevant item.
@@ -842,14 +876,20 @@ def _pass_thresholds(problem: Problem, qrows, gallery, bounds, cosine, runner) -
             pair_g[sel] - bounds[c],
             cosine,
         )
+    # the last chunks read: holding them to the pass's end adds no memory (each was read
+    # once the one `lookahead` places before it was used up)
+    carry = [] if runner.client is not None else list(range(n_chunks))[-runner.lookahead :]
     try:
-        results = runner.get(graph, [key("keys", c) for c in range(n_chunks)])
+        results = runner.get(
+            graph, [key("keys", c) for c in range(n_chunks)] + [key("prep", c) for c in carry]
+        )
     except RankwiseError:
         _first_bad_chunk(bounds, gallery, cosine)
         raise
-    for c, values in enumerate(results):
+    for c, values in enumerate(results[:n_chunks]):
         keys[by_g[cuts[c] : cuts[c + 1]]] = values
-    return keys
+    carried = dict(zip(carry, results[n_chunks:], strict=True))
+    return keys, (_Carried(carried) if carried else None)
 
 
 def _even_cuts(n: int, most: int, multiple: int = 1) -> np.ndarray:
@@ -878,8 +918,10 @@ def _pass_counts(
     runner,
     options: EngineOptions,
     tiles: Tiles,
+    carried: _Carried | None = None,
 ) -> np.ndarray:
-    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold.
+    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold;
+    the chunks ``carried`` over from pass 1 are used first.
 
     On a device (``tiles.resident``, threads) each query block is copied there once for
     the pass and each gallery chunk once for its tiles.
@@ -914,8 +956,16 @@ def _pass_counts(
     n_chunks = len(bounds) - 1
     # host tiles: each worker packs its chunks when its kernels fuse (a cluster's may not)
     prepare = _prepare_packed_chunk if tiles.host else None
-    _prep_tasks(graph, key, bounds, gallery, cosine, runner, lambda c: key("done", c), prepare)
-    for c in range(n_chunks):
+    first = sorted(carried.chunks) if carried is not None else []
+    order = first + [c for c in range(n_chunks) if c not in first]
+    tasks = [
+        (c, (_carried_chunk, carried, c, tiles.host))
+        if c in first
+        else (c, _read_task(bounds, c, gallery, cosine, prepare))
+        for c in order
+    ]
+    _prep_tasks(graph, key, tasks, runner, lambda c: key("done", c))
+    for i, c in enumerate(order):
         start, stop = int(bounds[c]), int(bounds[c + 1])
         graph[key("gdev", c)] = (_upload_task, key("prep", c), tiles) if resident else None
         graph[key("gmeta", c)] = {
@@ -934,10 +984,10 @@ def _pass_counts(
                 bound,
                 tiles,
             )
-            # a block's counts summed chunk after chunk: each tile's result is freed
-            # as soon as it is added
-            parts = [key("sum", b, c - 1), key("tile", b, c)] if c else [key("tile", b, c)]
-            graph[key("sum", b, c)] = (_sum_counts, parts)
+            # a block's counts summed chunk after chunk (in `order`): each tile's result
+            # is freed as soon as it is added
+            parts = [key("sum", b, i - 1), key("tile", b, c)] if i else [key("tile", b, c)]
+            graph[key("sum", b, i)] = (_sum_counts, parts)
         graph[key("done", c)] = (_all_done, [key("tile", b, c) for b in range(len(blocks))])
     bar = None
     if options.progress and sys.stderr.isatty():  # a log file would keep a stale 0% bar
