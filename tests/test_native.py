@@ -536,3 +536,58 @@ def test_a_bad_kernels_setting_is_one_line_from_the_cli(tmp_path):
         "error: environment variable RANKWISE_KERNELS='fast' is not one of auto, native, "
         "numba; unset it or pick one"
     ]
+
+
+def test_row_norms_are_prepare_rows_squared_norms(nk):
+    """Under euclidean the engine ranks float32 rows as read and takes their norms from
+    row_norms (AVX-512: eight rows a gather, one per lane): the same float64 sequential
+    sums as prepare_rows, bit for bit, on every row count around the eight-row step
+    and dimensions from 1, on rows whose sums depend on their order; and the same first
+    bad row, in a gathered group and in the remainder."""
+    rng = np.random.default_rng(12)
+    for n in (1, 7, 8, 9, 16, 23):
+        for d in (1, 3, 16, 33, 512):
+            x = rng.standard_normal((n, d)) * 10.0 ** rng.integers(-6, 6, (n, d))
+            x = x.astype(np.float32)
+            sq, bad, why = nk.row_norms(x)
+            assert (bad, why) == (-1, 0) == kernels.row_norms(x)[1:]
+            np.testing.assert_array_equal(sq, nk.prepare_rows(x, False)[1])
+            np.testing.assert_array_equal(sq, kernels.row_norms(x)[0])
+    for row in (2, 12, 17):  # in the first gathered group, the second, the remainder
+        x = np.ones((18, 5), np.float32)
+        x[row, 3] = np.inf
+        x[row + 1 :, 0] = np.nan
+        assert nk.row_norms(x)[1:] == kernels.row_norms(x)[1:] == (row, 1)
+        assert nk.prepare_rows(x, False)[2:] == (row, 1)
+    huge = np.full((9, 2), 3e38, np.float32)  # finite float32, finite float64 squares
+    assert nk.row_norms(huge)[1:] == (-1, 0)
+
+
+def test_euclidean_chunks_are_the_rows_read_not_a_copy(tmp_path):
+    """prepare_chunk under euclidean returns a read-only view of the float32 rows it read
+    (a memory map of a .npy file, or a caller's own array), with prepare_rows' norms:
+    no chunk is copied, and nothing can write through it into the caller's data."""
+    from rankwise.embeddings import open_embeddings
+    from rankwise.ranking import prepare_chunk
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((40, 24)).astype(np.float32)
+    np.save(tmp_path / "g.npy", x)
+    for source in (x, tmp_path / "g.npy"):
+        src = open_embeddings(source, name="gallery embeddings")
+        rows, sq = prepare_chunk(src, 5, 30, False)
+        want_rows, want_sq, _, _ = kernels.prepare_rows(x[5:30], False)
+        np.testing.assert_array_equal(rows, want_rows)
+        np.testing.assert_array_equal(sq, want_sq)
+        assert not rows.flags.writeable
+        if isinstance(source, np.ndarray):
+            assert np.shares_memory(rows, x) and x.flags.writeable  # the caller's stays so
+        else:  # the file's pages, mapped: somewhere down the chain of bases
+            import mmap
+
+            base = rows
+            while base is not None and not isinstance(base, (np.memmap, mmap.mmap)):
+                base = getattr(base, "base", None)
+            assert base is not None
+        cos_rows, _ = prepare_chunk(src, 5, 30, True)  # cosine: normalised, a new array
+        assert not np.shares_memory(cos_rows, x) and cos_rows.flags.writeable

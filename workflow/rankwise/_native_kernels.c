@@ -1,4 +1,4 @@
-/* The rank path's kernels in C: prepare_rows, pair_keys, count_tile, ranks_from_hist,
+/* The rank path's kernels in C: prepare_rows (and row_norms), pair_keys, count_tile, ranks_from_hist,
  * and on AVX-512 CPUs count_fused (count_tile's counts with the tile's products computed
  * in the same pass, see its section).
  *
@@ -15,6 +15,7 @@
  * reverted): native.py caches a build only after it reproduces known answers.
  */
 #include <math.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,54 @@ typedef int64_t i64;
 
 PREPARE(rw_prepare_rows_f32, float)
 PREPARE(rw_prepare_rows_f64, double)
+
+/* prepare_rows' euclidean squared norms (and its NaN/inf check) of float32 rows, which
+ * it would copy unchanged: the caller ranks x itself, and no chunk is copied. */
+i64 rw_row_norms_f32(const float *x, i64 n, i64 d, double *sq, i64 *why)
+{
+    i64 i = 0;
+#if defined(__AVX512F__)
+    /* eight rows at once, one per lane: each lane's sum is its row's sequential sum (the
+     * same roundings in the same order), eight times the throughput of one latency-bound
+     * chain; lane j gathers x[(i + j) d + k] */
+    if (d > 0 && d <= INT32_MAX / 8) {
+        const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                              _mm256_set1_epi32((int)d));
+        for (; i + 8 <= n; i += 8) {
+            const float *xi = x + i * d;
+            __m512d s = _mm512_setzero_pd();
+            for (i64 k = 0; k < d; k++) {
+                __m512d v = _mm512_cvtps_pd(_mm256_i32gather_ps(xi + k, at, 4));
+                s = _mm512_add_pd(s, _mm512_mul_pd(v, v));
+            }
+            double out[8];
+            _mm512_storeu_pd(out, s);
+            for (int j = 0; j < 8; j++) {
+                if (!isfinite(out[j])) {
+                    *why = 1;
+                    return i + j;
+                }
+                sq[i + j] = out[j];
+            }
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        const float *xi = x + i * d;
+        double s = 0.0;
+        for (i64 k = 0; k < d; k++) {
+            double v = (double)xi[k];
+            s += v * v;
+        }
+        if (!isfinite(s)) {
+            *why = 1;
+            return i;
+        }
+        sq[i] = s;
+    }
+    *why = 0;
+    return -1;
+}
 
 /* ------------------------------------------------------------------ keys */
 

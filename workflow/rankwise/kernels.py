@@ -138,6 +138,23 @@ def prepare_rows(x, cosine):
     return rows, sq, -1, 0
 
 
+@njit(cache=True, nogil=True)
+def row_norms(x):
+    """:func:`prepare_rows`' euclidean ``(sq, bad, why)`` of float32 rows ``x (n, D)``,
+    which it would copy unchanged: the caller ranks ``x`` itself (no chunk copied)."""
+    n, d = x.shape
+    sq = np.empty(n, dtype=np.float64)
+    for i in range(n):
+        s = 0.0
+        for k in range(d):
+            v = np.float64(x[i, k])
+            s += v * v
+        if not np.isfinite(s):
+            return sq, i, 1
+        sq[i] = s
+    return sq, -1, 0
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _canonical_key(q, g, cosine):
     s = 0.0

@@ -74,6 +74,7 @@ _D = ctypes.c_double
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rw_prepare_rows_f32": (ctypes.c_int64, [_P, _I, _I, _B, _P, _P, _P]),
     "rw_prepare_rows_f64": (ctypes.c_int64, [_P, _I, _I, _B, _P, _P, _P]),
+    "rw_row_norms_f32": (ctypes.c_int64, [_P, _I, _I, _P, _P]),
     "rw_pair_keys": (None, [_P, _P, _P, _P, _I, _I, _B, _P]),
     "rw_fast_keys": (None, [_P, _P, _P, _P, _I, _I, _B, _P]),
     "rw_count_tile": (
@@ -145,6 +146,15 @@ class NativeKernels:
         why = np.zeros(1, dtype=np.int64)
         bad = fn(_ptr(x), n, d, bool(cosine), _ptr(rows), _ptr(sq), _ptr(why))
         return rows, sq, int(bad), int(why[0])
+
+    def row_norms(self, x):
+        """:func:`rankwise.kernels.row_norms`: ``(sq, bad, why)`` of float32 rows."""
+        x = _c(x, np.float32)
+        n, d = x.shape
+        sq = np.empty(n, dtype=np.float64)
+        why = np.zeros(1, dtype=np.int64)
+        bad = self._f["rw_row_norms_f32"](_ptr(x), n, d, _ptr(sq), _ptr(why))
+        return sq, int(bad), int(why[0])
 
     def pair_keys(self, qrows, grows, pq, pg, cosine, *, fast=False):
         """:func:`rankwise.kernels.pair_keys`: float64 canonical keys of the pairs
@@ -379,6 +389,10 @@ def self_test(k: NativeKernels) -> None:
                     raise RuntimeError(
                         f"prepare_rows ({np.dtype(dtype).name}) failed its self-test"
                     )
+    x32 = x.astype(np.float32)
+    sq, bad, _ = k.row_norms(x32)
+    if bad != -1 or sq.tolist() != [_sequential(float(v) * float(v) for v in r) for r in x32]:
+        raise RuntimeError("row_norms failed its self-test")
     for cosine in (False, True):
         rows, sq, _, _ = k.prepare_rows(x.astype(np.float32), cosine)
         pq, pg = rng.integers(0, 11, 23), rng.integers(0, 11, 23)

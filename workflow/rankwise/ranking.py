@@ -188,14 +188,22 @@ def prepare_chunk(
 ):
     """Per chunk: read rows ``[start, stop)``, normalise (cosine), check every row.
 
-    Returns ``(rows, sq)`` of :func:`rankwise.kernels.prepare_rows`; a NaN/inf row, a
+    Returns ``(rows, sq)`` of :func:`rankwise.kernels.prepare_rows` (under euclidean a
+    read-only view of the rows read, which it would copy unchanged); a NaN/inf row, a
     zero row under cosine, or under euclidean a non-zero row whose squared norm lies
     outside ``[EUCLIDEAN_MIN_SQ, EUCLIDEAN_MAX_SQ]`` (where float32 tiles can no longer
     be bounded: ranks would silently be wrong) is an error naming the source and the
     row.  ``check_range=False``: rows read to be pooled, checked when ranked.
     ``zero_fix``: the advice for a zero row under cosine.
     """
-    rows, sq, bad, why = _kernels().prepare_rows(source.read(start, stop), cosine)
+    x, kernels = source.read(start, stop), _kernels()
+    if cosine or x.dtype != np.float32:
+        rows, sq, bad, why = kernels.prepare_rows(x, cosine)
+    else:  # euclidean rows are the float32 rows read: their norms alone, no 16 MB copy
+        # per chunk (each copy's fresh pages cost the kernel's zeroing and a fault)
+        sq, bad, why = kernels.row_norms(x)
+        rows = x.view()
+        rows.flags.writeable = False  # a caller's own array may be under it
     if bad >= 0:
         raise RankwiseError(_bad_row_message(source, start + bad, why, zero_fix=zero_fix))
     if not cosine and check_range:
