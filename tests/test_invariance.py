@@ -520,3 +520,37 @@ def test_thresholds_by_query_equal_a_lexsort(sorted_queries):
         got = _thresholds_by_query(keys, pair_q)
         want = keys[np.lexsort((keys, pair_q))]
         assert got.dtype == np.float64 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("protocol", ["reid", "recall"])
+def test_pairs_in_any_order_give_the_same_ranks(make_case, protocol):
+    """Pass 2 sorts each query block's thresholds in a task of its own, taking the block's
+    pairs as one span: build_problem's pairs come grouped by query, and pairs in any other
+    order (shuffled here) are grouped first, to the same ranks."""
+    import dataclasses
+
+    from rankwise.inputs import open_inputs
+    from rankwise.ranking import EngineOptions, compute_ranks
+
+    case = _case(make_case, protocol)
+    inputs = open_inputs(*case.args(), protocol=protocol)
+    problem = inputs.problem()
+    distance = PROTOCOL_CASES[protocol][1]
+    options = EngineOptions(query_block=3, gallery_chunk=11, workers=2)
+    base = compute_ranks(
+        problem, inputs.query_embeddings, inputs.gallery_embeddings, distance=distance,
+        options=options,
+    )  # fmt: skip
+    assert (np.diff(problem.pair_q) >= 0).all() and len(problem.pair_q) > 20
+    order = np.random.default_rng(1).permutation(len(problem.pair_q))
+    shuffled = dataclasses.replace(
+        problem,
+        pair_q=problem.pair_q[order],
+        pair_g=problem.pair_g[order],
+        pair_rel=problem.pair_rel[order],
+    )
+    res = compute_ranks(
+        shuffled, inputs.query_embeddings, inputs.gallery_embeddings, distance=distance,
+        options=options,
+    )  # fmt: skip
+    assert np.array_equal(res.offsets, base.offsets) and np.array_equal(res.ranks, base.ranks)

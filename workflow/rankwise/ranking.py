@@ -246,6 +246,19 @@ def _kernels():
     return engine_kernels()
 
 
+def _block_task(block: dict, pack: bool) -> dict:
+    """Per query block: its thresholds, by query, each query's keys ascending
+    (:func:`_thresholds_by_query`), and with ``pack`` (tiles on the host) its rows packed
+    for the fused tile kernel where the kernels running this task have one (else None:
+    a tile whose kernels fuse packs them itself)."""
+    out = {k: v for k, v in block.items() if k not in ("keys", "pair_q")}
+    out["thr"] = _thresholds_by_query(block["keys"], block["pair_q"])
+    kernels = _kernels()
+    fuses = getattr(kernels, "fused", False)
+    out["pack"] = kernels.pack_queries(block["rows"]) if pack and fuses else None
+    return out
+
+
 def _sum_counts(parts):
     """Combine: add the per-chunk ``count_tile`` histograms of one query block
     (a non-empty list of equal-shape int64 arrays; none is modified)."""
@@ -810,13 +823,12 @@ def _plain_ranks(
         pair_q = problem.pair_q
         counts = np.bincount(pair_q, minlength=len(problem.skip))[evaluated]
         if problem.dense:
-            thr = _thresholds_by_query(keys, pair_q)
             toff = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             hist = _pass_counts(
                 problem,
                 qrows,
                 qsq,
-                thr,
+                keys,
                 toff,
                 evaluated,
                 gallery,
@@ -916,7 +928,7 @@ def _pass_counts(
     problem: Problem,
     qrows,
     qsq,
-    thr,
+    keys,
     toff,
     evaluated,
     gallery,
@@ -928,15 +940,25 @@ def _pass_counts(
     tiles: Tiles,
     carried: _Carried | None = None,
 ) -> np.ndarray:
-    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold;
-    the chunks ``carried`` over from pass 1 are used first.
+    """Pass 2: per tile counts of valid non-relevant items ahead of each threshold
+    (``keys``: the pairs' keys, ``toff``: the evaluated queries' offsets into them); the
+    chunks ``carried`` over from pass 1 are used first.
 
+    Each query block's thresholds are sorted (and its rows packed for the fused kernel)
+    by a task of the graph, so the workers do it while the first chunks are prepared.
     On a device (``tiles.resident``, threads) each query block is copied there once for
-    the pass and each gallery chunk once for its tiles.
+    the pass and each gallery chunk once for its tiles.  Returns the histogram ``(P,)``
+    in threshold order (by query, each query's keys ascending).
     """
     resident = tiles.resident and runner.client is None
     kernels = _kernels()
     fused = tiles.host and getattr(kernels, "fused", False)
+    pair_q = problem.pair_q
+    if len(pair_q) > 1 and (pair_q[1:] < pair_q[:-1]).any():
+        # grouped by query (build_problem's pairs are) so that a block's pairs are the
+        # span toff gives it (skipped queries have none)
+        order = np.argsort(pair_q, kind="stable")
+        keys, pair_q = keys[order], pair_q[order]
     blocks = []
     cuts = _even_cuts(len(evaluated), options.query_block, kernels.panels[0] if fused else 1)
     for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
@@ -945,22 +967,26 @@ def _pass_counts(
             block_rows = qrows[rows[0] : rows[-1] + 1]
         else:
             block_rows = np.ascontiguousarray(qrows[rows])
+        span = int(toff[lo]), int(toff[hi])
         blocks.append(
             {
                 "rows": block_rows,
                 "dev": tiles.upload(block_rows) if resident else None,
-                "pack": kernels.pack_queries(block_rows) if fused else None,
                 "sq": qsq[rows],
                 "lab": problem.qlab[rows],
                 "id": problem.qid[rows],
-                "thr": thr[toff[lo] : toff[hi]],
                 "toff": toff[lo : hi + 1] - toff[lo],
                 "exclude_self": problem.exclude_self,
-                "span": (int(toff[lo]), int(toff[hi])),
+                "span": span,
+                # _block_task adds "thr" (sorted from these) and "pack"
+                "keys": keys[span[0] : span[1]],
+                "pair_q": pair_q[span[0] : span[1]],
             }
         )
     key = _key_maker()
-    graph: dict = {key("block", b): block for b, block in enumerate(blocks)}
+    graph: dict = {
+        key("block", b): (_block_task, block, tiles.host) for b, block in enumerate(blocks)
+    }
     n_chunks = len(bounds) - 1
     # host tiles: each worker packs its chunks when its kernels fuse (a cluster's may not)
     prepare = _prepare_packed_chunk if tiles.host else None
@@ -1012,7 +1038,7 @@ def _pass_counts(
     finally:
         if bar is not None:
             bar.close()
-    hist = np.zeros(len(thr), dtype=np.int64)
+    hist = np.zeros(len(keys), dtype=np.int64)
     for block, part in zip(blocks, parts, strict=True):
         lo, hi = block["span"]
         hist[lo:hi] = part
