@@ -503,6 +503,12 @@ def test_query_blocks_are_even_and_within_the_block_size(n, most, multiple):
     assert sizes[0] - sizes[-1] < max(multiple, 1) * len(sizes)  # even, not 1024 + 1
 
 
+def test_no_query_rows_make_no_blocks():
+    from rankwise.ranking import _even_cuts
+
+    assert _even_cuts(0, 1024, 12).tolist() == [0]
+
+
 @pytest.mark.parametrize("sorted_queries", [True, False])
 def test_thresholds_by_query_equal_a_lexsort(sorted_queries):
     """Pass 2's thresholds: the pairs' keys grouped by query, each query's ascending;

@@ -917,6 +917,8 @@ def _even_cuts(n: int, most: int, multiple: int = 1) -> np.ndarray:
     of equal size (a multiple of ``multiple`` where that stays within ``most``) but the
     last: ``n = 3,368``, ``most = 1,024`` gives 852, 852, 852, 812 rather than 1,024 x 3
     and 296, so the two workers' last tiles end together."""
+    if n <= 0:
+        return np.zeros(1, dtype=np.int64)
     k = -(-n // most)
     size = -(-n // k)
     if -(-size // multiple) * multiple <= most:
