@@ -1,6 +1,6 @@
-/* The rank path's kernels in C: prepare_rows (and row_norms), pair_keys, count_tile, ranks_from_hist,
- * and on AVX-512 CPUs count_fused (count_tile's counts with the tile's products computed
- * in the same pass, see its section).
+/* The rank path's kernels in C: prepare_rows (and row_norms), pair_keys, count_tile,
+ * ranks_from_hist, and on AVX-512 CPUs count_fused (count_tile's counts with the tile's
+ * products computed in the same pass, see its section).
  *
  * The numba kernels' steps (kernels.py: read their docstrings for the maths), with
  * AVX-512 and AVX2 paths where the CPU has them, compiled ahead of time by
