@@ -30,16 +30,28 @@ typedef int64_t i64;
 
 /* ------------------------------------------------------------------ prepare_rows */
 
-#define PREPARE(NAME, T)                                                              \
+/* A row's squared norm: the float64 sum of its squares in order (prepare_rows' and
+ * row_norms' sq). */
+#define SUM_SQ(NAME, T)                                   \
+    static inline double NAME(const T *xi, i64 d)         \
+    {                                                     \
+        double s = 0.0;                                   \
+        for (i64 k = 0; k < d; k++) {                     \
+            double v = (double)xi[k];                     \
+            s += v * v;                                   \
+        }                                                 \
+        return s;                                         \
+    }
+
+SUM_SQ(sum_sq_f32, float)
+SUM_SQ(sum_sq_f64, double)
+
+#define PREPARE(NAME, T, SUM)                                                         \
     i64 NAME(const T *x, i64 n, i64 d, int cosine, float *rows, double *sq, i64 *why) \
     {                                                                                 \
         for (i64 i = 0; i < n; i++) {                                                 \
             const T *xi = x + i * d;                                                  \
-            double s = 0.0;                                                           \
-            for (i64 k = 0; k < d; k++) {                                             \
-                double v = (double)xi[k];                                             \
-                s += v * v;                                                           \
-            }                                                                         \
+            double s = SUM(xi, d);                                                    \
             if (!isfinite(s)) {                                                       \
                 *why = 1;                                                             \
                 return i;                                                             \
@@ -67,8 +79,8 @@ typedef int64_t i64;
         return -1;                                                                    \
     }
 
-PREPARE(rw_prepare_rows_f32, float)
-PREPARE(rw_prepare_rows_f64, double)
+PREPARE(rw_prepare_rows_f32, float, sum_sq_f32)
+PREPARE(rw_prepare_rows_f64, double, sum_sq_f64)
 
 /* prepare_rows' euclidean squared norms (and its NaN/inf check) of float32 rows, which
  * it would copy unchanged: the caller ranks x itself, and no chunk is copied. */
@@ -102,12 +114,7 @@ i64 rw_row_norms_f32(const float *x, i64 n, i64 d, double *sq, i64 *why)
     }
 #endif
     for (; i < n; i++) {
-        const float *xi = x + i * d;
-        double s = 0.0;
-        for (i64 k = 0; k < d; k++) {
-            double v = (double)xi[k];
-            s += v * v;
-        }
+        double s = sum_sq_f32(x + i * d, d);
         if (!isfinite(s)) {
             *why = 1;
             return i;

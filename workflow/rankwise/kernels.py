@@ -95,6 +95,17 @@ def njit(**options: Any):
     return decorate
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sum_sq(x, i):
+    """Row ``i``'s squared norm: the float64 sum of its squares in order (the sum
+    :func:`prepare_rows` and :func:`row_norms` both define ``sq`` by)."""
+    s = 0.0
+    for k in range(x.shape[1]):
+        v = np.float64(x[i, k])
+        s += v * v
+    return s
+
+
 @njit(cache=True, nogil=True)
 def prepare_rows(x, cosine):
     """Per chunk: rows ready for ranking and their float64 norms.
@@ -115,10 +126,7 @@ def prepare_rows(x, cosine):
     rows = np.empty((n, d), dtype=np.float32)
     sq = np.empty(n, dtype=np.float64)
     for i in range(n):
-        s = 0.0
-        for k in range(d):
-            v = np.float64(x[i, k])
-            s += v * v
+        s = _sum_sq(x, i)
         if not np.isfinite(s):
             return rows, sq, i, 1
         if cosine:
@@ -142,13 +150,10 @@ def prepare_rows(x, cosine):
 def row_norms(x):
     """:func:`prepare_rows`' euclidean ``(sq, bad, why)`` of float32 rows ``x (n, D)``,
     which it would copy unchanged: the caller ranks ``x`` itself (no chunk copied)."""
-    n, d = x.shape
+    n = x.shape[0]
     sq = np.empty(n, dtype=np.float64)
     for i in range(n):
-        s = 0.0
-        for k in range(d):
-            v = np.float64(x[i, k])
-            s += v * v
+        s = _sum_sq(x, i)
         if not np.isfinite(s):
             return sq, i, 1
         sq[i] = s
