@@ -178,6 +178,14 @@ def protocol_value(key):
     return value
 
 
+def quoted(value):
+    """A param function giving ``value(wildcards)`` shell-quoted, also when empty: for
+    an empty value Snakemake's ``{x:q}`` writes nothing, so ``--junk-labels {x:q}``
+    would take the next flag for its value (``junk_labels: []`` ran with the junk
+    label ``--keep-same-camera``).  A value that needs no quotes is unchanged."""
+    return lambda wildcards: shlex.quote(str(value(wildcards)))
+
+
 def same_camera_flag(wildcards):
     """The reid camera rule of the dataset as a `rankwise rank` flag."""
     if protocol_option(wildcards.dataset, "exclude_same_camera"):

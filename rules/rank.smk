@@ -20,7 +20,7 @@ rule rank:
         distance=dataset_value("distance"),
         gap_frames=protocol_value("gap_frames"),
         query_stride=protocol_value("query_stride"),
-        junk_labels=protocol_value("junk_labels"),
+        junk_labels=quoted(protocol_value("junk_labels")),
         same_camera=same_camera_flag,
         multi_query=protocol_value("multi_query"),
         single_shot=single_shot_flag,
@@ -39,7 +39,7 @@ rule rank:
         " --gallery-embeddings {input.gallery_embeddings:q}"
         " --protocol {params.protocol} --distance {params.distance}"
         " --gap-frames {params.gap_frames} --query-stride {params.query_stride}"
-        " --junk-labels {params.junk_labels:q} {params.same_camera} {params.rerank}"
+        " --junk-labels {params.junk_labels} {params.same_camera} {params.rerank}"
         " --multi-query {params.multi_query} {params.single_shot}"
         " --shot-repeats {params.shot_repeats} --shot-seed {params.shot_seed}"
         " {params.engine} --out {output.ranks:q} > {log:q} 2>&1"

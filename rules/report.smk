@@ -35,7 +35,7 @@ rule report:
         "results/benchmarks/report.tsv"
     params:
         # a function: Snakemake would read braces in a plain string as wildcards
-        title=lambda wildcards: config["report"]["title"],
+        title=quoted(lambda wildcards: config["report"]["title"]),
         # the config order decides the paired tests beyond four encoders (each against the
         # previous one): reordering reruns the report, though no input changed
         order=all_pairs("{dataset}/{encoder}"),
@@ -58,7 +58,7 @@ rule report:
     resources:
         mem_mb=2000,
     shell:
-        "rankwise report {input.metrics:q} --title {params.title:q}"
+        "rankwise report {input.metrics:q} --title {params.title}"
         " --cmc-max-rank {params.cmc_max_rank} --resamples {params.resamples}"
         " --seed {params.seed} --by {params.by} --worst-queries {params.worst_queries}"
         " --worst-encoders {params.worst_encoders} --top-k {params.top_k}"

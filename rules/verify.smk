@@ -19,7 +19,7 @@ rule verify:
     params:
         protocol=dataset_value("protocol"),
         distance=dataset_value("distance"),
-        junk_labels=protocol_value("junk_labels"),
+        junk_labels=quoted(protocol_value("junk_labels")),
         same_camera=same_camera_flag,
         fprs=verification_value("fprs"),
         bins=verification_value("bins"),
@@ -39,7 +39,7 @@ rule verify:
         " --query-embeddings {input.query_embeddings:q}"
         " --gallery-embeddings {input.gallery_embeddings:q}"
         " --protocol {params.protocol} --distance {params.distance}"
-        " --junk-labels {params.junk_labels:q} {params.same_camera}"
+        " --junk-labels {params.junk_labels} {params.same_camera}"
         " --fprs {params.fprs} --bins {params.bins} {params.engine}"
         " --output {output.json:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }}"

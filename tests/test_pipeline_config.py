@@ -730,3 +730,63 @@ def test_torchreid_epochs_sweep_in_natural_order(tmp_path, monkeypatch):
         "architecture": "osnet_x1_0",
         "checkpoint": "model.pth.tar-60",
     }
+
+
+@pytest.mark.parametrize(
+    "section, value, expected",
+    [
+        ("encoders", ["pixels"], "config: encoders: expected object, got ['pixels']"),
+        ("datasets", ["market", "digits"], "config: datasets: expected object, got"),
+        ("datasets", 5, "config: datasets: expected object, got 5"),
+        ("encoders", "pixels", "config: encoders: expected object, got 'pixels'"),
+    ],
+)
+def test_sections_that_are_not_mappings_are_one_line(section, value, expected):
+    """``encoders: [pixels]`` (a dataset's list form, one level up) crashed with an
+    AttributeError before the schema check could name it."""
+    config = copy.deepcopy(CONFIG)
+    config[section] = value
+    with pytest.raises(RankwiseError) as info:
+        pc.check(config, ROOT / "config" / "schema.yaml")
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"path": "g.npy"},
+            r"encoders\.e\.options\.path: one file for both splits.*query and gallery",
+        ),
+        (
+            {"query": "q.npy", "gallery": "g.npy", "ids": "ids.txt"},
+            r"encoders\.e\.options\.ids: one file for both splits.*query_ids and gallery_ids",
+        ),
+        (
+            {"query": "q.npy", "gallery": "g.npy", "split": "query"},
+            r"encoders\.e\.options\.split: 'query': the pipeline encodes both splits",
+        ),
+        ({"query": "q.npy"}, r"encoders\.e\.options: missing gallery: the pipeline encodes"),
+    ],
+)
+def test_a_precomputed_entry_names_a_file_per_split(tmp_path, monkeypatch, options, message):
+    """The pipeline encodes both splits from one entry's options: ``path`` gave the
+    query and the gallery the same rows, ``split: query`` ranked the query against
+    itself (recall@1 100, exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("q.npy", "g.npy", "ids.txt"):
+        _touch(name)
+    dataset = {"loader": "digits", "options": {}}
+    with pytest.raises(RankwiseError, match="^" + message):
+        _resolved({"d": dataset}, {"e": {"kind": "precomputed", "options": options}})
+    # one file per split: accepted
+    good = {"query": "q.npy", "gallery": "g.npy", "split": "auto"}
+    _resolved({"d": dataset}, {"e": {"kind": "precomputed", "options": good}})
+
+
+@pytest.mark.parametrize("label", ["a,b", ","])
+def test_a_junk_label_with_a_comma_is_refused(label):
+    """The jobs read ``--junk-labels a,b`` as two labels."""
+    datasets = {"d": {"loader": "digits", "options": {}, "junk_labels": ["-1", label]}}
+    with pytest.raises(RankwiseError, match=r"^datasets\.d\.junk_labels\[1\]: .* holds a comma"):
+        _resolved(datasets, {"e": {"kind": "hog", "options": {}}})

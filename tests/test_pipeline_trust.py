@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import helpers
@@ -255,6 +256,8 @@ def test_a_failed_jobs_one_line_error_is_on_the_terminal(tmp_path):
             lambda c: c["encoders"]["pixels"].update(kind="pixel"),
             "encoders.pixels.kind: 'pixel' is not allowed; did you mean 'pixels'?",
         ),
+        # a dataset's list form one level up: was an AttributeError traceback, exit 1
+        (lambda c: c.update(encoders=["pixels"]), "encoders: expected object, got ['pixels']"),
     ],
 )
 def test_config_errors_are_one_line_with_key_path_and_suggestion(tmp_path, mutate, expected):
@@ -533,3 +536,81 @@ def test_zarr_rewritten_in_place_and_encoders_reordered_rerun(tmp_path):
     reordered["encoders"] = {name: encoders[name] for name in reversed(names)}
     assert planned(tmp_path, reordered) == {"report": 1, "all": 1}
     assert "runs {a,b}" in (tmp_path / "results/report.md").read_text()
+
+
+# ---------------------------------------------------------------- values reach the jobs
+
+
+def _own_reid_data(root: Path) -> None:
+    """A re-ID manifest dataset with precomputed embeddings: 8 queries, 24 gallery rows
+    over two cameras, gallery label -1 on four rows (junk by default, a distractor
+    without junk labels)."""
+    rng = np.random.default_rng(2)
+    centres = rng.normal(size=(4, 6))
+    q_labels, g_labels = np.arange(8) % 4, np.arange(24) % 4
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    np.save(data / "q.npy", (centres[q_labels] + rng.normal(size=(8, 6))).astype("f4"))
+    np.save(data / "g.npy", (centres[g_labels] + rng.normal(size=(24, 6))).astype("f4"))
+    (data / "query.csv").write_text(
+        "id,label,camera\n" + "".join(f"q{i},{q_labels[i]},0\n" for i in range(8))
+    )
+    (data / "gallery.csv").write_text(
+        "id,label,camera\n"
+        + "".join(f"g{i},{-1 if i < 4 else g_labels[i]},{i % 2}\n" for i in range(24))
+    )
+
+
+def test_an_empty_junk_list_and_an_empty_title_reach_the_jobs(tmp_path):
+    """``junk_labels: []`` was an empty unquoted word (Snakemake's ``{x:q}`` leaves an
+    empty value unquoted), so ``--junk-labels --keep-same-camera`` ran with the junk
+    label "--keep-same-camera" and the same-camera rule on: wrong numbers, exit 0. The
+    pipeline's numbers must be the CLI's with the same options."""
+    _own_reid_data(tmp_path)
+    config = {
+        "datasets": {
+            "own": {
+                "loader": "manifest",
+                "options": {"query": "data/query.csv", "gallery": "data/gallery.csv"},
+                "protocol": "reid",
+                "ks": [1, 5],
+                "junk_labels": [],
+                "exclude_same_camera": False,
+                "verification": {"fprs": [0.1], "bins": 10},
+            }
+        },
+        "encoders": {
+            "pre": {
+                "kind": "precomputed",
+                "options": {"query": "data/q.npy", "gallery": "data/g.npy"},
+            }
+        },
+        "engine": {"threads": 1},
+        "report": {"resamples": 0, "worst_queries": 0, "title": ""},
+    }
+    run_ok(tmp_path, config, "--replace-workflow-config")
+    data = tmp_path / "data"
+    common = [
+        *("--query", data / "query.csv", "--gallery", data / "gallery.csv"),
+        *("--query-embeddings", data / "q.npy", "--gallery-embeddings", data / "g.npy"),
+        *("--protocol", "reid", "--junk-labels", "", "--keep-same-camera"),
+    ]
+    results = {}
+    for command, extra, produced in (
+        ("evaluate", ["--ks", "1,5"], "results/metrics/own/pre.json"),
+        ("verify", ["--fprs", "0.1", "--bins", "10"], "results/verification/own/pre.json"),
+    ):
+        expected = tmp_path / f"cli-{command}.json"
+        proc = helpers.run_rankwise(command, *common, *extra, "--output", expected)
+        assert proc.returncode == 0, proc.stderr
+        want = json.loads(expected.read_text())
+        got = results[command] = json.loads((tmp_path / produced).read_text())
+        for key in set(want) - {"provenance", "inputs"}:
+            assert got[key] == want[key], (command, key)
+    # every row of the gallery counts: the four label -1 rows are not junk, and the
+    # same-camera matches are kept (5 matches of each query, 3 of them on camera 0)
+    evaluation = results["evaluate"]
+    assert evaluation["protocol_options"] == {"exclude_same_camera": False, "junk_labels": []}
+    assert (evaluation["num_queries"], evaluation["num_skipped"]) == (8, 0)
+    assert results["verify"]["num_positive_pairs"] == 8 * 5
+    assert json.loads((tmp_path / "results/report.json").read_text())["title"] == ""

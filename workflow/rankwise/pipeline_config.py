@@ -339,6 +339,51 @@ def rerank_flags(dataset: dict) -> str:
     return " ".join(flags)
 
 
+def check_junk_labels(datasets: dict) -> None:
+    """No junk label holds a comma: the jobs get the list as ``--junk-labels a,b``, so
+    ``"a,b"`` would silently become the two labels ``a`` and ``b``."""
+    for name, dataset in datasets.items():
+        for i, label in enumerate(dataset.get("junk_labels") or ()):
+            if "," in str(label):
+                raise ConfigError(
+                    ["datasets", name, "junk_labels", i],
+                    f"{label!r} holds a comma, which the jobs' command line reads as two "
+                    "labels; rename that label in the manifests, or use the Python API "
+                    "(rankwise.api), whose lists take any label",
+                )
+
+
+def check_precomputed(encoders: dict) -> None:
+    """A precomputed entry names one file per split: the pipeline encodes the query and
+    the gallery from the same options, so ``path`` (with ``ids``) or a fixed ``split``
+    would give both splits the same rows (the query ranked against itself, exit 0)."""
+    for name, entry in encoders.items():
+        if entry["kind"] != "precomputed":
+            continue
+        options = entry["options"]
+        for key in ("path", "ids"):
+            if options.get(key) is not None:
+                fix = "query and gallery" if key == "path" else "query_ids and gallery_ids"
+                raise ConfigError(
+                    ["encoders", name, "options", key],
+                    f"one file for both splits: the pipeline encodes the query and the "
+                    f"gallery from this entry; give options {fix} instead",
+                )
+        if options.get("split", "auto") != "auto":
+            raise ConfigError(
+                ["encoders", name, "options", "split"],
+                f"{options['split']!r}: the pipeline encodes both splits from this entry, "
+                "each from its own file; remove split",
+            )
+        for key in ("query", "gallery"):
+            if options.get(key) is None:
+                raise ConfigError(
+                    ["encoders", name, "options"],
+                    f"missing {key}: the pipeline encodes the query and the gallery, each "
+                    "from its own file (options query and gallery)",
+                )
+
+
 def check_reranking(datasets: dict) -> None:
     """``datasets.<name>.rerank`` / ``aqe`` / ``verification``: what the schema cannot say
     (k2 <= k1, a protocol they apply to), as :func:`rankwise.options.check_rerank` and
@@ -398,7 +443,10 @@ def check(
         if Path(file).is_file():
             load_yaml(file)
     for section in ("datasets", "encoders"):
-        for entry in (config.get(section) or {}).values():
+        entries = config.get(section)
+        # not a mapping (``encoders: [a, b]``, the form of a dataset's list): the schema
+        # check below says so in one line
+        for entry in entries.values() if isinstance(entries, dict) else ():
             if isinstance(entry, dict):
                 entry.setdefault("options", {})
     encoders = config.get("encoders")
@@ -429,6 +477,8 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
         check_name_lengths(datasets, encoders, sweeps)
         check_dataset_encoders(datasets, encoders, sweeps)
         check_reranking(datasets)
+        check_junk_labels(datasets)
+        check_precomputed(encoders)
         for dataset in datasets.values():
             dataset["encoders"] = expand_names(dataset["encoders"], sweeps)
         check_paths(datasets, encoders, sweeps)
