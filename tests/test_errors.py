@@ -31,8 +31,10 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -1547,6 +1549,43 @@ def test_an_output_is_never_an_input_or_another_output(d, tmp_path):
     proc = run("metrics", store, "--output", out, "--text-output", out)
     assert_one_line_error(proc, r"--text-output .*m\.json is also --output \(an output\)")
     assert not out.exists()
+
+
+def test_an_output_link_is_written_through_and_a_fifo_as_a_stream(d, tmp_path):
+    """The write-then-rename replaced a symbolic link with a file (its target, e.g. a
+    "latest" result, kept the old content) and a FIFO or device (``/dev/null``) with
+    a regular file. A link's target is replaced now, a non-regular path is written."""
+    plain = tmp_path / "plain.json"
+    assert run("evaluate", *inputs(d), "--output", plain).returncode == 0
+    expected = plain.read_text()
+    target, link = tmp_path / "runs" / "latest-target.json", tmp_path / "latest.json"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link.symlink_to(target)
+    assert run("evaluate", *inputs(d), "--output", link).returncode == 0
+    assert link.is_symlink() and target.read_text() == expected
+    assert sorted(p.name for p in target.parent.iterdir()) == ["latest-target.json"]
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+    assert run("evaluate", *inputs(d), "--output", fifo).returncode == 0
+    reader.join(30)
+    assert received == [expected] and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd/1").exists(), reason="no /proc")
+def test_an_output_that_is_standard_output_or_unwritable_beside(d, tmp_path):
+    proc = run("evaluate", *inputs(d), "--output", "/proc/self/fd/1")  # a pipe here
+    assert proc.returncode == 0, proc.stderr
+    report, _ = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index("{") :])
+    assert report["num_queries"] > 0
+    if Path("/proc/version").is_file():  # no file can be created in /proc: named as given
+        proc = run("evaluate", *inputs(d), "--output", "/proc/version")
+        assert_one_line_error(proc, r"^error: /proc/version: ")
+        assert ".tmp" not in proc.stderr
 
 
 def test_compare_refuses_stores_ranked_on_other_manifests(d, ranks_store, tmp_path):

@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -446,18 +447,36 @@ def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str |
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a text file via ``<path>.tmp`` + rename: never a half-written file."""
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(final.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, final)
+    """Write a UTF-8 text file via ``<path>.tmp`` + rename: never a half-written file
+    (see :func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write a binary file via ``<path>.tmp`` + rename: never a half-written file."""
-    final = Path(path)
+    """Write a binary file via ``<path>.tmp`` + rename: never a half-written file.
+
+    A symbolic link is written through: its target is replaced, the link stays (a
+    ``latest.json`` link keeps pointing at fresh content).  A path that is not a
+    regular file (``/dev/null``, ``/dev/stdout``, a FIFO) is written as a stream, as a
+    shell redirection would: renaming over it would replace the device node or pipe
+    with a file.  An error names ``path``, not the temporary file."""
+    given = Path(path)
+    try:
+        mode = given.stat().st_mode  # follows links; /dev/stdout -> the terminal or pipe
+    except FileNotFoundError:  # not there, or a link to nothing: its target is created
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        with open(given, "wb") as stream:
+            stream.write(data)
+        return
+    final = Path(os.path.realpath(given)) if given.is_symlink() else given
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(final.name + ".tmp")
-    tmp.write_bytes(data)
+    try:
+        tmp.write_bytes(data)
+    except OSError as exc:  # e.g. /proc/version: no file can be made beside it
+        with suppress(OSError):
+            tmp.unlink()
+        reason = f"cannot write a temporary file beside it ({exc.strerror})"
+        raise OSError(exc.errno, reason, str(path)) from None
     os.replace(tmp, final)

@@ -27,11 +27,11 @@ store (the same numbers). File format: a NumPy ``.npz`` (arrays ``values``, ``ro
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import zipfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -201,7 +201,8 @@ def summarise(
 def write_summary(path: str | os.PathLike, summary: Summary) -> None:
     """Write ``summary`` to ``path`` (``.npz``) atomically: a reader sees the old file or
     the whole new one."""
-    path = Path(path)
+    from .store import write_bytes_atomic
+
     meta = {
         "format": _FORMAT,
         "settings": summary.settings,
@@ -210,16 +211,15 @@ def write_summary(path: str | os.PathLike, summary: Summary) -> None:
         "progressive": summary.progressive,
         "keyed": summary.keyed,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
+    buffer = io.BytesIO()
     np.savez(
-        tmp,
+        buffer,
         values=summary.values,
         rows=summary.rows,
         cluster=summary.cluster,
         meta=np.array(json.dumps(meta)),
     )
-    os.replace(tmp, path)
+    write_bytes_atomic(path, buffer.getvalue())  # a link written through, a FIFO streamed
 
 
 def read_summary(path: str | os.PathLike) -> Summary:
