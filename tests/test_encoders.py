@@ -777,6 +777,72 @@ def test_precomputed_length_mismatch(manifest: Path, tmp_path: Path):
     assert not (tmp_path / "p.zarr").exists()
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_precomputed_non_finite_row_names_the_file_and_its_row(manifest, tmp_path, keyed):
+    """A NaN in the user's features named the manifest's row and blamed "the model";
+    the file and its own row are what to fix (by id: the row of the file, not of the
+    manifest, which differ when the rows come in another order)."""
+    vectors = np.random.default_rng(3).normal(size=(N_ROWS, 4))
+    ids = [f"x{i}" for i in range(N_ROWS)]
+    if keyed:  # the file's rows in reverse manifest order, matched by id
+        vectors, ids = vectors[::-1].copy(), ids[::-1]
+        (tmp_path / "ids.txt").write_text("\n".join(ids) + "\n")
+    vectors[2, 1] = np.nan  # the file's row 2: manifest row 2, or row 4 when reversed
+    np.save(tmp_path / "f.npy", vectors)
+    options = {"path": str(tmp_path / "f.npy")}
+    if keyed:
+        options["ids"] = str(tmp_path / "ids.txt")
+    manifest_row = N_ROWS - 1 - 2 if keyed else 2
+    with pytest.raises(RankwiseError) as info:
+        encode_manifest(manifest, "precomputed", options, tmp_path / "p.zarr", progress=False)
+    assert str(info.value) == (
+        f"{tmp_path / 'f.npy'}: row 2 (0-based; {manifest}: row {manifest_row + 2} "
+        f"(id 'x{manifest_row}')) holds NaN or infinite values; fix or recompute those "
+        "embeddings"
+    )
+    assert not (tmp_path / "p.zarr").exists()
+
+
+def test_a_bad_row_of_a_precomputed_store_names_the_file_it_came_from(tmp_path: Path):
+    """In the pipeline the rank job reads stores the precomputed encoder wrote: a zero
+    row or another dimension named only results/embeddings/..., not the user's file."""
+    rng = np.random.default_rng(0)
+    gallery = rng.normal(size=(6, 4)).astype("f4")
+    gallery[3] = 0.0
+    np.save(tmp_path / "g.npy", gallery)
+    np.save(tmp_path / "q.npy", rng.normal(size=(3, 5)).astype("f4"))
+    (tmp_path / "query.csv").write_text("id,label\n" + "".join(f"q{i},{i}\n" for i in range(3)))
+    (tmp_path / "gallery.csv").write_text(
+        "id,label\n" + "".join(f"g{i},{i % 3}\n" for i in range(6))
+    )
+    files = {"query": str(tmp_path / "q.npy"), "gallery": str(tmp_path / "g.npy")}
+    for split in ("query", "gallery"):
+        encode_manifest(
+            tmp_path / f"{split}.csv", "precomputed", files, tmp_path / f"{split}.zarr",
+            progress=False,
+        )  # fmt: skip
+    np.save(tmp_path / "q4.npy", rng.normal(size=(3, 4)).astype("f4"))
+    inputs = ["--query", tmp_path / "query.csv", "--gallery", tmp_path / "gallery.csv"]
+    proc = run_rankwise(
+        "evaluate", *inputs, "--query-embeddings", tmp_path / "q4.npy",
+        "--gallery-embeddings", tmp_path / "gallery.zarr", "--distance", "cosine",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(
+        f"error: {tmp_path / 'gallery.zarr'}: gallery embeddings row 3 (0-based) (encoded "
+        f"from {tmp_path / 'g.npy'}) is a zero vector"
+    ), proc.stderr
+    proc = run_rankwise(
+        "evaluate", *inputs, "--query-embeddings", tmp_path / "query.zarr",
+        "--gallery-embeddings", tmp_path / "gallery.zarr", "--distance", "euclidean",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(
+        f"error: {tmp_path / 'query.zarr'} (encoded from {tmp_path / 'q.npy'}) has dimension 5 "
+        f"but {tmp_path / 'gallery.zarr'} (encoded from {tmp_path / 'g.npy'}) has 4"
+    ), proc.stderr
+
+
 def test_precomputed_needs_a_split(manifest: Path, tmp_path: Path):
     other = manifest.with_name("items.csv")
     other.write_bytes(manifest.read_bytes())

@@ -707,7 +707,13 @@ def test_a_nan_feature_names_its_manifest_line_after_drops(tmp_path: Path):
     vectors[2, 0] = np.nan  # manifest row 5: CSV line 7
     options = _write_features(tmp_path / "f", "query", ids[keep][::-1], vectors[::-1], "txt")
     options = {"path": options["query"], "ids": options["query_ids"], "on_missing": "drop"}
-    with pytest.raises(RankwiseError, match=rf"q\.csv: row 7 \(id '{ids[5]}'\): .*NaN"):
+    # the file's own row (its rows reversed: the last but two) and the manifest's line
+    file_row = len(keep) - 1 - 2
+    with pytest.raises(
+        RankwiseError,
+        match=rf"query\.npy: row {file_row} \(0-based; .*q\.csv: row 7 \(id '{ids[5]}'\)\) "
+        "holds NaN",
+    ):
         _encode(tmp_path / "q.csv", options, tmp_path / "x.zarr")
     assert not (tmp_path / "x.zarr").exists()
 

@@ -92,6 +92,18 @@ class EmbeddingSource:
         """What is read: ``file`` (absolute) when opened from a path, else ``path``."""
         return self.file or self.path
 
+    @property
+    def origin(self) -> str:
+        """`` (encoded from <file>)`` for a rankwise store made by the precomputed
+        encoder from a file (the pipeline's stores: the user's file is what to fix),
+        else empty."""
+        attrs = self.attrs or {}
+        encoder = attrs.get("encoder")
+        if not isinstance(encoder, dict) or encoder.get("kind") != "precomputed":
+            return ""
+        file = attrs.get("checkpoint")
+        return f" (encoded from {file})" if isinstance(file, str) and file else ""
+
     def row_number(self, row: int) -> int:
         """The row of the file that row ``row`` of this source is (messages name it)."""
         return int(self.source_rows[row]) if self.source_rows is not None else int(row)
@@ -365,8 +377,8 @@ def check_same_dim(query: EmbeddingSource, gallery: EmbeddingSource) -> None:
     """Refuse query and gallery embeddings of different dimensions."""
     if query.shape[1] != gallery.shape[1]:
         raise RankwiseError(
-            f"{query.path or query.name} has dimension {query.shape[1]} but "
-            f"{gallery.path or gallery.name} has {gallery.shape[1]} (query vs "
+            f"{query.path or query.name}{query.origin} has dimension {query.shape[1]} but "
+            f"{gallery.path or gallery.name}{gallery.origin} has {gallery.shape[1]} (query vs "
             "gallery embeddings); encode both with the same model"
         )
 

@@ -568,6 +568,8 @@ class _Encoder:
     preprocessing: dict[str, Any] | None = None  # recorded in the store when set
     # id-keyed precomputed features: manifest ids -> the rows kept (before any batch)
     align: Callable[[list[str]], Alignment] | None = None
+    # precomputed: the file or Zarr store read, whose rows a message about values names
+    source: Path | None = None
 
 
 def _builtin(kind: str, opts: dict[str, Any]) -> _Encoder:
@@ -962,7 +964,14 @@ def _precomputed(opts: dict[str, Any], manifest: Path, out: Path) -> _Encoder:
         for start in range(0, n, step):
             yield vectors.read(start, min(start + step, n))
 
-    return _Encoder(opts, checkpoint, batches, needs_images=False, align=align if keyed else None)
+    return _Encoder(
+        opts,
+        checkpoint,
+        batches,
+        needs_images=False,
+        align=align if keyed else None,
+        source=source,
+    )
 
 
 def build_encoder(
@@ -1133,6 +1142,12 @@ def encode_manifest(
                 bad = ~np.isfinite(batch).all(axis=1) if batch.ndim == 2 else None
                 if bad is not None and bad.any():
                     i = start + int(np.flatnonzero(bad)[0])
+                    if encoder.source is not None:  # the user's file, not a model's output
+                        row = i if rows.feature_rows is None else int(rows.feature_rows[i])
+                        raise RankwiseError(
+                            f"{encoder.source}: row {row} (0-based; {rows.where(i)}) holds "
+                            "NaN or infinite values; fix or recompute those embeddings"
+                        )
                     raise RankwiseError(
                         f"{rows.where(i)}: the {kind} encoder produced "
                         "NaN or infinite values; check the input and the model"

@@ -215,8 +215,12 @@ def prepare_chunk(
 
 
 def row_location(source: EmbeddingSource, row: int) -> str:
-    """``<file>: <name> row <n> (0-based)``, the row counted in the file."""
-    return f"{source.path or source.name}: {source.name} row {source.row_number(row)} (0-based)"
+    """``<file>: <name> row <n> (0-based)``, the row counted in the file (and the file a
+    precomputed store came from, :attr:`~rankwise.embeddings.EmbeddingSource.origin`)."""
+    return (
+        f"{source.path or source.name}: {source.name} row {source.row_number(row)} "
+        f"(0-based){source.origin}"
+    )
 
 
 def _bad_row_message(
