@@ -46,7 +46,9 @@ def capture(files: dict, n_tiles: int, block: int, chunk: int) -> list[tuple]:
 
     kernels = native.engine_kernels()
     if not getattr(kernels, "fused", False):
-        raise SystemExit("bench_tiles: these kernels have no fused tile kernel (no AVX-512)")
+        raise SystemExit(
+            "bench_tiles: these kernels have no fused tile kernel (neither AVX-512 nor AVX2 + FMA)"
+        )
     kept: list[tuple] = []
     real = kernels.count_fused
 

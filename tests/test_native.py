@@ -26,7 +26,8 @@ def _cpu_has(flag: str) -> bool:
 
 
 # The kernels as built (-march=native), and their other code paths built on purpose:
-# without AVX-512 (AVX2 masks) and without either (plain C), where this CPU has them.
+# without AVX-512 (AVX2 masks, the AVX2 fused kernel) and without either (plain C, no
+# fused kernel), where this CPU has them.
 PATHS = {
     "native": (),
     "avx2": ("-mno-avx512f",),
@@ -127,9 +128,9 @@ def test_count_tile_on_an_empty_gallery_chunk_and_rows_without_thresholds(nk):
 
 @pytest.fixture(scope="module")
 def fused(built):
-    """The C kernels' fused tile kernel (AVX-512 builds only; skips elsewhere)."""
+    """The C kernels' fused tile kernel (AVX-512 or AVX2 + FMA builds; skips elsewhere)."""
     if not built.fused:
-        pytest.skip("no AVX-512 here: the C kernels have no fused tile kernel")
+        pytest.skip("neither AVX-512 nor AVX2 + FMA here: no fused tile kernel")
     return built
 
 
@@ -161,7 +162,8 @@ def test_the_fused_kernel_refuses_packed_rows_of_another_shape(fused):
     p = _problem(rng, False, n_q=13, n_g=200, dim=8, n_lab=3, noise=1.0)
     args = _tile_args(p, p["qrows"] @ p["grows"].T, True, False)[1:]
     qpack, gpack = fused.pack_queries(p["qrows"]), fused.pack_gallery(p["grows"])
-    assert qpack.size == 24 * 8 and gpack.size == 224 * 8  # whole panels: 12 rows, 32 items
+    mr, nr = fused.panels  # whole panels: 12 rows, 32 items (AVX-512); 6, 16 (AVX2)
+    assert qpack.size == -(-13 // mr) * mr * 8 and gpack.size == -(-200 // nr) * nr * 8
     for bad in (
         (qpack[:-8], gpack),
         (qpack, gpack[:-8]),
@@ -201,7 +203,7 @@ def _problem_with_depths(rng, cosine, noise, dim=40, n_other=600):
 
 @pytest.mark.parametrize("cosine", [False, True])
 @pytest.mark.parametrize("noise", [2.0, 3.0, 6.0])
-def test_every_number_of_thresholds_counts_like_numba(nk, built, cosine, noise):
+def test_every_number_of_thresholds_counts_like_numba(nk, cosine, noise):
     """Rows with 1 to 100 thresholds (the AVX-512 kernels place an item among up to 63
     of them by a binary search in registers, beyond that in memory; the other builds
     always in memory): count_tile's and count_fused's histograms are numba's."""
@@ -212,13 +214,13 @@ def test_every_number_of_thresholds_counts_like_numba(nk, built, cosine, noise):
     ahead = np.add.reduceat(want, p["toff"][:-1])
     assert (ahead > 0).sum() >= len(DEPTHS) - 2  # items ahead of nearly every query
     np.testing.assert_array_equal(nk.count_tile(*args), want)
-    if built.fused:
-        packed = (built.pack_queries(p["qrows"]), built.pack_gallery(p["grows"]))
-        np.testing.assert_array_equal(built.count_fused(*packed, *args[1:]), want)
+    if nk.fused:  # each build's: AVX-512's 12 x 32 panels, or AVX2's 6 x 16
+        packed = (nk.pack_queries(p["qrows"]), nk.pack_gallery(p["grows"]))
+        np.testing.assert_array_equal(nk.count_fused(*packed, *args[1:]), want)
 
 
 @pytest.mark.parametrize("cosine", [False, True])
-def test_thousands_of_exact_ties_in_one_tile_count_like_numba(nk, built, cosine):
+def test_thousands_of_exact_ties_in_one_tile_count_like_numba(nk, cosine):
     """Every gallery row twice, under two labels: each relevant item has an exact tie
     under another identity, which no float32 bound can settle.  Over 4,096 such items in
     one tile: the C kernels queue them and decide them in batches (several batches
@@ -235,9 +237,9 @@ def test_thousands_of_exact_ties_in_one_tile_count_like_numba(nk, built, cosine)
     # nearly every relevant item's twin is counted at its tied threshold
     assert p["thr"].size > 4096 and want.sum() > 4096
     np.testing.assert_array_equal(nk.count_tile(*args), want)
-    if built.fused:
-        packed = (built.pack_queries(p["qrows"]), built.pack_gallery(p["grows"]))
-        np.testing.assert_array_equal(built.count_fused(*packed, *args[1:]), want)
+    if nk.fused:  # each build's: AVX-512's 12 x 32 panels, or AVX2's 6 x 16
+        packed = (nk.pack_queries(p["qrows"]), nk.pack_gallery(p["grows"]))
+        np.testing.assert_array_equal(nk.count_fused(*packed, *args[1:]), want)
 
 
 def test_the_fused_products_are_four_partial_sums(fused):
@@ -286,6 +288,50 @@ def test_the_fused_products_lie_within_their_tighter_bound(fused, dim):
         worst = abs(float(seq) - math.fsum(q64[13] * g64[39]))
         assert worst > _gamma(m) * np.abs(q64[13] * g64[39]).sum()
         assert worst < _gamma(dim) * np.abs(q64[13] * g64[39]).sum()
+
+
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fused multiply-add, a * b + c rounded once (to nearest, ties to even):
+    a * b is exact in float64, TwoSum gives the exact sum hi + lo, and float32(hi) is
+    the correctly rounded result unless hi lies exactly halfway between two float32
+    numbers, where lo's sign decides."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c64 = c.astype(np.float64)
+    hi = p + c64
+    t = hi - p
+    lo = (p - (hi - t)) + (c64 - t)
+    r = hi.astype(np.float32)
+    r64 = r.astype(np.float64)
+    up = np.nextafter(r, np.float32(np.inf)).astype(np.float64)
+    down = np.nextafter(r, np.float32(-np.inf)).astype(np.float64)
+    r = np.where((hi == (r64 + up) / 2) & (lo > 0), up.astype(np.float32), r)
+    return np.where((hi == (r64 + down) / 2) & (lo < 0), down.astype(np.float32), r)
+
+
+def test_the_fused_products_are_the_documented_sums_bit_for_bit(fused):
+    """Every product is parts partial sums of kc = ceil(D / 4) terms, each a chain of
+    float32 fused multiply-adds in k order from 0, added in order (micro_kernel):
+    emulated exactly here, so the AVX-512 (12 x 32) and AVX2 (6 x 16) kernels, which
+    both must equal it, give the same bits, and the same counts, on either CPU."""
+    rng = np.random.default_rng(5)
+    for dim in (1, 3, 17, 64, 130):
+        q = rng.standard_normal((13, dim)).astype(np.float32)
+        g = rng.standard_normal((37, dim)).astype(np.float32)
+        got = fused.fused_products(fused.pack_queries(q), fused.pack_gallery(g), 13, 37, dim)
+        kc = -(-dim // 4)
+        want = None
+        for k0 in range(0, dim, kc):
+            part = np.zeros((13, 37), dtype=np.float32)
+            for k in range(k0, min(k0 + kc, dim)):
+                part = _fma32(q[:, k, None], g[None, :, k], part)
+            want = part if want is None else (want + part).astype(np.float32)
+        np.testing.assert_array_equal(got, want)
+        # not BLAS's: a sequential float32 sum without fused multiply-adds differs
+        if dim >= 64:
+            plain = np.zeros((13, 37), dtype=np.float32)
+            for k in range(dim):
+                plain = (plain + q[:, k, None] * g[None, :, k]).astype(np.float32)
+            assert (plain != want).any()
 
 
 @pytest.mark.parametrize("distance", ["euclidean", "cosine"])

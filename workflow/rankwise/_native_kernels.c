@@ -1,6 +1,6 @@
 /* The rank path's kernels in C: prepare_rows (and row_norms), pair_keys, count_tile,
- * ranks_from_hist, and on AVX-512 CPUs count_fused (count_tile's counts with the tile's
- * products computed in the same pass, see its section).
+ * ranks_from_hist, and on AVX-512 or AVX2 + FMA CPUs count_fused (count_tile's counts
+ * with the tile's products computed in the same pass, see its section).
  *
  * The numba kernels' steps (kernels.py: read their docstrings for the maths), with
  * AVX-512 and AVX2 paths where the CPU has them, compiled ahead of time by
@@ -701,21 +701,28 @@ done:
     return status;
 }
 
-/* ------------------------------------------------------------------ fused tiles (AVX-512)
+/* ------------------------------------------------- fused tiles (AVX-512, or AVX2 + FMA)
  *
  * rw_count_fused: count_tile's counts, with the tile's float32 products computed here
  * instead of by BLAS, RW_NB gallery items at a time into a block that stays in the
- * core's L2 cache, and counted right away: the 32 MB tile is never written out and read
- * back.  The products are float32 multiply-adds in four partial sums (a different
- * rounding from BLAS's, with a smaller bound: micro_kernel), and every decision is made
+ * core's cache (1 MB at 1,024 query rows: in a 2 MB L2; a 512 KB L2 keeps half of it),
+ * and counted right away: the 32 MB tile is never written out and read back.  The
+ * products are float32 multiply-adds in four partial sums (a different rounding from
+ * BLAS's, with a smaller bound: micro_kernel), and every decision is made
  * within the bound the caller passes (at least the products' own, rw_fused_roundings), so
  * every count, and every rank, is the one count_tile gives.  The product is a register-
- * blocked micro-kernel (RW_MR query rows x RW_NR gallery items, 24 accumulators) over
- * operands packed once per query block and gallery chunk (rw_pack_rows), the layout of
- * BLIS / OpenBLAS's own kernels; measured as fast as numpy's OpenBLAS sgemm here. */
+ * blocked micro-kernel (RW_MR query rows x RW_NR gallery items: 24 AVX-512 accumulators,
+ * or 12 AVX2 ones, whose sums are the same bits) over operands packed once per query
+ * block and gallery chunk (rw_pack_rows), the layout of BLIS / OpenBLAS's own kernels;
+ * measured as fast as numpy's OpenBLAS sgemm on a Xeon (AVX-512) and an EPYC (AVX2). */
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #if defined(__AVX512F__)
 #define RW_MR 12
 #define RW_NR 32
+#else /* AVX2: 6 x 16, 12 accumulators of the 16 registers (OpenBLAS's Haswell shape) */
+#define RW_MR 6
+#define RW_NR 16
+#endif
 #define RW_NB 256
 
 void rw_panel_widths(i64 *widths)
@@ -763,6 +770,7 @@ i64 rw_fused_roundings(i64 d)
  * sums of kc terms (float32 fused multiply-adds in k order) added in order; c 64-byte
  * aligned and ldc a multiple of 16 (b need not be: packed rows that travelled to a
  * cluster's worker may not be). */
+#if defined(__AVX512F__)
 static inline void micro_kernel(const float *a, const float *b, i64 d, i64 kc, float *c,
                                 i64 ldc)
 {
@@ -799,6 +807,42 @@ static inline void micro_kernel(const float *a, const float *b, i64 d, i64 kc, f
 #undef RW_PUT
     }
 }
+#else
+/* The same sums with 8-lane registers: each entry the same chain of fused multiply-adds
+ * in k order per part, the parts added in order, so the products are bit for bit the
+ * AVX-512 kernel's (c 32-byte aligned, ldc a multiple of 8). */
+static inline void micro_kernel(const float *a, const float *b, i64 d, i64 kc, float *c,
+                                i64 ldc)
+{
+    for (i64 k0 = 0; k0 < d; k0 += kc) {
+        i64 kn = d - k0 < kc ? d - k0 : kc;
+        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+               c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+        for (i64 k = 0; k < kn; k++, a += RW_MR, b += RW_NR) {
+            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
+#define RW_ROW(i, r0, r1)            \
+    x = _mm256_broadcast_ss(a + i);  \
+    r0 = _mm256_fmadd_ps(x, b0, r0); \
+    r1 = _mm256_fmadd_ps(x, b1, r1);
+            RW_ROW(0, c00, c01) RW_ROW(1, c10, c11) RW_ROW(2, c20, c21) RW_ROW(3, c30, c31)
+            RW_ROW(4, c40, c41) RW_ROW(5, c50, c51)
+#undef RW_ROW
+        }
+#define RW_PUT(i, r0, r1)                                                               \
+    if (k0 == 0) {                                                                      \
+        _mm256_store_ps(c + (i) * ldc, r0);                                             \
+        _mm256_store_ps(c + (i) * ldc + 8, r1);                                         \
+    } else {                                                                            \
+        _mm256_store_ps(c + (i) * ldc, _mm256_add_ps(_mm256_load_ps(c + (i) * ldc), r0)); \
+        _mm256_store_ps(c + (i) * ldc + 8,                                              \
+                        _mm256_add_ps(_mm256_load_ps(c + (i) * ldc + 8), r1));          \
+    }
+        RW_PUT(0, c00, c01) RW_PUT(1, c10, c11) RW_PUT(2, c20, c21) RW_PUT(3, c30, c31)
+        RW_PUT(4, c40, c41) RW_PUT(5, c50, c51)
+#undef RW_PUT
+    }
+}
+#endif
 
 /* The fused kernel's products alone, out (b x c, row-major): for the tests (each lies
  * within gamma_{rw_fused_roundings(d)} sum_k |q_k g_k| of the exact dot product). */
@@ -830,8 +874,9 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
     i64 bp = (b + RW_MR - 1) / RW_MR * RW_MR, rmax = 0, kc = fused_kc(dim);
     for (i64 i = 0; i < b; i++)
         if (toff[i + 1] - toff[i] > rmax) rmax = toff[i + 1] - toff[i];
+    i64 cp = (c + 63) >> 6 << 6; /* off padded to whole 64-item words (compact_row) */
     double *gn = malloc(sizeof(double) * c);
-    float *off = malloc(sizeof(float) * c);
+    float *off = malloc(sizeof(float) * cp);
     /* every row's float32 bounds, once per tile: row i's aup from toff[i] (r of them),
      * its bdn from toff[i] + i (r + 1 of them) */
     float *aup = malloc(sizeof(float) * (toff[b] + 1));
@@ -841,16 +886,21 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
     int32_t *jj = malloc(sizeof(int32_t) * (RW_NB + 16));
     int32_t *pos = malloc(sizeof(int32_t) * (RW_NB + 16));
     float *blk = aligned_alloc(64, sizeof(float) * bp * RW_NB); /* 1 MB at b = 1024 */
+    /* compact_row's word masks and padded last word (used without AVX-512) */
+    uint64_t *masks = malloc(sizeof(uint64_t) * (RW_NB >> 6));
+    float *spad = calloc(64, sizeof(float));
     struct open_queue open = {malloc(sizeof(struct open_item) * (RW_OPEN + RW_NB)), 0, qrows,
                               grows, qsq, gsq, gn, thr, toff, dim, cosine, bound, hist};
     int status = 0;
-    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk || !open.it) {
+    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk || !masks ||
+        !spad || !open.it) {
         status = -1;
         goto done;
     }
-    struct row_scratch scratch = {vv, jj, pos, row_hist, NULL, NULL};
+    struct row_scratch scratch = {vv, jj, pos, row_hist, masks, spad};
     double gmax, hmax;
     chunk_setup(gsq, gjunk, c, cosine, gn, off, &gmax, &hmax);
+    for (i64 j = c; j < cp; j++) off[j] = NAN; /* never ahead: the last block's padding */
     for (i64 i = 0; i < b; i++)
         if (toff[i + 1] > toff[i])
             row_bounds(thr, toff[i], toff[i + 1], qsq[i], gmax, hmax, cosine, bound,
@@ -881,6 +931,8 @@ done:
     free(jj);
     free(pos);
     free(blk);
+    free(masks);
+    free(spad);
     return status;
 }
 #endif

@@ -9,7 +9,7 @@ keys), re-ranking (:mod:`rankwise.rerank`), and the CPU-side steps of query expa
 and single-gallery-shot draws.  A :class:`Tiles` backend says how ``S`` is computed:
 
 ``cpu``        numpy's float32 BLAS (the default; torch is never imported); with the C
-               kernels on an AVX-512 CPU, their fused tile kernel instead, which
+               kernels on an AVX-512 or AVX2 + FMA CPU, their fused tile kernel, which
                computes each tile's products itself and counts them while they are in
                the core's cache (``count_fused`` in :mod:`rankwise.native`).
 ``cuda``       ``torch.matmul`` in float32 on the current CUDA device (choose one with

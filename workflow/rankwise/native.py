@@ -2,7 +2,7 @@
 
 :func:`engine_kernels` returns the kernel set the engine calls (``prepare_rows``,
 ``pair_keys``, ``count_tile``, ``ranks_from_hist``, same arguments and results as
-:mod:`rankwise.kernels`; on an AVX-512 CPU the C kernels also have ``count_fused``,
+:mod:`rankwise.kernels`; on an AVX-512 or AVX2 + FMA CPU the C kernels also have ``count_fused``,
 ``count_tile``'s histogram with the tile's float32 products computed in the same pass
 over packed rows, so the tile never leaves the core's cache):
 
@@ -83,7 +83,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     ),
     "rw_ranks_from_hist": (None, [_P, _P, _I, _P]),
 }
-#: The fused tile kernel's functions: built only where the CPU has AVX-512.
+#: The fused tile kernel's functions: built only where the CPU has AVX-512 or AVX2 + FMA.
 _FUSED_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rw_panel_widths": (None, [_P]),
     "rw_pack_rows": (None, [_P, _I, _I, _I, _P]),
@@ -118,7 +118,8 @@ class NativeKernels:
             fn.restype = restype
             fn.argtypes = argtypes
             self._f[fname] = fn
-        #: whether :meth:`count_fused` exists (an AVX-512 build), and its panel widths
+        #: whether :meth:`count_fused` exists (an AVX-512 or AVX2 + FMA build), and its panel
+        #: widths (12 x 32, or 6 x 16)
         self.fused = hasattr(lib, "rw_count_fused")
         self.panels = (0, 0)
         if self.fused:

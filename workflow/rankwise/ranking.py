@@ -22,9 +22,9 @@ chunk ``workers + 1`` places before it are done, which keeps memory flat.  The l
 counts them first, without reading and preparing them again.
 
 The tile similarities of pass 2 run on numpy's BLAS, in the C kernels' fused tile
-kernel (an AVX-512 CPU: products and counts in one pass, no tile written out) or, with
-``EngineOptions.device``, with torch on a GPU (:mod:`rankwise.devices`); everything else
-runs on the host, and the numbers are the same on every device.
+kernel (an AVX-512 or AVX2 + FMA CPU: products and counts in one pass, no tile written
+out) or, with ``EngineOptions.device``, with torch on a GPU (:mod:`rankwise.devices`);
+everything else runs on the host, and the numbers are the same on every device.
 """
 
 from __future__ import annotations
