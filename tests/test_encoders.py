@@ -823,24 +823,25 @@ def test_a_bad_row_of_a_precomputed_store_names_the_file_it_came_from(tmp_path: 
         )  # fmt: skip
     np.save(tmp_path / "q4.npy", rng.normal(size=(3, 4)).astype("f4"))
     inputs = ["--query", tmp_path / "query.csv", "--gallery", tmp_path / "gallery.csv"]
-    proc = run_rankwise(
-        "evaluate", *inputs, "--query-embeddings", tmp_path / "q4.npy",
-        "--gallery-embeddings", tmp_path / "gallery.zarr", "--distance", "cosine",
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert proc.stderr.startswith(
-        f"error: {tmp_path / 'gallery.zarr'}: gallery embeddings row 3 (0-based) (encoded "
-        f"from {tmp_path / 'g.npy'}) is a zero vector"
-    ), proc.stderr
-    proc = run_rankwise(
-        "evaluate", *inputs, "--query-embeddings", tmp_path / "query.zarr",
-        "--gallery-embeddings", tmp_path / "gallery.zarr", "--distance", "euclidean",
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert proc.stderr.startswith(
-        f"error: {tmp_path / 'query.zarr'} (encoded from {tmp_path / 'q.npy'}) has dimension 5 "
-        f"but {tmp_path / 'gallery.zarr'} (encoded from {tmp_path / 'g.npy'}) has 4"
-    ), proc.stderr
+    for query, distance, expected in (
+        (
+            "q4.npy",
+            "cosine",
+            f"{tmp_path / 'gallery.zarr'}: gallery embeddings row 3 (0-based) (encoded from "
+            f"{tmp_path / 'g.npy'}) is a zero vector",
+        ),
+        (
+            "query.zarr",
+            "euclidean",
+            f"{tmp_path / 'query.zarr'} (encoded from {tmp_path / 'q.npy'}) has dimension 5 "
+            f"but {tmp_path / 'gallery.zarr'} (encoded from {tmp_path / 'g.npy'}) has 4",
+        ),
+    ):
+        proc = run_rankwise(
+            "evaluate", *inputs, "--query-embeddings", tmp_path / query,
+            "--gallery-embeddings", tmp_path / "gallery.zarr", "--distance", distance,
+        )  # fmt: skip
+        assert proc.returncode == 2 and proc.stderr.startswith(f"error: {expected}"), proc.stderr
 
 
 def test_precomputed_needs_a_split(manifest: Path, tmp_path: Path):
