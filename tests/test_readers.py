@@ -123,7 +123,8 @@ def test_open_inputs(files):
 def test_open_inputs_checks_dimensions(files):
     with pytest.raises(
         RankwiseError,
-        match=r"query embeddings has dimension 3 but .*g\.zarr "
+        # the store was encoded from g.npy by the precomputed encoder: that file is named
+        match=r"query embeddings has dimension 3 but .*g\.zarr \(encoded from .*g\.npy\) "
         r"has 4 .*encode both with the same model",
     ):
         open_inputs(
