@@ -1,5 +1,5 @@
-"""Helpers shared by the test modules: the console script, Snakemake runs in a temp folder
-and dry-run parsing."""
+"""Helpers shared by the test modules: the console script, Snakemake runs in a temp folder,
+dry-run parsing and the C kernels."""
 
 from __future__ import annotations
 
@@ -116,3 +116,14 @@ def input_args(folder: Path) -> list[str]:
         "--gallery-embeddings",
         str(folder / "g.npy"),
     ]
+
+
+def c_kernels(extra_flags: tuple[str, ...] = ()):
+    """The C kernels built with rankwise.native's flags plus ``extra_flags``.  Skips only
+    where there is no C compiler (numba's kernels run there); where there is one, a
+    failed build or self-test fails the test: a broken kernel must not pass as a skip."""
+    from rankwise import native
+
+    if native._compiler() is None:
+        pytest.skip("no C compiler here: numba's kernels run")
+    return native._build(native.FLAGS + tuple(extra_flags))

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from helpers import c_kernels
 
-from rankwise import kernels, native
+from rankwise import kernels
 from rankwise.protocols import dense_masks
 from rankwise.ranking import _sum_counts
 
@@ -19,12 +20,9 @@ def both_kernel_sets(request, monkeypatch):
     """Run the test on numba's kernels and again on their C counterparts
     (rankwise.native), swapped into this module's ``kernels``: same expected numbers."""
     if request.param == "native":
-        try:
-            c_kernels = native._build()
-        except (OSError, RuntimeError) as exc:
-            pytest.skip(f"no C kernels here: {exc}")
+        built = c_kernels()
         for name in ("prepare_rows", "pair_keys", "count_tile", "ranks_from_hist"):
-            monkeypatch.setattr(kernels, name, getattr(c_kernels, name))
+            monkeypatch.setattr(kernels, name, getattr(built, name))
     return request.param
 
 

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import c_kernels
 
 import rankwise
 from rankwise import kernels, native
@@ -38,10 +39,7 @@ PATHS = {
 @pytest.fixture(scope="module")
 def built():
     """The kernels as a ranking process builds them (skips without a C compiler)."""
-    try:
-        return native._build()
-    except (OSError, RuntimeError) as exc:
-        pytest.skip(f"no C kernels here: {exc}")
+    return c_kernels()
 
 
 @pytest.fixture(scope="module", params=list(PATHS))
@@ -49,10 +47,7 @@ def nk(request):
     extra = PATHS[request.param]
     if extra and not _cpu_has("avx2"):
         pytest.skip("this CPU has no AVX2: -march=native already builds the plain path")
-    try:
-        return native._build(native.FLAGS + extra)
-    except (OSError, RuntimeError) as exc:
-        pytest.skip(f"no C kernels here: {exc}")
+    return c_kernels(extra)
 
 
 def _problem(rng, cosine, n_q, n_g, dim, n_lab, noise, dup=40):
@@ -128,8 +123,11 @@ def test_count_tile_on_an_empty_gallery_chunk_and_rows_without_thresholds(nk):
 
 @pytest.fixture(scope="module")
 def fused(built):
-    """The C kernels' fused tile kernel (AVX-512 or AVX2 + FMA builds; skips elsewhere)."""
+    """The C kernels' fused tile kernel (AVX-512 or AVX2 + FMA builds; skips on other
+    CPUs, and fails where the CPU has them but the build has no fused kernel)."""
+    has = _cpu_has("avx512f") or (_cpu_has("avx2") and _cpu_has("fma"))
     if not built.fused:
+        assert not has, "this CPU has AVX-512 or AVX2 + FMA, yet no fused tile kernel was built"
         pytest.skip("neither AVX-512 nor AVX2 + FMA here: no fused tile kernel")
     return built
 
@@ -178,8 +176,9 @@ DEPTHS = [1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100]
 
 def _problem_with_depths(rng, cosine, noise, dim=40, n_other=600):
     """One query per entry of DEPTHS with exactly that many relevant items (so that many
-    thresholds): every way count_tile places items among a row's thresholds (in
-    registers below 32 and below 64, searched beyond), on clustered rows."""
+    thresholds): every way count_tile places items among a row's thresholds (below 64 in
+    registers: AVX-512 by a binary search, AVX2 by one below 32 and by a scan of the
+    bounds from 32 to 64; in memory beyond), on clustered rows."""
     n_q = len(DEPTHS)
     centres = 2.0 * rng.standard_normal((n_q + 20, dim))
     qlab = np.arange(n_q)
@@ -205,8 +204,10 @@ def _problem_with_depths(rng, cosine, noise, dim=40, n_other=600):
 @pytest.mark.parametrize("noise", [2.0, 3.0, 6.0])
 def test_every_number_of_thresholds_counts_like_numba(nk, cosine, noise):
     """Rows with 1 to 100 thresholds (the AVX-512 kernels place an item among up to 63
-    of them by a binary search in registers, beyond that in memory; the other builds
-    always in memory): count_tile's and count_fused's histograms are numba's."""
+    of them by a binary search in registers, beyond that in memory; the AVX2 ones among
+    up to 31 by a binary search in registers, up to 64 by a scan of the bounds held
+    against the items in registers, beyond that in memory; the plain C ones always in
+    memory): count_tile's and count_fused's histograms are numba's."""
     rng = np.random.default_rng(int(10 * noise) + cosine)
     p = _problem_with_depths(rng, cosine, noise)
     args = _tile_args(p, p["qrows"] @ p["grows"].T, False, cosine)
@@ -215,6 +216,38 @@ def test_every_number_of_thresholds_counts_like_numba(nk, cosine, noise):
     assert (ahead > 0).sum() >= len(DEPTHS) - 2  # items ahead of nearly every query
     np.testing.assert_array_equal(nk.count_tile(*args), want)
     if nk.fused:  # each build's: AVX-512's 12 x 32 panels, or AVX2's 6 x 16
+        packed = (nk.pack_queries(p["qrows"]), nk.pack_gallery(p["grows"]))
+        np.testing.assert_array_equal(nk.count_fused(*packed, *args[1:]), want)
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+def test_every_share_of_items_ahead_counts_like_numba(nk, cosine):
+    """Rows with none, one, a few and up to every item of the chunk ahead of their
+    deepest threshold (thresholds at quantiles of the row's own keys): the AVX2 kernels
+    pack the items ahead item by item below one in eight of a row's (or a fused block's)
+    items and 8 at a time from there, so both ways, and the switch between them, are
+    crossed; count_tile's and count_fused's histograms are numba's."""
+    rng = np.random.default_rng(11 + cosine)
+    p = _problem(rng, cosine, n_q=60, n_g=1100, dim=32, n_lab=40, noise=1.5)
+    sim = p["qrows"] @ p["grows"].T
+    q, g = p["qrows"].astype(np.float64), p["grows"].astype(np.float64)
+    keys = -(q @ g.T) if cosine else p["qsq"][:, None] + p["gsq"][None, :] - 2.0 * (q @ g.T)
+    shares = np.concatenate([[0.0, 0.0005, 0.003], np.linspace(0.01, 0.3, 40), [0.6, 0.9, 1.0]])
+    thr, toff = [], [0]
+    for i, share in enumerate(shares[: len(q)]):
+        deepest = np.quantile(keys[i], share) * (1 + 1e-6) if share else keys[i].min() - 1.0
+        t = np.sort(np.concatenate([[deepest], np.quantile(keys[i], share * rng.random(i % 5))]))
+        thr.append(t)
+        toff.append(toff[-1] + t.size)
+    p.update(thr=np.concatenate(thr), toff=np.asarray(toff[: len(thr) + 1], np.int64))
+    p.update({k: p[k][: len(thr)] for k in ("qrows", "qsq", "qlab", "qid")})
+    args = _tile_args(p, sim[: len(thr)], True, cosine)
+    want = kernels.count_tile(*args)
+    ahead = np.add.reduceat(want, p["toff"][:-1]) / keys.shape[1]
+    assert ahead[0] == 0 and ahead.max() > 0.5  # no item ahead to nearly all
+    assert ((ahead > 0) & (ahead < 1 / 8)).sum() >= 10 and (ahead >= 1 / 8).sum() >= 10
+    np.testing.assert_array_equal(nk.count_tile(*args), want)
+    if nk.fused:
         packed = (nk.pack_queries(p["qrows"]), nk.pack_gallery(p["grows"]))
         np.testing.assert_array_equal(nk.count_fused(*packed, *args[1:]), want)
 

@@ -335,30 +335,38 @@ static void float32_bounds(const double *thr, i64 lo, i64 hi, double h0, double 
     bdn[r] = INFINITY;
 }
 
-#if !defined(__AVX512F__)
+#if !defined(__AVX512F__) && !defined(__AVX2__)
 /* Bit k of the result: off[k] - s[k] <= cut (float32; false for a NaN off), k < 64. */
 static inline uint64_t ahead_word(const float *off, const float *s, float cut)
 {
-#if defined(__AVX2__)
-    __m256 c = _mm256_set1_ps(cut);
-    uint64_t m = 0;
-    for (int h = 0; h < 8; h++) {
-        __m256 v = _mm256_sub_ps(_mm256_loadu_ps(off + 8 * h), _mm256_loadu_ps(s + 8 * h));
-        m |= (uint64_t)(unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, c, _CMP_LE_OQ)) << (8 * h);
-    }
-    return m;
-#else
     uint64_t m = 0;
     for (int k = 0; k < 64; k++) m |= (uint64_t)(off[k] - s[k] <= cut) << k;
     return m;
+}
 #endif
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* Row m of the table: the lanes whose bit is set in m, in order, then zeros: the
+ * permutation that packs an 8-lane register's selected lanes to its front (AVX2 has no
+ * compressing instruction).  Filled when the library is loaded. */
+static uint8_t pack_lanes[256][8];
+
+__attribute__((constructor)) static void fill_pack_lanes(void)
+{
+    for (int m = 0; m < 256; m++) {
+        int n = 0;
+        for (int l = 0; l < 8; l++)
+            if (m >> l & 1) pack_lanes[m][n++] = (uint8_t)l;
+        while (n < 8) pack_lanes[m][n++] = 0;
+    }
 }
 #endif
 
 /* The items of one row at or ahead of the deepest threshold (float32 proxy
  * v = off - s <= cut), without the query's own label (relevant items, same-camera junk)
  * and, with exclude_self, its own id: their proxies into vv and indices into jj, in
- * gallery order; returns how many.  vv and jj have room for 16 more than c. */
+ * gallery order; returns how many.  vv and jj have room for 16 more than c; masks for
+ * (c + 63) / 64 words, spad for 64 floats (zeros). */
 static i64 compact_row(const float *off, const float *srow, i64 c, float cut, const i64 *glab,
                        const i64 *gid, i64 ql, i64 qi, int exclude_self, uint64_t *masks,
                        float *spad, float *vv, int32_t *jj)
@@ -395,8 +403,28 @@ static i64 compact_row(const float *off, const float *srow, i64 c, float cut, co
     (void)masks;
     (void)spad;
 #else
-    i64 nw = (c + 63) >> 6;
-    uint64_t dense = 0;
+    /* first the items ahead as bit masks, 64 a word (bit k of word w: item 64 w + k),
+     * and how many */
+    i64 nw = (c + 63) >> 6, ahead = 0;
+#if defined(__AVX2__)
+    uint8_t *gm = (uint8_t *)masks; /* a byte per 8 items: the same bits */
+    __m256 cv = _mm256_set1_ps(cut);
+    i64 ng = c >> 3;
+    for (i64 g = 0; g < ng; g++) {
+        __m256 v = _mm256_sub_ps(_mm256_loadu_ps(off + 8 * g), _mm256_loadu_ps(srow + 8 * g));
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, cv, _CMP_LE_OQ));
+        gm[g] = (uint8_t)m;
+        ahead += __builtin_popcount(m);
+    }
+    for (i64 g = ng; g < 8 * nw; g++) gm[g] = 0;
+    if (c > 8 * ng) { /* the last, partial group */
+        unsigned m = 0;
+        for (i64 j = 8 * ng; j < c; j++) m |= (unsigned)(off[j] - srow[j] <= cut) << (j - 8 * ng);
+        gm[ng] = (uint8_t)m;
+        ahead += __builtin_popcount(m);
+    }
+    (void)spad;
+#else
     for (i64 w = 0; w < nw; w++) {
         i64 base = w << 6;
         uint64_t m;
@@ -407,9 +435,44 @@ static i64 compact_row(const float *off, const float *srow, i64 c, float cut, co
             m = ahead_word(off + base, spad, cut);
         }
         masks[w] = m;
-        dense |= m;
+        ahead += __builtin_popcountll(m);
     }
-    if (dense == 0) return 0;
+#endif
+    if (ahead == 0) return 0;
+#if defined(__AVX2__)
+    if (8 * ahead >= c) {
+        /* dense (one item in 8 or more): 8 items a step, as AVX-512 does, without a
+         * branch per item: drop own label / id, pack the kept lanes to the front with a
+         * permutation from pack_lanes, store all 8 */
+        __m256i lv = _mm256_set1_epi64x(ql), iv = _mm256_set1_epi64x(qi);
+        __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i eight = _mm256_set1_epi32(8);
+        for (i64 g = 0; g < ng; g++, idx = _mm256_add_epi32(idx, eight)) {
+            i64 base = 8 * g;
+            __m256 v = _mm256_sub_ps(_mm256_loadu_ps(off + base), _mm256_loadu_ps(srow + base));
+#define RW_EQ4(x, at) \
+    (unsigned)_mm256_movemask_pd(_mm256_castsi256_pd( \
+        _mm256_cmpeq_epi64(_mm256_loadu_si256((const __m256i *)(at)), x)))
+            unsigned own = RW_EQ4(lv, glab + base) | RW_EQ4(lv, glab + base + 4) << 4;
+            if (exclude_self) own |= RW_EQ4(iv, gid + base) | RW_EQ4(iv, gid + base + 4) << 4;
+#undef RW_EQ4
+            unsigned m = gm[g] & ~own;
+            __m256i perm =
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)pack_lanes[m]));
+            _mm256_storeu_ps(vv + n, _mm256_permutevar8x32_ps(v, perm));
+            _mm256_storeu_si256((__m256i *)(jj + n), _mm256_permutevar8x32_epi32(idx, perm));
+            n += __builtin_popcount(m);
+        }
+        for (i64 j = 8 * ng; j < c; j++) { /* the last, partial group */
+            float v = off[j] - srow[j];
+            vv[n] = v;
+            jj[n] = (int32_t)j;
+            n += (v <= cut) & (glab[j] != ql) & !(exclude_self && gid[j] == qi);
+        }
+        return n;
+    }
+#endif
+    /* sparse: item by item, from the masks */
     for (i64 w = 0; w < nw; w++) {
         uint64_t m = masks[w];
         while (m != 0) {
@@ -512,6 +575,133 @@ static i64 settle_row(const float *vv, const int32_t *jj, i64 n, const float *au
 }
 #endif
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* Rows with fewer thresholds than this are settled by a binary search in registers. */
+#define RW_SEARCH 32
+
+/* A row's bounds laid out for that search (r < RW_SEARCH), +inf past r: lay[0 .. 16)
+ * aup[0, 2, .., 30], lay[16 .. 24) aup[1, 5, .., 29], lay[24 .. 28) aup[3, 11, 19, 27],
+ * lay[28 .. 31) aup[7], aup[23], aup[15]; lay[32 .. 64) bdn[0 .. 32). */
+static void search_layout(const float *aup, const float *bdn, i64 r, float *lay)
+{
+    float a[32];
+    for (int q = 0; q < 32; q++) {
+        a[q] = q < r ? aup[q] : INFINITY;
+        lay[32 + q] = q <= r ? bdn[q] : INFINITY;
+    }
+    for (int k = 0; k < 16; k++) lay[k] = a[2 * k];
+    for (int k = 0; k < 8; k++) lay[16 + k] = a[4 * k + 1];
+    for (int k = 0; k < 4; k++) lay[24 + k] = a[8 * k + 3];
+    lay[28] = a[7];
+    lay[29] = a[23];
+    lay[30] = a[15];
+    lay[31] = INFINITY;
+}
+#define RW_LAYOUT(aup, bdn, r, lay) \
+    do {                             \
+        if ((r) < RW_SEARCH) search_layout(aup, bdn, r, lay); \
+    } while (0)
+
+/* x[k] where bit `bit` of k selects y over x (a blend on the bit moved to the sign). */
+static inline __m256 pick(__m256 x, __m256 y, __m256i k, int bit)
+{
+    return _mm256_blendv_ps(x, y, _mm256_castsi256_ps(_mm256_slli_epi32(k, 31 - bit)));
+}
+
+/* p += s where c < v (lane-wise) */
+static inline __m256i step(__m256i p, __m256 c, __m256 v, int s)
+{
+    __m256i t = _mm256_castps_si256(_mm256_cmp_ps(c, v, _CMP_LT_OQ));
+    return _mm256_add_epi32(p, _mm256_and_si256(t, _mm256_set1_epi32(s)));
+}
+
+/* For 8 proxies v: p = the number of upper bounds below each (a branchless binary
+ * search, 16 + 8 + 4 + 2 + 1, each step's candidates one broadcast or permutation of
+ * the layout), and in *bp the lower bound bdn[p]. */
+static inline __m256i place8(__m256 v, const float *lay, __m256 *bp)
+{
+    __m256i p = step(_mm256_setzero_si256(), _mm256_broadcast_ss(lay + 30), v, 16);
+    p = step(p, pick(_mm256_broadcast_ss(lay + 28), _mm256_broadcast_ss(lay + 29), p, 4), v, 8);
+    p = step(p, _mm256_permutevar8x32_ps(_mm256_loadu_ps(lay + 24), _mm256_srli_epi32(p, 3)), v, 4);
+    p = step(p, _mm256_permutevar8x32_ps(_mm256_loadu_ps(lay + 16), _mm256_srli_epi32(p, 2)), v, 2);
+    __m256i h = _mm256_srli_epi32(p, 1);
+    p = step(p, pick(_mm256_permutevar8x32_ps(_mm256_loadu_ps(lay), h),
+                     _mm256_permutevar8x32_ps(_mm256_loadu_ps(lay + 8), h), p, 4), v, 1);
+    const float *b = lay + 32;
+    __m256 lo = pick(_mm256_permutevar8x32_ps(_mm256_loadu_ps(b), p),
+                     _mm256_permutevar8x32_ps(_mm256_loadu_ps(b + 8), p), p, 3);
+    __m256 hi = pick(_mm256_permutevar8x32_ps(_mm256_loadu_ps(b + 16), p),
+                     _mm256_permutevar8x32_ps(_mm256_loadu_ps(b + 24), p), p, 3);
+    *bp = pick(lo, hi, p, 4);
+    return p;
+}
+
+/* count_row's settling for r <= 64 thresholds, 16 items a step (AVX2 has no 16-lane
+ * permutation, so no AVX-512-style search of 64 bounds in registers): with r <
+ * RW_SEARCH, each item's place p by place8 over the row's layout `lay`, settled when
+ * v <= bdn[p]; else ca = the number of upper bounds below v (its place) and cb = the
+ * number of lower bounds below it, by a scan of the bounds with the items held in
+ * registers: since bdn[q] <= aup[q] and both are non-decreasing, cb >= ca, and
+ * v <= bdn[ca] (settled) exactly when cb == ca.  Adds the settled items to hist[0 .. r)
+ * (those with p = r are ahead of none), open items' indices jj to opn; returns how many
+ * are open. */
+static i64 settle_row(const float *vv, const int32_t *jj, i64 n, const float *aup,
+                      const float *bdn, const float *lay, i64 r, i64 *hist, int32_t *opn)
+{
+    /* settled items counted by place into cnt, lane l into cnt[l & 3] (most items share
+     * the last places: four counters a place, not one chain of increments); open and
+     * absent lanes (past n) into cnt[.][r], not added: every lane is counted, without a
+     * branch per lane */
+    int32_t cnt[4][65], pl[16];
+    for (int h = 0; h < 4; h++)
+        for (i64 p = 0; p <= r; p++) cnt[h][p] = 0;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), rv = _mm256_set1_epi32((int)r);
+    i64 n_open = 0;
+    for (i64 t = 0; t < n; t += 16) {
+        __m256i in0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - t)), lane);
+        __m256i in1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - t - 8)), lane);
+        __m256 v0 = _mm256_maskload_ps(vv + t, in0), v1 = _mm256_maskload_ps(vv + t + 8, in1);
+        __m256i a0, a1, s0, s1; /* places; settled lanes (all bits set) */
+        if (r < RW_SEARCH) {
+            __m256 b0, b1;
+            a0 = place8(v0, lay, &b0);
+            a1 = place8(v1, lay, &b1);
+            s0 = _mm256_castps_si256(_mm256_cmp_ps(v0, b0, _CMP_LE_OQ));
+            s1 = _mm256_castps_si256(_mm256_cmp_ps(v1, b1, _CMP_LE_OQ));
+        } else {
+            a0 = a1 = _mm256_setzero_si256();
+            __m256i b0 = a0, b1 = a0;
+            for (i64 q = 0; q < r; q++) { /* a true comparison is -1 in every bit */
+                __m256 x = _mm256_broadcast_ss(aup + q), y = _mm256_broadcast_ss(bdn + q);
+                a0 = _mm256_sub_epi32(a0, _mm256_castps_si256(_mm256_cmp_ps(x, v0, _CMP_LT_OQ)));
+                a1 = _mm256_sub_epi32(a1, _mm256_castps_si256(_mm256_cmp_ps(x, v1, _CMP_LT_OQ)));
+                b0 = _mm256_sub_epi32(b0, _mm256_castps_si256(_mm256_cmp_ps(y, v0, _CMP_LT_OQ)));
+                b1 = _mm256_sub_epi32(b1, _mm256_castps_si256(_mm256_cmp_ps(y, v1, _CMP_LT_OQ)));
+            }
+            s0 = _mm256_cmpeq_epi32(a0, b0);
+            s1 = _mm256_cmpeq_epi32(a1, b1);
+        }
+        s0 = _mm256_and_si256(s0, in0);
+        s1 = _mm256_and_si256(s1, in1);
+        _mm256_storeu_si256((__m256i *)pl, _mm256_blendv_epi8(rv, a0, s0));
+        _mm256_storeu_si256((__m256i *)(pl + 8), _mm256_blendv_epi8(rv, a1, s1));
+        for (int l = 0; l < 16; l++) cnt[l & 3][pl[l]] += 1;
+        unsigned live = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(in0)) |
+                        (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(in1)) << 8;
+        unsigned settled = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(s0)) |
+                           (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(s1)) << 8;
+        for (unsigned open = live & ~settled; open != 0; open &= open - 1)
+            opn[n_open++] = jj[t + __builtin_ctz(open)];
+    }
+    for (i64 p = 0; p < r; p++) hist[p] += cnt[0][p] + cnt[1][p] + cnt[2][p] + cnt[3][p];
+    return n_open;
+}
+#endif
+
+#if !defined(RW_LAYOUT) /* only the AVX2 settling searches a layout */
+#define RW_LAYOUT(aup, bdn, r, lay) ((void)(lay))
+#endif
+
 /* Scratch arrays of count_row, for rows of up to `c` items and `rmax` thresholds. */
 struct row_scratch {
     float *vv;
@@ -587,14 +777,16 @@ static void count_open(struct open_queue *q)
 
 /* Query row i's counts against items j0 .. j0 + c of the gallery chunk: srow (c float32
  * products), off / glab / gid from item j0 on, aup / bdn the row's float32 bounds
- * (float32_bounds) of its thresholds [lo .. hi) (r = hi - lo >= 1).  Adds the settled
- * items to hist[lo .. hi) and queues the others in `open` (room for RW_OPEN + c). */
+ * (float32_bounds) of its thresholds [lo .. hi) (r = hi - lo >= 1), lay their
+ * RW_LAYOUT (64 floats).  Adds the settled items to hist[lo .. hi) and queues the others
+ * in `open` (room for RW_OPEN + c). */
 static void count_row(const float *srow, i64 c, i64 j0, const float *off, const float *aup,
-                      const float *bdn, i64 lo, i64 hi, i64 i, i64 ql, i64 qi,
+                      const float *bdn, const float *lay, i64 lo, i64 hi, i64 i, i64 ql, i64 qi,
                       const i64 *glab, const i64 *gid, int exclude_self,
                       const struct row_scratch *w, i64 *hist, struct open_queue *open)
 {
     i64 r = hi - lo;
+    (void)lay; /* read by the AVX2 settling only */
     float *vv = w->vv;
     int32_t *jj = w->jj, *pos = w->pos;
     i64 *row_hist = w->row_hist;
@@ -608,6 +800,10 @@ static void count_row(const float *srow, i64 c, i64 j0, const float *off, const 
 #if defined(__AVX512F__)
     if (r < 64) {
         n_open = settle_row(vv, jj, n, aup, bdn, r, hist + lo, pos);
+    } else
+#elif defined(__AVX2__)
+    if (r <= 64) {
+        n_open = settle_row(vv, jj, n, aup, bdn, lay, r, hist + lo, pos);
     } else
 #endif
     {
@@ -674,6 +870,7 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
         goto done;
     }
     struct row_scratch scratch = {vv, jj, pos, row_hist, masks, spad};
+    float lay[64];
     double gmax, hmax;
     chunk_setup(gsq, gjunk, c, cosine, gn, off, &gmax, &hmax);
     for (i64 j = c; j < cp; j++) off[j] = NAN;
@@ -682,7 +879,8 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
         i64 lo = toff[i], hi = toff[i + 1];
         if (hi == lo) continue;
         row_bounds(thr, lo, hi, qsq[i], gmax, hmax, cosine, bound, aup, bdn);
-        count_row(sim + i * ld, c, 0, off, aup, bdn, lo, hi, i, qlab[i], qid[i], glab, gid,
+        RW_LAYOUT(aup, bdn, hi - lo, lay);
+        count_row(sim + i * ld, c, 0, off, aup, bdn, lay, lo, hi, i, qlab[i], qid[i], glab, gid,
                   exclude_self, &scratch, hist, &open);
     }
     count_open(&open);
@@ -886,14 +1084,15 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
     int32_t *jj = malloc(sizeof(int32_t) * (RW_NB + 16));
     int32_t *pos = malloc(sizeof(int32_t) * (RW_NB + 16));
     float *blk = aligned_alloc(64, sizeof(float) * bp * RW_NB); /* 1 MB at b = 1024 */
+    float *lays = malloc(sizeof(float) * 64 * b); /* each row's RW_LAYOUT */
     /* compact_row's word masks and padded last word (used without AVX-512) */
     uint64_t *masks = malloc(sizeof(uint64_t) * (RW_NB >> 6));
     float *spad = calloc(64, sizeof(float));
     struct open_queue open = {malloc(sizeof(struct open_item) * (RW_OPEN + RW_NB)), 0, qrows,
                               grows, qsq, gsq, gn, thr, toff, dim, cosine, bound, hist};
     int status = 0;
-    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk || !masks ||
-        !spad || !open.it) {
+    if (!gn || !off || !aup || !bdn || !row_hist || !vv || !jj || !pos || !blk || !lays ||
+        !masks || !spad || !open.it) {
         status = -1;
         goto done;
     }
@@ -902,9 +1101,11 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
     chunk_setup(gsq, gjunk, c, cosine, gn, off, &gmax, &hmax);
     for (i64 j = c; j < cp; j++) off[j] = NAN; /* never ahead: the last block's padding */
     for (i64 i = 0; i < b; i++)
-        if (toff[i + 1] > toff[i])
+        if (toff[i + 1] > toff[i]) {
             row_bounds(thr, toff[i], toff[i + 1], qsq[i], gmax, hmax, cosine, bound,
                        aup + toff[i], bdn + toff[i] + i);
+            RW_LAYOUT(aup + toff[i], bdn + toff[i] + i, toff[i + 1] - toff[i], lays + 64 * i);
+        }
     for (i64 j0 = 0; j0 < c; j0 += RW_NB) {
         i64 nb = c - j0 < RW_NB ? c - j0 : RW_NB;
         for (i64 jp = 0; jp < nb; jp += RW_NR)
@@ -914,7 +1115,8 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
         for (i64 i = 0; i < b; i++) {
             i64 lo = toff[i], hi = toff[i + 1];
             if (hi == lo) continue;
-            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lo, hi, i,
+            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lays + 64 * i,
+                      lo, hi, i,
                       qlab[i], qid[i], glab + j0, gid + j0, exclude_self, &scratch, hist,
                       &open);
         }
@@ -931,6 +1133,7 @@ done:
     free(jj);
     free(pos);
     free(blk);
+    free(lays);
     free(masks);
     free(spad);
     return status;
