@@ -576,8 +576,10 @@ static i64 settle_row(const float *vv, const int32_t *jj, i64 n, const float *au
 #endif
 
 #if defined(__AVX2__) && !defined(__AVX512F__)
-/* Rows with fewer thresholds than this are settled by a binary search in registers. */
+/* Rows with fewer thresholds than this are settled by a binary search in registers,
+ * over their bounds laid out in RW_LAY floats. */
 #define RW_SEARCH 32
+#define RW_LAY 64
 
 /* A row's bounds laid out for that search (r < RW_SEARCH), +inf past r: lay[0 .. 16)
  * aup[0, 2, .., 30], lay[16 .. 24) aup[1, 5, .., 29], lay[24 .. 28) aup[3, 11, 19, 27],
@@ -602,7 +604,8 @@ static void search_layout(const float *aup, const float *bdn, i64 r, float *lay)
         if ((r) < RW_SEARCH) search_layout(aup, bdn, r, lay); \
     } while (0)
 
-/* x[k] where bit `bit` of k selects y over x (a blend on the bit moved to the sign). */
+/* Lane-wise y where bit `bit` of k is set, else x (a blend on that bit moved to the
+ * sign). */
 static inline __m256 pick(__m256 x, __m256 y, __m256i k, int bit)
 {
     return _mm256_blendv_ps(x, y, _mm256_castsi256_ps(_mm256_slli_epi32(k, 31 - bit)));
@@ -699,6 +702,7 @@ static i64 settle_row(const float *vv, const int32_t *jj, i64 n, const float *au
 #endif
 
 #if !defined(RW_LAYOUT) /* only the AVX2 settling searches a layout */
+#define RW_LAY 1
 #define RW_LAYOUT(aup, bdn, r, lay) ((void)(lay))
 #endif
 
@@ -778,7 +782,7 @@ static void count_open(struct open_queue *q)
 /* Query row i's counts against items j0 .. j0 + c of the gallery chunk: srow (c float32
  * products), off / glab / gid from item j0 on, aup / bdn the row's float32 bounds
  * (float32_bounds) of its thresholds [lo .. hi) (r = hi - lo >= 1), lay their
- * RW_LAYOUT (64 floats).  Adds the settled items to hist[lo .. hi) and queues the others
+ * RW_LAYOUT (RW_LAY floats).  Adds the settled items to hist[lo .. hi) and queues the others
  * in `open` (room for RW_OPEN + c). */
 static void count_row(const float *srow, i64 c, i64 j0, const float *off, const float *aup,
                       const float *bdn, const float *lay, i64 lo, i64 hi, i64 i, i64 ql, i64 qi,
@@ -870,7 +874,7 @@ int rw_count_tile(const float *sim, i64 b, i64 c, i64 ld, const float *qrows, co
         goto done;
     }
     struct row_scratch scratch = {vv, jj, pos, row_hist, masks, spad};
-    float lay[64];
+    float lay[RW_LAY];
     double gmax, hmax;
     chunk_setup(gsq, gjunk, c, cosine, gn, off, &gmax, &hmax);
     for (i64 j = c; j < cp; j++) off[j] = NAN;
@@ -1084,7 +1088,7 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
     int32_t *jj = malloc(sizeof(int32_t) * (RW_NB + 16));
     int32_t *pos = malloc(sizeof(int32_t) * (RW_NB + 16));
     float *blk = aligned_alloc(64, sizeof(float) * bp * RW_NB); /* 1 MB at b = 1024 */
-    float *lays = malloc(sizeof(float) * 64 * b); /* each row's RW_LAYOUT */
+    float *lays = malloc(sizeof(float) * RW_LAY * b); /* each row's RW_LAYOUT */
     /* compact_row's word masks and padded last word (used without AVX-512) */
     uint64_t *masks = malloc(sizeof(uint64_t) * (RW_NB >> 6));
     float *spad = calloc(64, sizeof(float));
@@ -1104,7 +1108,7 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
         if (toff[i + 1] > toff[i]) {
             row_bounds(thr, toff[i], toff[i + 1], qsq[i], gmax, hmax, cosine, bound,
                        aup + toff[i], bdn + toff[i] + i);
-            RW_LAYOUT(aup + toff[i], bdn + toff[i] + i, toff[i + 1] - toff[i], lays + 64 * i);
+            RW_LAYOUT(aup + toff[i], bdn + toff[i] + i, toff[i + 1] - toff[i], lays + RW_LAY * i);
         }
     for (i64 j0 = 0; j0 < c; j0 += RW_NB) {
         i64 nb = c - j0 < RW_NB ? c - j0 : RW_NB;
@@ -1115,7 +1119,7 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
         for (i64 i = 0; i < b; i++) {
             i64 lo = toff[i], hi = toff[i + 1];
             if (hi == lo) continue;
-            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lays + 64 * i,
+            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lays + RW_LAY * i,
                       lo, hi, i,
                       qlab[i], qid[i], glab + j0, gid + j0, exclude_self, &scratch, hist,
                       &open);
