@@ -479,6 +479,36 @@ def test_api_unknown_protocol_raises_listing_valid_ones():
         assert name in str(info.value)
 
 
+def test_several_items_with_the_query_label_count_the_first_of_them():
+    """README: where several gallery items carry a sketch's label, r_t is the first of
+    them (so in reassociation for a label twice in one frame).  1-D gallery at 0, 10,
+    20, 30 (N = 4), label t at 0 and at 30.  Step 1 at 24: order 20, 30, 10, 0, the
+    first t second (the last one fourth); step 2 at 12: order 10, 20, 0, 30, the first
+    t third.  Reassociation of the query at 24 against that frame: rank 2."""
+    g = _frame(id=_ids("g", 4), label=["t", "x", "y", "t"])
+    ge = np.array([[0], [10], [20], [30]], np.float32)
+    q = _frame(id=_ids("q", 2), label=["t", "t"], sketch=["s", "s"], step=[1, 2])
+    qe = np.array([[24], [12]], np.float32)
+    res = rankwise.evaluate(q, g, qe, ge, protocol="progressive", distance="euclidean", ks=(1, 2))
+    w1, w2 = math.exp(-1 / 2), math.exp(-1)  # exp(1 - t/T) / e, T = 2
+    a, b = [2 / 3, 1 / 3], [1 / 2, 1 / 3]  # (N - r)/(N - 1) and 1/r for r = 2, 3
+    expected = {
+        "m@A": 100 * sum(a) / 2,
+        "m@B": 100 * sum(b) / 2,
+        "wm@A": 100 * (w1 * a[0] + w2 * a[1]) / 2,
+        "wm@B": 100 * (w1 * b[0] + w2 * b[1]) / 2,
+        "acc@1": 0.0,
+        "acc@2": 0.0,  # the complete rendering's first t is third
+    }
+    _check(res.metrics, expected)
+    g = g.assign(sequence=["A"] * 4, frame=[2] * 4)
+    q = _frame(id=["qa"], label=["t"], sequence=["A"], frame=[1])
+    res = rankwise.evaluate(
+        q, g, qe[:1], ge, protocol="reassociation", distance="euclidean", ks=(1, 2)
+    )
+    _check(res.metrics, {"rank1": 0.0, "rank2": 100.0, "mrr": 50.0})
+
+
 def test_progressive_one_item_gallery_counts_m_at_a_as_one():
     """m@A = (N - r)/(N - 1) is 0/0 with one gallery item; the README's convention: 1
     (the target can only be first), so m@A = m@B = 100."""
