@@ -614,6 +614,45 @@ def test_cli_interval_header_never_rounds_to_100_percent(stores):
     assert "99.99999% CI" in done.output and "100% CI" not in done.output
 
 
+def test_too_few_resamples_for_the_confidence_get_a_note():
+    """A 95% percentile interval needs each 2.5% tail to hold a resample (40 of them):
+    below that its ends are the extreme resamples, and `ci`, `compare` and `report` say
+    so on stderr (one line) while still printing them; 40 and more: no note."""
+    assert stats.coarse_interval(40, 0.95) is None
+    assert stats.coarse_interval(2000, 0.999) is None
+    why = stats.coarse_interval(39, 0.95)
+    assert why.startswith("39 resamples are too few for 95% intervals") and "at least 40" in why
+    assert "at least 2,000" in stats.coarse_interval(1999, 0.999)
+    assert stats.coarse_interval(1, 0.95).startswith("1 resample is too few")
+    assert "lower the confidence" in stats.coarse_interval(10**7, 1 - 1e-8)
+
+
+@pytest.mark.parametrize("resamples", [10, 40])
+def test_cli_notes_too_few_resamples(stores, tmp_path, resamples):
+    paths, _ = stores
+    runner = CliRunner()
+    metrics = [tmp_path / "m" / f"{name}.json" for name in ("a", "b")]
+    for store, out in zip((paths["a"], paths["b"]), metrics, strict=True):
+        done = runner.invoke(main, ["metrics", str(store), "--output", str(out)])
+        assert done.exit_code == 0, done.output
+    for args in (
+        ["ci", str(paths["a"])],
+        ["compare", str(paths["a"]), str(paths["b"])],
+        ["report", *map(str, metrics), "--out-dir", str(tmp_path / "rep")],
+    ):
+        done = runner.invoke(main, [*args, "--resamples", str(resamples)])
+        assert done.exit_code == 0, done.output
+        notes = [x for x in done.stderr.splitlines() if "too few for 95% intervals" in x]
+        if resamples == 10:
+            assert notes == [
+                "note: 10 resamples are too few for 95% intervals (each 2.5% tail holds 0.25 "
+                "of a resample): their ends are the most extreme resamples; use at least 40 "
+                "(the default is 10,000)"
+            ], args[0]
+        else:
+            assert notes == [], args[0]
+
+
 def test_cli_ci_and_scores(stores, tmp_path):
     paths, _ = stores
     runner = CliRunner()

@@ -104,6 +104,32 @@ def ci_key(confidence: float = 0.95) -> str:
     return f"ci{100 * confidence:.10g}"
 
 
+def coarse_interval(resamples: int, confidence: float) -> str | None:
+    """Why ``resamples`` resamples give no ``confidence`` percentile interval, or None.
+
+    Each tail holds ``resamples * (1 - confidence) / 2`` resamples; below one, both
+    ends are interpolated between the two most extreme resamples (numpy's linear
+    quantile): an interval that only looks narrow.  Needs ``resamples >= 2 / (1 -
+    confidence)`` (40 at 95 %)."""
+    from .options import MAX_RESAMPLES
+
+    tail = resamples * (1.0 - confidence) / 2.0
+    if tail >= 1.0:
+        return None
+    need = int(np.ceil(2.0 / (1.0 - confidence) - 1e-9))
+    fix = (
+        f"use at least {need:,} (the default is {DEFAULT_RESAMPLES:,})"
+        if need <= MAX_RESAMPLES
+        else f"no allowed number is enough (at most {MAX_RESAMPLES:,}): lower the confidence"
+    )
+    noun = "resample is" if resamples == 1 else "resamples are"
+    return (
+        f"{resamples:,} {noun} too few for {100 * confidence:.10g}% intervals (each "
+        f"{100 * (1 - confidence) / 2:.3g}% tail holds {tail:.4g} of a resample): their ends "
+        f"are the most extreme resamples; {fix}"
+    )
+
+
 def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     """(bootstrap generator, sign-flip generator) of ``seed``."""
     boot, flip = np.random.SeedSequence(int(seed)).spawn(2)

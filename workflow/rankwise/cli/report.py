@@ -136,6 +136,7 @@ def report(
     require("matplotlib", "rankwise report")  # before the report module imports it
     from ..report import view, write_report
     from ..report.pairs import PairCache
+    from ..stats import coarse_interval
 
     cache = PairCache(cache_dir)
 
@@ -159,6 +160,9 @@ def report(
         workers=workers or os.cpu_count() or 1,  # as the rank engine's default
         **options,
     )
+    coarse = coarse_interval(options["resamples"], 0.95) if options["resamples"] else None
+    if coarse:
+        click.echo(f"note: {coarse}", err=True)
     missing = view.no_statistics_line(doc)
     if missing:
         click.echo(

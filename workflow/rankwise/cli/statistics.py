@@ -49,7 +49,14 @@ def compare(
     bootstrap interval, the sign-flip randomisation p-value and the Holm-adjusted one.
     """
     from ..options import check_ap
-    from ..stats import ALPHA, ci_key, compare_ranks, format_p, never_significant
+    from ..stats import (
+        ALPHA,
+        ci_key,
+        coarse_interval,
+        compare_ranks,
+        format_p,
+        never_significant,
+    )
     from ..store import read_ranks
 
     arrays_a, attrs_a = read_ranks(ranks_a)
@@ -109,6 +116,9 @@ def compare(
     )
     if why:
         click.echo(f"note: no difference can reach p_holm < {ALPHA:g}: {why}", err=True)
+    coarse = coarse_interval(resamples, confidence)
+    if coarse:
+        click.echo(f"note: {coarse}", err=True)
     shared.write_json(
         output,
         {
@@ -134,7 +144,7 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
 
     from ..metrics import per_unit
     from ..options import check_ap
-    from ..stats import ci_key, metric_cis, resolve_metrics
+    from ..stats import ci_key, coarse_interval, metric_cis, resolve_metrics
     from ..store import read_ranks
 
     arrays, attrs = read_ranks(ranks)
@@ -163,6 +173,9 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
         [n, f"{point[n]:.2f}", f"[{intervals[n][0]:.2f}, {intervals[n][1]:.2f}]"] for n in names
     ]
     click.echo(shared.table(header, body), nl=False)
+    coarse = coarse_interval(resamples, confidence)
+    if coarse:
+        click.echo(f"note: {coarse}", err=True)
     shared.write_json(
         output,
         {
