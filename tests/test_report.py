@@ -953,6 +953,20 @@ def _assert_compiles(text: str, folder) -> None:
     assert done.returncode == 0, done.stdout[-3000:]
 
 
+def test_too_few_resamples_are_said_in_every_document(doc, tmp_path):
+    """With fewer resamples than a 95% interval needs (40) the sentence on how the
+    intervals were made says so in the LaTeX caption (which still compiles), the
+    Markdown and the HTML."""
+    from rankwise.report import render_html, render_latex, render_markdown
+
+    doc = json.loads(json.dumps(doc))
+    doc["statistics"]["resamples"] = 10
+    note = "Note: 10 resamples are too few for 95% intervals"
+    assert note.replace("%", r"\%") in render_latex(doc)
+    assert note in render_markdown(doc) and note in render_html(doc)
+    _assert_compiles(render_latex(doc), tmp_path)
+
+
 def test_latex_compiles_with_any_character_in_names(doc, tmp_path):
     """Greek (math mode), CJK and emoji (their code point), Latin-1 and Latin Extended-A,
     ``|`` and ``"``: report.tex still compiles with pdflatex's default fonts."""

@@ -617,7 +617,8 @@ def test_cli_interval_header_never_rounds_to_100_percent(stores):
 def test_too_few_resamples_for_the_confidence_get_a_note():
     """A 95% percentile interval needs each 2.5% tail to hold a resample (40 of them):
     below that its ends are the extreme resamples, and `ci`, `compare` and `report` say
-    so on stderr (one line) while still printing them; 40 and more: no note."""
+    so on stderr (one line) while still printing them, the report's documents too; 40
+    and more: no note."""
     assert stats.coarse_interval(40, 0.95) is None
     assert stats.coarse_interval(2000, 0.999) is None
     why = stats.coarse_interval(39, 0.95)
@@ -651,6 +652,10 @@ def test_cli_notes_too_few_resamples(stores, tmp_path, resamples):
             ], args[0]
         else:
             assert notes == [], args[0]
+    # and the report's documents, in the sentence saying how the intervals were made
+    for name in ("report.md", "report.html"):
+        text = (tmp_path / "rep" / name).read_text()
+        assert ("Note: 10 resamples are too few for 95% intervals" in text) == (resamples == 10)
 
 
 def test_cli_ci_and_scores(stores, tmp_path):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..registry import get_protocol
-from ..stats import EXACT_MAX, format_p, never_significant, smallest_p
+from ..stats import EXACT_MAX, coarse_interval, format_p, never_significant, smallest_p
 from .document import best_index as best_row
 from .document import headline_names
 
@@ -96,6 +96,9 @@ def stats_sentence(doc: dict[str, Any], rows: list[dict[str, Any]] | None = None
         f"Intervals: {confidence_label(doc)} percentile bootstrap, {s['resamples']} "
         f"resamples by {unit}, seed {s['seed']}."
     )
+    coarse = coarse_interval(s["resamples"], s["confidence"])
+    if coarse:  # the ends are the extreme resamples: a document must not hide it
+        intervals += f" Note: {coarse}."
     if not s["num_tests"]:
         return f"{intervals} No paired tests in this report."
     return (
