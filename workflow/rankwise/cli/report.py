@@ -160,7 +160,10 @@ def report(
         workers=workers or os.cpu_count() or 1,  # as the rank engine's default
         **options,
     )
-    coarse = coarse_interval(options["resamples"], 0.95) if options["resamples"] else None
+    stats = doc["statistics"]  # the report's intervals: their resamples and confidence
+    coarse = (
+        coarse_interval(stats["resamples"], stats["confidence"]) if stats["resamples"] else None
+    )
     if coarse:
         click.echo(f"note: {coarse}", err=True)
     missing = view.no_statistics_line(doc)
