@@ -362,6 +362,21 @@ __attribute__((constructor)) static void fill_pack_lanes(void)
 }
 #endif
 
+/* compact_row's items j0 .. c one at a time (the SIMD paths' last, partial group):
+ * appended to vv / jj from n on; returns the new n. */
+static inline i64 compact_tail(const float *off, const float *srow, i64 j0, i64 c, float cut,
+                               const i64 *glab, const i64 *gid, i64 ql, i64 qi,
+                               int exclude_self, float *vv, int32_t *jj, i64 n)
+{
+    for (i64 j = j0; j < c; j++) {
+        float v = off[j] - srow[j];
+        vv[n] = v;
+        jj[n] = (int32_t)j;
+        n += (v <= cut) & (glab[j] != ql) & !(exclude_self && gid[j] == qi);
+    }
+    return n;
+}
+
 /* The items of one row at or ahead of the deepest threshold (float32 proxy
  * v = off - s <= cut), without the query's own label (relevant items, same-camera junk)
  * and, with exclude_self, its own id: their proxies into vv and indices into jj, in
@@ -394,12 +409,7 @@ static i64 compact_row(const float *off, const float *srow, i64 c, float cut, co
         _mm512_storeu_si512(jj + n, _mm512_maskz_compress_epi32(m, idx));
         n += __builtin_popcount((unsigned)m);
     }
-    for (i64 j = base; j < c; j++) { /* the last, partial group */
-        float v = off[j] - srow[j];
-        vv[n] = v;
-        jj[n] = (int32_t)j;
-        n += (v <= cut) & (glab[j] != ql) & !(exclude_self && gid[j] == qi);
-    }
+    n = compact_tail(off, srow, base, c, cut, glab, gid, ql, qi, exclude_self, vv, jj, n);
     (void)masks;
     (void)spad;
 #else
@@ -463,13 +473,9 @@ static i64 compact_row(const float *off, const float *srow, i64 c, float cut, co
             _mm256_storeu_si256((__m256i *)(jj + n), _mm256_permutevar8x32_epi32(idx, perm));
             n += __builtin_popcount(m);
         }
-        for (i64 j = 8 * ng; j < c; j++) { /* the last, partial group */
-            float v = off[j] - srow[j];
-            vv[n] = v;
-            jj[n] = (int32_t)j;
-            n += (v <= cut) & (glab[j] != ql) & !(exclude_self && gid[j] == qi);
-        }
-        return n;
+        /* the last, partial group */
+        return compact_tail(off, srow, 8 * ng, c, cut, glab, gid, ql, qi, exclude_self, vv,
+                            jj, n);
     }
 #endif
     /* sparse: item by item, from the masks */
@@ -1119,10 +1125,9 @@ int rw_count_fused(const float *qpack, const float *gpack, i64 b, i64 c, const f
         for (i64 i = 0; i < b; i++) {
             i64 lo = toff[i], hi = toff[i + 1];
             if (hi == lo) continue;
-            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i, lays + RW_LAY * i,
-                      lo, hi, i,
-                      qlab[i], qid[i], glab + j0, gid + j0, exclude_self, &scratch, hist,
-                      &open);
+            count_row(blk + i * RW_NB, nb, j0, off + j0, aup + lo, bdn + lo + i,
+                      lays + RW_LAY * i, lo, hi, i, qlab[i], qid[i], glab + j0, gid + j0,
+                      exclude_self, &scratch, hist, &open);
         }
     }
     count_open(&open);

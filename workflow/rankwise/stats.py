@@ -74,7 +74,7 @@ from .registry import get_protocol
 BY = ("query", "identity")
 #: Bootstrap resamples (and random sign flips) of every function, command and report
 #: unless told otherwise (papers use 10,000; one default, so one store gives one interval).
-from .options import DEFAULT_RESAMPLES  # noqa: E402  (declared once, with the option specs)
+from .options import DEFAULT_RESAMPLES, MAX_RESAMPLES  # noqa: E402  (declared with the specs)
 
 #: Up to this many clusters the sign-flip test enumerates all 2^C flips (exact p-value).
 EXACT_MAX = 16
@@ -111,8 +111,6 @@ def coarse_interval(resamples: int, confidence: float) -> str | None:
     ends are interpolated between the two most extreme resamples (numpy's linear
     quantile): an interval that only looks narrow.  Needs ``resamples >= 2 / (1 -
     confidence)`` (40 at 95 %)."""
-    from .options import MAX_RESAMPLES
-
     tail = resamples * (1.0 - confidence) / 2.0
     if tail >= 1.0:
         return None
