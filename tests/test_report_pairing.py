@@ -6,7 +6,8 @@
   since ranking is refused (it silently clustered the queries by other labels);
 - an encoder whose id-keyed features dropped query rows (``on_missing: drop``) is
   reported, its pairs with the others not tested, and the report says why (the whole
-  report failed);
+  report failed); two that dropped as many query rows, not the same ones, are not paired
+  row by row (they were, by the report and by `rankwise compare`);
 - the best checkpoint does not depend on the order of the files when their metric sets
   differ; the CMC's points are the bits of ``recall@K``; Markdown names are escaped.
 """
@@ -126,24 +127,32 @@ def test_by_identity_refuses_a_query_manifest_changed_since_ranking(data, tmp_pa
     assert f"{tmp_path / 'q.csv'}: not the query manifest the ranks were computed from" in line
 
 
+def _ranked_without_query_rows(data: Path, tmp_path: Path, name: str, drop: list[int]) -> Path:
+    """A ranks store ``<name>.zarr`` of id-keyed query features (q2.npy) lacking the rows
+    ``drop`` of q.csv, against g.npy."""
+    table = pd.read_csv(data / "q.csv", dtype=str)
+    keep = [i for i in range(N_QUERY) if i not in drop]
+    np.save(tmp_path / f"{name}-q.npy", np.load(data / "q2.npy")[keep])
+    (tmp_path / f"{name}-q.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
+    options = {
+        "path": str(tmp_path / f"{name}-q.npy"),
+        "ids": str(tmp_path / f"{name}-q.txt"),
+        "on_missing": "drop",
+    }
+    ok(
+        "encode", "--kind", "precomputed", "--options", json.dumps(options),
+        "--manifest", data / "q.csv", "--out", tmp_path / f"{name}-q.zarr",
+    )  # fmt: skip
+    return rank(data, tmp_path / f"{name}.zarr", embeddings=str(tmp_path / f"{name}-q.zarr"))
+
+
 def test_an_encoder_that_dropped_query_rows_is_reported_not_compared(data, tmp_path):
     """One query row without features (on_missing: drop): the report failed ("its
     evaluated queries differ ... ranked on the same manifests", which they were)."""
-    table = pd.read_csv(data / "q.csv", dtype=str)
-    keep = [i for i in range(N_QUERY) if i != 5]
-    np.save(tmp_path / "qd.npy", np.load(data / "q2.npy")[keep])
-    (tmp_path / "ids.txt").write_text("\n".join(table["id"].iloc[keep]) + "\n")
-    options = json.dumps(
-        {"path": str(tmp_path / "qd.npy"), "ids": str(tmp_path / "ids.txt"), "on_missing": "drop"}
-    )
-    ok(
-        "encode", "--kind", "precomputed", "--options", options, "--manifest", data / "q.csv",
-        "--out", tmp_path / "qd.zarr",
-    )  # fmt: skip
     stores = {
         "A": rank(data, tmp_path / "A.zarr"),
         "B": rank(data, tmp_path / "B.zarr", embeddings="q2.npy"),
-        "D": rank(data, tmp_path / "D.zarr", embeddings=str(tmp_path / "qd.zarr")),
+        "D": _ranked_without_query_rows(data, tmp_path, "D", [5]),
     }
     files = [metrics(s, tmp_path / "m" / "ds" / f"{n}.json") for n, s in stores.items()]
     doc = report(tmp_path, *files)
@@ -162,6 +171,35 @@ def test_an_encoder_that_dropped_query_rows_is_reported_not_compared(data, tmp_p
         assert "Not compared: A and D: their evaluated queries differ (18 and 17;" in text
         assert counts in text
     assert f"ds: protocol recall, distance cosine, {counts}. " in render_latex(doc)
+
+
+def test_as_many_dropped_query_rows_are_compared_only_when_the_same(data, tmp_path):
+    """Two encoders whose id-keyed features each lacked one query row, not the same one,
+    were paired row by row (the units count the kept rows: the same numbers, other
+    queries), by `rankwise compare` and by the report."""
+    stores = {
+        "D": _ranked_without_query_rows(data, tmp_path, "D", [5]),
+        "E": _ranked_without_query_rows(data, tmp_path, "E", [5]),  # the same row
+        "F": _ranked_without_query_rows(data, tmp_path, "F", [6]),  # as many, another
+    }
+    files = [metrics(s, tmp_path / "m" / "ds" / f"{n}.json") for n, s in stores.items()]
+    doc = report(tmp_path, *files)
+    assert {(c["a"], c["b"]) for c in doc["comparisons"]} == {("D", "E")}
+    skipped = {(s["a"], s["b"]): s["reason"] for s in doc["statistics"]["not_compared"]}
+    assert set(skipped) == {("D", "F"), ("E", "F")}
+    reason = "their evaluated queries differ (17 and 17, not the same ones; a paired test"
+    assert all(r.startswith(reason) for r in skipped.values()), skipped
+    ok("compare", stores["D"], stores["E"])
+    line = one_error_line("compare", stores["D"], stores["F"])
+    assert f"{stores['F']}: its id-keyed features and those of {stores['D']}" in line
+    assert "lack different query rows (on_missing: drop)" in line
+    # a store of an earlier rankwise (no record of which rows): never paired
+    group = zarr.open_group(stores["E"], mode="r+")
+    attrs = dict(group.attrs)
+    del attrs["query_embeddings"]["id_alignment"]["kept_rows_sha256"]
+    group.attrs.update(attrs)
+    line = one_error_line("compare", stores["D"], stores["E"])
+    assert "which query rows" in line and "is not recorded" in line
 
 
 def _ranked_without_gallery_rows(

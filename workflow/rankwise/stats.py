@@ -610,12 +610,13 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
             units += [arrays["group"], arrays["step"]]
         keys = ("protocol", "num_gallery", "protocol_options")
         keys += ("query_manifest_sha256", "gallery_manifest_sha256")  # `rankwise rank`'s
-        gallery = (attrs.get("gallery_embeddings") or {}).get("id_alignment")
-        return {
-            **{k: attrs[k] for k in keys if k in attrs},
-            "gallery_rows": kept_rows(gallery),
-            "units": units,
+        # query_index counts the rows an id-keyed store kept: equal indices of two stores
+        # that kept different rows are other queries
+        rows = {
+            f"{role}_rows": kept_rows((attrs.get(f"{role}_embeddings") or {}).get("id_alignment"))
+            for role in ("query", "gallery")
         }
+        return {**{k: attrs[k] for k in keys if k in attrs}, **rows, "units": units}
 
     check_pairable(side(arrays_a, attrs_a), side(arrays_b, attrs_b), names)
 
@@ -630,23 +631,23 @@ def kept_rows(record: dict | None) -> str | None:
     return record.get("kept_rows_sha256") or "unknown"
 
 
-def same_gallery_rows(rows_a: str | None, rows_b: str | None) -> bool:
-    """Whether two :func:`kept_rows` values name the same gallery items (not when either
+def same_rows(rows_a: str | None, rows_b: str | None) -> bool:
+    """Whether two :func:`kept_rows` values name the same manifest rows (not when either
     store does not record which rows it kept)."""
     return rows_a == rows_b and rows_a != "unknown"
 
 
-def _gallery_rows_differ(rows_a: str | None, rows_b: str | None, names: tuple[str, str]) -> str:
-    """Why two evaluations' gallery items differ (:func:`rankwise.feature_ids.kept_rows`)."""
+def _rows_differ(role: str, rows_a: str | None, rows_b: str | None, names: tuple[str, str]) -> str:
+    """Why two evaluations' ``role`` (query or gallery) items differ (:func:`kept_rows`)."""
     if "unknown" in (rows_a, rows_b):
         old = names[0] if rows_a == "unknown" else names[1]
         return (
-            f"which gallery rows {old}'s id-keyed features lacked (on_missing: drop) is not "
+            f"which {role} rows {old}'s id-keyed features lacked (on_missing: drop) is not "
             "recorded (a store encoded before rankwise recorded it): encode it again"
         )
     return (
         "its id-keyed features and those of "
-        f"{names[0]} lack different gallery rows (on_missing: drop)"
+        f"{names[0]} lack different {role} rows (on_missing: drop)"
     )
 
 
@@ -654,8 +655,10 @@ def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str])
     """Whether two evaluations can be compared pair by pair, else one line naming B.
 
     ``a``, ``b``: ``protocol``; optionally ``num_gallery`` and ``protocol_options``
-    (compared when both have them; re-ranking aside, :func:`ranked_set`); ``units``,
-    arrays that must be equal (the evaluated queries' manifest rows first)."""
+    (compared when both have them; re-ranking aside, :func:`ranked_set`);
+    ``query_rows`` and ``gallery_rows``, which rows an id-keyed store kept
+    (:func:`kept_rows`; missing: all); ``units``, arrays that must be equal (the evaluated
+    queries' manifest rows first)."""
     name_a, name_b = names
     if a["protocol"] != b["protocol"]:
         raise RankwiseError(
@@ -673,12 +676,13 @@ def check_pairable(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str])
                 f"{a[key]!r}; compare encoders on the same dataset "
                 "and protocol options"
             )
-    rows_a, rows_b = a.get("gallery_rows"), b.get("gallery_rows")
-    if not same_gallery_rows(rows_a, rows_b):  # None and None when neither dropped any
-        raise RankwiseError(
-            f"{name_b}: {_gallery_rows_differ(rows_a, rows_b, names)}; a paired comparison "
-            "needs both ranked on the same gallery items"
-        )
+    for role in ("gallery", "query"):
+        rows_a, rows_b = a.get(f"{role}_rows"), b.get(f"{role}_rows")
+        if not same_rows(rows_a, rows_b):  # None and None when neither dropped any
+            raise RankwiseError(
+                f"{name_b}: {_rows_differ(role, rows_a, rows_b, names)}; a paired "
+                f"comparison needs both ranked on the same {role} items"
+            )
     for side in ("query", "gallery"):
         key = f"{side}_manifest_sha256"
         if key in a and key in b and a[key] != b[key]:

@@ -50,7 +50,7 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
     manifests whose evaluated queries or galleries differ (an id-keyed store that dropped
     query or gallery rows, ``on_missing: drop``) are not an error here: the reason they
     are not compared is returned (``None``: comparable), and the report says so."""
-    from ..stats import check_pairable, kept_rows, same_gallery_rows
+    from ..stats import check_pairable, kept_rows, same_rows
 
     name_a, source = entry_a["encoder"], entry_b["source"]
     if ap_variant(entry_a) != ap_variant(entry_b):
@@ -80,40 +80,46 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
 
     side_a, side_b = side(entry_a), side(entry_b)
     galleries = None  # why the galleries differ, when dropped rows say it
-    rows = [kept_rows(_gallery_alignment(e)) for e in (entry_a, entry_b)]
-    if not same_gallery_rows(*rows):  # a side dropped gallery rows, not the other's
+    rows = [kept_rows(_alignment(e, "gallery")) for e in (entry_a, entry_b)]
+    if not same_rows(*rows):  # a side dropped gallery rows, not the other's
         del side_a["num_gallery"], side_b["num_gallery"]  # the rest must pair all the same
         left_out = [
-            f"{e['encoder']} left out {_gallery_alignment(e)['dropped_rows']} gallery rows"
+            f"{e['encoder']} left out {_alignment(e, 'gallery')['dropped_rows']} gallery rows"
             for e, kept in zip((entry_a, entry_b), rows, strict=True)
             if kept is not None
         ]
-        detail = (
-            ", which ones is not recorded (encoded by an earlier rankwise)"
-            if "unknown" in rows
-            else ", not the same ones"
-            if entry_a["num_gallery"] == entry_b["num_gallery"]
-            else ""
-        )
         galleries = (
             f"they ranked different galleries ({' and '.join(left_out)} without features"
-            f"{detail}; a paired test needs the same gallery)"
+            f"{_which(rows, entry_a['num_gallery'] == entry_b['num_gallery'])}; a paired test "
+            "needs the same gallery)"
         )
     check_pairable(side_a, side_b, (name_a, source))
     if galleries is not None:
         return galleries
-    if b.aligned(a.rows) is not None:  # the same queries (listed in the same order or not)
+    # the units' rows count the query rows an id-keyed store kept: equal rows of two
+    # stores that kept different ones are other queries
+    queries = [kept_rows(_alignment(e, "query")) for e in (entry_a, entry_b)]
+    same = same_rows(*queries)
+    if same and b.aligned(a.rows) is not None:  # the same queries (in any order)
         return None
+    detail = "" if same else _which(queries, len(a.rows) == len(b.rows))
     return (
-        f"their evaluated queries differ ({len(a.rows)} and {len(b.rows)}; a paired test "
-        "needs the same queries)"
+        f"their evaluated queries differ ({len(a.rows)} and {len(b.rows)}{detail}; a paired "
+        "test needs the same queries)"
     )
 
 
-def _gallery_alignment(entry: dict[str, Any]) -> dict[str, Any] | None:
-    """The gallery store's ``id_alignment`` record of an evaluation (id-keyed features,
-    :meth:`rankwise.feature_ids.Alignment.record`), or None."""
-    return (entry["provenance"].get("id_alignment") or {}).get("gallery")
+def _which(rows: list[str | None], as_many: bool) -> str:
+    """What the report says of two :func:`rankwise.stats.kept_rows` values that differ."""
+    if "unknown" in rows:
+        return ", which ones is not recorded (encoded by an earlier rankwise)"
+    return ", not the same ones" if as_many else ""
+
+
+def _alignment(entry: dict[str, Any], role: str) -> dict[str, Any] | None:
+    """The ``role`` (query or gallery) store's ``id_alignment`` record of an evaluation
+    (id-keyed features, :meth:`rankwise.feature_ids.Alignment.record`), or None."""
+    return (entry["provenance"].get("id_alignment") or {}).get(role)
 
 
 def compare_encoders(
