@@ -626,6 +626,39 @@ def test_too_few_resamples_for_the_confidence_get_a_note():
     assert "at least 2,000" in stats.coarse_interval(1999, 0.999)
     assert stats.coarse_interval(1, 0.95).startswith("1 resample is too few")
     assert "lower the confidence" in stats.coarse_interval(10**7, 1 - 1e-8)
+    # exactly one resample a tail, whatever the rounding of 1 - confidence
+    # (20 * (1 - 0.9) / 2 = 0.9999999999999998: the note said "use at least 20")
+    for resamples, confidence in ((20, 0.9), (10, 0.8), (200, 0.99), (2000, 0.999)):
+        assert stats.coarse_interval(resamples, confidence) is None, (resamples, confidence)
+        assert stats.coarse_interval(resamples - 1, confidence) is not None
+
+
+def test_random_flips_are_not_held_to_the_exact_floor():
+    """Five queries, every one better in B: the exact test's p is 2^(1 - 5) = 0.0625,
+    but random flips fall below it by chance, so `compare --exact-max 0` printed p 0.049
+    beside "no difference can reach p_holm < 0.05 ... p >= 0.0625"."""
+    sums = np.arange(1.0, 6.0)[:, None]
+    assert stats.exact_pvalues(sums)[0] == 0.0625
+    p = [stats.monte_carlo_pvalues(stats.flip_hits(sums, s, 0, 1000), 1000)[0] for s in range(60)]
+    assert min(p) < 0.05  # so no floor of 0.0625 may be claimed for random flips
+    assert stats.never_significant("sign-flip", 5, 1000, 1, by="query", units="queries") is None
+    why = stats.never_significant("exact", 5, 1000, 1, by="query", units="queries")
+    assert "p >= 0.0625" in why and why.endswith("use more queries")
+    # a floor of its own: too few flips, and too few queries for the exact test as well
+    why = stats.never_significant("sign-flip", 5, 10, 1, by="query", units="queries")
+    assert "10 random sign flips" in why and why.endswith("use more resamples and more queries")
+
+
+def test_one_metric_spelled_two_ways_is_listed_once():
+    """recall@01 is recall@1: listed twice, each row counted in Holm's family (map's
+    p_holm four times its p for two distinct tests); a Unicode digit ('²' passes
+    str.isdigit) raised a traceback instead of naming the metric."""
+    names = stats.resolve_metrics("recall", "map,recall@01,recall@1,recall@001")
+    assert names == ["map", "recall@1"]
+    assert stats.resolve_metrics("reid", "rank05,map,rank5") == ["rank5", "map"]
+    for name in ("recall@\u00b2", "rank\u0665"):  # superscript two, Arabic-Indic five
+        with pytest.raises(RankwiseError, match="unknown metric"):
+            stats.resolve_metrics("recall", name)
 
 
 @pytest.mark.parametrize("resamples", [10, 40])
@@ -794,6 +827,7 @@ def test_too_few_clusters_are_named_whatever_the_flips():
     more resamples; with enough queries, too few flips is named."""
     why = stats.never_significant("sign-flip", 1, 1000, 1, by="query", units="queries")
     assert why is not None and "p >= 1" in why and why.endswith("use more queries")
+    assert why.startswith("with 1 query the paired sign-flip test")  # not "1 queries"
     why = stats.never_significant("sign-flip", 200, 10, 1, by="query", units="queries")
     assert why is not None and why.endswith("use more resamples")
     assert stats.never_significant("sign-flip", 200, 1000, 1, by="query", units="queries") is None

@@ -98,7 +98,14 @@ def parse_metric(name: str, protocol: str) -> tuple[str, int | None]:
     valid = ", ".join(families)
     for prefix, family in _AT_K.items():
         k = name[len(prefix) :]
-        if name.startswith(prefix) and k.isdigit() and int(k) > 0 and f"{prefix}K" in families:
+        # isascii: '²' is a digit to str.isdigit, not to int()
+        if (
+            name.startswith(prefix)
+            and k.isascii()
+            and k.isdigit()
+            and int(k) > 0
+            and f"{prefix}K" in families
+        ):
             return family, int(k)
     if name in _PLAIN and name in families:
         return name, None
@@ -106,6 +113,16 @@ def parse_metric(name: str, protocol: str) -> tuple[str, int | None]:
         f"unknown metric {name!r} for protocol {protocol!r}; valid metrics: "
         f"{valid} (K a positive integer)"
     )
+
+
+def canonical_metric(name: str, protocol: str) -> str:
+    """The name :func:`metric_names` gives the metric ``name`` spells (``"recall@05"`` ->
+    ``"recall@5"``), so that one metric is never listed, or tested, twice."""
+    family, k = parse_metric(name, protocol)
+    if k is None:
+        return family
+    prefix = next(p for p, f in _AT_K.items() if f == family)
+    return f"{prefix}{k}"
 
 
 # ----------------------------------------------------------------- per query

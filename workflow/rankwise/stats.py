@@ -43,9 +43,12 @@ Reproducibility: the randomness is a numpy ``Generator`` (PCG64) seeded from
 ``SeedSequence(seed).spawn(2)``: child 0 draws the bootstrap resamples
 (``rng.integers(0, C, size=C)`` per resample, drawn in blocks of consecutive
 resamples, which gives the same numbers), child 1 the sign flips
-(``rng.random(C) < 0.5`` per resample: flipped).  Sums are numpy reductions on one
-thread, never BLAS: the same seed gives the same intervals and p-values on every
-machine, thread count and block size.  The resampled clusters depend only on the
+(``rng.random(C) < 0.5`` per resample: flipped).  The bootstrap's sums are numpy
+reductions on one thread, never BLAS: the same seed gives the same intervals on every
+machine, thread count and block size.  The flipped sums are one BLAS product per block
+of flips, whose rounding lies far inside the tests' tie tolerance (1e-9 of the sums,
+:func:`_count_at_or_above`): the p-values are as reproducible but for a flipped sum
+within ~1e-16 of that tolerance's edge.  The resampled clusters depend only on the
 seed and ``C``, so for one seed every metric and both encoders of a comparison see
 the same resamples (the paired bootstrap).
 """
@@ -62,10 +65,10 @@ import numpy as np
 from .errors import RankwiseError
 from .metrics import (
     UnitTable,
+    canonical_metric,
     mean,
     metric_names,
     parse_ks,
-    parse_metric,
     per_unit,
 )
 from .options import AP, KS, spelled
@@ -112,7 +115,7 @@ def coarse_interval(resamples: int, confidence: float) -> str | None:
     quantile): an interval that only looks narrow.  Needs ``resamples >= 2 / (1 -
     confidence)`` (40 at 95 %)."""
     tail = resamples * (1.0 - confidence) / 2.0
-    if tail >= 1.0:
+    if tail >= 1.0 - 1e-9:  # 20 * (1 - 0.9) / 2 is 0.9999999999999998
         return None
     need = int(np.ceil(2.0 / (1.0 - confidence) - 1e-9))
     fix = (
@@ -181,9 +184,8 @@ def resolve_metrics(
             f"{spelled('metrics')} is empty; give names such as "
             f"{','.join(metric_names(protocol, (1,)))}"
         )
-    for name in names:
-        parse_metric(name, protocol)
-    return list(dict.fromkeys(names))
+    # recall@01 is recall@1: listed (and counted in Holm's family) once
+    return list(dict.fromkeys(canonical_metric(name, protocol) for name in names))
 
 
 # ---------------------------------------------------------------- labels and clusters
@@ -830,7 +832,9 @@ def never_significant(
     data, or None: every p is at least :func:`smallest_p`, and Holm's first step
     multiplies the smallest p of all ``num_tests`` tests (``smallest_in_all``; default
     this test's) by ``num_tests``.  ``units``: what a cluster is when ``by="query"``.
-    Random flips never go below the exact test's floor either (one cluster: p = 1)."""
+    Random flips are held only to their own floor: they fall below the exact test's by
+    chance (5 clusters: 2^-4 = 0.0625 exact, p < 0.05 in some seeds), except with one
+    cluster, whose every flip is its observed sum or its mirror (p = 1)."""
 
     def why_not(floor: float, smallest: float | None) -> str | None:
         if floor >= alpha:
@@ -839,19 +843,24 @@ def never_significant(
             return f"Holm over {num_tests} tests needs p < {alpha / num_tests:.2g}"
         return None
 
-    data_floor = smallest_p("exact", num_clusters, flips)
-    floor = max(smallest_p(test, num_clusters, flips), data_floor)
+    data_floor = smallest_p("exact", num_clusters, flips)  # all 2^C flips
+    monte_carlo = test != "exact" and num_clusters > 1
+    floor = smallest_p(test, num_clusters, flips) if monte_carlo else data_floor
     why = why_not(floor, smallest_in_all)
     if why is None:
         return None
-    # with flips enough, this test's floor would be the data's (and so would Holm's)
-    if test != "exact" and why_not(data_floor, None) is None:
+    units = "identities" if by == "identity" else units
+    if monte_carlo:  # more flips lower this floor; the exact one may need more clusters too
+        more = "" if why_not(data_floor, None) is None else f" and more {units}"
         return (
             f"with {flips} random sign flips the paired test gives p >= {floor:.3g}, and "
-            f"{why}; use more resamples"
+            f"{why}; use more resamples{more}"
         )
-    units = "identities" if by == "identity" else units
     advice = "compare by query or on more identities" if by == "identity" else f"use more {units}"
+    if num_clusters == 1:  # "with 1 queries"
+        units = {"queries": "query", "identities": "identity", "sketches": "sketch"}.get(
+            units, units
+        )
     return (
         f"with {num_clusters} {units} the paired sign-flip test gives p >= {floor:.3g}, and "
         f"{why}; {advice}"
