@@ -1468,6 +1468,19 @@ def test_outputs_never_replace_what_an_input_store_or_report_names(d, tmp_path):
     )
     assert_one_line_error(proc, r"--md \S+q\.npy is also its query embeddings, named by \S*m\.json")
     assert {name: (work / name).read_bytes() for name in before} == before
+    # the files --out-dir fills in are checked alike: an input metrics file named
+    # report.json was replaced by the report (exit 0), and the next report read that
+    report_json = work / "report.json"
+    shutil.copy(metrics, report_json)
+    kept = report_json.read_bytes()
+    for where in (["--out-dir", work], []):  # named, and the default: the working folder
+        proc = run("report", metrics, report_json, "--resamples", 10, *where, cwd=work)
+        assert_one_line_error(
+            proc,
+            r"--out-dir \S*report\.json is also metrics \(an input\): it would be overwritten; "
+            "give --out-dir another folder, or name the files with --html, --md and --json",
+        )
+    assert report_json.read_bytes() == kept and not (work / "report.html").exists()
 
 
 def test_outputs_never_land_inside_an_input_store(ranks_store, tmp_path):

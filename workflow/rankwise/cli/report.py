@@ -141,12 +141,7 @@ def report(
     cache = PairCache(cache_dir)
 
     if not (html_path or md_path or json_path):
-        out = Path(out_dir)
-        html_path, md_path, json_path = (
-            out / "report.html",
-            out / "report.md",
-            out / "report.json",
-        )
+        html_path, md_path, json_path = (p for _, p, _ in _default_outputs({"out_dir": out_dir}))
     doc = write_report(
         metrics,
         html_path=html_path,
@@ -189,3 +184,17 @@ def report(
         f"{len(doc['encoders'])} encoder(s); {len(doc['comparisons'])} comparisons, "
         f"{significant} significant"
     )
+
+
+def _default_outputs(params: dict) -> list[tuple[str, Path, str]]:
+    """report.html, report.md and report.json in --out-dir, unless --html, --md or
+    --json name a file (checked against the inputs like them: an input metrics file
+    named report.json was replaced)."""
+    if params.get("html_path") or params.get("md_path") or params.get("json_path"):
+        return []
+    out = Path(params["out_dir"])
+    fix = "give --out-dir another folder, or name the files with --html, --md and --json"
+    return [("--out-dir", out / f"report.{ext}", fix) for ext in ("html", "md", "json")]
+
+
+report.derived_outputs = _default_outputs

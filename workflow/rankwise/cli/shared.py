@@ -138,11 +138,32 @@ class Command(click.Command):
     --text-output q.csv`` replaced the manifest the store was ranked on) or another
     output's (``evaluate --output gallery.csv`` replaced the manifest, ``--output m.json
     --text-output m.json`` kept one of the two), nor lie inside a store an input is or
-    names (``ci r.zarr --output r.zarr/zarr.json`` replaced the store's metadata)."""
+    names (``ci r.zarr --output r.zarr/zarr.json`` replaced the store's metadata).
+
+    Outputs a command derives from its options (``report``'s report.json in --out-dir)
+    are checked alike: ``derived_outputs(params)`` on the command returns them as
+    ``(flag, path, what to do instead)``."""
+
+    derived_outputs = None
 
     def invoke(self, ctx: click.Context):
         seen: dict[str, str] = {}  # real path -> the option that names it
         stores: dict[str, str] = {}  # real path -> path of every input and what one names
+
+        def check_output(flag: str, path, fix: str | None = None) -> None:
+            real = os.path.realpath(path)
+            if real in seen:
+                raise RankwiseError(
+                    f"{flag} {path} is also {seen[real]}: it would be overwritten; "
+                    f"{fix or f'give {flag} a path of its own'}"
+                )
+            inside = [p for p in stores if real.startswith(os.path.join(p, ""))]
+            if inside and os.path.isdir(inside[0]):
+                raise RankwiseError(
+                    f"{flag} {path} is inside {stores[inside[0]]}, {seen[inside[0]]}: "
+                    f"writing there would damage it; {fix or f'give {flag} a path outside it'}"
+                )
+
         for is_output in (False, True):
             for param in self.params:
                 output = isinstance(param.type, OutputPath)
@@ -154,17 +175,8 @@ class Command(click.Command):
                         continue
                     real = os.path.realpath(path)
                     flag = param.opts[0] if param.opts else str(param.name).upper()
-                    if is_output and real in seen:
-                        raise RankwiseError(
-                            f"{flag} {path} is also {seen[real]}: it would be overwritten; "
-                            f"give {flag} a path of its own"
-                        )
-                    inside = [p for p in stores if real.startswith(os.path.join(p, ""))]
-                    if is_output and inside and os.path.isdir(inside[0]):
-                        raise RankwiseError(
-                            f"{flag} {path} is inside {stores[inside[0]]}, {seen[inside[0]]}: "
-                            f"writing there would damage it; give {flag} a path outside it"
-                        )
+                    if is_output:
+                        check_output(flag, path)
                     seen.setdefault(real, f"{flag} {'(an output)' if is_output else '(an input)'}")
                     if not is_output:  # an embedding store as much as a ranks store
                         stores[real] = str(path)
@@ -174,6 +186,9 @@ class Command(click.Command):
                             seen.setdefault(
                                 os.path.realpath(named), f"{what}, named by {path} (an input)"
                             )
+        for flag, path, fix in self.derived_outputs(ctx.params) if self.derived_outputs else ():
+            check_output(flag, path, fix)
+            seen.setdefault(os.path.realpath(path), f"{flag} (an output)")
         return super().invoke(ctx)
 
 

@@ -2,7 +2,14 @@
 booktabs table per dataset (values with their interval, best in bold) and, below it,
 the paired differences with their significance marks; the caption states the protocol,
 distance, units, skipped queries and the statistics.  Cells and words come from
-:mod:`.view`; needs the ``booktabs`` package (TeX Live: texlive-latex-recommended).
+:mod:`.view`; needs the ``booktabs`` package (TeX Live: texlive-latex-recommended) and
+``graphicx`` (texlive-latex-base).
+
+Every tabular fits :data:`TABLE_WIDTH_PT` (17 cm, about a two-column paper's text
+width): the metric columns are split over as many tabulars as it takes, stacked in the
+table, by widths estimated from the cells' characters; a tabular still wider than the
+line (a very long encoder name) is scaled down to it (the ``rankwisefit`` environment
+of the preamble), never set past the margin.
 """
 
 from __future__ import annotations
@@ -95,6 +102,79 @@ def _tex(text: Any) -> str:
     return "".join(_char(c) for c in str(text))
 
 
+#: The width (pt) every tabular is laid out to fit: 17 cm, the text of a portrait A4 or
+#: letter page between 2 cm margins and about a two-column paper's (table*).
+TABLE_WIDTH_PT = 480.0
+#: Space around each column (LaTeX's \tabcolsep, 6 pt on each side).
+_COLUMN_SEP_PT = 12.0
+#: Font sizes (pt) of the article class at 10 pt: the overview's, the dataset tables',
+#: and the intervals'.
+_FOOTNOTESIZE, _SMALL, _SCRIPTSIZE = 8.0, 9.0, 7.0
+
+
+#: Widths (em) of Computer Modern Roman's narrow and wide characters; digits and an
+#: average lower-case letter are 0.5 em, capitals and the rest about 0.75.
+_EM = {**dict.fromkeys(".,:;'|!il", 0.28), **dict.fromkeys("[]()- fjrt", 0.39)}
+_EM.update({**dict.fromkeys("0123456789abcdeghknopqsuvxyz_", 0.5), "m": 0.83, "w": 0.72})
+
+
+def _text_pt(text: str, size: float, bold: bool = False) -> float:
+    """A generous estimate (10 % over) of the width of ``text`` set at ``size`` pt in
+    Computer Modern (bold: 15 % wider)."""
+    em = sum(_EM.get(c, 0.75) for c in text)
+    return 1.1 * em * size * (1.15 if bold else 1.0)
+
+
+def _value_pt(cell: view.ValueCell, size: float) -> float:
+    width = _text_pt(cell.text, size, cell.best)
+    return width + (size / 3 + _text_pt(view.fmt_ci(cell.ci), _SCRIPTSIZE) if cell.ci else 0)
+
+
+def _packed(first_pt: float, units: list[tuple[list[int], float]]) -> list[list[int]]:
+    """Consecutive units of columns ``(columns, width)`` in as few groups as fit
+    :data:`TABLE_WIDTH_PT` beside the first column (``first_pt`` wide; a unit wider than
+    that alone is a group of its own), the widest group as narrow as can be (6 columns
+    in two groups: 3 and 3, not 5 and 1)."""
+    room = TABLE_WIDTH_PT - first_pt - _COLUMN_SEP_PT
+    count, width = 0, room  # how many groups the greedy packing needs
+    for _, unit_pt in units:
+        if count and width + unit_pt <= room:
+            width += unit_pt
+        else:
+            count, width = count + 1, unit_pt
+    widths = [w for _, w in units]
+    n = len(units)
+    # widest[g][i]: the narrowest widest group of units i.. in g groups; cut: its first cut
+    inf = float("inf")
+    widest = [[inf] * (n + 1) for _ in range(count + 1)]
+    cut = [[n] * (n + 1) for _ in range(count + 1)]
+    widest[0][n] = 0.0
+    for g in range(1, count + 1):
+        for i in range(n - 1, -1, -1):
+            for j in range(i + 1, n + 1):
+                w = max(sum(widths[i:j]), widest[g - 1][j])
+                if w < widest[g][i]:
+                    widest[g][i], cut[g][i] = w, j
+    groups, i = [], 0
+    for g in range(count, 0, -1):
+        j = cut[g][i]
+        groups.append([c for columns, _ in units[i:j] for c in columns])
+        i = j
+    return groups
+
+
+def _column_groups(first: list[str], header: list[str], cells: list[list[float]], size: float):
+    """Groups of the columns of a table whose first column holds ``first`` (header
+    included) and whose column ``j`` has the header ``header[j]`` and cells of the
+    widths ``cells[i][j]`` (pt), each group fitting :data:`TABLE_WIDTH_PT`."""
+    first_pt = max(_text_pt(text, size) for text in first)
+    units = [
+        ([j], _COLUMN_SEP_PT + max([_text_pt(name, size)] + [row[j] for row in cells]))
+        for j, name in enumerate(header)
+    ]
+    return _packed(first_pt, units)
+
+
 def _value(cell: view.ValueCell) -> str:
     text = rf"\textbf{{{cell.text}}}" if cell.best else cell.text
     return text + (rf" {{\scriptsize {_tex(view.fmt_ci(cell.ci))}}}" if cell.ci else "")
@@ -128,6 +208,7 @@ def _tabular(
             start += span
         top = [line([""] + spans), " ".join(cmids)]
     return [
+        r"\begin{rankwisefit}",
         r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
         r"\toprule",
         *top,
@@ -136,7 +217,22 @@ def _tabular(
         *(line(row) for row in rows),
         r"\bottomrule",
         r"\end{tabular}",
+        r"\end{rankwisefit}",
     ]
+
+
+def _split(
+    first: str, header: list[str], rows: list[tuple[str, list[str]]], groups: list[list[int]]
+) -> list[str]:
+    """One tabular per group of columns, stacked: each with the first column."""
+    out: list[str] = []
+    for k, columns in enumerate(groups):
+        out += [r"\par\medskip"] if k else []
+        out += _tabular(
+            [first] + [header[j] for j in columns],
+            [[name] + [cells[j] for j in columns] for name, cells in rows],
+        )
+    return out
 
 
 def _caption(
@@ -169,19 +265,41 @@ def render_latex(doc: dict[str, Any]) -> str:
         r"\documentclass{article}",
         r"\usepackage[utf8]{inputenc}",
         r"\usepackage{booktabs}",
-        r"\usepackage[margin=2cm,landscape]{geometry}",
+        r"\usepackage{graphicx}",
+        r"\usepackage[margin=2cm]{geometry}",
+        "% a tabular wider than the line is scaled down to it (copy these lines with a table)",
+        r"\newsavebox{\rankwisebox}",
+        r"\newenvironment{rankwisefit}{\begin{lrbox}{\rankwisebox}}{\end{lrbox}%",
+        r"  \ifdim\wd\rankwisebox>\linewidth\resizebox{\linewidth}{!}{\usebox{\rankwisebox}}%",
+        r"  \else\usebox{\rankwisebox}\fi}",
         r"\begin{document}",
         rf"\section*{{{_tex(doc['title'])}}}",
         "",
     ]
     header, body = view.overview(doc)
     out += [r"\begin{table}[htbp]", r"\centering", r"\footnotesize"]
-    datasets = list(dict.fromkeys(d for d, _ in header))
-    out += _tabular(
-        ["encoder"] + [_tex(h) for _, h in header],
-        [[_tex(e)] + [_value(c) for c in cells] for e, cells in body],
-        [(_tex(d), sum(d == x for x, _ in header)) for d in datasets],
-    )
+    # whole datasets side by side, as many as fit
+    first_pt = max(_text_pt(t, _FOOTNOTESIZE) for t in ["encoder"] + [e for e, _ in body])
+    units = []
+    for dataset in dict.fromkeys(d for d, _ in header):
+        columns = [j for j, (d, _) in enumerate(header) if d == dataset]
+        widths = [
+            _COLUMN_SEP_PT
+            + max(
+                [_text_pt(header[j][1], _FOOTNOTESIZE)]
+                + [_value_pt(c[j], _FOOTNOTESIZE) for _, c in body]
+            )
+            for j in columns
+        ]
+        units.append((columns, max(sum(widths), _text_pt(dataset, _FOOTNOTESIZE))))
+    for k, columns in enumerate(_packed(first_pt, units)):
+        datasets = list(dict.fromkeys(header[j][0] for j in columns))
+        out += [r"\par\medskip"] if k else []
+        out += _tabular(
+            ["encoder"] + [_tex(header[j][1]) for j in columns],
+            [[_tex(e)] + [_value(cells[j]) for j in columns] for e, cells in body],
+            [(_tex(d), sum(header[j][0] == d for j in columns)) for d in datasets],
+        )
     best = "; ".join(f"{d}: {e} ({what})" for d, e, what in view.best_checkpoints(doc))
     out += [
         rf"\caption{{Overview: each dataset's headline metrics. Best checkpoint per "
@@ -194,19 +312,25 @@ def render_latex(doc: dict[str, Any]) -> str:
         names, table = view.metrics_table(rows)
         comparisons = view.dataset_comparisons(doc, dataset)
         out += [r"\begin{table}[htbp]", r"\centering", r"\small"]
-        out += _tabular(
-            ["encoder"] + [_tex(n) for n in names],
-            [[_tex(e)] + [_value(c) for c in cells] for e, cells in table],
+        groups = _column_groups(
+            ["encoder"] + [e for e, _ in table],
+            names,
+            [[_value_pt(c, _SMALL) for c in cells] for _, cells in table],
+            _SMALL,
         )
+        rows_tex = [(_tex(e), [_value(c) for c in cells]) for e, cells in table]
+        out += _split("encoder", [_tex(n) for n in names], rows_tex, groups)
         if comparisons:
-            out += [r"\par\medskip"]
-            out += _tabular(
-                ["b - a"] + [_tex(n) for n in names],
-                [
-                    [_tex(f"{b} - {a}")] + [_diff(c) for c in cells]
-                    for a, b, cells in view.differences(comparisons, names)
-                ],
+            pairs = view.differences(comparisons, names)
+            groups = _column_groups(
+                ["b - a"] + [f"{b} - {a}" for a, b, _ in pairs],
+                names,
+                [[_text_pt(c.text if c else "--", _SMALL) for c in cells] for _, _, cells in pairs],
+                _SMALL,
             )
+            rows_tex = [(_tex(f"{b} - {a}"), [_diff(c) for c in cells]) for a, b, cells in pairs]
+            out += [r"\par\medskip"]
+            out += _split("b - a", [_tex(n) for n in names], rows_tex, groups)
         out += [
             rf"\caption{{{_caption(doc, dataset, rows, bool(comparisons))}}}",
             rf"\label{{tab:rankwise-{number}}}",
