@@ -751,6 +751,11 @@ def bad_stores(d, ranks_store) -> Path:
     shutil.copytree(ranks_store, d / "r_nochunk.zarr")
     chunks = sorted(p for p in (d / "r_nochunk.zarr" / "ranks" / "c").rglob("*") if p.is_file())
     chunks[0].unlink()
+    # the same of the unit keys (the statistics' unit order: read as zeros, exit 0)
+    shutil.copytree(ranks_store, d / "r_nokeys.zarr")
+    keys = d / "r_nokeys.zarr" / "unit_key" / "c"
+    for chunk in [p for p in keys.rglob("*") if p.is_file()]:
+        chunk.unlink()
     # a chunk file cut short
     shutil.copytree(ranks_store, d / "r_cut.zarr")
     chunk = sorted(p for p in (d / "r_cut.zarr" / "ranks" / "c").rglob("*") if p.is_file())[0]
@@ -783,6 +788,11 @@ STORE_CASES = [
         ["metrics", "{d}/r_nochunk.zarr"],
         r"r_nochunk\.zarr: the ranks store is inconsistent \(a rank below 1\): an interrupted "
         r"write or a partial copy; run `rankwise rank` again",
+    ),
+    (
+        "missing-key-chunk",
+        ["ci", "{d}/r_nokeys.zarr"],
+        r"r_nokeys\.zarr: the ranks store is inconsistent \(a unit key listed twice\)",
     ),
     (
         "cut-chunk",

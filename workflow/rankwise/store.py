@@ -421,8 +421,8 @@ def _malformed(arrays: dict[str, np.ndarray]) -> str | None:
 def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str | None:
     """What is wrong with a ranks store's arrays, else ``None``: every evaluated query has
     at least one rank (offsets from 0, increasing, ending at the number of ranks), ranks
-    are >= 1, each query's manifest row appears once, and is a row of the query
-    manifest; the variants' pointers run from 0 to their values' length."""
+    are >= 1, each query's manifest row (and unit key) appears once, and is a row of the
+    query manifest; the variants' pointers run from 0 to their values' length."""
     offsets, ranks, rows = arrays["offsets"], arrays["ranks"], arrays["query_index"]
     if len(offsets) != len(rows) + 1 or (len(offsets) and offsets[0] != 0):
         return "offsets do not start at 0 with one entry per query"
@@ -432,6 +432,9 @@ def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str |
         return "a rank below 1"
     if len(np.unique(rows)) != len(rows):
         return "a query row listed twice"
+    # each query's place among the manifest's ids: a lost chunk reads as zeros
+    if "unit_key" in arrays and len(np.unique(arrays["unit_key"])) != len(arrays["unit_key"]):
+        return "a unit key listed twice"
     if len(rows) and rows.min() < 0:
         return "a negative query row"
     n_rows = attrs.get("num_query_rows")
