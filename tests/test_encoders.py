@@ -1030,6 +1030,27 @@ def test_hash_cache(tmp_path: Path):
     assert file_sha256(file, cache_path=cache, min_cached_size=0) == new
 
 
+def test_hash_cache_stays_out_of_a_users_folder(tmp_path: Path, monkeypatch):
+    """`rankwise rank` on a manifest over 1 MB made ./.snakemake/ in whatever folder it ran
+    in; the cache is there only where a pipeline made that folder, else in the user's
+    rankwise cache."""
+    monkeypatch.delenv("RANKWISE_HASH_CACHE", raising=False)
+    monkeypatch.setenv("RANKWISE_CACHE_DIR", str(tmp_path / "user-cache"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    file = work / "gallery.csv"
+    file.write_bytes(b"x" * (2 << 20))
+    digest = hashlib.sha256(b"x" * (2 << 20)).hexdigest()
+    assert file_sha256(file) == digest
+    assert [p.name for p in work.iterdir()] == ["gallery.csv"]
+    cached = json.loads((tmp_path / "user-cache" / "hash-cache.json").read_text())
+    assert cached["entries"][str(file.resolve())]["sha256"] == digest
+    (work / ".snakemake").mkdir()  # a pipeline's folder: its jobs share its cache
+    assert file_sha256(file) == digest
+    assert (work / ".snakemake" / "rankwise-hash-cache.json").is_file()
+
+
 def test_hash_cache_sees_a_same_size_rewrite_with_its_mtime_restored(tmp_path: Path):
     """`cp -p` / `touch -r` over a file keep size, mtime and inode; the change time moves."""
     cache = tmp_path / "hashes.json"

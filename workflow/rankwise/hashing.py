@@ -13,7 +13,11 @@ Cache location, first that applies:
 
 1. the ``cache_path`` argument;
 2. the environment variable ``RANKWISE_HASH_CACHE`` (an empty value disables the cache);
-3. ``.snakemake/rankwise-hash-cache.json`` in the working directory.
+3. ``.snakemake/rankwise-hash-cache.json`` in the working directory when it has a
+   ``.snakemake`` folder (a pipeline's jobs share it);
+4. else ``hash-cache.json`` in the user's rankwise cache (``$RANKWISE_CACHE_DIR``, else
+   ``$XDG_CACHE_HOME/rankwise`` or ``~/.cache/rankwise``): a command run in a folder of
+   one's own leaves nothing there.
 
 The cache is advisory: a missing, unreadable or corrupt cache file is ignored and
 rewritten; concurrent writers may drop each other's new entries, never corrupt them
@@ -44,7 +48,15 @@ def _cache_location(cache_path: str | os.PathLike | None) -> Path | None:
     env = os.environ.get("RANKWISE_HASH_CACHE")
     if env is not None:
         return Path(env) if env.strip() else None
-    return DEFAULT_CACHE
+    if DEFAULT_CACHE.parent.is_dir():
+        return DEFAULT_CACHE
+    chosen = os.environ.get("RANKWISE_CACHE_DIR")
+    home = (
+        Path(chosen)
+        if chosen
+        else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rankwise"
+    )
+    return home / "hash-cache.json"
 
 
 def _hash_bytes(path: Path) -> str:
