@@ -9,7 +9,8 @@ and which protocol the numbers belong to.
 ``veri776`` {root}
     ``image_query/`` and ``image_test/`` with their lists ``name_query.txt`` and
     ``name_test.txt`` (one file name per line).  Only listed files are used, in list
-    order.  Names ``VVVV_cCCC_FFFFFFFF_N.jpg`` (``0002_c002_00030600_0.jpg``):
+    order (fast-reid's ``veri.py`` globs every ``*.jpg`` of both folders: the same
+    files in the release).  Names ``VVVV_cCCC_FFFFFFFF_N.jpg`` (``0002_c002_00030600_0.jpg``):
     label = ``str(int(V))``, camera = ``int(C)``, frame = ``int(F)``, id = the stem.
     Protocol ``reid``: a query's own vehicle under its own camera is excluded, which
     is what VeRi's ``jk_index.txt`` lists as junk.  An image named in both lists has
@@ -18,22 +19,28 @@ and which protocol the numbers belong to.
     DukeMTMC-reID: ``query/`` and ``bounding_box_test/`` holding
     ``PPPP_cC_fFFFFFFF.jpg`` (``0005_c2_f0046985.jpg``: person 5, camera 2, frame
     46985 of that camera's video).  label = ``str(int(P))``, camera = C, frame = F.
-    Protocol ``reid``.
+    Protocol ``reid`` (a ``-1`` label, which the release has none of, would be junk by
+    its default ``junk_labels``; torchreid and fast-reid would keep it as an identity).
 ``cuhk03-np`` {root, variant}
     CUHK03 under the new protocol (Zhong et al., CVPR 2017; 767 / 700 identities):
     ``<root>/labeled/`` or ``<root>/detected/`` (``variant``: ``labeled`` = manually
     drawn boxes, ``detected`` = DPM boxes; papers report both, so there is no default),
     each with ``query/`` and ``bounding_box_test/`` of ``PPPP_cC_N.png`` images.
-    label = ``str(int(P))``, camera = C (1 or 2), parsed as torchreid and fast-reid do
-    (``([-\\d]+)_c(\\d)``); whatever follows the camera stays in the id.  Protocol
-    ``reid`` (the CUHK03-NP numbers papers report; single-gallery-shot is the old
-    protocol's CMC).
+    label = ``str(int(P))``, camera = C (1 or 2), with the Market-1501 pattern
+    ``([-\\d]+)_c(\\d)`` the release's names follow; whatever follows the camera stays
+    in the id.  torchreid and fast-reid have no loader for this release: their
+    ``cuhk03`` classes build the same 767 / 700 split from ``cuhk-03.mat`` and the
+    new-protocol ``.mat`` configs, with other image names, so ids differ from theirs
+    (the classic 20-split protocol is not supported here).  Protocol ``reid`` (the
+    CUHK03-NP numbers papers report; single-gallery-shot is the old protocol's CMC).
 ``identity-folders`` {root, queries_per_id=1, min_crops=2, seed=0}
     ``<root>/<identity>/<crop>.(jpg|jpeg|png|bmp)``, the layout of the ``reid``
     package's identity crops (and of the ``mot`` loader's ``crops/``).  Query and
-    gallery are derived exactly as the ``reid`` package's ``RetrievalProtocol`` does,
-    so the same seed gives the same split: identities (folders, sorted by name; hidden
-    and empty ones skipped) with fewer than ``min_crops`` crops are dropped from both
+    gallery are derived as the ``reid`` package's ``RetrievalProtocol`` does, so the
+    same seed gives the same split on a tree without hidden entries: identities
+    (folders, sorted by name; hidden and empty ones skipped, and hidden files, which
+    ``reid`` counts: ``.ipynb_checkpoints/`` as an identity, macOS ``._*.jpg`` as
+    crops, each shifting its shared shuffle) with fewer than ``min_crops`` crops are dropped from both
     sides; one ``random.Random(seed)`` shuffles each remaining identity's crops (sorted
     by file name) in turn, the first ``queries_per_id`` become queries, the rest the
     gallery.  label = the folder name, id = ``<folder>/<file>``.  The folders carry no
@@ -102,7 +109,7 @@ DUKEMTMC_NAMING = Naming(
     lambda m: {"label": str(int(m[1])), "camera": int(m[2]), "frame": int(m[3])},
 )
 
-# torchreid / fast-reid read CUHK03-NP names with ([-\d]+)_c(\d) and cameras 1..2.
+# CUHK03-NP names follow Market-1501's ([-\d]+)_c(\d), cameras 1..2.
 CUHK03_NAMING = Naming(
     "CUHK03-NP",
     re.compile(r"^(-?\d+)_c([12])(?:_.*)?$"),

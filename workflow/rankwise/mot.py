@@ -11,7 +11,9 @@ Input, the MOTChallenge layout (MOT16/17/20, DanceTrack, SportsMOT)::
                                          visibility (one box per line)
 
 Rows kept, in this order of tests (the ``reid`` package's ``generate_mot_patches``
-rules, so the crops are the ones it writes): ``conf`` flag > 0 (0 = ignore);
+rules, so the crops are the ones it writes; where it skips a box wholly outside its
+image or a missing frame image, or overwrites a duplicated (frame, track) crop, rankwise
+stops with an error naming it): ``conf`` flag > 0 (0 = ignore);
 ``class`` in ``classes`` (MOT17: 1 = pedestrian; ``null`` keeps every class); the
 frame in ``frames`` (below); ``visibility >= min_visibility``; then the box is cut
 to pixel columns ``round(left) .. round(left + width)`` and rows ``round(top) ..
