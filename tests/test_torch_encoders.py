@@ -277,6 +277,23 @@ def test_checkpoint_without_classifier_head_loads(timm_model, manifest: Path, tm
     )
 
 
+def test_a_neck_trained_inside_the_classifier_is_refused(manifest: Path, tmp_path: Path):
+    """resnet10t whose ``fc`` is Linear -> BatchNorm -> Linear (an embedding neck trained
+    under the classifier's name): every ``fc.*`` key was dropped as the classifier, so
+    the embedding silently became the pooled backbone feature, not the neck's."""
+    net = timm.create_model("resnet10t", num_classes=7)
+    net.fc = torch.nn.Sequential(
+        torch.nn.Linear(512, 256), torch.nn.BatchNorm1d(256), torch.nn.Linear(256, 7)
+    )
+    ckpt = _save_like_training(net.state_dict(), tmp_path / "neck.pth")
+    with pytest.raises(
+        RankwiseError,
+        match=r"neck\.pth: the checkpoint's classifier 'fc' holds more than one layer "
+        r"\(fc\.0\.weight, fc\.0\.bias, fc\.1\.weight, .*kind torchscript\)$",
+    ):
+        _embed(manifest, ckpt, tmp_path / "n.zarr", (32, 32))
+
+
 def test_compiled_model_checkpoint_loads(timm_model, manifest: Path, tmp_path: Path):
     """The state dict of a torch.compile'd model (keys under ``_orig_mod.``), also inside
     DistributedDataParallel (``module._orig_mod.``), loads like the plain one."""
@@ -543,6 +560,31 @@ def test_reid_input_size_and_flip(osnet_checkpoint: Path, manifest: Path, tmp_pa
     _assert_close(_read(out), (_forward(backbone, x) + _forward(backbone, x.flip(3))) / 2)
 
 
+def test_reid_interpolation_for_fastreid_numbers(
+    osnet_checkpoint: Path, manifest: Path, tmp_path: Path
+):
+    """fast-reid's test transform resizes bicubic (``Resize(size, interpolation=3)``),
+    the reid package (and torchreid) bilinear: the option picks it, the record says it,
+    and the rows equal the package's extraction with that interpolation."""
+    from reid import ReIDPreprocessing
+
+    rows = {}
+    for interpolation in ("bicubic", None):
+        out = tmp_path / f"reid-{interpolation}.zarr"
+        options = {"architecture": "osnet_x0_25", "checkpoint": str(osnet_checkpoint)}
+        encode_manifest(
+            manifest, "reid", {**options, "interpolation": interpolation}, out, progress=False
+        )
+        rows[interpolation] = _read(out)
+        record = embeddings_attrs(out)["preprocessing"]
+        assert record["interpolation"] == (interpolation or "bilinear")
+    preprocessing = ReIDPreprocessing(input_size=(256, 128), interpolation="bicubic")
+    package = _reid_package(osnet_checkpoint, preprocessing=preprocessing)
+    expected = package.extract_embeddings_from_paths([str(p) for p in _paths(manifest)])
+    _assert_close(rows["bicubic"], expected)
+    assert np.abs(rows["bicubic"] - rows[None]).max() > 100 * TOL  # not the bilinear rows
+
+
 def test_reid_checkpoint_of_another_width(manifest: Path, tmp_path: Path):
     from reid.architectures import build_architecture
 
@@ -605,6 +647,44 @@ def test_fastreid_layout_loads_through_the_architecture_remap(tmp_path: Path):
         r"1 unexpected key\(s\): heads\.extra\.weight;",
     ):
         load_checkpoint(target, tmp_path / "broken.pth", **kwargs)
+
+
+def test_an_older_fastreid_checkpoint_brings_its_normalisation(manifest: Path, tmp_path: Path):
+    """fast-reid saved ``pixel_mean`` / ``pixel_std`` buffers (0-255 scale, (1, 3, 1, 1))
+    in every checkpoint before its commit 883fd4a (2021-03-23): they were refused as
+    unexpected keys ("check that the options name the architecture"); they now load, as
+    the normalisation the model was trained with, and the record says it."""
+    from reid.architectures import build_architecture
+
+    name = "fastreid_sbs_resnest50"
+    torch.manual_seed(5)
+    source = build_architecture(name).eval()
+    fastreid = {}
+    for key, value in source.state_dict().items():
+        if key == "pool.p":
+            key = "heads.pool_layer.p"
+        elif key.startswith("bottleneck."):
+            key = "heads.bottleneck.0." + key[len("bottleneck.") :]
+        fastreid[key] = value
+    mean, std = [100.0, 110.0, 120.0], [50.0, 60.0, 70.0]  # not ImageNet's: visible
+    fastreid["pixel_mean"] = torch.tensor(mean).view(1, 3, 1, 1)
+    fastreid["pixel_std"] = torch.tensor(std).view(1, 3, 1, 1)
+    checkpoint = tmp_path / "model_final.pth"
+    torch.save({"model": {f"module.{k}": v for k, v in fastreid.items()}}, checkpoint)
+    out = tmp_path / "old.zarr"
+    options = {"architecture": name, "checkpoint": str(checkpoint), "input_size": [64, 32]}
+    encode_manifest(manifest, "reid", options, out, progress=False)
+    x = _reference_inputs(manifest, (64, 32), [m / 255 for m in mean], [s / 255 for s in std])
+    _assert_close(_read(out), _forward(source, x))
+    record = embeddings_attrs(out)["preprocessing"]
+    assert record["mean"] == [m / 255 for m in mean] and record["std"] == [s / 255 for s in std]
+    del fastreid["pixel_std"]
+    torch.save(fastreid, tmp_path / "half.pth")
+    with pytest.raises(RankwiseError, match=r"half\.pth: the checkpoint holds pixel_mean without "):
+        encode_manifest(
+            manifest, "reid", {**options, "checkpoint": str(tmp_path / "half.pth")},
+            tmp_path / "half.zarr", progress=False,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------- torchscript

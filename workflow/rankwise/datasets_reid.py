@@ -40,13 +40,14 @@ and which protocol the numbers belong to.
     same seed gives the same split on a tree without hidden entries: identities
     (folders, sorted by name; hidden and empty ones skipped, and hidden files, which
     ``reid`` counts: ``.ipynb_checkpoints/`` as an identity, macOS ``._*.jpg`` as
-    crops, each shifting its shared shuffle) with fewer than ``min_crops`` crops are dropped from both
-    sides; one ``random.Random(seed)`` shuffles each remaining identity's crops (sorted
-    by file name) in turn, the first ``queries_per_id`` become queries, the rest the
-    gallery.  label = the folder name, id = ``<folder>/<file>``.  The folders carry no
-    camera, so there is no ``camera`` column: evaluate with protocol ``recall``, whose
-    numbers equal the ``reid`` package's retrieval metrics (its synthetic cameras,
-    0 for queries and 1 for the gallery, exclude nothing; recall@K = its rankK).
+    crops, each shifting its shared shuffle) with fewer than ``min_crops`` crops are
+    dropped from both sides; one ``random.Random(seed)`` shuffles each remaining
+    identity's crops (sorted by file name) in turn, the first ``queries_per_id`` become
+    queries, the rest the gallery.  label = the folder name, id = ``<folder>/<file>``.
+    The folders carry no camera, so there is no ``camera`` column: evaluate with
+    protocol ``recall``, whose numbers equal the ``reid`` package's retrieval metrics
+    (its synthetic cameras, 0 for queries and 1 for the gallery, exclude nothing;
+    recall@K = its rankK).
 """
 
 from __future__ import annotations

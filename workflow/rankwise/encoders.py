@@ -276,6 +276,15 @@ OPTIONS: dict[str, OptionSet] = {
                 nullable=True,
                 help=_SIZE_HELP + "; null = the architecture's",
             ),
+            Option(
+                "interpolation",
+                "enum",
+                None,
+                choices=("bilinear", "bicubic", "nearest"),
+                nullable=True,
+                help="resize interpolation; null = the architecture's (bilinear, the reid "
+                "package's and BoT-SORT's); fast-reid's own test transform is bicubic",
+            ),
             *_TORCH_COMMON,
         ),
     ),

@@ -7,7 +7,8 @@ rows are decoded and preprocessed by its thread pool one batch ahead of the forw
 
 Options (declared, with their defaults, in :data:`rankwise.encoders.OPTIONS`):
 
-``reid`` {architecture, checkpoint, checkpoint_key=null, input_size=null, flip, device, half}
+``reid`` {architecture, checkpoint, checkpoint_key=null, input_size=null,
+interpolation=null, flip, device, half}
     An architecture of the ``reid`` package (``osnet_x1_0``, ..., ``fastreid_sbs_resnest50``)
     built without weights, then ``checkpoint`` (a torchreid / fast-reid ``.pth`` or a
     ``.safetensors``) loaded strictly.  The embedding is the backbone's eval-mode output,
@@ -15,6 +16,9 @@ Options (declared, with their defaults, in :data:`rankwise.encoders.OPTIONS`):
     architecture (``ReIDPreprocessing.build_crop_transform``: PIL stretch resize to
     ``input_size`` [H, W], default the architecture's, ``ToTensor``, ImageNet
     ``Normalize``), so rankwise's rows equal ``ReIDModel.extract_embeddings_from_paths``.
+    Its resize is bilinear (torchreid's test transform, and BoT-SORT's fast-reid
+    inference); fast-reid's own test transform resizes bicubic (``Resize(...,
+    interpolation=3)``): ``interpolation: bicubic`` for fast-reid's numbers.
 ``timm`` {model, checkpoint, checkpoint_key=null, input_size=null, mean=null, std=null,
 interpolation="bilinear", flip, device, half}
     ``timm.create_model(model, pretrained=False, num_classes=0)``: the pooled pre-logits
@@ -314,8 +318,11 @@ def load_checkpoint(
     heads: tuple[str, ...] = (),
     remap: Callable[[dict], dict] | None = None,
     checkpoint_key: str | None = None,
-) -> None:
-    """Load ``path`` into ``model`` strictly (see the module docstring).
+    extras: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Load ``path`` into ``model`` strictly (see the module docstring); returns the
+    checkpoint's values of the keys ``extras`` that it holds (not the model's weights:
+    an older fast-reid model's ``pixel_mean`` / ``pixel_std`` buffers).
 
     ``heads``: key prefixes of the classifier head, ignored when the model has no such key.
     ``remap``: a per-key renaming (``{key: tensor} -> {new_key: tensor}`` or ``{}``) from
@@ -327,8 +334,11 @@ def load_checkpoint(
     state = read_checkpoint(path, kind, checkpoint_key)
     if remap is None:  # a remapped layout (fast-reid's) is not the model's key for key
         state = _under_one_attribute(state, target, path)
-    loaded, unexpected = {}, []
+    loaded, unexpected, found = {}, [], {}
     for key, value in state.items():
+        if key in extras and key not in target:
+            found[key] = value
+            continue
         if key.startswith(heads) and key not in target:  # the classifier, dropped for embedding
             continue
         mapped = remap({key: value}) if remap is not None else {key: value}
@@ -346,6 +356,17 @@ def load_checkpoint(
         if v.shape != target[k].shape
     ]
     if missing or unexpected or wrong:
+        # the classifier's name (fc) from its keys (fc.weight), where heads lists them
+        places = {h.rsplit(".", 1)[0] for h in heads if h.endswith((".weight", ".bias"))}
+        inside = [k for k in unexpected if any(k.startswith(f"{p}.") for p in places)]
+        if inside and not missing and not wrong and len(inside) == len(unexpected):
+            raise RankwiseError(
+                f"{path}: the checkpoint's classifier {'/'.join(sorted(places))!r} holds more "
+                f"than one layer ({_listing(inside)}): a head trained under its name (a neck "
+                "before the identity layer) would be left out of the embedding, which is the "
+                f"{what}'s pre-classifier feature; export the network up to the feature you "
+                "evaluate as a TorchScript file (kind torchscript)"
+            )
         parts = [
             f"{len(keys)} {name}: {_listing(keys, 3 if keys is wrong else 5)}"
             for name, keys in (
@@ -361,6 +382,7 @@ def load_checkpoint(
             "(and variant) this checkpoint was trained with"
         )
     model.load_state_dict(loaded, strict=False)  # completeness checked above
+    return found
 
 
 def _under_one_attribute(state: dict[str, Any], target: Mapping, path: Path) -> dict[str, Any]:
@@ -426,9 +448,11 @@ def _reid_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, Any, dict[
     if opts["input_size"] is not None:
         size = tuple(opts["input_size"])
         preprocessing = dataclasses.replace(preprocessing, input_size=size)
+    if opts["interpolation"] is not None:  # fast-reid's test transform: bicubic
+        preprocessing = dataclasses.replace(preprocessing, interpolation=opts["interpolation"])
     model = architectures.build_architecture(name, pretrained=False)
     family = "fastreid" if name.startswith("fastreid") else "osnet"
-    load_checkpoint(
+    pixel = load_checkpoint(
         model,
         checkpoint,
         kind="reid",
@@ -436,7 +460,12 @@ def _reid_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, Any, dict[
         heads=_REID_HEADS[family],
         remap=architectures.checkpoint_remap_for_architecture(name),
         checkpoint_key=opts["checkpoint_key"],
+        extras=_FASTREID_PIXEL if family == "fastreid" else (),
     )
+    if pixel:  # the normalisation the model was trained with (cfg.MODEL.PIXEL_MEAN / _STD)
+        preprocessing = dataclasses.replace(
+            preprocessing, **_pixel_normalisation(pixel, checkpoint)
+        )
     record = {
         "input_size": list(preprocessing.input_size),
         "resize": preprocessing.resize_mode,
@@ -446,6 +475,30 @@ def _reid_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, Any, dict[
         "channel_order": "rgb",
     }
     return model, preprocessing.build_crop_transform(), record
+
+
+#: fast-reid's ``Baseline`` saved these buffers (cfg.MODEL.PIXEL_MEAN / PIXEL_STD, on
+#: the 0-255 scale, shape (1, 3, 1, 1)) until its commit 883fd4a (2021-03-23).
+_FASTREID_PIXEL = ("pixel_mean", "pixel_std")
+
+
+def _pixel_normalisation(pixel: dict[str, Any], checkpoint: Path) -> dict[str, tuple]:
+    """``mean`` / ``std`` (of x / 255, RGB) from an older fast-reid checkpoint's buffers."""
+    if set(pixel) != set(_FASTREID_PIXEL):
+        raise RankwiseError(
+            f"{checkpoint}: the checkpoint holds {', '.join(sorted(pixel))} without "
+            f"{', '.join(sorted(set(_FASTREID_PIXEL) - set(pixel)))}; fast-reid saves both"
+        )
+    values = {}
+    for key, name in (("pixel_mean", "mean"), ("pixel_std", "std")):
+        v = np.asarray(pixel[key].detach().cpu(), np.float64).reshape(-1)
+        if v.shape != (3,) or not np.all(np.isfinite(v)) or (name == "std" and np.any(v <= 0)):
+            raise RankwiseError(
+                f"{checkpoint}: its {key} buffer is {v.tolist()}; expected three "
+                f"{'positive ' if name == 'std' else ''}numbers on the 0-255 scale"
+            )
+        values[name] = tuple(float(x) / 255.0 for x in v)
+    return values
 
 
 def _timm_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, dict[str, Any]]:
@@ -465,7 +518,11 @@ def _timm_model(opts: dict[str, Any], checkpoint: Path) -> tuple[Any, dict[str, 
     except TypeError:  # no img_size argument (CNNs)
         model = timm.create_model(name, pretrained=False, num_classes=0)
     head = model.pretrained_cfg.get("classifier") or ()
-    heads = tuple(f"{h}." for h in ([head] if isinstance(head, str) else head))
+    # the classifier's weight and bias alone: keys deeper under its name (fc.0.weight: a
+    # neck trained inside fc) are layers the embedding would silently leave out
+    heads = tuple(
+        f"{h}.{p}" for h in ([head] if isinstance(head, str) else head) for p in ("weight", "bias")
+    )
     load_checkpoint(
         model,
         checkpoint,
