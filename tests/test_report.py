@@ -616,6 +616,70 @@ def test_without_resamples_no_caption_claims_intervals(results, tmp_path):
         assert "[low, high]" not in text and "interval below each value" not in text
 
 
+def test_a_hand_written_metrics_file_beside_computed_ones(results, tmp_path):
+    """A paper's numbers typed into a metrics file (protocol and metrics alone) beside
+    computed evaluations: the header printed "paper: None queries (None skipped), None
+    gallery items" and "distance None (paper)", and the metrics chart's caption claimed
+    "bars: 95% interval" though no interval is drawn unless every encoder has one; the
+    LaTeX caption left out the pairs not compared."""
+    from rankwise.report import render_latex, render_markdown, view
+    from rankwise.report.plots import dataset_plots
+
+    _, metrics = results
+    toy = [p for p in metrics if p.parent.name == "toy"]
+    paper = tmp_path / "toy" / "paper.json"
+    paper.parent.mkdir()
+    paper.write_text(json.dumps({"protocol": "recall", "metrics": {"recall@1": 95.0, "map": 88.0}}))
+    doc = build_report([paper, *toy], resamples=50, worst_queries=0)
+    rows = [r for r in doc["results"] if r["dataset"] == "toy"]
+    counts, distance = view.counts(rows), view.distance(rows)
+    assert counts.startswith("paper: counts not given; ") and "None" not in counts
+    assert distance.startswith("not given (paper), ") and "None" not in distance
+    caption = next(p.caption for p in dataset_plots(doc, rows) if p.kind == "metrics")
+    assert "interval" not in caption.replace("no intervals drawn (paper: none computed)", "")
+    assert "no intervals drawn (paper: none computed)" in caption
+    for text in (render_markdown(doc), render_html(doc), render_latex(doc)):
+        assert "None" not in text
+    # every note Markdown gives under the dataset is in the LaTeX caption too
+    notes = [view.dropped_rows_note(rows), view.no_statistics_note(doc, "toy")]
+    notes += [view.not_compared_note(doc, "toy"), view.unattainable_note(doc, "toy")]
+    tex = render_latex(doc)
+    from rankwise.report.latex import _tex
+
+    assert all(_tex(n) in tex for n in notes if n)
+
+
+def test_a_dataset_whose_floor_holm_keeps_above_alpha_is_said_so():
+    """25 tests: 7 on a dataset of 10 clusters (exact floor 2^-9 = 0.00195), 18 on one of
+    8 identities (2^-7 = 0.0078). 25 x 0.00195 < 0.05, so the report-wide check passed;
+    but at most 7 tests can precede the 8-identity dataset's in Holm's order, so its
+    smallest p is multiplied by at least 18: 18 x 0.0078 = 0.14, never significant."""
+    from rankwise.report import view
+
+    def tests(dataset: str, n: int, clusters: int) -> list[dict]:
+        return [{"dataset": dataset, "test": "exact", "num_clusters": clusters}] * n
+
+    doc = {
+        "statistics": {"flip_resamples": 1000, "num_tests": 25, "by": "identity", "alpha": 0.05},
+        "comparisons": tests("small", 18, 8) + tests("large", 7, 10),
+        "results": [
+            {"dataset": "small", "protocol": "reid"},
+            {"dataset": "large", "protocol": "progressive"},
+        ],
+    }
+    note = view.unattainable_note(doc, "small")
+    assert note == (
+        "No difference on small can be significant: with 8 identities the paired sign-flip "
+        "test gives p >= 0.00781, and Holm over 25 tests, 7 of which can have a smaller p, "
+        "needs p < 0.0028; compare by query or on more identities."
+    )
+    assert view.unattainable_note(doc, "large") is None  # 25 x 0.00195 < 0.05
+    doc["comparisons"] = tests("small", 18, 8) + tests("large", 7, 12)  # more, still below
+    assert "7 of which can have a smaller p" in view.unattainable_note(doc, "small")
+    doc["comparisons"] = tests("small", 3, 8) + tests("large", 22, 10)  # 3 x 0.0078 < 0.05
+    assert view.unattainable_note(doc, "small") is None
+
+
 def test_a_dataset_header_names_each_encoders_distance_when_they_differ(doc):
     """Metrics files of other runs given to `rankwise report` may differ in distance:
     the header gave the first encoder's as the dataset's."""

@@ -189,6 +189,7 @@ def test_as_many_dropped_query_rows_are_compared_only_when_the_same(data, tmp_pa
     assert set(skipped) == {("D", "F"), ("E", "F")}
     reason = "their evaluated queries differ (17 and 17, not the same ones; a paired test"
     assert all(r.startswith(reason) for r in skipped.values()), skipped
+    assert f"Not compared: D and F: {reason}" in render_latex(doc)  # not only MD and HTML
     ok("compare", stores["D"], stores["E"])
     line = one_error_line("compare", stores["D"], stores["F"])
     assert f"{stores['F']}: its id-keyed features and those of {stores['D']}" in line

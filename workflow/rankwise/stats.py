@@ -827,11 +827,14 @@ def never_significant(
     units: str,
     alpha: float = ALPHA,
     smallest_in_all: float | None = None,
+    lower_tests: int = 0,
 ) -> str | None:
     """Why no Holm-adjusted p-value of these tests can fall below ``alpha`` whatever the
     data, or None: every p is at least :func:`smallest_p`, and Holm's first step
     multiplies the smallest p of all ``num_tests`` tests (``smallest_in_all``; default
-    this test's) by ``num_tests``.  ``units``: what a cluster is when ``by="query"``.
+    this test's) by ``num_tests``; and with only ``lower_tests`` of the others able to
+    have a smaller p than this test's floor, its own step multiplies it by at least
+    ``num_tests - lower_tests``.  ``units``: what a cluster is when ``by="query"``.
     Random flips are held only to their own floor: they fall below the exact test's by
     chance (5 clusters: 2^-4 = 0.0625 exact, p < 0.05 in some seeds), except with one
     cluster, whose every flip is its observed sum or its mirror (p = 1)."""
@@ -841,6 +844,12 @@ def never_significant(
             return f"significance needs p < {alpha:g}"
         if (floor if smallest is None else smallest) * num_tests >= alpha:
             return f"Holm over {num_tests} tests needs p < {alpha / num_tests:.2g}"
+        step = num_tests - lower_tests  # the least Holm multiplies this test's p by
+        if lower_tests and floor * step >= alpha:
+            return (
+                f"Holm over {num_tests} tests, {lower_tests} of which can have a smaller p, "
+                f"needs p < {alpha / step:.2g}"
+            )
         return None
 
     data_floor = smallest_p("exact", num_clusters, flips)  # all 2^C flips

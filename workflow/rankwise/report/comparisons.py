@@ -83,11 +83,11 @@ def _check_pair(entry_a: dict, entry_b: dict, a: Summary, b: Summary, dataset: s
     rows = [kept_rows(_alignment(e, "gallery")) for e in (entry_a, entry_b)]
     if not same_rows(*rows):  # a side dropped gallery rows, not the other's
         del side_a["num_gallery"], side_b["num_gallery"]  # the rest must pair all the same
-        left_out = [
-            f"{e['encoder']} left out {_alignment(e, 'gallery')['dropped_rows']} gallery rows"
-            for e, kept in zip((entry_a, entry_b), rows, strict=True)
-            if kept is not None
-        ]
+        left_out = []
+        for e, kept in zip((entry_a, entry_b), rows, strict=True):
+            if kept is not None:
+                n = _alignment(e, "gallery")["dropped_rows"]
+                left_out.append(f"{e['encoder']} left out {n} gallery row{'' if n == 1 else 's'}")
         galleries = (
             f"they ranked different galleries ({' and '.join(left_out)} without features"
             f"{_which(rows, entry_a['num_gallery'] == entry_b['num_gallery'])}; a paired test "

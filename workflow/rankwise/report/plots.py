@@ -59,10 +59,19 @@ def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]
     colors = _colors(doc["encoders"])
     conf = view.confidence_label(doc)
     dataset = rows[0]["dataset"]
-    # a caption names the intervals only when some are drawn
+    # a caption names the intervals only when they are drawn
     intervals = view.has_intervals(rows)
     if len(rows) >= 2:
         sweep = sweep_positions(rows) is not None
+        # trend_chart draws a metric's intervals only when every encoder has them
+        without = [r["encoder"] for r in rows if not r.get("ci95")]
+        drawn = (
+            f"; {'band' if sweep else 'bars'}: {conf} interval"
+            if not without
+            else f"; no intervals drawn ({', '.join(without)}: none computed)"
+            if intervals
+            else ""
+        )
         plots = [
             Plot(
                 "metrics",
@@ -73,7 +82,7 @@ def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]
                     if sweep
                     else "Each metric per encoder"
                 )
-                + (f"; {'band' if sweep else 'bars'}: {conf} interval" if intervals else "")
+                + drawn
                 + "; ringed: the best",
                 lambda style: trend_chart(rows, style),
             )

@@ -119,10 +119,17 @@ def counts(rows: list[dict[str, Any]]) -> str:
     items``; each encoder's (``a: ...; b: ...``) when they differ (id-keyed features
     with dropped rows)."""
     units = units_name(rows[0]["protocol"])
-    texts = [
-        f"{r['num_queries']} {units} ({r['num_skipped']} skipped), {r['num_gallery']} gallery items"
-        for r in rows
-    ]
+    one = {"queries": "query", "sketches": "sketch"}.get(units, units)
+
+    def text(r: dict[str, Any]) -> str:
+        if r.get("num_queries") is None:  # a hand-written metrics file (a paper's numbers)
+            return "counts not given"
+        n, g = r["num_queries"], r["num_gallery"]
+        skipped = "" if r.get("num_skipped") is None else f" ({r['num_skipped']} skipped)"
+        gallery = "" if g is None else f", {g} gallery {'item' if g == 1 else 'items'}"
+        return f"{n} {one if n == 1 else units}{skipped}{gallery}"
+
+    texts = [text(r) for r in rows]
     if len(set(texts)) == 1:
         return texts[0]
     return "; ".join(f"{r['encoder']}: {t}" for r, t in zip(rows, texts, strict=True))
@@ -133,7 +140,7 @@ def distance(rows: list[dict[str, Any]]) -> str:
     (c)``) when they differ (metrics files of other runs given to `rankwise report`)."""
     by: dict[str, list[str]] = {}
     for r in rows:
-        by.setdefault(str(r["distance"]), []).append(r["encoder"])
+        by.setdefault(str(r["distance"] or "not given"), []).append(r["encoder"])
     if len(by) == 1:
         return next(iter(by))
     return ", ".join(f"{d} ({', '.join(names)})" for d, names in by.items())
@@ -373,6 +380,7 @@ def unattainable_note(doc: dict[str, Any], dataset: str) -> str | None:
 
     row = min(rows, key=least)  # one comparison's queries: the rows share C and test
     protocol = next(r["protocol"] for r in doc["results"] if r["dataset"] == dataset)
+    floor = least(row)
     why = never_significant(
         row["test"],
         row["num_clusters"],
@@ -382,6 +390,8 @@ def unattainable_note(doc: dict[str, Any], dataset: str) -> str | None:
         units=units_name(protocol),
         alpha=s["alpha"],
         smallest_in_all=min(least(c) for c in doc["comparisons"]),
+        # the tests of other datasets (more clusters) that can come before it in Holm's order
+        lower_tests=sum(least(c) < floor for c in doc["comparisons"]),
     )
     return None if why is None else f"No difference on {dataset} can be significant: {why}."
 
@@ -399,7 +409,7 @@ def provenance_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
                 "checkpoint_full": p["checkpoint_hash"] or "",
                 "query_manifest": short(p["manifest_hash"]["query"]),
                 "gallery_manifest": short(p["manifest_hash"]["gallery"]),
-                "dim": str(r["embedding_dim"]),
+                "dim": "-" if r["embedding_dim"] is None else str(r["embedding_dim"]),
                 "rankwise": str(p["rankwise_version"] or "-"),
             }
         )
