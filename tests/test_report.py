@@ -680,6 +680,25 @@ def test_a_dataset_whose_floor_holm_keeps_above_alpha_is_said_so():
     assert view.unattainable_note(doc, "small") is None
 
 
+def test_the_statistics_sentence_names_the_tests_that_ran(doc):
+    """It said "1000 random sign flips" when every test was exact (few clusters)."""
+    import copy
+
+    from rankwise.report import view
+
+    changed = copy.deepcopy(doc)
+    assert changed["comparisons"]
+    for tests, said, unsaid in (
+        (["exact"], "every sign flip enumerated: at most 16 queries each", "random"),
+        (["sign-flip"], f"({changed['statistics']['flip_resamples']} random sign flips)", "every"),
+        (["exact", "sign-flip"], "random sign flips; every flip with at most 16 queries", "each"),
+    ):
+        for i, c in enumerate(changed["comparisons"]):
+            c["test"] = tests[i % len(tests)]
+        sentence = view.stats_sentence(changed)
+        assert said in sentence and unsaid not in sentence.split("Differences:")[1], sentence
+
+
 def test_a_dataset_header_names_each_encoders_distance_when_they_differ(doc):
     """Metrics files of other runs given to `rankwise report` may differ in distance:
     the header gave the first encoder's as the dataset's."""

@@ -101,11 +101,18 @@ def stats_sentence(doc: dict[str, Any], rows: list[dict[str, Any]] | None = None
         intervals += f" Note: {coarse}."
     if not s["num_tests"]:
         return f"{intervals} No paired tests in this report."
+    exact = {c["test"] == "exact" for c in doc["comparisons"]}
+    flips = (
+        f"every sign flip enumerated: at most {EXACT_MAX} {units} each"
+        if exact == {True}
+        else f"{s['flip_resamples']} random sign flips"
+        if exact == {False}
+        else f"{s['flip_resamples']} random sign flips; every flip with at most {EXACT_MAX} "
+        f"{units}"
+    )
     return (
-        f"{intervals} Differences: paired sign-flip test "
-        f"({s['flip_resamples']} random sign flips; every flip with at most {EXACT_MAX} "
-        f"{units}), Holm-adjusted over all {s['num_tests']} tests in this report; "
-        f"significant when {significance_rule(doc)}."
+        f"{intervals} Differences: paired sign-flip test ({flips}), Holm-adjusted over all "
+        f"{s['num_tests']} tests in this report; significant when {significance_rule(doc)}."
     )
 
 
