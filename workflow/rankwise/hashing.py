@@ -51,11 +51,14 @@ def _cache_location(cache_path: str | os.PathLike | None) -> Path | None:
     if DEFAULT_CACHE.parent.is_dir():
         return DEFAULT_CACHE
     chosen = os.environ.get("RANKWISE_CACHE_DIR")
-    home = (
-        Path(chosen)
-        if chosen
-        else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rankwise"
-    )
+    try:
+        home = (
+            Path(chosen)
+            if chosen
+            else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rankwise"
+        )
+    except (RuntimeError, KeyError):  # no home directory to be found: the working folder's
+        return DEFAULT_CACHE
     return home / "hash-cache.json"
 
 
