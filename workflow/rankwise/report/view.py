@@ -107,8 +107,7 @@ def stats_sentence(doc: dict[str, Any], rows: list[dict[str, Any]] | None = None
         if exact == {True}
         else f"{s['flip_resamples']} random sign flips"
         if exact == {False}
-        else f"{s['flip_resamples']} random sign flips; every flip with at most {EXACT_MAX} "
-        f"{units}"
+        else f"{s['flip_resamples']} random sign flips; every flip with at most {EXACT_MAX} {units}"
     )
     return (
         f"{intervals} Differences: paired sign-flip test ({flips}), Holm-adjusted over all "
