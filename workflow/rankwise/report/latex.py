@@ -163,14 +163,19 @@ def _packed(first_pt: float, units: list[tuple[list[int], float]]) -> list[list[
     return groups
 
 
+def _column_pt(name: str, cells_pt: list[float], size: float) -> float:
+    """The width of a column headed ``name`` whose cells are ``cells_pt`` wide, with its
+    space around."""
+    return _COLUMN_SEP_PT + max([_text_pt(name, size), *cells_pt])
+
+
 def _column_groups(first: list[str], header: list[str], cells: list[list[float]], size: float):
     """Groups of the columns of a table whose first column holds ``first`` (header
     included) and whose column ``j`` has the header ``header[j]`` and cells of the
     widths ``cells[i][j]`` (pt), each group fitting :data:`TABLE_WIDTH_PT`."""
     first_pt = max(_text_pt(text, size) for text in first)
     units = [
-        ([j], _COLUMN_SEP_PT + max([_text_pt(name, size)] + [row[j] for row in cells]))
-        for j, name in enumerate(header)
+        ([j], _column_pt(name, [row[j] for row in cells], size)) for j, name in enumerate(header)
     ]
     return _packed(first_pt, units)
 
@@ -286,10 +291,8 @@ def render_latex(doc: dict[str, Any]) -> str:
     for dataset in dict.fromkeys(d for d, _ in header):
         columns = [j for j, (d, _) in enumerate(header) if d == dataset]
         widths = [
-            _COLUMN_SEP_PT
-            + max(
-                [_text_pt(header[j][1], _FOOTNOTESIZE)]
-                + [_value_pt(c[j], _FOOTNOTESIZE) for _, c in body]
+            _column_pt(
+                header[j][1], [_value_pt(c[j], _FOOTNOTESIZE) for _, c in body], _FOOTNOTESIZE
             )
             for j in columns
         ]

@@ -124,8 +124,8 @@ def counts(rows: list[dict[str, Any]]) -> str:
     """A dataset's evaluated units and gallery, ``8 queries (0 skipped), 32 gallery
     items``; each encoder's (``a: ...; b: ...``) when they differ (id-keyed features
     with dropped rows)."""
-    units = units_name(rows[0]["protocol"])
-    one = {"queries": "query", "sketches": "sketch"}.get(units, units)
+    spec = get_protocol(rows[0]["protocol"])
+    one, units = spec.unit, spec.units
 
     def text(r: dict[str, Any]) -> str:
         if r.get("num_queries") is None:  # a hand-written metrics file (a paper's numbers)
