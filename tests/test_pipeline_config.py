@@ -387,6 +387,25 @@ def test_encoder_paths(kind, options, split, expected):
     assert pc.encoder_paths(kind, options, split) == expected
 
 
+def test_encode_params_of_reid_and_timm_entries_are_those_of_before_the_later_options():
+    """Byte for byte the encode params of a reid / timm entry written before
+    ``checkpoint_key`` and reid's ``interpolation`` existed (strings copied from that
+    version's output): upgrading reruns no encode job; set, an option is there."""
+    import json
+
+    from rankwise.encoders import OPTIONS
+
+    reid = OPTIONS["reid"].check({"architecture": "osnet_x1_0", "checkpoint": "w.pth"})
+    assert pc.encoder_options(reid) == (
+        '{"architecture": "osnet_x1_0", "checkpoint": "w.pth", "device": "auto", "flip": '
+        'false, "half": false, "input_size": null}'
+    )
+    bicubic = json.loads(pc.encoder_options({**reid, "interpolation": "bicubic"}))
+    assert bicubic["interpolation"] == "bicubic"
+    timm = OPTIONS["timm"].check({"model": "resnet18", "checkpoint": "w.pth"})
+    assert json.loads(pc.encoder_options(timm))["interpolation"] == "bilinear"
+
+
 def test_encode_params_leave_out_checkpoint_key_when_unset():
     """The encode rule's ``--options`` (a param: a change reruns encode): with
     ``checkpoint_key: null`` (what validate() fills in) they are, byte for byte, those of
@@ -399,7 +418,8 @@ def test_encode_params_leave_out_checkpoint_key_when_unset():
     for kind, required in (("timm", {"model": "resnet50"}), ("reid", {"architecture": "a"})):
         options = OPTIONS[kind].check({**required, "checkpoint": "w.pth"})
         assert options["checkpoint_key"] is None
-        before = {k: v for k, v in options.items() if k != "checkpoint_key"}
+        later = ("checkpoint_key", "interpolation" if kind == "reid" else "")
+        before = {k: v for k, v in options.items() if k not in later}
         assert pc.encoder_options(options) == json.dumps(before, sort_keys=True)
         ema = json.loads(pc.encoder_options({**options, "checkpoint_key": "model_ema"}))
         assert ema == {**before, "checkpoint_key": "model_ema"}

@@ -7,7 +7,8 @@ streams the manifest's rows in batches through an encoder and writes the
 thread pool, one batch ahead of the encoder. Store attributes::
 
     encoder           {"kind": ..., "options": {... with defaults filled in}}; an option
-                      added later at its default (checkpoint_key: null) left out
+                      added later at its default (checkpoint_key: null, reid's
+                      interpolation: null) left out
                       (OptionSet.recorded: such stores read as before it existed)
     checkpoint_hash   sha256 of the checkpoint / model / .npy file, or null (the bytes
                       read: a file changed while encoding is an error)
@@ -103,7 +104,7 @@ from .errors import RankwiseError, first_line
 from .feature_ids import ON_MISSING, Alignment
 from .hashing import file_sha256
 from .manifest import check_nonempty, read_manifest
-from .options import BATCH_SIZE, CHECKPOINT_KEY, WORKERS, Option, OptionSet
+from .options import BATCH_SIZE, CHECKPOINT_KEY, REID_INTERPOLATION, WORKERS, Option, OptionSet
 from .store import write_embeddings
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -276,15 +277,7 @@ OPTIONS: dict[str, OptionSet] = {
                 nullable=True,
                 help=_SIZE_HELP + "; null = the architecture's",
             ),
-            Option(
-                "interpolation",
-                "enum",
-                None,
-                choices=("bilinear", "bicubic", "nearest"),
-                nullable=True,
-                help="resize interpolation; null = the architecture's (bilinear, the reid "
-                "package's and BoT-SORT's); fast-reid's own test transform is bicubic",
-            ),
+            REID_INTERPOLATION,
             *_TORCH_COMMON,
         ),
     ),

@@ -884,10 +884,22 @@ CHECKPOINT_KEY = Option(
     "keys' prefix (model_ema.module); null = found automatically (state_dict; not an EMA "
     "copy)",
 )
+REID_INTERPOLATION = Option(
+    "interpolation",
+    "enum",
+    None,
+    choices=("bilinear", "bicubic", "nearest"),
+    nullable=True,
+    record_default=False,  # added later: at null, stores and encode params are as before
+    help="resize interpolation; null = the architecture's (bilinear, the reid package's and "
+    "BoT-SORT's); fast-reid's own test transform is bicubic",
+)
 #: Every encoder option with ``record_default=False`` (a test keeps the list whole): the
 #: pipeline's encode params leave them out at their default from this list, without
-#: importing the encoders (numpy, PIL, pandas: ~0.3 s in every Snakemake run).
-UNRECORDED_ENCODER_OPTIONS = (CHECKPOINT_KEY,)
+#: importing the encoders (numpy, PIL, pandas: ~0.3 s in every Snakemake run). By name,
+#: whatever the kind: timm's and torchscript's ``interpolation`` is never null, so only
+#: reid's is ever left out.
+UNRECORDED_ENCODER_OPTIONS = (CHECKPOINT_KEY, REID_INTERPOLATION)
 
 
 BATCH_SIZE = Option("batch_size", "integer", 64, minimum=1, help="images per encoder batch")
