@@ -1050,6 +1050,52 @@ def test_latex_tables_fit_the_page(doc, tmp_path):
     assert "Overfull" not in log
 
 
+def test_latex_column_groups_are_the_fewest_and_narrowest_that_fit():
+    """Brute force over every split of up to 8 units: the groups are as few as a split
+    whose multi-unit groups fit the room allows (a unit wider than the room alone is a
+    group of its own), and of those the widest is the narrowest. A unit too wide alone
+    once let the other groups grow to its width, past the room (a tabular scaled down
+    when a split that fits existed)."""
+    import itertools
+    import random
+
+    from rankwise.report.latex import _COLUMN_SEP_PT, TABLE_WIDTH_PT, _packed
+
+    rng = random.Random(0)
+    for _ in range(1500):
+        n, first = rng.randint(1, 8), rng.uniform(20, 200)
+        widths = [rng.choice((rng.uniform(20, 150), rng.uniform(150, 500))) for _ in range(n)]
+        units, column = [], 0
+        for w in widths:
+            size = rng.randint(1, 3)
+            units.append((list(range(column, column + size)), w))
+            column += size
+        room = TABLE_WIDTH_PT - first - _COLUMN_SEP_PT
+        best = None
+        for cuts in itertools.product((False, True), repeat=n - 1):
+            parts, part = [], [0]
+            for i, cut in enumerate(cuts, 1):
+                if cut:
+                    parts.append(part)
+                    part = []
+                part.append(i)
+            parts.append(part)
+            sums = [sum(widths[i] for i in part) for part in parts]
+            if all(w <= room or len(part) == 1 for w, part in zip(sums, parts, strict=True)):
+                key = (len(parts), max(sums))
+                best = key if best is None or key < best else best
+        groups = _packed(first, units)
+        assert [c for g in groups for c in g] == list(range(column))  # each once, in order
+        unit_of = {c: i for i, (columns, _) in enumerate(units) for c in columns}
+        members = [sorted({unit_of[c] for c in g}) for g in groups]
+        sums = [sum(widths[i] for i in m) for m in members]
+        assert all(w <= room or len(m) == 1 for w, m in zip(sums, members, strict=True)), (
+            widths,
+            room,
+        )
+        assert len(groups) == best[0] and max(sums) == pytest.approx(best[1]), (widths, room)
+
+
 def _assert_compiles(text: str, folder) -> str:
     """``text`` as report.tex in ``folder`` compiles with pdflatex (skip without it);
     returns pdflatex's log."""

@@ -134,7 +134,7 @@ def _packed(first_pt: float, units: list[tuple[list[int], float]]) -> list[list[
     """Consecutive units of columns ``(columns, width)`` in as few groups as fit
     :data:`TABLE_WIDTH_PT` beside the first column (``first_pt`` wide; a unit wider than
     that alone is a group of its own), the widest group as narrow as can be (6 columns
-    in two groups: 3 and 3, not 5 and 1)."""
+    in two groups: 3 and 3, not 5 and 1) while every group of two units or more fits."""
     room = TABLE_WIDTH_PT - first_pt - _COLUMN_SEP_PT
     count, width = 0, room  # how many groups the greedy packing needs
     for _, unit_pt in units:
@@ -142,17 +142,22 @@ def _packed(first_pt: float, units: list[tuple[list[int], float]]) -> list[list[
             width += unit_pt
         else:
             count, width = count + 1, unit_pt
-    widths = [w for _, w in units]
     n = len(units)
-    # widest[g][i]: the narrowest widest group of units i.. in g groups; cut: its first cut
+    # widest[g][i]: the narrowest widest group of units i.. in g groups, every group of
+    # two or more units within the room (the greedy packing is such a split, so one
+    # exists); cut: its first cut
     inf = float("inf")
     widest = [[inf] * (n + 1) for _ in range(count + 1)]
     cut = [[n] * (n + 1) for _ in range(count + 1)]
     widest[0][n] = 0.0
     for g in range(1, count + 1):
         for i in range(n - 1, -1, -1):
+            group = 0.0
             for j in range(i + 1, n + 1):
-                w = max(sum(widths[i:j]), widest[g - 1][j])
+                group += units[j - 1][1]
+                if j > i + 1 and group > room:
+                    break  # and so is every longer group from i
+                w = max(group, widest[g - 1][j])
                 if w < widest[g][i]:
                     widest[g][i], cut[g][i] = w, j
     groups, i = [], 0
