@@ -704,12 +704,18 @@ def test_msmt17_fingerprint_follows_list_and_listed_images(tmp_path):
     assert second["query"] == first["query"] and second["gallery"] != first["gallery"]
 
 
-def test_generated_demo_data_has_a_constant_fingerprint():
-    assert (
-        pc.dataset_fingerprints("demo-market", {"seed": 0})
-        == pc.dataset_fingerprints("demo-market", {"seed": 1})
-        == {"query": "generated", "gallery": "generated"}
-    )
+def test_generated_demo_data_is_fingerprinted_by_its_loader_and_options():
+    """Generated data depend on nothing else: the same options, the same digest (no
+    rerun), in any key order; another option value or loader, another digest."""
+    seed0 = pc.dataset_fingerprints("demo-market", {"seed": 0, "noise": 0.1})
+    assert seed0 == pc.dataset_fingerprints("demo-market", {"noise": 0.1, "seed": 0})
+    assert seed0["query"] == seed0["gallery"] and seed0["query"].startswith("generated:")
+    others = [
+        pc.dataset_fingerprints("demo-market", {"seed": 1, "noise": 0.1}),
+        pc.dataset_fingerprints("demo-market", {"seed": 0, "noise": 0.9}),
+        pc.dataset_fingerprints("demo-progressive", {"seed": 0, "noise": 0.1}),
+    ]
+    assert len({f["query"] for f in [seed0, *others]}) == 4
 
 
 @pytest.mark.parametrize(

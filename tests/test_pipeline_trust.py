@@ -172,6 +172,24 @@ def test_the_fingerprint_follows_the_images_of_a_csv_with_a_byte_order_mark(tmp_
     assert dataset_fingerprints("manifest", options)["query"] != before
 
 
+def test_a_demo_option_reruns_encode_even_after_a_run_stopped_after_prepare(tmp_path):
+    """A generated dataset's data is a function of its options: a new noise level gives
+    other images and the same manifest CSVs. Prepare reran (its options), but when the
+    run stopped right after it (Ctrl-C, another job failing) the next run saw nothing to
+    do and the report kept the old images' numbers, exit 0: the fingerprint encode reads
+    was a constant for generated data; now it is the options' digest."""
+    config = {**CONFIG, "datasets": {"demo": CONFIG["datasets"]["demo"]}}
+    run_ok(tmp_path, config)
+    assert planned(tmp_path, config) == {}
+    noisy = copy.deepcopy(config)
+    noisy["datasets"]["demo"]["options"]["noise"] = 0.9
+    csvs = [tmp_path / f"results/manifests/demo/{s}.csv" for s in ("query", "gallery")]
+    before = [csv.read_bytes() for csv in csvs]
+    run_ok(tmp_path, noisy, "results/manifests/demo/query.csv")  # stops after prepare
+    assert [csv.read_bytes() for csv in csvs] == before  # same manifests, other images
+    assert planned(tmp_path, noisy) == {"encode": 2, "rank": 1, "metrics": 1, "report": 1, "all": 1}
+
+
 # ---------------------------------------------------------------- missing paths fail loudly
 
 

@@ -21,6 +21,7 @@ import csv
 import difflib
 import glob
 import hashlib
+import json
 import os
 import re
 import sys
@@ -667,8 +668,6 @@ def encoder_options(options: dict) -> str:
     out at their default (:meth:`rankwise.options.OptionSet.recorded`), so adding such an
     option to rankwise reruns nothing (:data:`rankwise.options.UNRECORDED_ENCODER_OPTIONS`:
     an option a kind lacks is never in its entry)."""
-    import json
-
     from .options import UNRECORDED_ENCODER_OPTIONS, recorded
 
     return json.dumps(recorded(UNRECORDED_ENCODER_OPTIONS, options), sort_keys=True)
@@ -875,7 +874,8 @@ def _msmt17_images(root: Path, images: str, split: str) -> list[str]:
 
 
 def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
-    """split -> sha256 of what the loader reads for it (empty for generated demo data).
+    """split -> sha256 of what the loader reads for it (generated demo data: of the
+    loader's name and options, all its data depends on).
 
     ``manifest``: the CSV's bytes, and the relative path, size and mtime of every image
     its ``path`` column names. ``market1501``, ``folder``: the relative name, size and
@@ -911,6 +911,9 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
     elif loader in TREE_LOADERS:
         tree = _files_below(Path(os.path.expanduser(options["root"])))
         parts = {s: tree for s in SPLITS}
-    else:  # the offline demos: generated from their options alone
-        return {s: "generated" for s in SPLITS}
+    else:  # the offline demos: generated from their options alone, so the options are
+        # their data's digest (prepare's options param alone reran prepare, but a run
+        # stopped after it left encode nothing to see: the same CSVs, other images)
+        options_json = json.dumps(options, sort_keys=True, default=str)
+        return {s: "generated:" + _digest([loader, options_json]) for s in SPLITS}
     return {s: _digest(parts[s]) for s in SPLITS}
