@@ -422,7 +422,18 @@ def test_pickled_python_object_is_refused_not_executed(
     "content, message",
     [
         (b"not a checkpoint", r"junk\.pth: not a readable torch checkpoint"),
-        (b"hello", r"junk\.pth: not a readable torch checkpoint \(unrecognised content\)"),
+        (b"hello", r"junk\.pth: not a readable torch checkpoint \(not a file written by torch"),
+        # the unpickler's IndexError / struct.error were tracebacks (exit 1, no file named)
+        (b"training notes: lr 0.1", r"junk\.pth: .*\(not a file written by torch\.save, or cut"),
+        ("old format, cut at 1", r"junk\.pth: .*\(not a file written by torch\.save, or cut"),
+        ("old format, cut at 18", r"junk\.pth: .*\(not a file written by torch\.save, or cut"),
+        # other bytes were said to be "pickle protocol 4 or later", advising to unpickle them
+        (b'{"lr": 0.1}\n', r"junk\.pth: .*\(not a file written by torch\.save; check options"),
+        (b"\xff\xd8\xff\xe0\x00\x10JFIF", r"junk\.pth: .*\(not a file written by torch\.save;"),
+        (
+            b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 94371\n",
+            r"junk\.pth: .*\(it is a Git LFS pointer, not the weights: fetch them with git lfs",
+        ),
         (b"", r"junk\.pth: the checkpoint is empty \(0 bytes\): is it still being written\?"),
         ("protocol4", r"junk\.pth: .*pickle protocol 4 or later.*re-save it"),
         ("safetensors", r"junk\.pth: .*\(it is a safetensors file; name it \.safetensors\)$"),
@@ -448,6 +459,9 @@ def test_unreadable_checkpoints(content, message, manifest: Path, tmp_path: Path
     elif content == "npy":
         with open(ckpt, "wb") as f:
             np.save(f, np.zeros((2, 3), np.float32))
+    elif isinstance(content, str) and content.startswith("old format"):
+        torch.save({"state_dict": state}, ckpt, _use_new_zipfile_serialization=False)
+        ckpt.write_bytes(ckpt.read_bytes()[: int(content.rsplit(" ", 1)[1])])  # killed mid-save
     elif isinstance(content, bytes):
         ckpt.write_bytes(content)
     else:
@@ -463,6 +477,21 @@ def test_unreadable_checkpoints(content, message, manifest: Path, tmp_path: Path
                 progress=False,
             )
     assert "weights_only` set to `False" not in str(caught.value)
+
+
+def test_a_git_lfs_pointer_named_safetensors_is_said_to_be_one(manifest: Path, tmp_path: Path):
+    """A clone without ``git lfs pull`` holds pointers where the weights should be:
+    safetensors' own message ("header too large") did not say so."""
+    ckpt = tmp_path / "model.safetensors"
+    ckpt.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 94371\n")
+    with pytest.raises(RankwiseError, match=r"model\.safetensors: .*Git LFS pointer.*lfs pull"):
+        encode_manifest(
+            manifest,
+            "timm",
+            {"model": "resnet10t", "checkpoint": str(ckpt)},
+            tmp_path / "x.zarr",
+            progress=False,
+        )
 
 
 def test_old_pickle_protocol_loads_without_warnings(timm_model, manifest: Path, tmp_path: Path):

@@ -160,9 +160,10 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
         try:
             data: Any = load_file(str(path), device="cpu")
         except Exception as exc:  # safetensors raises its own error types
+            reason = _LFS_POINTER if _head(path).startswith(b"version https://") else None
             raise RankwiseError(
                 f"{path}: not a readable safetensors file "
-                f"({first_line(exc)}); check options.checkpoint"
+                f"({reason or first_line(exc) + '; check options.checkpoint'})"
             ) from None
     else:
         import pickle
@@ -188,8 +189,15 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
                 "isinstance(v, M) else v for k, v in m.items() if isinstance(v, (dict, M))}, "
                 "'weights.pth')"
             ) from None
-        except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
-            reason = "unrecognised content" if isinstance(exc, KeyError) else first_line(exc)
+        except (RuntimeError, EOFError, ValueError, OSError) as exc:
+            raise RankwiseError(
+                f"{path}: not a readable torch checkpoint ({first_line(exc)}); check "
+                "options.checkpoint"
+            ) from None
+        except Exception as exc:  # the unpickler on other bytes: KeyError,
+            # IndexError ("pop from empty list": text), struct.error (an old-format file cut
+            # short), ...: whatever it raises, the file is not a whole torch.save file
+            reason = f"not a file written by torch.save, or cut short: {type(exc).__name__}"
             raise RankwiseError(
                 f"{path}: not a readable torch checkpoint ({reason}); check options.checkpoint"
             ) from None
@@ -278,20 +286,30 @@ def _is_state_dict(data: Mapping, torch: Any) -> bool:
     )
 
 
+_LFS_POINTER = "it is a Git LFS pointer, not the weights: fetch them with git lfs pull"
+
+
+def _head(path: Path) -> bytes:
+    """The first 16 bytes of ``path`` (what kind of file it is), or none if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16)
+    except OSError:
+        return b""
+
+
 def _unpickling_reason(path: Path, exc: BaseException) -> str:
     """Why ``torch.load(weights_only=True)`` could not unpickle ``path``, and the fix
     (torch's own text advises turning ``weights_only`` off, which rankwise never does)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except OSError:
-        head = b""
+    head = _head(path)
     if head[8:10] == b'{"':  # an 8-byte header length, then the JSON header
         return "it is a safetensors file; name it .safetensors"
     if head.startswith(b"\x93NUMPY"):
         return "it is a .npy array, not a checkpoint; check options.checkpoint"
+    if head.startswith(b"version https://"):  # git-lfs.github.com/spec/v1
+        return _LFS_POINTER
     text = str(exc)
-    if "Unsupported operand" in text:
+    if "Unsupported operand 149" in text:  # FRAME: protocols 4 and 5 only
         return (
             "written with pickle protocol 4 or later, which torch.load(weights_only=True) "
             "cannot read; if you trust the file, re-save it with torch.save's default "
