@@ -616,6 +616,74 @@ def test_without_resamples_no_caption_claims_intervals(results, tmp_path):
         assert "[low, high]" not in text and "interval below each value" not in text
 
 
+def test_the_statistics_sentence_names_each_protocols_unit(doc):
+    """A progressive dataset resamples (and flips) sketches: its sentence said queries."""
+    from rankwise.report import view
+
+    def rows(dataset):
+        return [r for r in doc["results"] if r["dataset"] == dataset]
+
+    assert doc["statistics"]["by"] == "query"
+    assert "resamples by query, seed" in view.stats_sentence(doc, rows("toy"))
+    sketchy = view.stats_sentence(doc, rows("sketchy"))
+    assert "resamples by sketch, seed" in sketchy and "quer" not in sketchy
+    assert "resamples by query or sketch, seed" in view.stats_sentence(doc)
+
+
+def test_the_metrics_chart_caption_names_the_metrics_drawn_without_intervals(doc):
+    """trend_chart draws a metric's interval bars only when every encoder has that
+    metric's interval: with recall@5 computed for one encoder only (other ks), the
+    caption claimed bars for every metric."""
+    from rankwise.report.plots import dataset_plots
+
+    rows = json.loads(json.dumps([r for r in doc["results"] if r["dataset"] == "toy"]))
+    assert len(rows) == 3 and all(r["ci95"] for r in rows)
+
+    def caption(rows):
+        return next(p.caption for p in dataset_plots(doc, rows) if p.kind == "metrics")
+
+    assert "bars: 95% interval; ringed" in caption(rows)
+    del rows[1]["metrics"]["recall@5"], rows[1]["ci95"]["recall@5"]
+    assert "bars: 95% interval, none for recall@5 (not every encoder has them)" in caption(rows)
+    del rows[0]["ci95"]["recall@1"]
+    assert "none for recall@1, recall@5 (" in caption(rows)
+
+
+@pytest.mark.parametrize(
+    "metrics, message",
+    [
+        ({"recall@1": 95.0, "foo": 1.0}, r"paper\.json: metrics: unknown metric 'foo' for"),
+        ({"rank1": 95.0}, r"paper\.json: metrics: unknown metric 'rank1' for protocol 'recall'"),
+        (
+            {"recall@1": 95.0, "recall@01": 95.0},
+            r"paper\.json: metrics 'recall@1' and 'recall@01' are one metric \(recall@1\)",
+        ),
+        ({}, r"paper\.json: the metrics object is empty; give at least one metric \(e\.g\."),
+    ],
+)
+def test_a_hand_written_metrics_file_names_known_metrics(results, tmp_path, metrics, message):
+    """A paper's numbers typed by hand: an unknown name, a metric twice, or none at all
+    were accepted (a column of their own, a table with no metric column)."""
+    _, files = results
+    paper = tmp_path / "toy" / "paper.json"
+    paper.parent.mkdir()
+    paper.write_text(json.dumps({"protocol": "recall", "metrics": metrics}))
+    with pytest.raises(RankwiseError, match=message):
+        build_report([paper, *files], resamples=0, worst_queries=0)
+
+
+def test_a_hand_written_metric_spelt_otherwise_shares_the_computed_column(results, tmp_path):
+    """``recall@01`` in a paper's file is recall@1: the paper's number sits in the
+    computed encoders' recall@1 column, not in a column of its own."""
+    _, files = results
+    paper = tmp_path / "toy" / "paper.json"
+    paper.parent.mkdir()
+    paper.write_text(json.dumps({"protocol": "recall", "metrics": {"recall@01": 95.0}}))
+    doc = build_report([paper, *files], resamples=0, worst_queries=0)
+    entry = next(r for r in doc["results"] if r["encoder"] == "paper")
+    assert entry["metrics"] == {"recall@1": 95.0}
+
+
 def test_a_hand_written_metrics_file_beside_computed_ones(results, tmp_path):
     """A paper's numbers typed into a metrics file (protocol and metrics alone) beside
     computed evaluations: the header printed "paper: None queries (None skipped), None
@@ -689,9 +757,13 @@ def test_the_statistics_sentence_names_the_tests_that_ran(doc):
     changed = copy.deepcopy(doc)
     assert changed["comparisons"]
     for tests, said, unsaid in (
-        (["exact"], "every sign flip enumerated: at most 16 queries each", "random"),
+        (["exact"], "every sign flip enumerated: at most 16 queries or sketches each", "random"),
         (["sign-flip"], f"({changed['statistics']['flip_resamples']} random sign flips)", "every"),
-        (["exact", "sign-flip"], "random sign flips; every flip with at most 16 queries", "each"),
+        (
+            ["exact", "sign-flip"],
+            "random sign flips; every flip with at most 16 queries or sketches",
+            "each",
+        ),
     ):
         for i, c in enumerate(changed["comparisons"]):
             c["test"] = tests[i % len(tests)]

@@ -171,6 +171,12 @@ def test_an_encoder_that_dropped_query_rows_is_reported_not_compared(data, tmp_p
         assert "Not compared: A and D: their evaluated queries differ (18 and 17;" in text
         assert counts in text
     assert f"ds: protocol recall, distance cosine, {counts}. " in render_latex(doc)
+    # `rankwise compare` said A's features were id-keyed too ("its id-keyed features and
+    # those of A.zarr lack different query rows"): A kept every row
+    line = one_error_line("compare", stores["A"], stores["D"])
+    assert f"{stores['D']}: its id-keyed features lack query rows that {stores['A']} has" in line
+    line = one_error_line("compare", stores["D"], stores["A"])
+    assert f"{stores['A']}: it has query rows that {stores['D']}'s id-keyed features lack" in line
 
 
 def test_as_many_dropped_query_rows_are_compared_only_when_the_same(data, tmp_path):

@@ -647,6 +647,10 @@ def _rows_differ(role: str, rows_a: str | None, rows_b: str | None, names: tuple
             f"which {role} rows {old}'s id-keyed features lacked (on_missing: drop) is not "
             "recorded (a store encoded before rankwise recorded it): encode it again"
         )
+    if rows_a is None:  # A kept every row
+        return f"its id-keyed features lack {role} rows that {names[0]} has (on_missing: drop)"
+    if rows_b is None:
+        return f"it has {role} rows that {names[0]}'s id-keyed features lack (on_missing: drop)"
     return (
         "its id-keyed features and those of "
         f"{names[0]} lack different {role} rows (on_missing: drop)"

@@ -20,6 +20,7 @@ import numpy as np
 from .. import __version__
 from ..api import REPORT_KEYS
 from ..errors import RankwiseError
+from ..metrics import canonical_metric
 from ..options import AP, DISTANCE
 from ..registry import PROTOCOLS, get_protocol
 from ..schema import Field, check, optional
@@ -171,7 +172,7 @@ def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
         "dataset": dataset,
         "encoder": encoder,
         **{key: data.get(key) for key in REPORT_KEYS if key != "metrics"},
-        "metrics": {k: float(v) for k, v in data["metrics"].items()},
+        "metrics": _metrics(path, data),
         "ci95": None,
         "cmc": None,
         "progressive": None,
@@ -180,6 +181,31 @@ def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
         "provenance": _provenance(encoder, raw),
         "source": str(path),
     }
+
+
+def _metrics(path: Path, data: dict[str, Any]) -> dict[str, float]:
+    """The ``metrics`` object of a metrics file under their canonical names (a file typed
+    by hand may spell ``recall@01``: one column with ``recall@1``, not two); an unknown
+    name, one metric given twice, or none at all is one line naming the file."""
+    metrics: dict[str, float] = {}
+    given: dict[str, str] = {}
+    for key, value in data["metrics"].items():
+        try:
+            name = canonical_metric(key, data["protocol"])
+        except RankwiseError as exc:
+            raise RankwiseError(f"{path}: metrics: {exc}") from None
+        if name in metrics:
+            raise RankwiseError(
+                f"{path}: metrics {given[name]!r} and {key!r} are one metric ({name}); keep one"
+            )
+        metrics[name], given[name] = float(value), key
+    if not metrics:
+        raise RankwiseError(
+            f"{path}: the metrics object is empty; give at least one metric (e.g. "
+            f"{get_protocol(data['protocol']).headline[0]}) or pass the --output of "
+            "`rankwise metrics`"
+        )
+    return metrics
 
 
 def _attach_verification(results: list[dict[str, Any]], paths) -> None:

@@ -63,14 +63,20 @@ def dataset_plots(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Plot]
     intervals = view.has_intervals(rows)
     if len(rows) >= 2:
         sweep = sweep_positions(rows) is not None
-        # trend_chart draws a metric's intervals only when every encoder has them
+        # trend_chart draws a metric's intervals only when every encoder has them (a
+        # metric one encoder lacks, e.g. another ks, has no interval there)
         without = [r["encoder"] for r in rows if not r.get("ci95")]
+        bare = [n for n in metric_names(rows) if not all(ci(r, n) for r in rows)]
+        why = f"{', '.join(without)}: none computed" if without else "not every encoder has them"
         drawn = (
-            f"; {'band' if sweep else 'bars'}: {conf} interval"
-            if not without
-            else f"; no intervals drawn ({', '.join(without)}: none computed)"
-            if intervals
-            else ""
+            ""
+            if not intervals
+            else f"; {'band' if sweep else 'bars'}: {conf} interval"
+            if not bare
+            else f"; no intervals drawn ({why})"
+            if len(bare) == len(metric_names(rows))
+            else f"; {'band' if sweep else 'bars'}: {conf} interval, none for "
+            f"{', '.join(bare)} ({why})"
         )
         plots = [
             Plot(

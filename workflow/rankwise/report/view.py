@@ -89,9 +89,15 @@ def stats_sentence(doc: dict[str, Any], rows: list[dict[str, Any]] | None = None
     s = doc["statistics"]
     if not s["resamples"]:
         return "No intervals or tests (resamples = 0)."
-    if not has_intervals(doc["results"] if rows is None else rows):
+    rows = doc["results"] if rows is None else rows
+    if not has_intervals(rows):
         return "No intervals or tests: no statistics were found (see the note)."
-    unit, units = ("identity", "identities") if s["by"] == "identity" else ("query", "queries")
+    if s["by"] == "identity":
+        unit, units = "identity", "identities"
+    else:  # the protocols' units: a progressive dataset resamples sketches
+        specs = [get_protocol(p) for p in dict.fromkeys(r["protocol"] for r in rows)]
+        unit = " or ".join(dict.fromkeys(spec.unit for spec in specs))
+        units = " or ".join(dict.fromkeys(spec.units for spec in specs))
     intervals = (
         f"Intervals: {confidence_label(doc)} percentile bootstrap, {s['resamples']} "
         f"resamples by {unit}, seed {s['seed']}."
