@@ -1051,6 +1051,38 @@ def test_hash_cache_stays_out_of_a_users_folder(tmp_path: Path, monkeypatch):
     assert (work / ".snakemake" / "rankwise-hash-cache.json").is_file()
 
 
+def test_the_user_cache_folder_follows_the_xdg_rules_and_survives_no_home(
+    tmp_path: Path, monkeypatch
+):
+    """RANKWISE_CACHE_DIR first; XDG_CACHE_HOME only when absolute (the spec ignores a
+    relative one: it named a folder below wherever a command ran); without a home
+    directory (no $HOME, a user id without a passwd entry) no user cache: the hash cache
+    falls back to the working folder's and the compiled kernels stay beside the package
+    (native's list of folders raised RuntimeError)."""
+    from rankwise import hashing, native
+    from rankwise.cache_dir import user_cache_dir
+
+    monkeypatch.delenv("RANKWISE_HASH_CACHE", raising=False)
+    monkeypatch.setenv("RANKWISE_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_cache_dir() == tmp_path / "mine"
+    assert native._cache_dirs() == [tmp_path / "mine"]
+    monkeypatch.delenv("RANKWISE_CACHE_DIR")
+    assert user_cache_dir() == tmp_path / "xdg" / "rankwise"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_cache_dir() == tmp_path / "home" / ".cache" / "rankwise"
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert user_cache_dir() is None
+    assert native._cache_dirs() == [native.SOURCE.parent / "__pycache__"]
+    monkeypatch.chdir(tmp_path)
+    assert hashing._cache_location(None) == hashing.DEFAULT_CACHE
+
+
 def test_hash_cache_sees_a_same_size_rewrite_with_its_mtime_restored(tmp_path: Path):
     """`cp -p` / `touch -r` over a file keep size, mtime and inode; the change time moves."""
     cache = tmp_path / "hashes.json"

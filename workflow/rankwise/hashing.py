@@ -15,7 +15,8 @@ Cache location, first that applies:
 2. the environment variable ``RANKWISE_HASH_CACHE`` (an empty value disables the cache);
 3. ``.snakemake/rankwise-hash-cache.json`` in the working directory when it has a
    ``.snakemake`` folder (a pipeline's jobs share it);
-4. else ``hash-cache.json`` in the user's rankwise cache (``$RANKWISE_CACHE_DIR``, else
+4. else ``hash-cache.json`` in the user's rankwise cache
+   (:func:`rankwise.cache_dir.user_cache_dir`: ``$RANKWISE_CACHE_DIR``, else
    ``$XDG_CACHE_HOME/rankwise`` or ``~/.cache/rankwise``): a command run in a folder of
    one's own leaves nothing there.
 
@@ -50,16 +51,11 @@ def _cache_location(cache_path: str | os.PathLike | None) -> Path | None:
         return Path(env) if env.strip() else None
     if DEFAULT_CACHE.parent.is_dir():
         return DEFAULT_CACHE
-    chosen = os.environ.get("RANKWISE_CACHE_DIR")
-    try:
-        home = (
-            Path(chosen)
-            if chosen
-            else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rankwise"
-        )
-    except (RuntimeError, KeyError):  # no home directory to be found: the working folder's
-        return DEFAULT_CACHE
-    return home / "hash-cache.json"
+    from .cache_dir import user_cache_dir
+
+    user = user_cache_dir()
+    # no home directory to be found: the working folder's
+    return DEFAULT_CACHE if user is None else user / "hash-cache.json"
 
 
 def _hash_bytes(path: Path) -> str:

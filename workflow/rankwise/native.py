@@ -291,11 +291,12 @@ def _cpu_flags() -> str:
 def _cache_dirs() -> list[Path]:
     """Where the library may be: ``$RANKWISE_CACHE_DIR`` alone when set, else beside
     the package, then the user's cache."""
-    chosen = os.environ.get("RANKWISE_CACHE_DIR")
-    if chosen:
-        return [Path(chosen)]
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return [SOURCE.parent / "__pycache__", home / "rankwise"]
+    from .cache_dir import user_cache_dir
+
+    user = user_cache_dir()
+    if os.environ.get("RANKWISE_CACHE_DIR"):
+        return [user]
+    return [SOURCE.parent / "__pycache__", *([user] if user is not None else [])]
 
 
 def library_name(cc: str, flags: tuple[str, ...] = FLAGS) -> str:
