@@ -293,9 +293,10 @@ def _cache_dirs() -> list[Path]:
     the package, then the user's cache."""
     from .cache_dir import user_cache_dir
 
+    chosen = os.environ.get("RANKWISE_CACHE_DIR")
+    if chosen:
+        return [Path(chosen)]
     user = user_cache_dir()
-    if os.environ.get("RANKWISE_CACHE_DIR"):
-        return [user]
     return [SOURCE.parent / "__pycache__", *([user] if user is not None else [])]
 
 
