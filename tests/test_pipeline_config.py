@@ -345,14 +345,24 @@ def test_sweep_passes_the_file_as_the_kinds_option(tmp_path, monkeypatch, kind, 
     "files, pattern, message",
     [
         ([], "runs/*.onnx", r"encoders.run.checkpoints: 'runs/\*.onnx' matches no file"),
-        (
-            ["a/best.onnx", "b/best.onnx"],
-            "*/best.onnx",
-            "a/best.onnx and b/best.onnx have the same stem 'best'",
+        (  # one name after the characters are mapped: both files named, not one dropped
+            ["r/epoch=1.onnx", "r/epoch-1.onnx"],
+            "r/*.onnx",
+            r"^encoders\.run\.checkpoints: r/epoch-1\.onnx and r/epoch=1\.onnx would both be "
+            r"the encoder run@epoch-1; narrow the pattern, or rename one of the files$",
         ),
-        (["r/epoch 1.onnx"], "r/*.onnx", "the stem 'epoch 1' cannot be part of an encoder name"),
+        (  # one stem, one folder: named by their paths, still one name
+            ["r/model.pth", "r/model.onnx"],
+            "r/model.*",
+            r"r/model\.onnx and r/model\.pth would both be the encoder run@model;",
+        ),
+        (  # by their paths, a/b-c and a-b/c are one name
+            ["w/a/b-c/m.onnx", "w/a-b/c/m.onnx"],
+            "w/**/m.onnx",
+            r"w/a-b/c/m\.onnx and w/a/b-c/m\.onnx would both be the encoder run@a-b-c-m;",
+        ),
         # run@ep.json's metrics file would be run@ep.json.json beside run@ep's run@ep.json
-        (["r/ep.json.onnx", "r/ep.onnx"], "r/*.onnx", "the stem 'ep.json' cannot be part of an"),
+        (["r/ep.json.onnx", "r/ep.onnx"], "r/*.onnx", "the name 'ep.json' cannot be part of an"),
     ],
 )
 def test_sweep_errors(tmp_path, monkeypatch, files, pattern, message):
@@ -360,6 +370,113 @@ def test_sweep_errors(tmp_path, monkeypatch, files, pattern, message):
     _touch(*files)
     with pytest.raises(RankwiseError, match=message):
         pc.expand_checkpoints({"run": {"kind": "onnx", "checkpoints": pattern, "options": {}}})
+
+
+def _sweep(pattern: str, kind: str = "timm") -> tuple[list[str], dict]:
+    """The names (after ``run@``) of a sweep over ``pattern``, in order, and its encoders."""
+    expanded, sweeps = pc.expand_checkpoints(
+        {"run": {"kind": kind, "checkpoints": pattern, "options": {"model": "resnet18"}}}
+    )
+    return [n.partition("@")[2] for n in sweeps["run"]], expanded
+
+
+def test_lightning_checkpoint_names_are_mapped_in_epoch_order(tmp_path, monkeypatch):
+    """PyTorch Lightning's ModelCheckpoint names (``epoch=3-step=100.ckpt``): ``=``, which
+    a name may not hold, becomes ``-``; epochs in natural order; the file, as it is, is
+    the checkpoint option. Other characters (a space, ``~``, a non-ASCII letter) too."""
+    monkeypatch.chdir(tmp_path)
+    epochs = [(10, 1100), (0, 100), (2, 300), (1, 200)]
+    _touch(*[f"lightning_logs/version_0/checkpoints/epoch={e}-step={s}.ckpt" for e, s in epochs])
+    _touch("lightning_logs/version_0/checkpoints/last.ckpt")
+    names, expanded = _sweep("lightning_logs/version_*/checkpoints/*.ckpt")
+    assert names == ["epoch-0-step-100", "epoch-1-step-200", "epoch-2-step-300",
+                     "epoch-10-step-1100", "last"]  # fmt: skip
+    assert expanded["run@epoch-10-step-1100"]["options"] == {
+        "model": "resnet18",
+        "checkpoint": "lightning_logs/version_0/checkpoints/epoch=10-step=1100.ckpt",
+    }
+    # after the @ a name may start with any character it holds (the schema's entry@name)
+    _touch("odd/epoch 1.pt", "odd/époque~2.pt", "odd/=3.pt", "odd/_best.pt")
+    assert _sweep("odd/*.pt")[0] == ["-3", "-poque-2", "_best", "epoch-1"]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "runs/checkpoint-*/model.safetensors",
+        "runs/**/model.safetensors",
+        "runs/checkpoint-*/*.safetensors",
+        "./runs/checkpoint-[0-9]*/model.safetensors",
+    ],
+)
+def test_hugging_face_folders_are_named_by_their_path(tmp_path, monkeypatch, pattern):
+    """Hugging Face's Trainer writes ``checkpoint-<step>/model.safetensors``: one stem
+    for every file, so each is named by its path below the pattern's folders before the
+    first wildcard (``runs``), ``/`` as ``-``, in step order; the absolute pattern too."""
+    monkeypatch.chdir(tmp_path)
+    _touch(*[f"runs/checkpoint-{step}/model.safetensors" for step in (1000, 500, 50)])
+    want = ["checkpoint-50-model", "checkpoint-500-model", "checkpoint-1000-model"]
+    names, expanded = _sweep(pattern)
+    assert names == want
+    file = expanded["run@checkpoint-500-model"]["options"]["checkpoint"]
+    assert Path(file) == Path("runs/checkpoint-500/model.safetensors")
+    assert _sweep(str(tmp_path / pattern))[0] == want
+
+
+def test_repeated_stems_name_by_the_folders_after_the_fixed_ones(tmp_path, monkeypatch):
+    """The fixed folders are those before the first component with a wildcard; from the
+    working directory when the first has one; a file in the fixed folder itself keeps its
+    stem; a folder's characters are mapped as a file name's."""
+    monkeypatch.chdir(tmp_path)
+    _touch("exp/a/seed=1/model.pt", "exp/b/seed=1/model.pt", "exp/model.pt")
+    assert _sweep("exp/**/model.pt")[0] == ["a-seed-1-model", "b-seed-1-model", "model"]
+    assert _sweep("exp/*/seed=1/model.pt")[0] == ["a-seed-1-model", "b-seed-1-model"]
+    assert _sweep("*/*/seed=1/model.pt")[0] == ["exp-a-seed-1-model", "exp-b-seed-1-model"]
+    # the whole sweep is named by paths, even files whose stem is their own
+    _touch("exp/a/seed=1/extra.pt")
+    assert _sweep("exp/a/*/*.pt")[0] == ["extra", "model"]  # distinct stems: as before
+    assert _sweep("exp/*/seed=1/*.pt")[0] == [
+        "a-seed-1-extra",
+        "a-seed-1-model",
+        "b-seed-1-model",
+    ]
+
+
+@pytest.mark.parametrize(
+    "files, pattern, names",
+    [
+        (["runs/epoch_10.pth", "runs/epoch_2.pth"], "runs/*.pth", ["epoch_2", "epoch_10"]),
+        (  # in other folders, but stems of their own: the stems, not the paths
+            ["runs/a/epoch_1.pth", "runs/b/epoch_2.pth"],
+            "runs/*/epoch_*.pth",
+            ["epoch_1", "epoch_2"],
+        ),
+        (["log/model.pth.tar-60", "log/model.pth.tar-5"], "log/model.pth.tar-*",
+         ["model-5", "model-60"]),
+        (["out/model_0059999.pth", "out/model_final.pth"], "out/*.pth",
+         ["model_0059999", "model_final"]),
+        (["w/v1.2+ft.onnx", "w/best.onnx"], "w/*.onnx", ["best", "v1.2+ft"]),
+    ],
+)  # fmt: skip
+def test_a_sweep_with_distinct_stems_keeps_its_names(tmp_path, monkeypatch, files, pattern, names):
+    """Existing sweeps: the same names (so the same outputs and reports) as before."""
+    monkeypatch.chdir(tmp_path)
+    _touch(*files)
+    assert _sweep(pattern, kind="reid")[0] == names
+    assert sorted(names) == sorted(pc.checkpoint_stem(f) for f in files)
+
+
+def test_a_dataset_naming_a_checkpoint_by_its_file_name_is_shown_the_sweeps_name():
+    config = copy.deepcopy(CONFIG)
+    config["encoders"]["pl"] = {"kind": "onnx", "checkpoints": "runs/*.ckpt"}
+    pc.mark_sweeps(config["encoders"])
+    config["datasets"]["market"]["encoders"] = ["pl@epoch=3-step=100"]
+    with pytest.raises(RankwiseError) as info:
+        pc.check_config(config, SCHEMA)
+    assert str(info.value).endswith(
+        "letters, digits and _ . + - around one @; a sweep writes other characters as -: "
+        "did you mean 'pl@epoch-3-step-100'?"
+    ), info.value
 
 
 # ---------------------------------------------------------------- paths

@@ -8,6 +8,7 @@ of the report.
 from __future__ import annotations
 
 import copy
+import csv
 import hashlib
 import json
 from pathlib import Path
@@ -127,3 +128,38 @@ def test_a_glob_matching_nothing_names_the_pattern(workdir):
     lines = error_lines(snakemake(workdir, config, "--dry-run"))
     assert len(lines) == 1, lines
     assert "encoders.run.checkpoints: 'runs/baseline/epoch_*.pth' matches no file" in lines[0]
+
+
+def test_lightning_and_hugging_face_checkpoints_run_under_their_sweep_names(tmp_path):
+    """A real run over PyTorch Lightning's file names (``epoch=1-step=100``: ``=`` as
+    ``-``) and Hugging Face's folders (``checkpoint-500/model.*``: one stem, named by
+    the folder): each file is one encoder, in step order; the report's provenance and
+    its CSV's checkpoint column keep the file as it is named; nothing is left to do."""
+    files = {
+        "pl@epoch-0-step-50": "lightning_logs/version_0/checkpoints/epoch=0-step=50.onnx",
+        "pl@epoch-1-step-100": "lightning_logs/version_0/checkpoints/epoch=1-step=100.onnx",
+        "hf@checkpoint-500-model": "hf/checkpoint-500/model.onnx",
+        "hf@checkpoint-1000-model": "hf/checkpoint-1000/model.onnx",
+    }
+    for seed, file in enumerate(files.values()):
+        write_model(tmp_path / file, seed=seed)
+    config = copy.deepcopy(CONFIG)
+    config["encoders"] = {
+        "pl": {**CONFIG["encoders"]["run"], "checkpoints": "lightning_logs/*/checkpoints/*.onnx"},
+        "hf": {**CONFIG["encoders"]["run"], "checkpoints": "hf/checkpoint-*/model.onnx"},
+    }
+    assert planned(tmp_path, config) == {"prepare": 1, "encode": 8, "rank": 4, "metrics": 4,
+                                         "report": 1, "all": 1}  # fmt: skip
+    run_ok(tmp_path, config)
+    assert reported(tmp_path) == list(files)
+    doc = json.loads((tmp_path / "results/report.json").read_text())
+    for entry in doc["results"]:
+        file = files[entry["encoder"]]
+        assert entry["provenance"]["checkpoint"] == file
+        digest = hashlib.sha256((tmp_path / file).read_bytes()).hexdigest()
+        assert entry["provenance"]["checkpoint_hash"] == digest
+    with open(tmp_path / "results/report.csv", newline="") as f:
+        rows = {(row["encoder"], row["checkpoint"]) for row in csv.DictReader(f)}
+    assert rows == set(files.items())
+    assert (tmp_path / "results/metrics/market/pl@epoch-1-step-100.json").is_file()
+    assert planned(tmp_path, config) == {}

@@ -5,7 +5,8 @@
 - :func:`check_config`: the JSON schema (config/schema.yaml, the single source), reported
   as one line: ``file:line: key.path: what is wrong; did you mean ...?``.
 - :func:`expand_checkpoints`: ``checkpoints: <glob>`` sweeps -> one encoder per file,
-  named ``<entry>@<file stem>``, in natural order (epoch_2 before epoch_10).
+  named ``<entry>@<file stem>`` (or by its folders when stems repeat; other characters
+  as ``-``: :func:`sweep_names`), in natural order (epoch_2 before epoch_10).
 - :func:`check_paths` / :func:`encoder_paths`: every file or folder the config names
   exists before any job runs, so no missing path ever enters the DAG.
 - :func:`dataset_fingerprints`: what a loader reads, per split, as one digest (a param of
@@ -224,9 +225,16 @@ def _describe(error) -> tuple[list[Any], str]:
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
         return keys, f"expected {wanted}, got {_short(instance)}"
     if kind in ("pattern", "not") and "@" in str(instance) and keys[-2:-1] == ["encoders"]:
+        entry, _, rest = str(instance).partition("@")
+        named = f"{entry}@{name_part(rest)}"
+        hint = (  # a file's name as it is, not as its sweep names it (epoch=3 -> epoch-3)
+            f"; a sweep writes other characters as -: did you mean {named!r}?"
+            if named != instance and _NAME.match(entry) and "@" not in rest
+            else ""
+        )
         return keys, (
             f"{_short(instance)} is neither an encoder name nor entry@name (one checkpoint "
-            "of a sweep, as the sweep names it): letters, digits and _ . + - around one @"
+            f"of a sweep, as the sweep names it): letters, digits and _ . + - around one @{hint}"
         )
     if kind in ("pattern", "not"):  # only the names' pattern uses these
         return keys, (
@@ -566,10 +574,11 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
     """Expand ``checkpoints: <glob>`` entries into one encoder per matching file.
 
     Returns ``(encoders, sweeps)``: the encoders with each sweep entry ``e`` replaced, in
-    place in the config order, by ``e@<stem>`` entries (natural order of the stems) whose
-    kind's checkpoint option (:data:`CHECKPOINT_OPTION`) is the file; and ``sweeps``, entry
-    name -> its expanded names. The glob is evaluated now: files that appear later join on
-    the next run. A pattern matching no file, or two files with one stem, is an error.
+    place in the config order, by ``e@<name>`` entries (:func:`sweep_names`, in natural
+    order of the names) whose kind's checkpoint option (:data:`CHECKPOINT_OPTION`) is the
+    file; and ``sweeps``, entry name -> its expanded names. The glob is evaluated now:
+    files that appear later join on the next run. A pattern matching no file, or two files
+    given one name, is an error.
     """
     expanded, sweeps = {}, {}
     for name, entry in encoders.items():
@@ -578,46 +587,81 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
             expanded[name] = entry
             continue
         option = CHECKPOINT_OPTION[entry["kind"]]
-        files = sorted(
-            (
-                f
-                for f in glob.glob(os.path.expanduser(pattern), recursive=True)
-                if os.path.isfile(f)
-            ),
-            key=lambda f: (natural_key(checkpoint_stem(f)), natural_key(f)),
-        )
+        found = glob.glob(os.path.expanduser(pattern), recursive=True)
+        files = [f for f in found if os.path.isfile(f)]
         if not files:
             raise ConfigError(
                 ["encoders", name, "checkpoints"],
                 f"{pattern!r} matches no file (relative paths start from "
                 f"{os.getcwd()}); check the pattern",
             )
-        stems: dict[str, str] = {}
-        for file in files:
-            stem = checkpoint_stem(file)
-            if stem in stems:
+        named = sorted(
+            zip(sweep_names(os.path.expanduser(pattern), files), files, strict=True),
+            key=lambda pair: (natural_key(pair[0]), natural_key(pair[1])),
+        )
+        seen: dict[str, str] = {}
+        for stem, file in named:
+            if stem in seen:
                 raise ConfigError(
                     ["encoders", name, "checkpoints"],
-                    f"{stems[stem]} and {file} have the same stem {stem!r} "
-                    f"(the encoder name {name}@{stem}); narrow the pattern",
+                    f"{seen[stem]} and {file} would both be the encoder {name}@{stem}; "
+                    "narrow the pattern, or rename one of the files",
                 )
-            if not _NAME.match(stem) or stem.endswith((".tmp", ".zarr", ".json", ".txt")):
+            if stem.endswith((".tmp", ".zarr", ".json", ".txt")):
                 # the schema's rule for names: ep.json.pt would make metrics files
                 # run@ep.json.json beside run@ep.json (the one of run@ep)
                 raise ConfigError(
                     ["encoders", name, "checkpoints"],
-                    f"{file}: the stem {stem!r} cannot be part of an encoder "
-                    "name; rename the file (letters, digits, _ . + -, not ending in .tmp, "
-                    ".zarr, .json or .txt)",
+                    f"{file}: the name {stem!r} cannot be part of an encoder name (it ends "
+                    "in .tmp, .zarr, .json or .txt); rename the file",
                 )
-            stems[stem] = file
+            seen[stem] = file
             base = {k: v for k, v in entry.items() if k != "checkpoints"}
             expanded[f"{name}@{stem}"] = {
                 **base,
                 "options": {**entry.get("options", {}), option: file},
             }
-        sweeps[name] = [f"{name}@{stem}" for stem in stems]
+        sweeps[name] = [f"{name}@{stem}" for stem in seen]
     return expanded, sweeps
+
+
+def sweep_names(pattern: str, files: Sequence[str]) -> list[str]:
+    """The name (after ``<entry>@``) a sweep gives each of ``files``, matches of ``pattern``.
+
+    Each file's :func:`checkpoint_stem` (``epoch_60.pth`` -> ``epoch_60``). When two or
+    more files share a stem (Hugging Face's ``checkpoint-500/model.safetensors``,
+    ``checkpoint-1000/model.safetensors``), every file is named by its path below the
+    pattern's fixed leading folder (:func:`_fixed_folder`), its own name's suffix dropped
+    as :func:`checkpoint_stem` drops it, with ``/`` as ``-``: ``checkpoint-500-model``.
+    Either way, a character an encoder name may not hold becomes ``-``
+    (:func:`name_part`): Lightning's ``epoch=3-step=100.ckpt`` -> ``epoch-3-step-100``.
+    A sweep whose stems differ keeps them: its names do not depend on the other files.
+    """
+    stems = [checkpoint_stem(file) for file in files]
+    if len(set(stems)) < len(stems):
+        fixed = _fixed_folder(pattern)
+        stems = [
+            "-".join([*Path(os.path.relpath(Path(file).parent, fixed)).parts, stem])
+            for file, stem in zip(files, stems, strict=True)
+        ]
+    return [name_part(stem) for stem in stems]
+
+
+def name_part(text: str) -> str:
+    """``text`` with each character an encoder name may not hold (anything but ASCII
+    letters, digits and ``_ . + -``) replaced by ``-``."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "-", text)
+
+
+def _fixed_folder(pattern: str) -> Path:
+    """The folders of ``pattern`` before its first component holding a wildcard
+    (``runs/checkpoint-*/model.safetensors`` -> ``runs``; ``.`` when the first has one)."""
+    fixed = []
+    for part in Path(pattern).parts[:-1]:
+        if re.search(r"[*?[]", part):
+            break
+        fixed.append(part)
+    return Path(*fixed)
 
 
 def expand_names(names: Sequence[str] | None, sweeps: dict[str, list[str]]) -> list[str] | None:
