@@ -1369,6 +1369,74 @@ def test_checkpoint_key_selects_a_lightning_ema_copy_by_prefix(timm_model, tmp_p
     _assert_weights(_load_timm(ckpt, checkpoint_key="teacher"), ema_state)
 
 
+class _TorchvisionEMA(torch.optim.swa_utils.AveragedModel):
+    """torchvision's reference ``ExponentialMovingAverage`` (references/classification/
+    utils.py): an AveragedModel with its own averaging function, its buffers averaged."""
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        def ema_avg(averaged, current, num_averaged):
+            return decay * averaged + (1 - decay) * current
+
+        super().__init__(model, "cpu", ema_avg, use_buffers=True)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda net: torch.optim.swa_utils.AveragedModel(
+            net, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.999), use_buffers=True
+        ),
+        lambda net: _TorchvisionEMA(net, decay=0.999),
+    ],
+    ids=["averaged-model", "torchvision-ema"],
+)
+def test_torchs_averaged_model_ema_loads(build, timm_model, manifest: Path, tmp_path: Path):
+    """torch's own EMA, ``torch.optim.swa_utils.AveragedModel``, as torchvision's
+    reference ``train.py`` saves it (``checkpoint["model_ema"] =
+    model_ema.state_dict()``; its ``args`` left out: weights_only refuses a Namespace):
+    ``n_averaged`` beside the copy's weights under ``module.``.  ``checkpoint_key:
+    model_ema``, or ``model_ema.module`` (the entry, then the prefix), embeds with the EMA
+    copy: timm's pre-logits feature of ``ema.module``; the counter is ignored there, in a
+    bare AveragedModel state dict and under a LightningModule's attribute, and nowhere
+    else (beside unprefixed weights it is an unexpected key)."""
+    embedder, state = timm_model
+    net = _trained(state)
+    ema = build(net)
+    with torch.no_grad():  # two training steps: the copy averages weights net no longer has
+        for scale in (0.5, 0.8):
+            for value in net.state_dict().values():
+                if value.is_floating_point():
+                    value.mul_(scale)
+            ema.update_parameters(net)
+    assert int(ema.n_averaged) == 2 and "n_averaged" in ema.state_dict()
+    ckpt = tmp_path / "checkpoint.pth"
+    torch.save(
+        {"model": state, "model_ema": ema.state_dict(), "epoch": 9,
+         "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]}},
+        ckpt,
+    )  # fmt: skip
+    x = _reference_inputs(manifest, (32, 32), *IMAGENET)
+    with torch.inference_mode():
+        module = ema.module.eval()
+        want_ema = module.forward_head(module.forward_features(x), pre_logits=True).numpy()
+    assert np.abs(want_ema - _forward(embedder, x)).max() > 1e-2  # the copies really differ
+    _assert_close(_embed(manifest, ckpt, tmp_path / "d.zarr", (32, 32)), _forward(embedder, x))
+    for key in ("model_ema", "model_ema.module"):
+        out = tmp_path / f"{key}.zarr"
+        _assert_close(_embed(manifest, ckpt, out, (32, 32), checkpoint_key=key), want_ema)
+    ema_state = ema.module.state_dict()
+    torch.save(ema.state_dict(), ckpt)  # the AveragedModel's state dict alone
+    _assert_weights(_load_timm(ckpt), ema_state)
+    torch.save({"state_dict": _LitModule(net, ema).state_dict()}, ckpt)  # its attribute
+    _assert_weights(_load_timm(ckpt, checkpoint_key="model_ema"), ema_state)
+    # an entry whose keys repeat its name: the whole key is still their prefix, as before
+    torch.save({"model": {f"model.ema.{k}": v for k, v in ema_state.items()}}, ckpt)
+    _assert_weights(_load_timm(ckpt, checkpoint_key="model.ema"), ema_state)
+    torch.save({**state, "n_averaged": ema.n_averaged}, ckpt)
+    with pytest.raises(RankwiseError, match=r"1 unexpected key\(s\): n_averaged;"):
+        _load_timm(ckpt)
+
+
 _NOT_THERE = (
     r"names no entry of the checkpoint and no prefix of its weights' keys \({}\): set it "
     r"to one of these \(a prefix's components separated by dots: model_ema\.module\) or to "

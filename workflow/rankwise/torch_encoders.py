@@ -47,9 +47,11 @@ prefix (``model.``, also ``model._orig_mod.``) too (:func:`_under_one_attribute`
 read with ``torch.load(weights_only=True)`` with numpy scalars and arrays allowed for
 that one call.  Every key must match the model by name and shape except the
 classifier head (dropped for embedding) and BatchNorm ``num_batches_tracked``
-counters (absent from pre-0.4.1 checkpoints; unused in eval mode).  ``checkpoint_key``
-(``reid``, ``timm``) picks other weights of the file, e.g. an EMA copy: an entry
-(``state_dict_ema``) or a key prefix (``model_ema.module``; :func:`read_checkpoint`).
+counters (absent from pre-0.4.1 checkpoints; unused in eval mode); an
+``AveragedModel``'s ``n_averaged`` counter is no weight either (:func:`_without_counter`).
+``checkpoint_key`` (``reid``, ``timm``) picks other weights of the file, e.g. an EMA
+copy: an entry (``state_dict_ema``), a key prefix (``model_ema.module``), or an entry
+then a prefix (:func:`read_checkpoint`).
 """
 
 from __future__ import annotations
@@ -142,7 +144,9 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
     a prefix of the state dict's keys, dots separating components (a LightningModule's
     EMA copy: ``model_ema.module``), matched after the wrapper prefixes are stripped from
     both (so ``model_ema`` selects ``model_ema.module.`` too: the remainder is stripped
-    again).  Named nowhere: an error listing the entries and prefixes there are.
+    again); or leading components naming an entry, the rest a prefix inside it
+    (``model_ema.module`` for torchvision's ``{"model_ema": AveragedModel.state_dict()}``).
+    Named nowhere: an error listing the entries and prefixes there are.
     """
     torch = _import(kind, "torch")
     try:
@@ -204,10 +208,15 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
     # training loops wrap the weights: {"state_dict": ..., "epoch": 60, "optimizer": ...}
     entries: list[str] = []  # the dicts inside the wrappers passed: what checkpoint_key names
     chosen = checkpoint_key is None
+    rest = checkpoint_key  # of checkpoint_key, what names no entry passed: a key prefix
     while isinstance(data, Mapping) and not _is_state_dict(data, torch):
         entries += [k for k, v in data.items() if isinstance(k, str) and isinstance(v, Mapping)]
-        if not chosen and checkpoint_key in data:
-            data, chosen = data[checkpoint_key], True
+        if not chosen and rest in data:
+            data, chosen = data[rest], True
+            continue
+        head = None if chosen or rest is None else _entry_named(data, rest)
+        if head is not None:  # model_ema.module: the entry model_ema, the prefix module.
+            data, rest = data[head], rest[len(head) + 1 :]
             continue
         inner = next((data[k] for k in _WRAPPERS if isinstance(data.get(k), Mapping)), None)
         if inner is None:
@@ -234,14 +243,44 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
             "model.state_dict(), bare or under 'state_dict', 'model' or "
             "'module', or name the entry holding it with options.checkpoint_key"
         )
-    state = {_unwrapped(key): value for key, value in data.items()}
-    if chosen or checkpoint_key is None:
+    state = {_unwrapped(key): value for key, value in _without_counter(data).items()}
+    if chosen or checkpoint_key is None or rest is None:
         return state
-    prefix = _unwrapped(checkpoint_key + ".")  # "" when it names only wrappers: all of it
-    selected = {_unwrapped(k[len(prefix) :]): v for k, v in state.items() if k.startswith(prefix)}
-    if not selected:
-        raise _unknown_checkpoint_key(path, checkpoint_key, entries, [*state])
-    return selected
+    # what follows an entry named (model_ema.module: module), else the whole key, also
+    # when the entry's keys repeat its name ({"model": {"model.backbone.*": ...}})
+    for key in dict.fromkeys([rest, checkpoint_key]):
+        prefix = _unwrapped(key + ".")  # "" when it names only wrappers: all of it
+        selected = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        if selected:
+            return {_unwrapped(k): v for k, v in _without_counter(selected).items()}
+    raise _unknown_checkpoint_key(path, checkpoint_key, entries, [*state])
+
+
+def _entry_named(data: Mapping, key: str) -> str | None:
+    """The longest of ``key``'s leading dotted components (``model_ema`` of
+    ``model_ema.module``) naming a dict in ``data``, or None."""
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:n])
+        if isinstance(data.get(head), Mapping):
+            return head
+    return None
+
+
+#: ``torch.optim.swa_utils.AveragedModel``'s counter of averaged steps, beside the
+#: averaged network's weights under ``module.``
+_AVERAGED_COUNTER = "n_averaged"
+
+
+def _without_counter(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state`` without AveragedModel's ``n_averaged`` when it is an AveragedModel's state
+    dict (every other key under ``module.``; torchvision's reference ``train.py`` saves
+    one as ``model_ema``): a counter, not a weight, as BatchNorm's ``num_batches_tracked``
+    counters are ignored."""
+    others = [k for k in state if k != _AVERAGED_COUNTER]
+    if _AVERAGED_COUNTER in state and others and all(k.startswith("module.") for k in others):
+        return {k: state[k] for k in others}
+    return state
 
 
 def _unknown_checkpoint_key(
