@@ -497,8 +497,9 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
 
 
 #: The longest dataset or encoder name: each is a file name with a suffix
-#: (``<encoder>.zarr.tmp``, ``<dataset>-progressive.pdf``) and a file name's bytes are
-#: at most 255 on common file systems.
+#: (``<encoder>.zarr.lock``, ``<dataset>-progressive.pdf``; a report's temporary file
+#: ``.<name>.<pid>.<random>.tmp`` adds 22) and a file name's bytes are at most 255 on
+#: common file systems.
 MAX_NAME = 200
 
 #: Snakemake takes a wildcard value ending in one substring repeated 20 times or more

@@ -1,8 +1,10 @@
 """Zarr stores: embeddings ``(N, D)`` and ranks (CSR), written atomically.
 
 Every store is written under ``<path>.tmp`` and renamed to ``<path>`` only once
-complete, so a store that exists under its final name is complete.  A leftover
-``<path>.tmp`` from a killed job is removed when the next write starts.
+complete, so a store that exists under its final name is complete.  The writer holds a
+lock on ``<path>.lock`` all the while (:func:`atomic_directory`): a second writer of the
+same path stops at once, and a leftover ``<path>.tmp`` (its writer gone) is removed
+when the next write starts.
 
 Embedding store (a Zarr group)::
 
@@ -43,8 +45,12 @@ Optional arrays (protocol variants; :data:`OPTIONAL_ARRAYS`), written when prese
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import secrets
 import shutil
+import socket
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -120,41 +126,148 @@ def check_replaceable(path: str | os.PathLike, kind: str | None) -> None:
         )
 
 
+#: ``flock`` errors of a file system without locks (some NFS mounts): the write goes on
+#: unlocked, as before locks existed, rather than failing.
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
+def _lock_owner(fd: int) -> str:
+    """`` (pid N)`` (`` (pid N on HOST)`` from another machine) as the lock's holder
+    wrote it in the lock file, ``""`` when unknown (not written yet, unreadable)."""
+    try:
+        pid, _, host = os.pread(fd, 300, 0).decode("utf-8", "replace").strip().partition(" ")
+    except OSError:
+        return ""
+    if not pid.isdigit():
+        return ""
+    where = f" on {host}" if host and host != socket.gethostname() else ""
+    return f" (pid {pid}{where})"
+
+
+@contextmanager
+def _write_lock(final: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<final>.lock`` for the block, or stop at once.
+
+    A second writer of ``final`` raises :class:`RankwiseError` naming the first one's pid.
+    The lock is the open file's, so the kernel drops it when its holder dies, however it
+    dies: a lock file a killed writer left is simply locked again by the next one.
+
+    The holder deletes the lock file before it lets go, so none is left beside the
+    result.  That is the classic unlink-while-locked race: a writer that opened the
+    file before it was deleted gets the lock once it is released, on a file no longer
+    at the path, while a third one creates and locks a new file: two "holders".  So a
+    writer that got the lock checks that the path still names the file it locked
+    (same device and inode) and otherwise starts over on the new file; only a lock
+    holder ever deletes the file, so the check cannot be outdated by the time it
+    passes.  Where ``flock`` is not supported (:data:`_NO_LOCKS`) the block runs
+    unlocked.
+    """
+    lock = final.with_name(final.name + ".lock")
+    while True:
+        created = writable = True
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:  # a writer's, live or dead: the lock tells
+            created = False
+            try:
+                try:
+                    fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+                except PermissionError:  # another user's: flock needs no write access
+                    fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+                    writable = False
+            except FileNotFoundError:  # deleted by its holder meanwhile
+                continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _lock_owner(fd)
+            os.close(fd)
+            raise RankwiseError(
+                f"{final} is being written by another process{owner}; wait for it to "
+                "finish or stop it, then run again"
+            ) from None
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in _NO_LOCKS:
+                raise
+            try:
+                yield
+            finally:
+                if created:
+                    with suppress(OSError):
+                        lock.unlink()
+            return
+        try:
+            here = os.stat(lock)
+        except FileNotFoundError:
+            here = None
+        mine = os.fstat(fd)
+        if here is not None and (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+            if writable:
+                break
+            # another user's killed writer left it, its pid in it: this writer holds it
+            # now, so may delete it, and starts over with a file of its own
+            try:
+                lock.unlink()
+            except OSError:
+                break  # a read-only folder: the write fails soon anyway
+        os.close(fd)  # deleted (and maybe made again) by the holder we waited on: again
+    try:
+        with suppress(OSError):  # only for the message of a writer refused meanwhile
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        with suppress(OSError):
+            lock.unlink()  # while still held: see above
+        os.close(fd)
+
+
 @contextmanager
 def atomic_directory(path: str | os.PathLike, kind: str | None = None) -> Iterator[Path]:
     """Yield an empty folder ``<path>.tmp`` to fill; it replaces ``path`` on success.
 
     ``kind``: what ``path`` may hold to be replaced (:func:`check_replaceable`, checked
-    first); ``None``: anything (a folder rankwise generates inside its own output).  A
-    leftover ``<path>.tmp`` from a killed run is removed first; on any exception the
-    temporary folder is removed and ``path`` is left as it was.
+    first); ``None``: anything (a folder rankwise generates inside its own output).
+
+    The whole write, from the clean-up to the rename, holds an exclusive lock on
+    ``<path>.lock`` (:func:`_write_lock`; the file is deleted at the end, so no lock
+    file is left beside the result, and none is ever inside the store).  A second
+    writer of ``path`` (a job of a killed Snakemake run still running, a second
+    pipeline on the same results) raises :class:`RankwiseError` at once instead of
+    writing into the first one's ``<path>.tmp`` and renaming it over the result.  So
+    the temporary folder keeps its fixed name: whoever holds the lock owns it, and a
+    ``<path>.tmp`` found then is a leftover of a dead writer, removed first (readers
+    name it as an interrupted run's).  On any exception the temporary folder is
+    removed and ``path`` is left as it was.
     """
     final = Path(path)
     check_replaceable(final, kind)
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp.mkdir()
-    old = final.with_name(final.name + ".old")
-    if old.exists():  # a replaced result a killed run left behind
-        shutil.rmtree(old)
-    try:
-        yield tmp
-        if final.is_dir() and not final.is_symlink():
-            # An old result under the final name (a user rerunning by hand) is replaced
-            # whole: moved aside, the new one renamed in, then deleted, so a kill at any
-            # point leaves the old result or the new one, never a half-deleted store.
-            os.rename(final, old)
-            os.rename(tmp, final)
+    with _write_lock(final):
+        tmp = final.with_name(final.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        old = final.with_name(final.name + ".old")
+        if old.exists():  # a replaced result a killed run left behind
             shutil.rmtree(old)
-            return
-        if final.exists():
-            shutil.rmtree(final)  # a file there raises; the temporary folder goes with it
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        try:
+            yield tmp
+            if final.is_dir() and not final.is_symlink():
+                # An old result under the final name (a user rerunning by hand) is replaced
+                # whole: moved aside, the new one renamed in, then deleted, so a kill at any
+                # point leaves the old result or the new one, never a half-deleted store.
+                os.rename(final, old)
+                os.rename(tmp, final)
+                shutil.rmtree(old)
+                return
+            if final.exists():
+                shutil.rmtree(final)  # a file there raises; the temporary folder goes with it
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 @contextmanager
@@ -450,13 +563,15 @@ def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str |
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a UTF-8 text file via ``<path>.tmp`` + rename: never a half-written file
+    """Write a UTF-8 text file via a temporary file + rename: never a half-written file
     (see :func:`write_bytes_atomic`)."""
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write a binary file via ``<path>.tmp`` + rename: never a half-written file.
+    """Write a binary file via a temporary file beside it + rename: never a half-written
+    file.  The temporary name is this write's own (``.<name>.<pid>.<random>.tmp``), so
+    writers of one path at once never mix their bytes: the last rename wins, whole.
 
     A symbolic link is written through: its target is replaced, the link stays (a
     ``latest.json`` link keeps pointing at fresh content).  A path that is not a
@@ -474,12 +589,22 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
         return
     final = Path(os.path.realpath(given)) if given.is_symlink() else given
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(final.name + ".tmp")
+    # a name of this write's own: two writers at once each rename a whole file, the last
+    # one wins, never one file written by both (a fixed name was: mixed or cut short)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    created = written = False
     try:
-        tmp.write_bytes(data)
-    except OSError as exc:  # e.g. /proc/version: no file can be made beside it
-        with suppress(OSError):
-            tmp.unlink()
-        reason = f"cannot write a temporary file beside it ({exc.strerror})"
-        raise OSError(exc.errno, reason, str(path)) from None
-    os.replace(tmp, final)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        created = True
+        with open(fd, "wb") as stream:
+            stream.write(data)
+        written = True
+        os.replace(tmp, final)
+    except BaseException as exc:
+        if created:
+            with suppress(OSError):
+                tmp.unlink()
+        if isinstance(exc, OSError) and not written:  # e.g. /proc/version: no file beside
+            reason = f"cannot write a temporary file beside it ({exc.strerror})"
+            raise OSError(exc.errno, reason, str(path)) from None
+        raise
