@@ -1493,6 +1493,36 @@ def test_outputs_never_replace_what_an_input_store_or_report_names(d, tmp_path):
     assert report_json.read_bytes() == kept and not (work / "report.html").exists()
 
 
+def test_a_store_ranked_on_relative_paths_names_its_files_from_any_folder(d, tmp_path):
+    """A ranks store keeps its manifests' and embeddings' paths as typed, relative to
+    the folder `rankwise rank` ran in: from another folder the output check looked for
+    them there and `ci r.zarr --output q.csv` in the data's folder replaced the query
+    manifest (exit 0). The store now records that folder: refused from anywhere, and
+    `ci --by identity` finds the query labels from anywhere too."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("q.csv", "g.csv", "q.npy", "g.npy"):
+        shutil.copy(d / name, data / name)
+    relative = inputs(Path("data"))
+    assert run("rank", *relative, "--out", "data/r.zarr", cwd=tmp_path).returncode == 0
+    before = {name: (data / name).read_bytes() for name in ("q.csv", "g.csv", "q.npy")}
+    for args, what in (
+        (["ci", "r.zarr", "--resamples", 10, "--output", "q.csv"], "query manifest"),
+        (["scores", "r.zarr", "--output", "g.csv"], "gallery manifest"),
+        (["metrics", "r.zarr", "--text-output", "q.npy"], "query embeddings"),
+    ):
+        proc = run(*args, cwd=data)
+        assert_one_line_error(proc, rf"\S+ is also its {what}, named by r\.zarr \(an input\)")
+    assert {name: (data / name).read_bytes() for name in before} == before
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    by_identity = ["--resamples", 20, "--by", "identity", "--metrics", "map"]
+    here = run("ci", "data/r.zarr", *by_identity, cwd=tmp_path)
+    there = run("ci", "../data/r.zarr", *by_identity, cwd=elsewhere)
+    assert here.returncode == 0 and there.returncode == 0, there.stderr
+    assert here.stdout.split("\n", 1)[1] == there.stdout.split("\n", 1)[1]  # after the name
+
+
 def test_outputs_never_land_inside_an_input_store(ranks_store, tmp_path):
     """`ci r.zarr --output r.zarr/zarr.json` replaced the store's metadata (exit 0; every
     later command: "incomplete store"); an output inside a store an input is or names

@@ -208,6 +208,10 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     protocol = attrs.get("protocol", "recall")
     if labels is None:
         path = attrs.get("query_manifest")
+        if path:
+            from .store import named_path
+
+            path = named_path(attrs, path)
         if not path:
             raise RankwiseError(
                 "by='identity' needs the query labels: this ranks store does "

@@ -436,6 +436,8 @@ RANKS_ATTRS: dict[str, Field] = {
     "protocol_options.exclude_same_camera": Field("boolean"),
     "protocol_options.multi_query": Field("string"),
     "num_query_rows": Field("count"),
+    # the folder `rankwise rank` ran in: what the relative paths below start from
+    "working_directory": Field("path"),
     **{
         key: field
         for side in ("query", "gallery")
@@ -560,6 +562,17 @@ def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str |
         if p[0] != 0 or np.any(np.diff(p) < 0) or p[-1] != len(arrays[values]):
             return f"{pointers} do not run from 0 up to the length of {values}"
     return None
+
+
+def named_path(attrs: dict[str, Any], path: str) -> str:
+    """A path a ranks store's ``attrs`` name (a manifest, an embedding file), as the
+    command that wrote it meant it: a relative one starts from its
+    ``working_directory`` (a store written before rankwise recorded it: from the
+    current folder)."""
+    folder = attrs.get("working_directory")
+    if os.path.isabs(path) or not isinstance(folder, str) or not folder:
+        return path
+    return os.path.join(folder, path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

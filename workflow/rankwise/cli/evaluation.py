@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import click
@@ -260,6 +261,10 @@ def rank(out, **kw):
     attrs = dict(result.attrs)
     from ..hashing import file_sha256
 
+    # the paths below as given, and where they start from: read from another folder
+    # (`ci --by identity`, an output's check against the store's own files) they still name
+    # the same files
+    attrs["working_directory"] = os.getcwd()
     for side in ("query", "gallery"):
         attrs[f"{side}_embeddings"] = _provenance(kw[f"{side}_embeddings"])
         attrs[f"{side}_manifest"] = str(kw[side])

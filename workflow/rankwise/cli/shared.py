@@ -108,6 +108,8 @@ class InputPath(click.Path):
     def referenced(self, path: str) -> list[tuple[str, str]]:
         """``(path, what)`` of the files ``path`` names; [] when it cannot be read (the
         command itself reports that)."""
+        from ..store import named_path
+
         if self.names == "ranks":
             from ..store import store_attrs
 
@@ -128,8 +130,13 @@ class InputPath(click.Path):
                 (embeddings.get("path") if isinstance(embeddings, dict) else None,
                  f"its {side} embeddings"),
             ]  # fmt: skip
-        found += [(attrs.get("ranks"), "its ranks store"), (attrs.get("stats"), "its statistics")]
-        return [(str(p), what) for p, what in found if isinstance(p, str) and p]
+        # the manifests and embeddings as `rankwise rank` named them (relative to the folder
+        # it ran in), and as the same text names a file here; a metrics file's own ranks and
+        # statistics paths are relative to where `rankwise metrics` ran: as given
+        files = [(p, what) for p, what in found if isinstance(p, str) and p]
+        files += [(named_path(attrs, p), what) for p, what in files]
+        files += [(attrs.get("ranks"), "its ranks store"), (attrs.get("stats"), "its statistics")]
+        return list(dict.fromkeys((str(p), what) for p, what in files if isinstance(p, str) and p))
 
 
 class Command(click.Command):

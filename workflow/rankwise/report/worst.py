@@ -11,6 +11,7 @@ import numpy as np
 from ..metrics import per_unit
 from ..registry import get_protocol
 from ..schema import Field, problem
+from ..store import named_path
 
 #: The per-unit metric that ranks the worst queries, and its name in the document.
 _WORST_METRIC = {"query": "map", "sketch": "m@B"}
@@ -111,9 +112,10 @@ def worst_queries_of(
     rows, score, rank = table.last_rows, table.values[:, 0], table.rank
     relevant = table.num_relevant
     pick = np.argsort(score, kind="stable")[:n]
-    q_path, g_path = attrs.get("query_manifest"), attrs.get("gallery_manifest")
+    q_path, g_path = (attrs.get(f"{side}_manifest") for side in ("query", "gallery"))
+    q_path, g_path = (named_path(attrs, p) if p else p for p in (q_path, g_path))
     provenance = [attrs.get(f"{side}_embeddings") or {} for side in ("query", "gallery")]
-    embeddings = [p.get("path") for p in provenance]
+    embeddings = [named_path(attrs, p["path"]) if p.get("path") else None for p in provenance]
     q_table = _manifest_or_none(q_path, provenance[0], protocol, "query")
     g_table = _manifest_or_none(g_path, provenance[1], protocol, "gallery")
     tops = None
