@@ -231,18 +231,20 @@ def test_cli_verify_prints_and_writes_the_library_numbers(tmp_path, cli):
 
 
 @pytest.mark.parametrize(
-    "fprs,message",
+    "options,message",
     [
-        ("0", "--fprs must be numbers between 0 and 1"),
-        ("x", "--fprs must be"),
+        (["--fprs", "0"], "--fprs must be numbers between 0 and 1"),
+        (["--fprs", "x"], "--fprs must be"),
         # one JSON key for both: one level was dropped silently (audit 2026-12-02)
-        ("0.24999999,0.25", "--fprs: 0.24999999 and 0.25 are both reported as '0.25'"),
+        (["--fprs", "0.24999999,0.25"], "--fprs: 0.24999999 and 0.25 are both reported as"),
+        # no upper bound: 10^9 bins grew past 15 GB (audit 2026-12-04)
+        (["--bins", "10001"], "--bins must be an integer in 1..10000, got 10001"),
     ],
 )
-def test_cli_verify_refuses_in_one_line(tmp_path, cli, fprs, message):
+def test_cli_verify_refuses_in_one_line(tmp_path, cli, options, message):
     q, g, qe, ge = market_like(0)
     out = tmp_path / "v.json"
-    proc = cli("verify", *_write(tmp_path, q, g, qe, ge), "--fprs", fprs, "--output", out)
+    proc = cli("verify", *_write(tmp_path, q, g, qe, ge), *options, "--output", out)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]

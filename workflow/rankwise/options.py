@@ -771,7 +771,14 @@ VERIFICATION_FPRS = Option(
     rule="each between 0 and 1 (exclusive)",
     help="FPR levels of TPR@FPR",
 )
-VERIFICATION_BINS = Option("bins", "integer", 60, minimum=1, help="bins of the distance histograms")
+VERIFICATION_BINS = Option(
+    "bins",
+    "integer",
+    60,
+    minimum=1,
+    maximum=10_000,  # each edge is placed by a search over the pairs: 10^9 bins took > 15 GB
+    help="bins of the distance histograms",
+)
 VERIFICATION = Option(
     "verification",
     "record",
