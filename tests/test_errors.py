@@ -1544,6 +1544,29 @@ def test_outputs_never_land_inside_an_input_store(ranks_store, tmp_path):
     assert {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()} == before
 
 
+def test_outputs_never_land_inside_any_rankwise_store(ranks_store, d, tmp_path):
+    """A store that is not an input of the command was not protected: `verify ...
+    --output r.zarr/zarr.json` or `ci other.zarr --output r.zarr/ranks/zarr.json`
+    replaced its metadata (exit 0; then "incomplete store ... run the command that
+    writes it again", which refused to replace "a folder that is not a rankwise
+    store"). One line now, nothing written."""
+    store, other = tmp_path / "r.zarr", tmp_path / "other.zarr"
+    shutil.copytree(ranks_store, store)
+    shutil.copytree(ranks_store, other)
+    before = {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+    for args, target in (
+        (["verify", *inputs(d), "--output"], store / "zarr.json"),
+        (["ci", other, "--resamples", 5, "--output"], store / "ranks" / "zarr.json"),
+        (["scores", other, "--output"], store / "new" / "scores.csv"),
+    ):
+        proc = run(*args, target)
+        assert_one_line_error(
+            proc, r"--output \S+ is inside the rankwise ranks store \S*r\.zarr: writing there"
+        )
+    assert {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()} == before
+    assert run("metrics", store).returncode == 0
+
+
 def test_outputs_never_land_inside_an_input_embedding_store(d, tmp_path):
     """The check above covered only the stores a ranks store or metrics JSON argument
     is or names: `evaluate --query-embeddings q.zarr --output q.zarr/zarr.json` replaced

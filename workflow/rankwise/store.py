@@ -109,6 +109,18 @@ def store_kind(path: str | os.PathLike) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
+def enclosing_store(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """``(folder, kind)`` of the rankwise store that ``path`` lies inside (a folder above
+    it whose Zarr metadata carries a rankwise ``kind``), or ``None``: an output written
+    there (``r.zarr/zarr.json``) would damage the store, an input or not."""
+    for folder in Path(os.path.realpath(path)).parents:
+        if (folder / "zarr.json").is_file() or (folder / ".zattrs").is_file():
+            kind = store_kind(folder)
+            if kind is not None:
+                return folder, kind
+    return None
+
+
 def check_replaceable(path: str | os.PathLike, kind: str | None) -> None:
     """Refuse, before any work, to replace what is at ``path`` unless it is an empty
     folder or a rankwise ``kind`` store (an old result rerun by hand): a user's folder, an

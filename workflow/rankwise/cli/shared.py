@@ -170,6 +170,13 @@ class Command(click.Command):
                     f"{flag} {path} is inside {stores[inside[0]]}, {seen[inside[0]]}: "
                     f"writing there would damage it; {fix or f'give {flag} a path outside it'}"
                 )
+            enclosing = _enclosing_store(real)  # any store, an input or not
+            if enclosing is not None:
+                folder, kind = enclosing
+                raise RankwiseError(
+                    f"{flag} {path} is inside the rankwise {kind} store {folder}: writing "
+                    f"there would damage it; {fix or f'give {flag} a path outside it'}"
+                )
 
         for is_output in (False, True):
             for param in self.params:
@@ -197,6 +204,19 @@ class Command(click.Command):
             check_output(flag, path, fix)
             seen.setdefault(os.path.realpath(path), f"{flag} (an output)")
         return super().invoke(ctx)
+
+
+def _enclosing_store(real: str):
+    """:func:`rankwise.store.enclosing_store`, importing the store module (numpy) only
+    when a folder above ``real`` holds Zarr metadata at all."""
+    if not any(
+        (folder / "zarr.json").is_file() or (folder / ".zattrs").is_file()
+        for folder in Path(real).parents
+    ):
+        return None
+    from ..store import enclosing_store
+
+    return enclosing_store(real)
 
 
 _PROTOCOL_HELP = "; ".join(f"{name}: {p.summary}" for name, p in REGISTRY.items())
