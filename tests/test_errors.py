@@ -1544,6 +1544,22 @@ def test_outputs_never_land_inside_an_input_store(ranks_store, tmp_path):
     assert {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()} == before
 
 
+def test_a_ranks_store_without_an_evaluated_query_is_refused(ranks_store, tmp_path):
+    """`rankwise rank` never writes one, but another writer may: `metrics` printed nan and
+    wrote NaN (not JSON), `scores` a header alone, exit 0. One line naming the store."""
+    from rankwise.store import read_ranks, write_ranks
+
+    arrays, attrs = read_ranks(ranks_store)
+    empty = {k: v[:0] for k, v in arrays.items()} | {"offsets": arrays["offsets"][:1]}
+    attrs = {k: v for k, v in attrs.items() if k not in ("complete", "kind")}
+    attrs |= {"num_skipped": attrs["num_queries"] + attrs["num_skipped"], "num_queries": 0}
+    store = tmp_path / "empty.zarr"
+    write_ranks(store, empty, attrs)
+    for command in (["metrics"], ["scores"], ["ci", "--resamples", 5]):
+        proc = run(*command, store)
+        assert_one_line_error(proc, r"empty\.zarr: the ranks store has no evaluated query \(")
+
+
 def test_outputs_never_land_inside_any_rankwise_store(ranks_store, d, tmp_path):
     """A store that is not an input of the command was not protected: `verify ...
     --output r.zarr/zarr.json` or `ci other.zarr --output r.zarr/ranks/zarr.json`

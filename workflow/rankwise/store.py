@@ -492,6 +492,12 @@ def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
     again = "run `rankwise rank` again with this --out (it replaces the store)"
     attrs = dict(group.attrs)
     check(attrs, RANKS_ATTRS, where=str(path), fix=again, noun="ranks store attribute ")
+    if attrs["num_queries"] == 0:  # `rankwise rank` never writes one: every mean is NaN
+        raise RankwiseError(
+            f"{path}: the ranks store has no evaluated query ({attrs['num_skipped']} "
+            "skipped): no metric is defined on it; check the labels and protocol it was "
+            "ranked with"
+        )
     # one lookup per optional name, not a listing of the group (which would also meet
     # Snakemake's `.snakemake_timestamp` file, and zarr would warn about it)
     arrays = {}

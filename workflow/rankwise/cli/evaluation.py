@@ -271,7 +271,10 @@ def rank(out, **kw):
         # what `compare` checks: two stores ranked on other manifests do not pair
         attrs[f"{side}_manifest_sha256"] = file_sha256(kw[side])
     write_ranks(out, result.arrays(), attrs)
-    click.echo(f"{out}: {attrs['num_queries']} queries ranked, {attrs['num_skipped']} skipped")
+    n = attrs["num_queries"]
+    click.echo(
+        f"{out}: {n} {'query' if n == 1 else 'queries'} ranked, {attrs['num_skipped']} skipped"
+    )
     if note:
         click.echo(note, err=True)
 

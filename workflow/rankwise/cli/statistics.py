@@ -90,7 +90,8 @@ def compare(
         f"A: {ranks_a}\nB: {ranks_b}\n"
         f"protocol: {attrs_a['protocol']}; "
         f"{_units(attrs_a['protocol'], by, first['num_units'], first['num_clusters'])}; "
-        f"{resamples} bootstrap resamples, {test}, seed {seed}"
+        f"{resamples} bootstrap {'resample' if resamples == 1 else 'resamples'}, {test}, "
+        f"seed {seed}"
     )
     header = ["metric", "A", "B", "diff", f"{ci_key(confidence)[2:]}% CI", "p", "p_holm"]
     body = [
@@ -163,10 +164,12 @@ def ci(ranks, ks, metrics, ap, resamples, seed, confidence, by, labels, output):
     )
     table = per_unit(arrays, attrs, names, ap=ap)
     point = table.means()
+    spec = get_protocol(attrs["protocol"])
     click.echo(
         f"{ranks}: protocol {attrs['protocol']}, {len(table)} "
-        f"{get_protocol(attrs['protocol']).units}; "
-        f"{resamples} bootstrap resamples by {by}, seed {seed}"
+        f"{spec.unit if len(table) == 1 else spec.units}; "
+        f"{resamples} bootstrap {'resample' if resamples == 1 else 'resamples'} by {by}, "
+        f"seed {seed}"
     )
     header = ["metric", "value", f"{ci_key(confidence)[2:]}% CI"]
     body = [
