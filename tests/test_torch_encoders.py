@@ -469,14 +469,13 @@ def test_unreadable_checkpoints(content, message, manifest: Path, tmp_path: Path
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a torch warning would reach the user's terminal
         with pytest.raises(RankwiseError, match=message) as caught:
-            encode_manifest(
-                manifest,
-                "timm",
-                {"model": "resnet10t", "checkpoint": str(ckpt)},
-                tmp_path / "x.zarr",
-                progress=False,
-            )
+            _encode_resnet10t(manifest, ckpt, tmp_path / "x.zarr")
     assert "weights_only` set to `False" not in str(caught.value)
+
+
+def _encode_resnet10t(manifest: Path, checkpoint: Path, out: Path) -> None:
+    options = {"model": "resnet10t", "checkpoint": str(checkpoint)}
+    encode_manifest(manifest, "timm", options, out, progress=False)
 
 
 def test_a_git_lfs_pointer_named_safetensors_is_said_to_be_one(manifest: Path, tmp_path: Path):
@@ -485,13 +484,7 @@ def test_a_git_lfs_pointer_named_safetensors_is_said_to_be_one(manifest: Path, t
     ckpt = tmp_path / "model.safetensors"
     ckpt.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 94371\n")
     with pytest.raises(RankwiseError, match=r"model\.safetensors: .*Git LFS pointer.*lfs pull"):
-        encode_manifest(
-            manifest,
-            "timm",
-            {"model": "resnet10t", "checkpoint": str(ckpt)},
-            tmp_path / "x.zarr",
-            progress=False,
-        )
+        _encode_resnet10t(manifest, ckpt, tmp_path / "x.zarr")
 
 
 def test_old_pickle_protocol_loads_without_warnings(timm_model, manifest: Path, tmp_path: Path):
