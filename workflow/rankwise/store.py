@@ -590,6 +590,8 @@ def named_path(attrs: dict[str, Any], path: str) -> str:
     folder = attrs.get("working_directory")
     if os.path.isabs(path) or not isinstance(folder, str) or not folder:
         return path
+    if os.path.realpath(folder) == os.path.realpath(os.curdir):
+        return path  # as written (the pipeline's relative paths stay relative in reports)
     return os.path.join(folder, path)
 
 
