@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -151,7 +152,8 @@ def zarr_ids(path: str | Path) -> np.ndarray:
 
     where = f"{path}/ids"
     try:
-        values = np.asarray(zarr.open_group(str(path), mode="r")["ids"][...])
+        node: Any = zarr.open_group(str(path), mode="r")["ids"]  # an array, or a Group
+        values = np.asarray(node[...])
     except Exception as exc:  # zarr/numcodecs raise many types for bad bytes
         raise RankwiseError(
             f"{where}: cannot read the ids ({type(exc).__name__}); write the array again"

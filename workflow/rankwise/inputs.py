@@ -166,6 +166,7 @@ def _check_keyed(table: Table, source: EmbeddingSource, manifest: str | None) ->
     """Features keyed by ids (a Zarr group's ``ids``) are read by row: the ids must agree."""
     if source.ids_array is None:
         return
+    assert source.path is not None  # keyed features are a Zarr group on disk
     from .feature_ids import check_in_order, zarr_ids
 
     check_in_order(

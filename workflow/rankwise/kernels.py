@@ -76,7 +76,7 @@ def lowest_bit(m):
 
 @overload(lowest_bit)
 def _lowest_bit_compiled(m):
-    return lambda m: trailing_zeros(m)
+    return lambda m: trailing_zeros(m)  # type: ignore[call-arg]  # numba supplies `context`
 
 
 def njit(**options: Any):

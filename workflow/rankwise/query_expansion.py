@@ -149,10 +149,9 @@ def expand(
     expanded /= k
     by_row = np.empty(raw.shape, dtype=np.float32)
     by_row[perm] = expanded  # item positions -> rows, rounded to float32 as astype would
-    expanded = by_row
     out = (
-        open_embeddings(expanded[:n_query], name=f"{query.name} (expanded)"),
-        open_embeddings(expanded[n_query:], name=f"{gallery.name} (expanded)"),
+        open_embeddings(by_row[:n_query], name=f"{query.name} (expanded)"),
+        open_embeddings(by_row[n_query:], name=f"{gallery.name} (expanded)"),
     )
     for new, old in zip(out, (query, gallery), strict=True):
         new.source_rows = old.source_rows  # messages keep naming the file's rows

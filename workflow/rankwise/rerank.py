@@ -534,7 +534,7 @@ def rerank_ranks(
     rerank: dict[str, Any],
     options,
     runner,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ranks of every evaluated query on the re-ranked distance (module docstring).
 
     Parameters

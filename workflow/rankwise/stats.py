@@ -516,7 +516,8 @@ def flip_hits(sums: np.ndarray, seed: int, start: int, stop: int) -> np.ndarray:
     observed, tol = _observed(sums)
     columns = np.ascontiguousarray(sums.T)
     rng = _streams(seed)[1]
-    rng.bit_generator.advance(int(start) * n_clusters)  # one 64-bit draw per double
+    bits: Any = rng.bit_generator  # PCG64 (_streams): it has advance()
+    bits.advance(int(start) * n_clusters)  # one 64-bit draw per double
     hits = np.zeros(m, np.int64)
     for rows in _blocks(max(0, int(stop) - int(start)), n_clusters):
         hits += _count_at_or_above(rng.random((rows, n_clusters)) < 0.5, columns, observed, tol)
@@ -614,7 +615,7 @@ def _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names) -> None:
         units = [arrays["query_index"]]
         if get_protocol(attrs["protocol"]).unit == "sketch":
             units += [arrays["group"], arrays["step"]]
-        keys = ("protocol", "num_gallery", "protocol_options")
+        keys: tuple[str, ...] = ("protocol", "num_gallery", "protocol_options")
         keys += ("query_manifest_sha256", "gallery_manifest_sha256")  # `rankwise rank`'s
         # query_index counts the rows an id-keyed store kept: equal indices of two stores
         # that kept different rows are other queries
@@ -779,7 +780,10 @@ def compare_ranks(
     exact_max = _check_exact(exact_max)
     flips = resamples if flips is None else _check_flips(flips)
     _check_pair(arrays_a, attrs_a, arrays_b, attrs_b, names)
-    stores = ((arrays_a, attrs_a), (arrays_b, attrs_b))
+    stores: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
+        (arrays_a, attrs_a),
+        (arrays_b, attrs_b),
+    )
     if any("unit_key" not in arrays for arrays, _ in stores):
         # a store written before unit keys numbers its units in store order: the pair
         # takes that order whichever side it is on (the numbers of two such stores)

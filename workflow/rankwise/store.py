@@ -475,7 +475,7 @@ def write_ranks(
 ) -> None:
     """Write a ranks store (see module docstring) atomically."""
     with atomic_store(path, "ranks") as group:
-        dtypes = {name: np.int64 for name in RANK_ARRAYS}
+        dtypes: dict[str, Any] = {name: np.int64 for name in RANK_ARRAYS}
         dtypes.update({k: v for k, v in OPTIONAL_ARRAYS.items() if k in arrays})
         for name, dtype in dtypes.items():
             data = np.ascontiguousarray(arrays[name], dtype=dtype)
@@ -505,7 +505,8 @@ def read_ranks(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str
         try:
             if name in OPTIONAL_ARRAYS and name not in group:
                 continue
-            arrays[name] = np.asarray(group[name][...])
+            node: Any = group[name]
+            arrays[name] = np.asarray(node[...])
         except KeyError:
             raise RankwiseError(f"{path}: ranks store lacks array {name!r}; {again}") from None
         except Exception as exc:  # corrupt metadata or chunk bytes: zarr/numcodecs types
