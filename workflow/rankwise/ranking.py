@@ -29,7 +29,9 @@ everything else runs on the host, and the numbers are the same on every device.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -815,13 +817,40 @@ def _check_memory(
         )
 
 
+_BLAS_LOCK = threading.Lock()
+_BLAS_USERS = 0
+_BLAS_LIMITS: Any = None
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """BLAS pinned to one thread while any ranking of this process runs (the tiles are
+    the parallel work), restored when the last one ends.  BLAS limits are process-wide:
+    a plain ``threadpool_limits(1)`` per call, in calls overlapping from a thread pool,
+    restored one call's "1" after another's end and left every later BLAS call of the
+    process (the user's numpy, torch) on one thread."""
+    global _BLAS_USERS, _BLAS_LIMITS
+    from threadpoolctl import threadpool_limits
+
+    with _BLAS_LOCK:
+        if _BLAS_USERS == 0:
+            _BLAS_LIMITS = threadpool_limits(1)
+        _BLAS_USERS += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS_USERS -= 1
+            if _BLAS_USERS == 0:
+                _BLAS_LIMITS.restore_original_limits()
+                _BLAS_LIMITS = None
+
+
 def _plain_ranks(
     problem: Problem, qrows, qsq, gallery, bounds, cosine, dim, runner, options, tiles: Tiles
 ):
     """The two passes of the module docstring: ``(offsets, ranks)``."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):
+    with one_blas_thread():
         keys, carried = _pass_thresholds(problem, qrows, gallery, bounds, cosine, runner)
         evaluated = np.flatnonzero(~problem.skip)
         pair_q = problem.pair_q
