@@ -173,31 +173,152 @@ def test_whole_float_labels_are_the_integer_labels():
 
 
 def test_floats_that_are_not_whole_stay_as_written():
-    query = _query(label=[0.5, 1.0, 2.0])
+    query = _query(label=[0.5, 2.5, 2.0])
     gallery = GALLERY.assign(label=["0.5", "1", "2.0"])
     result = rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB)
-    # the query labels read "0.5", "1.0", "2.0": the second has no gallery item ("1")
+    # the query labels read "0.5", "2.5", "2.0": the second has no gallery item
     assert (result.num_queries, result.num_skipped) == (2, 1)
     assert result.per_query["query_index"].tolist() == [0, 2]
 
 
-def test_labels_that_differ_only_by_a_trailing_dot_zero_get_a_hint():
-    # a CSV that pandas wrote from a float column ("3.0") against integer labels ("3")
-    query = _query(label=["1.0", "2.0", "3.0"])
-    gallery = GALLERY.assign(label=[1, 2, 3])
+@pytest.mark.parametrize(
+    "qlabels, glabels, shown",
+    [
+        # a CSV that pandas wrote from a float column ("3.0") against integer labels ("3")
+        (["1.0", "2.0", "3.0"], [1, 2, 3], "query label '1.0' and gallery label '1'"),
+        # one label only: the others match, so the query was silently skipped
+        (["a", "b", "3"], ["a", "b", "3.0"], "query label '3' and gallery label '3.0'"),
+        # floats that are not all whole stay as written: 1.0 is then "1.0"
+        ([0.5, 1.0, 2.0], ["0.5", "1", "2.0"], "query label '1.0' and gallery label '1'"),
+    ],
+)
+def test_labels_that_differ_only_by_a_trailing_dot_zero_are_refused(qlabels, glabels, shown):
     with pytest.raises(
         RankwiseError,
-        match=r"no query has a valid match.*differ only by a "
-        r"trailing '\.0' \('3\.0' against '3'\): write both sides' labels as "
-        r"integers",
+        match=rf"{shown} differ only by a trailing '\.0' \(a column written from floats "
+        r"against one written from integers\), so they would not match; write both sides' "
+        r"labels as integers",
     ):
-        rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB)
+        rankwise.evaluate(
+            _query(label=qlabels), GALLERY.assign(label=glabels), QUERY_EMB, QUERY_EMB
+        )
     with pytest.raises(RankwiseError, match=r"no query has a valid match") as error:
         rankwise.evaluate(_query(label=["x", "y", "z"]), GALLERY, QUERY_EMB, QUERY_EMB)
     assert "trailing" not in str(error.value)
+
+
+def test_cameras_that_differ_only_by_a_trailing_dot_zero_are_refused(tmp_path):
+    # the same-camera rule compared "1" with "1.0": never the same camera, so every
+    # same-camera match was silently kept
+    query = _query(camera=[1, 2, 3])
+    with pytest.raises(
+        RankwiseError, match=r"query camera '1' and gallery camera '1\.0' differ only by"
+    ):
+        rankwise.evaluate(
+            query, GALLERY.assign(camera=["1.0", "2.0", "3.0"]), QUERY_EMB, QUERY_EMB,
+            protocol="reid",
+        )  # fmt: skip
+    # the camera rule off: cameras are not compared, nothing to refuse
+    rankwise.evaluate(
+        query, GALLERY.assign(camera=["1.0", "2.0", "3.0"]), QUERY_EMB, QUERY_EMB,
+        protocol="reid", exclude_same_camera=False,
+    )  # fmt: skip
+
+
+def test_a_junk_label_written_otherwise_than_the_gallery_labels_is_refused():
+    gallery = GALLERY.assign(label=["a", "b", "-1.0"])
+    query = _query(camera=[2, 3, 1])
+    with pytest.raises(
+        RankwiseError,
+        match=r"gallery table: junk label '-1' matches no gallery label, but '-1\.0' does",
+    ):
+        rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid")
+    # given as written, it is the junk label
+    result = rankwise.evaluate(
+        query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=["-1.0"]
+    )
+    assert result.num_gallery == 2
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pd.Categorical([1.0, 2.0, 3.0]),
+        pd.Series([1.0, 2.0, 3.0], dtype=object),
+        pd.Series([1, 2.0, 3], dtype=object),
+    ],
+)
+def test_categorical_and_object_columns_of_whole_floats_read_as_integers(column):
+    # astype(str) wrote "1.0" for them, where a float column reads "1"
+    gallery = GALLERY.assign(label=["1", "2", "3"], camera=["1", "2", "3"])
+    as_ints = _query(label=[1, 2, 3], camera=[3, 1, 2])
+    expected = rankwise.evaluate(as_ints, gallery, QUERY_EMB, QUERY_EMB, protocol="reid")
+    got = rankwise.evaluate(
+        as_ints.assign(label=column), gallery, QUERY_EMB, QUERY_EMB, protocol="reid"
+    )
+    assert got.to_json() == expected.to_json()
+    # as cameras, 1, 2, 3 against the gallery's 1, 2, 3: every match is same-camera
+    with pytest.raises(RankwiseError, match=r"no query has a valid match"):
+        rankwise.evaluate(
+            as_ints.assign(camera=column), gallery, QUERY_EMB, QUERY_EMB, protocol="reid"
+        )
+
+
+def test_a_categorical_of_floats_with_a_missing_value_is_an_empty_cell():
+    query = _query(label=pd.Categorical([1.0, None, 3.0]))
+    with pytest.raises(RankwiseError, match=r"<query table>: row .*: empty 'label'"):
+        rankwise.evaluate(query, GALLERY, QUERY_EMB, QUERY_EMB)
+
+
+def test_object_columns_keep_integers_beyond_2_to_the_53_as_written():
+    big = 2**53 + 1  # not a float64: converting the column would change the label
+    query = _query(label=pd.Series([big, 2.5, 3], dtype=object))
+    gallery = GALLERY.assign(label=[str(big), "2.5", "3"])
+    result = rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB)
+    assert (result.num_queries, result.num_skipped) == (3, 0)
 
 
 def test_whole_floats_beyond_2_to_the_53_stay_whole_numbers():
     query = _query(label=[1e16, 2.0, 3.0])
     gallery = GALLERY.assign(label=["10000000000000000", "2", "3"])
     assert rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB).num_skipped == 0
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        # recall (the default protocol) ranked the junk rows: junk_labels was ignored
+        ({"junk_labels": ["-1", "0"]}, r"junk_labels=\('-1', '0'\) applies to protocol reid"),
+        ({"exclude_same_camera": False}, r"exclude_same_camera=False applies to protocol reid"),
+        ({"gap_frames": 5}, r"gap_frames=5 applies to protocol reassociation only"),
+        ({"query_stride": 2}, r"query_stride=2 applies to protocol reassociation only"),
+        ({"shot_seed": 7}, r"shot_seed=7 applies to protocol reid only, not 'recall'"),
+    ],
+)
+def test_an_option_the_protocol_does_not_take_is_refused(options, message):
+    with pytest.raises(RankwiseError, match=message + r".*it would be ignored; pass protocol="):
+        rankwise.evaluate(_query(), GALLERY, QUERY_EMB, QUERY_EMB, **options)
+    # its default, given explicitly, is fine
+    defaults = {"junk_labels": ["-1"], "exclude_same_camera": True, "gap_frames": 1}
+    rankwise.evaluate(_query(), GALLERY, QUERY_EMB, QUERY_EMB, **defaults)
+
+
+def test_shot_options_need_single_gallery_shot():
+    query = _query(camera=[2, 3, 1])
+    with pytest.raises(RankwiseError, match=r"shot_repeats applies with single_gallery_shot"):
+        rankwise.evaluate(query, GALLERY, QUERY_EMB, QUERY_EMB, protocol="reid", shot_repeats=3)
+
+
+def test_junk_labels_are_read_like_manifest_values():
+    query = _query(camera=[2, 3, 1])
+    gallery = GALLERY.assign(label=["a", "b", "-1"])
+    expected = rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid")
+    assert expected.num_gallery == 2
+    # spaces around a label (manifest cells lose theirs), a numpy array: the label -1
+    for junk in ([" -1 "], np.array([-1]), np.array(["-1"]), "-1, 0", -1):
+        got = rankwise.evaluate(
+            query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=junk
+        )
+        assert got.num_gallery == 2, junk
+    with pytest.raises(RankwiseError, match=r"junk_labels must be a list of labels, none empty"):
+        rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=[""])

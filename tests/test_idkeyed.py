@@ -352,6 +352,13 @@ def test_drop_evaluates_the_rows_with_features(tmp_path: Path, how):
         expected.num_skipped,
         expected.num_gallery,
     )
+    # per query: the API names the manifest's rows (the cut manifest's row i is kept[i]),
+    # not the kept rows' count, so q_df.iloc[query_index] is the query
+    assert got.per_query["query_index"].tolist() == (
+        kept["query"][expected.per_query["query_index"]].tolist()
+    )
+    for name in ("first_rank", "ap", "num_relevant"):
+        np.testing.assert_array_equal(got.per_query[name], expected.per_query[name])
     # the one reader keeps the rows the store holds, in manifest order
     inputs = open_inputs(
         tmp_path / "q.csv", tmp_path / "g.csv", stores["query"], stores["gallery"], protocol="reid"

@@ -83,3 +83,21 @@ def test_an_output_file_path_that_names_no_file_is_refused(tmp_path, output, mes
     line = one_error_line(proc)
     assert message in line, line
     assert not (tmp_path / written).exists()
+
+
+def test_cameras_written_from_floats_against_integers_are_one_line(tmp_path):
+    # pandas writes a float column "1.0": against "1" the same-camera rule never applied
+    # (every same-camera match silently kept, exit 0)
+    write(
+        tmp_path,
+        query="id,label,camera\nq,a,1\n",
+        gallery="id,label,camera\ng1,a,1.0\ng2,a,2.0\n",
+    )
+    proc = run_rankwise("evaluate", *input_args(tmp_path), "--protocol", "reid")
+    line = one_error_line(proc)
+    assert line == (
+        f"error: {tmp_path / 'q.csv'}, {tmp_path / 'g.csv'}: query camera '1' and gallery "
+        "camera '1.0' differ only by a trailing '.0' (a column written from floats against "
+        "one written from integers), so they would not match; write both sides' cameras as "
+        "integers"
+    ), line

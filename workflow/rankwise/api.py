@@ -16,6 +16,7 @@ from .options import (
     DROP_JUNK,
     EXCLUDE_SAME_CAMERA,
     GALLERY_CHUNK,
+    GAP_FRAMES,
     JUNK_LABELS,
     KS,
     MULTI_QUERY,
@@ -134,6 +135,40 @@ def result_from_ranks(
     )
 
 
+_PROTOCOL_OPTIONS = {
+    spec.name: spec
+    for spec in (
+        GAP_FRAMES, QUERY_STRIDE, JUNK_LABELS, EXCLUDE_SAME_CAMERA, SHOT_REPEATS, SHOT_SEED
+    )
+}  # fmt: skip
+
+
+def _refuse_ignored(protocol: str, single_gallery_shot: bool, **given: Any) -> None:
+    """An option the protocol does not take, given a value other than its default, is an
+    error, as on the command line: it would be ignored without a word (``junk_labels``
+    under the default ``recall`` ranked the junk rows)."""
+    from .errors import RankwiseError
+    from .registry import REGISTRY
+
+    taken = get_protocol(protocol).options
+    for name, value in given.items():
+        if value == _PROTOCOL_OPTIONS[name].default:
+            continue
+        if name in taken:
+            if name.startswith("shot_") and not single_gallery_shot:
+                raise RankwiseError(
+                    f"{name} applies with single_gallery_shot=True only; pass it or leave "
+                    f"{name} out"
+                )
+            continue
+        takers = [n for n, spec in REGISTRY.items() if name in spec.options]
+        raise RankwiseError(
+            f"{name}={value!r} applies to protocol {' or '.join(takers)} only, not "
+            f"{protocol!r}: it would be ignored; pass protocol={takers[0]!r} or leave "
+            f"{name} out"
+        )
+
+
 def rank(
     query,
     gallery,
@@ -142,7 +177,7 @@ def rank(
     *,
     protocol: str = "recall",
     distance: str = "cosine",
-    gap_frames: int = 1,
+    gap_frames: int = GAP_FRAMES.default,
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
@@ -167,6 +202,17 @@ def rank(
     from .ranking import EngineOptions, check_distance, compute_ranks
 
     check_distance(distance)
+    junk_labels = check_junk_labels(junk_labels)
+    _refuse_ignored(
+        protocol,
+        single_gallery_shot,
+        gap_frames=gap_frames,
+        query_stride=query_stride,
+        junk_labels=junk_labels,
+        exclude_same_camera=exclude_same_camera,
+        shot_repeats=shot_repeats,
+        shot_seed=shot_seed,
+    )
     rerank = check_rerank(rerank, get_protocol(protocol).name)
     aqe = check_rerank(aqe, protocol, "aqe", AQE)
     check_rerank_alone(rerank, aqe, multi_query, single_gallery_shot)
@@ -187,7 +233,7 @@ def rank(
     problem = inputs.problem(
         gap_frames=gap_frames,
         query_stride=query_stride,
-        junk_labels=check_junk_labels(junk_labels),
+        junk_labels=junk_labels,
         exclude_same_camera=exclude_same_camera,
         single_gallery_shot=single_gallery_shot,
         shot_repeats=shot_repeats,
@@ -213,6 +259,7 @@ def rank(
     )  # fmt: skip
     # what --by identity's labels must match (rankwise.stats.query_labels)
     result.attrs["num_query_rows"] = query_rows
+    result.query_rows = q_src.manifest_rows
     if shots is not None:
         from .single_shot import shot_ranks
 
@@ -251,7 +298,7 @@ def evaluate(
     protocol: str = "recall",
     distance: str = "cosine",
     ks: Iterable[int] | str = KS.default,
-    gap_frames: int = 1,
+    gap_frames: int = GAP_FRAMES.default,
     query_stride: int = QUERY_STRIDE.default,
     junk_labels: Iterable[str] = JUNK_LABELS.default,
     exclude_same_camera: bool = EXCLUDE_SAME_CAMERA.default,
@@ -351,7 +398,10 @@ def evaluate(
         memory_limit_mb=memory_limit_mb,
         device=device,
     )
-    return result_from_ranks(ranks, ks=ks, ap=ap)
+    result = result_from_ranks(ranks, ks=ks, ap=ap)
+    if ranks.query_rows is not None:  # the kept rows' indices -> the manifest's rows
+        result.per_query["query_index"] = ranks.query_rows[result.per_query["query_index"]]
+    return result
 
 
 def recall_at_k(

@@ -175,8 +175,9 @@ def _from_frame(source: pd.DataFrame, name: str) -> Table:
     for col in source.columns:  # keep integer columns given as numbers exact
         if col in _INTEGER_COLUMNS and pd.api.types.is_integer_dtype(source[col]):
             table[col] = source[col].astype(str).to_numpy()
-        elif pd.api.types.is_float_dtype(source[col]):
-            whole = whole_number_text(source[col].to_numpy(dtype=float, na_value=np.nan))
+        else:
+            floats = _float_values(source[col], pd)
+            whole = None if floats is None else whole_number_text(floats)
             if whole is not None:
                 table[col] = whole
     # A missing value (None, NaN, pd.NA) is an empty cell, as in a CSV file, not the
@@ -187,6 +188,34 @@ def _from_frame(source: pd.DataFrame, name: str) -> Table:
         n_rows=len(table),
         positions=True,  # messages name positions (row_line)
     )
+
+
+def _float_values(column, pd) -> np.ndarray | None:
+    """A DataFrame column's values as float64 (NaN where missing) when it holds floats: a
+    float column, a categorical of floats, or an object column of numbers with a float
+    among them (``astype(str)`` would write ``3.0`` for each); else None."""
+    dtype = column.dtype
+    if isinstance(dtype, pd.CategoricalDtype):
+        if not pd.api.types.is_float_dtype(dtype.categories):
+            return None
+        return np.asarray(column.astype(float), dtype=float)
+    if pd.api.types.is_float_dtype(dtype):
+        return column.to_numpy(dtype=float, na_value=np.nan)
+    if not pd.api.types.is_object_dtype(dtype):
+        return None
+    present = column.notna().to_numpy()
+    known = column[present].tolist()
+    numbers = all(
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+        for v in known
+    )
+    if not (numbers and any(isinstance(v, (float, np.floating)) for v in known)):
+        return None
+    if any(isinstance(v, (int, np.integer)) and abs(int(v)) > 2**53 for v in known):
+        return None  # not exact as a float: each stays as written
+    values = np.full(len(column), np.nan)
+    values[present] = np.asarray(known, dtype=float)
+    return values
 
 
 def whole_number_text(values: np.ndarray) -> np.ndarray | None:

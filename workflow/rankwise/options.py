@@ -277,7 +277,11 @@ class Option:
             isinstance(v, str) or _is_int(v) for v in value
         ):
             raise bad("a list of labels")
-        return tuple(str(v) for v in value)
+        # manifest values are read without the spaces around them: " -1" is the label -1
+        labels = tuple(str(v).strip() for v in value)
+        if "" in labels:
+            raise bad("a list of labels, none empty")
+        return labels
 
     def _check_record(self, value: Any, label: str, bad: Callable) -> dict[str, Any]:
         """A ``record``: ``{field: value}`` in field order, each field checked (the
@@ -570,9 +574,14 @@ JUNK_LABELS = Option(
 
 
 def check_junk_labels(value: Any) -> tuple[str, ...]:
-    """:data:`JUNK_LABELS` checked as the Python API takes it: a sequence, ``"-1,0"`` as
-    the CLI reads it (``tuple("-1")`` would be ``('-', '1')``), or one integer label."""
-    return JUNK_LABELS.check([value] if isinstance(value, numbers.Integral) else value)
+    """:data:`JUNK_LABELS` checked as the Python API takes it: a sequence or a numpy
+    array, ``"-1,0"`` as the CLI reads it (``tuple("-1")`` would be ``('-', '1')``), or
+    one integer label."""
+    if isinstance(value, numbers.Integral):
+        value = [value]
+    elif hasattr(value, "tolist") and not isinstance(value, str):  # a numpy array
+        value = value.tolist()
+    return JUNK_LABELS.check(value)
 
 
 EXCLUDE_SAME_CAMERA = Option(

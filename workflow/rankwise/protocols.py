@@ -194,11 +194,18 @@ def id_keys(ids) -> np.ndarray:
     return rank[codes]
 
 
-def _codes(query, gallery) -> tuple[np.ndarray, np.ndarray]:
+def _codes(
+    query, gallery, column: str | None = None, names: tuple[str, str] = ("", "")
+) -> tuple[np.ndarray, np.ndarray]:
     """Integer codes ``(Q,)`` / ``(G,)`` for two columns read as text, equal text ->
-    equal code (numbered by first appearance, query rows first)."""
-    codes, _ = factorize(map(str, itertools.chain(query, gallery)))
-    return codes[: len(query)], codes[len(query) :]
+    equal code (numbered by first appearance, query rows first).  With ``column``
+    (labels, cameras), values the sides write ``3`` and ``3.0`` are refused
+    (:func:`_check_dot_zero`)."""
+    codes, uniques = factorize(map(str, itertools.chain(query, gallery)))
+    qcodes, gcodes = codes[: len(query)], codes[len(query) :]
+    if column is not None:
+        _check_dot_zero(uniques[np.unique(qcodes)], uniques[np.unique(gcodes)], column, names)
+    return qcodes, gcodes
 
 
 def _grouped_pairs(qkey: np.ndarray, gkey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -214,23 +221,43 @@ def _grouped_pairs(qkey: np.ndarray, gkey: np.ndarray) -> tuple[np.ndarray, np.n
     return pair_q, pair_g.astype(np.int64)
 
 
-def _float_text_hint(qlabels, glabels) -> str:
-    """A hint when the two sides' labels match only without a trailing ``.0``: a column
-    written from floats (``3.0``, as pandas writes an integer column with a gap) against
-    one written from integers (``3``)."""
-    qset, gset = set(qlabels), set(glabels)
-    if not qset.isdisjoint(gset):
-        return ""
-    if {_drop_dot_zero(x) for x in qset}.isdisjoint({_drop_dot_zero(x) for x in gset}):
-        return ""
-    return (
-        "; they differ only by a trailing '.0' ('3.0' against '3'): write both sides' "
-        "labels as integers"
-    )
+def _check_dot_zero(qvalues, gvalues, column: str, names: tuple[str, str]) -> None:
+    """Refuse labels or cameras that one side writes ``3`` and the other ``3.0``.
+
+    Values are compared as written, and a column written from floats (``3.0``, as pandas
+    writes an integer column with a gap) against one written from integers (``3``) would
+    silently never match: queries skipped, or the same-camera rule not applied at all.
+    ``qvalues`` / ``gvalues``: the distinct values of each side (strings).
+    """
+    qset, gset = set(qvalues), set(gvalues)
+    pairs = [(q, q[:-2]) for q in qset if q.endswith(".0") and q[:-2] in gset]
+    pairs += [(g[:-2], g) for g in gset if g.endswith(".0") and g[:-2] in qset]
+    if pairs:
+        q, g = min(pairs)
+        raise RankwiseError(
+            f"{names[0]}, {names[1]}: query {column} {q!r} and gallery {column} {g!r} differ "
+            "only by a trailing '.0' (a column written from floats against one written from "
+            f"integers), so they would not match; write both sides' {column}s as integers"
+        )
 
 
-def _drop_dot_zero(label: str) -> str:
-    return label[:-2] if label.endswith(".0") else label
+def _check_junk_spelling(junk: set[str], labels, gjunk: np.ndarray, name: str) -> None:
+    """Refuse a junk label that matches no gallery label as written but does without (or
+    with) a trailing ``.0`` (``-1`` against a column written from floats, ``-1.0``): the
+    junk rows would silently be ranked as distractors."""
+    labels = np.asarray(labels, dtype=object)
+    missing = junk - {str(v) for v in labels[gjunk]}
+    if not missing:
+        return
+    written = {str(v) for v in labels}
+    for j in sorted(missing):
+        other = j[:-2] if j.endswith(".0") else j + ".0"
+        if other in written:
+            raise RankwiseError(
+                f"{name}: junk label {j!r} matches no gallery label, but {other!r} does (a "
+                "column written from floats against integers): write the labels as "
+                f"integers, or give the junk label as {other!r}"
+            )
 
 
 def build_problem(
@@ -265,7 +292,7 @@ def build_problem(
     spec = get_protocol(protocol)
     multi_query = check_multi_query(multi_query, protocol, query, names[0])
     shots = _check_single_shot(protocol, single_gallery_shot, shot_repeats, shot_seed)
-    qlab, glab = _codes(query["label"], gallery["label"])
+    qlab, glab = _codes(query["label"], gallery["label"], "label", names)
     qid, gid = _codes(query["id"], gallery["id"])
     if spec.exclude_self and multi_query == "none":  # pooled members: _member_twins
         _check_shared_ids(query, gallery, qid, gid, qlab, glab, names)
@@ -308,12 +335,13 @@ def build_problem(
             junk = {str(j) for j in junk_labels}
             options["junk_labels"] = sorted(junk)
             gjunk = np.array([str(v) in junk for v in gallery["label"]], dtype=bool)
+            _check_junk_spelling(junk, gallery["label"], gjunk, names[1])
         if spec.exclude_same_camera:
             # No cameras in the problem = no camera rule, in dense_masks and count_tile.
             exclude = EXCLUDE_SAME_CAMERA.check(exclude_same_camera)
             options["exclude_same_camera"] = exclude
             if exclude:
-                qcam, gcam = _codes(query["camera"], gallery["camera"])
+                qcam, gcam = _codes(query["camera"], gallery["camera"], "camera", names)
         pair_q, pair_g = _grouped_pairs(qlab, glab)  # every same-label pair
         if multi_query != "none":
             options["multi_query"] = multi_query
@@ -365,7 +393,6 @@ def build_problem(
             f"({n_q} queries, {n_g} gallery items): check that query and gallery labels "
             "use the same ids"
             + (" and that queries have other-camera matches" if qcam is not None else "")
-            + _float_text_hint(query["label"], gallery["label"])
         )
     return Problem(
         protocol=protocol,

@@ -70,6 +70,8 @@ class RankResult:
 
     ``ranks[offsets[i]:offsets[i+1]]`` belong to query row ``query_index[i]``.
     ``extra``: the optional arrays of protocol variants (:data:`rankwise.store.OPTIONAL_ARRAYS`).
+    With id-keyed query features that left manifest rows out, ``query_index`` counts
+    the rows kept; ``query_rows`` maps them to the manifest's.
     """
 
     offsets: np.ndarray
@@ -79,6 +81,10 @@ class RankResult:
     step: np.ndarray
     attrs: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the query manifest's row of each row ``query_index`` counts, when the query
+    #: features left rows out (id-keyed, ``on_missing: drop``); None: the same rows.
+    #: Not stored: a ranks store counts the rows its query store kept.
+    query_rows: np.ndarray | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {

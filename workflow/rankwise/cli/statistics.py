@@ -209,11 +209,13 @@ def scores(ranks, ks, ap, output):
     """Per-query scores (per sketch for progressive) of a ranks store, as CSV.
 
     One row per evaluated query (a skipped query has none). Columns: query_index (the
-    query's 0-based row in the query manifest), num_relevant, first_rank, ap, inp, rr,
-    hit@K (fractions and 0/1; under --single-gallery-shot, rr and hit@K are over the
-    draws: fractions); progressive: sketch (a number, 0.. in order of first appearance
-    in the query manifest, not the manifest's sketch value: join on query_index, the row
-    of its first rendering), query_index, m@A, m@B, wm@A, wm@B, last_rank, hit@K.
+    query's 0-based row in the query manifest; among the rows kept when id-keyed
+    features left rows out: the query store's manifest_row maps it), num_relevant,
+    first_rank, ap, inp, rr, hit@K (fractions and 0/1; under --single-gallery-shot, rr
+    and hit@K are over the draws: fractions); progressive: sketch (a number, 0.. in
+    order of first appearance in the query manifest, not the manifest's sketch value:
+    join on query_index, the row of its first rendering), query_index, m@A, m@B, wm@A,
+    wm@B, last_rank, hit@K.
     """
     import io
 

@@ -97,7 +97,7 @@ def worst_queries_of(
 
     Returns
     -------
-    ``{"score": "ap" | "m@B", "queries": [...]}``, each query: ``query_index`` (manifest
+    ``{"score": "ap" | "m@B", "queries": [...]}``, each query: ``query_index`` (evaluated
     row), ``id``, ``label``, ``image`` (its path or ``None``), ``score`` (percent),
     ``rank`` (first relevant rank; the target's rank at the complete rendering for
     ``progressive``), ``num_relevant``, ``sketch`` (progressive), ``top`` (list of
