@@ -204,7 +204,8 @@ def _codes(
     codes, uniques = factorize(map(str, itertools.chain(query, gallery)))
     qcodes, gcodes = codes[: len(query)], codes[len(query) :]
     if column is not None:
-        _check_dot_zero(uniques[np.unique(qcodes)], uniques[np.unique(gcodes)], column, names)
+        seen = [np.bincount(c, minlength=len(uniques)) > 0 for c in (qcodes, gcodes)]  # O(N)
+        _check_dot_zero(uniques[seen[0]], uniques[seen[1]], column, names)
     return qcodes, gcodes
 
 
