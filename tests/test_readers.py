@@ -237,3 +237,56 @@ def test_a_file_this_process_may_not_read_is_not_called_corrupt():
     why = _why_unreadable(PermissionError(13, "Permission denied"))
     assert "may not read it" in why and "readable by every process" in why
     assert "corrupt" in _why_unreadable(ValueError("bad bytes"))
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr", "store"])
+def test_a_file_replaced_after_opening_is_refused(tmp_path, kind):
+    """Another process replacing the file between two reads (an encode renaming its new
+    store over the one being ranked, a ``mv`` over the .npy): the rows read before and
+    after belonged to two versions, and the ranks of neither came out, exit 0."""
+    import os
+
+    import zarr
+
+    from rankwise.store import write_embeddings
+
+    rng = np.random.default_rng(2)
+    old, new = (rng.normal(size=(8, 4)).astype(np.float32) for _ in range(2))
+    path, other = tmp_path / f"g.{kind}", tmp_path / f"other.{kind}"
+    for rows, where in ((old, path), (new, other)):
+        if kind == "npy":
+            np.save(where, rows)
+        elif kind == "zarr":
+            zarr.create_array(str(where), data=rows, chunks=(4, 4))
+        else:
+            write_embeddings(where, iter([rows]), 8, attrs={"encoder": "t"}, chunk_rows=4)
+    source = open_embeddings(str(path), name="gallery embeddings")
+    assert np.array_equal(source.read(0, 4), old[:4])
+    assert np.array_equal(source.take(np.array([5, 1])), old[[5, 1]])
+    if kind == "npy":
+        os.replace(other, path)
+    else:  # as rankwise's stores are replaced: the old one moved away, the new renamed in
+        os.rename(path, tmp_path / "moved")
+        os.rename(other, path)
+    for read in (lambda: source.read(4, 8), lambda: source.take(np.array([6, 2]))):
+        with pytest.raises(RankwiseError) as caught:
+            read()
+        assert str(caught.value) == (
+            f"{path}: the gallery embeddings changed during the run (replaced, rewritten or "
+            "removed by another process); wait until nothing writes it, then run again"
+        )
+
+
+def test_a_npy_rewritten_in_place_after_opening_is_refused(tmp_path):
+    import os
+
+    rows = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
+    path = tmp_path / "g.npy"
+    np.save(path, rows)
+    source = open_embeddings(str(path), name="gallery embeddings")
+    assert np.array_equal(source.read(0, 8), rows)
+    np.save(path, -rows)  # the same inode and size, new bytes
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # coarse clocks
+    with pytest.raises(RankwiseError, match=r"changed during the run"):
+        source.read(0, 8)

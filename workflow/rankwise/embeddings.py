@@ -86,6 +86,7 @@ class EmbeddingSource:
     ids_array: str | None = None  # "ids": a Zarr group (not a rankwise store) keyed by ids
     source_rows: np.ndarray | None = None  # (N,) rows taken from ``path``: :meth:`subset`
     file: str | None = None  # ``path`` made absolute when opened: what is read
+    identity: tuple[int, ...] | None = None  # the file as opened (:func:`_identity`)
 
     @property
     def readable(self) -> str | None:
@@ -154,6 +155,7 @@ class EmbeddingSource:
                 _check_chunks_present(array, lo, hi, self)
                 data = array.oindex[ascending, :]
             out[order] = self._float32(data, ascending)
+            self._check_unchanged()
             return out
         except RankwiseError:
             raise
@@ -178,15 +180,36 @@ class EmbeddingSource:
                 array = zarr.open_array(self.readable, path=self.array_path, mode="r")
                 _check_chunks_present(array, start, stop, self)
                 data = array[start:stop]
-            return self._float32(data, np.arange(start, stop))
+            out = self._float32(data, np.arange(start, stop))
+            self._check_unchanged()
+            return out
         except RankwiseError:
             raise
         except Exception as exc:  # zarr/numcodecs/numpy raise many types for bad bytes
+            self._check_unchanged(gone_ok=True)  # a store replaced meanwhile: not "corrupt"
             start, stop = self._narrow(start, stop)
             raise RankwiseError(
                 f"{self.path}: cannot read rows {start}-{stop - 1} (0-based) of the {self.name} "
                 f"({type(exc).__name__}: {first_line(exc)}); {_why_unreadable(exc)}"
             ) from None
+
+    def _check_unchanged(self, gone_ok: bool = False) -> None:
+        """Refuse a file replaced or rewritten since it was opened: the rows read before
+        and after would belong to two versions (another process's encode renaming its
+        new store over this one, a ``mv`` over the .npy), and the ranks of neither.
+        Called after each read: a change before or during it is seen then.  ``gone_ok``:
+        a file no longer there is left to the caller's message (a failed read: moved,
+        or not visible on a Dask worker's machine)."""
+        if self.identity is None or self.readable is None:
+            return
+        now = _identity(self.readable, self.kind, self.array_path)
+        if now is None and gone_ok:
+            return
+        if now != self.identity:
+            raise RankwiseError(
+                f"{self.path}: the {self.name} changed during the run (replaced, rewritten "
+                "or removed by another process); wait until nothing writes it, then run again"
+            )
 
     def _float32(self, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``data`` (rows ``rows`` of the source) as contiguous float32; a finite value
@@ -221,6 +244,29 @@ class EmbeddingSource:
             except Exception:
                 return lo, hi
         return start, stop
+
+
+def _identity(path: str, kind: str, array_path: str | None = None) -> tuple[int, ...] | None:
+    """What says a file is still the one opened: a .npy file's inode, size and
+    modification time; a Zarr store folder's inode with its array metadata file's inode,
+    size and modification time (a store renamed over it, or its array written again).
+    None when it cannot be read.  No device number: a Dask worker on another machine
+    sees the same file (NFS) under another ``st_dev``."""
+    try:
+        if kind == "npy":
+            st = os.stat(path)
+            return (st.st_ino, st.st_size, st.st_mtime_ns)
+        root = os.stat(path).st_ino
+        folder = os.path.join(path, array_path) if array_path else path
+        for meta in ("zarr.json", ".zarray"):
+            try:
+                st = os.stat(os.path.join(folder, meta))
+            except FileNotFoundError:
+                continue
+            return (root, st.st_ino, st.st_size, st.st_mtime_ns)
+        return (root,)
+    except OSError:
+        return None
 
 
 def _why_unreadable(exc: BaseException) -> str:
@@ -442,8 +488,9 @@ def _open_npy(path: Path, name: str) -> EmbeddingSource:
             f"{kind}; save the (N, D) embeddings with numpy.save"
         )
     _check_dtype(array.dtype, name, str(path))
+    file = str(path.absolute())
     return EmbeddingSource(
-        "npy", tuple(array.shape), name, path=str(path), file=str(path.absolute())
+        "npy", tuple(array.shape), name, path=str(path), file=file, identity=_identity(file, "npy")
     )
 
 
@@ -514,12 +561,14 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
                 "embedding rows; the store is corrupt: encode again"
             )
     _check_dtype(node.dtype, name, str(path))
+    file = str(path.absolute())
     return EmbeddingSource(
         "zarr",
         tuple(node.shape),
         name,
         path=str(path),
-        file=str(path.absolute()),
+        file=file,
+        identity=_identity(file, "zarr", array_path),
         array_path=array_path,
         chunk_rows=int(node.chunks[0]),
         attrs=attrs if (attrs or {}).get("kind") == "embeddings" else None,
