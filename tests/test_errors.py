@@ -1765,3 +1765,29 @@ def test_api_advice_names_parameters_not_flags(d):
         r"row 4 \(0-based\) is a zero vector.*; fix that item or use distance euclidean$", message
     )
     assert "--" not in message
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_full_device_as_output_names_the_path(d):
+    """A write that fails with a full disk names the output, not only the reason (was
+    ``error: No space left on device``)."""
+    proc = run("evaluate", *inputs(d), "--output", "/dev/full")
+    line = assert_one_line_error(proc, r"/dev/full: No space left on device")
+    assert "can be read or written" in line
+
+
+def test_file_size_limit_while_writing_a_store_names_it(d, tmp_path):
+    """``ulimit -f`` (EFBIG: Python ignores SIGXFSZ) met inside zarr's writes of a ranks
+    store: one line naming the store (was ``error: File too large``), nothing left."""
+    import resource
+
+    out = tmp_path / "r.zarr"
+    proc = subprocess.run(
+        [RANKWISE, "rank", *map(str, inputs(d)), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64)),
+    )
+    assert_one_line_error(proc, re.escape(str(out)) + r": File too large")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -306,3 +306,25 @@ def test_unpairable_evaluations_are_refused_in_one_line(results, summarised, tmp
     other = {**attrs, "num_gallery": attrs["num_gallery"] + 1}
     with pytest.raises(RankwiseError, match=r"^B: num_gallery \d+ differs from A's"):
         compare_ranks(*stores["toy", "enc-a"], arrays, other, resamples=10)
+
+
+def test_an_unwritable_pair_cache_only_loses_the_cache(tmp_path, monkeypatch):
+    """The cache is advisory ("can be deleted at any time"): a write that fails (a full
+    disk: ENOSPC on the write) computes the value anyway and leaves no temporary file
+    (it used to stop the report with `error: No space left on device` and leave
+    `.<key>.json.<pid>.tmp`)."""
+    import errno
+    from pathlib import Path as _Path
+
+    from rankwise.report.pairs import PairCache
+
+    real = _Path.write_text
+
+    def full(self, *args, **kwargs):
+        real(self, "")  # the file is created, then the write fails, as on a full disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_Path, "write_text", full)
+    cache = PairCache(tmp_path / "pairs")
+    assert cache.remember("x", 1, lambda: 42) == 42
+    assert list((tmp_path / "pairs").iterdir()) == []

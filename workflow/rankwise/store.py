@@ -138,6 +138,11 @@ def check_replaceable(path: str | os.PathLike, kind: str | None) -> None:
         )
 
 
+#: Write errors that name no file (raised on a write or a close): a full disk, a quota,
+#: a file-size limit (``ulimit -f``).  Inside a store's write they are the store's.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 #: ``flock`` errors of a file system without locks (some NFS mounts): the write goes on
 #: unlocked, as before locks existed, rather than failing.
 _NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
@@ -277,8 +282,13 @@ def atomic_directory(path: str | os.PathLike, kind: str | None = None) -> Iterat
             if final.exists():
                 shutil.rmtree(final)  # a file there raises; the temporary folder goes with it
             os.rename(tmp, final)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.filename is None and exc.errno in _FULL:
+                # a full disk or a file-size limit met inside zarr's writes: the error
+                # names no file; name the store (one line naming the path, not only
+                # "No space left on device")
+                raise OSError(exc.errno, exc.strerror or str(exc), str(final)) from None
             raise
 
 
@@ -618,8 +628,13 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     except FileNotFoundError:  # not there, or a link to nothing: its target is created
         mode = None
     if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        with open(given, "wb") as stream:
-            stream.write(data)
+        try:
+            with open(given, "wb") as stream:
+                stream.write(data)
+        except OSError as exc:  # /dev/full: name the path
+            if exc.filename is not None or exc.errno not in _FULL:
+                raise
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         return
     final = Path(os.path.realpath(given)) if given.is_symlink() else given
     final.parent.mkdir(parents=True, exist_ok=True)

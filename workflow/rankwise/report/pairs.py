@@ -24,6 +24,7 @@ at any time (the next report recomputes).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -109,11 +110,15 @@ class PairCache:
     def _write(self, key: str, entry: dict[str, Any]) -> None:
         if self.folder is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{key}.json"
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**entry, "format": _FORMAT}))
-        os.replace(tmp, path)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({**entry, "format": _FORMAT}))
+            os.replace(tmp, path)
+        except OSError:  # a full disk, a read-only cache: the cache is advisory
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def remember(
         self,
