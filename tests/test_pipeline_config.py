@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -933,3 +934,24 @@ def test_a_junk_label_with_a_comma_is_refused(label):
     datasets = {"d": {"loader": "digits", "options": {}, "junk_labels": ["-1", label]}}
     with pytest.raises(RankwiseError, match=r"^datasets\.d\.junk_labels\[1\]: .* holds a comma"):
         _resolved(datasets, {"e": {"kind": "hog", "options": {}}})
+
+
+@pytest.mark.parametrize("written, number", [("010", 8), ("0x1F", 31), ("1_0", 10), ("+5", 5)])
+def test_a_junk_label_yaml_reads_as_another_number_is_refused(tmp_path, written, number):
+    """YAML 1.1 reads an unquoted ``010`` as octal 8: labels compare as strings, so the
+    dataset's label ``8`` was junked (and ``010`` kept), exit 0."""
+    file = tmp_path / "my.yaml"
+    file.write_text(f"datasets:\n  d:\n    junk_labels: [-1, {written}]\n")
+    datasets = {"d": {"loader": "digits", "options": {}, "junk_labels": [-1, number]}}
+    config = {"datasets": datasets, "encoders": {"e": {"kind": "hog", "options": {}}}}
+    datasets["d"]["encoders"] = None
+    with pytest.raises(
+        RankwiseError,
+        match=rf"my\.yaml:3: datasets\.d\.junk_labels\[1\]: "
+        rf"{re.escape(written)} is read by YAML as the number {number}.*quote it",
+    ):
+        pc.resolve(config, [file])
+    # written as the number it is (and quoted text): accepted
+    file.write_text(f"datasets:\n  d:\n    junk_labels: [-1, {number}, '{written}']\n")
+    datasets["d"]["junk_labels"] = [-1, number, written]
+    pc.resolve(config, [file])

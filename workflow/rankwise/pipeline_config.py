@@ -348,11 +348,46 @@ def rerank_flags(dataset: dict) -> str:
     return " ".join(flags)
 
 
-def check_junk_labels(datasets: dict) -> None:
+def _scalar_text(files: Sequence[str | os.PathLike], keys: Sequence[Any]) -> str | None:
+    """The text of the scalar at ``keys`` as written in the last of ``files`` that sets it
+    (it wins the merge), or None."""
+    text = None
+    for file in files:
+        try:
+            node = yaml.compose(Path(file).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        for key in keys:
+            if isinstance(node, yaml.MappingNode):
+                node = next((v for k, v in node.value if k.value == str(key)), None)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+                node = node.value[key] if key < len(node.value) else None
+            else:
+                node = None
+            if node is None:
+                break
+        if isinstance(node, yaml.ScalarNode):
+            text = node.value
+    return text
+
+
+def check_junk_labels(datasets: dict, files: Sequence[str | os.PathLike] = ()) -> None:
     """No junk label holds a comma: the jobs get the list as ``--junk-labels a,b``, so
-    ``"a,b"`` would silently become the two labels ``a`` and ``b``."""
+    ``"a,b"`` would silently become the two labels ``a`` and ``b``.  And an unquoted
+    label that YAML 1.1 (Snakemake's parser) reads as another number than written
+    (``010`` is octal 8, ``0x1F``, ``1_000``, ``+5``, ``0001`` is 1) is refused: labels
+    compare as strings, so ``010`` silently junked label ``8``."""
     for name, dataset in datasets.items():
         for i, label in enumerate(dataset.get("junk_labels") or ()):
+            keys = ["datasets", name, "junk_labels", i]
+            if isinstance(label, int) and not isinstance(label, bool):
+                written = _scalar_text(files, keys)
+                if written is not None and written.strip() != str(label):
+                    raise ConfigError(
+                        keys,
+                        f"{written} is read by YAML as the number {label}, so the junk label "
+                        f"would be {str(label)!r}; quote it (junk_labels: ['{written}'])",
+                    )
             if "," in str(label):
                 raise ConfigError(
                     ["datasets", name, "junk_labels", i],
@@ -486,7 +521,7 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
         check_name_lengths(datasets, encoders, sweeps)
         check_dataset_encoders(datasets, encoders, sweeps)
         check_reranking(datasets)
-        check_junk_labels(datasets)
+        check_junk_labels(datasets, files)
         check_precomputed(encoders)
         for dataset in datasets.values():
             dataset["encoders"] = expand_names(dataset["encoders"], sweeps)
