@@ -242,5 +242,6 @@ def engine_args(wildcards, threads):
         f" --workers {threads} --device {ENGINE['device']}"
     )
     if ENGINE["scheduler"]:
-        args += f" --scheduler {ENGINE['scheduler']}"
+        # quoted: an address with a space or `;` split the shell command
+        args += f" --scheduler {shlex.quote(str(ENGINE['scheduler']))}"
     return args

@@ -955,3 +955,43 @@ def test_a_junk_label_yaml_reads_as_another_number_is_refused(tmp_path, written,
     file.write_text(f"datasets:\n  d:\n    junk_labels: [-1, {number}, '{written}']\n")
     datasets["d"]["junk_labels"] = [-1, number, written]
     pc.resolve(config, [file])
+
+
+@pytest.mark.parametrize(
+    "protocol, option, value, takers",
+    [
+        # each was ignored by the jobs (plain numbers, exit 0), where the CLI refuses it
+        ("recall", "multi_query", "mean", "reid"),
+        ("recall", "single_gallery_shot", True, "reid"),
+        ("recall", "junk_labels", ["5"], "reid"),
+        ("recall", "exclude_same_camera", False, "reid"),
+        ("reassociation", "multi_query", "max", "reid"),
+        ("reid", "gap_frames", 30, "reassociation"),
+        ("reid", "query_stride", 2, "reassociation"),
+        ("recall", "drop_junk", True, "reid"),
+    ],
+)
+def test_an_option_the_protocol_does_not_take_is_refused(protocol, option, value, takers):
+    datasets = {"d": {"loader": "digits", "options": {}, "protocol": protocol, option: value}}
+    with pytest.raises(
+        RankwiseError,
+        match=rf"^datasets\.d\.{option}: applies to protocol {takers} only, not "
+        rf"'{protocol}': the jobs would ignore it; set protocol: {takers}, or remove {option}$",
+    ):
+        _resolved(datasets, {"e": {"kind": "hog", "options": {}}})
+
+
+@pytest.mark.parametrize(
+    "protocol, options",
+    [
+        # defaults (the schema fills them in for every dataset), YAML integers as labels
+        ("recall", {"junk_labels": [-1], "exclude_same_camera": True, "multi_query": "none"}),
+        ("reassociation", {"single_gallery_shot": False, "drop_junk": False}),
+        # waiting for another option of the dataset's own protocol (README)
+        ("reid", {"shot_seed": 5, "shot_repeats": 3, "single_gallery_shot": False}),
+        ("reid", {"drop_junk": True}),
+    ],
+)
+def test_defaults_and_waiting_options_are_accepted(protocol, options):
+    datasets = {"d": {"loader": "digits", "options": {}, "protocol": protocol, **options}}
+    _resolved(datasets, {"e": {"kind": "hog", "options": {}}})

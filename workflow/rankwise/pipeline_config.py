@@ -508,6 +508,58 @@ def check(
             )
 
 
+def check_protocol_options(datasets: dict) -> None:
+    """An option of a dataset that its protocol does not take, set to a value other than
+    its default, is an error, as on the command line and in the Python API: the jobs
+    would rank without it (``multi_query: mean`` under ``recall`` gave plain recall
+    numbers, exit 0).  Options that only wait for another of the dataset's own options
+    stay allowed: ``shot_repeats`` / ``shot_seed`` with single-gallery-shot off,
+    ``drop_junk`` without re-ranking or query expansion (:func:`rerank_flags`)."""
+    from .options import (
+        DROP_JUNK,
+        EXCLUDE_SAME_CAMERA,
+        GAP_FRAMES,
+        JUNK_LABELS,
+        MULTI_QUERY,
+        QUERY_STRIDE,
+        SHOT_REPEATS,
+        SHOT_SEED,
+        SINGLE_GALLERY_SHOT,
+    )
+    from .registry import REGISTRY, get_protocol
+
+    specs = (
+        GAP_FRAMES,
+        QUERY_STRIDE,
+        JUNK_LABELS,
+        EXCLUDE_SAME_CAMERA,
+        MULTI_QUERY,
+        SINGLE_GALLERY_SHOT,
+        SHOT_REPEATS,
+        SHOT_SEED,
+        DROP_JUNK,
+    )
+    for name, dataset in datasets.items():
+        protocol = dataset.get("protocol")
+        if protocol not in REGISTRY:  # the schema's error
+            continue
+        taken = get_protocol(protocol).options
+        for spec in specs:
+            if spec.name not in dataset or spec.name in taken:
+                continue
+            value = dataset[spec.name]
+            if spec is JUNK_LABELS and isinstance(value, list):
+                value = tuple(str(v) for v in value)  # YAML integers: the labels' text
+            if value == spec.default:
+                continue
+            takers = [n for n, other in REGISTRY.items() if spec.name in other.options]
+            raise ConfigError(
+                ["datasets", name, spec.name],
+                f"applies to protocol {' or '.join(takers)} only, not {protocol!r}: the jobs "
+                f"would ignore it; set protocol: {takers[0]}, or remove {spec.name}",
+            )
+
+
 def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict, dict]:
     """After ``validate()``: expand sweeps, check encoder names and every path.
 
@@ -520,6 +572,7 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
         datasets = config["datasets"]
         check_name_lengths(datasets, encoders, sweeps)
         check_dataset_encoders(datasets, encoders, sweeps)
+        check_protocol_options(datasets)
         check_reranking(datasets)
         check_junk_labels(datasets, files)
         check_precomputed(encoders)
