@@ -139,7 +139,7 @@ def test_config_checks_and_fills_aqe():
     datasets = {"m": {"protocol": "recall", "aqe": {"alpha": 1}}}
     pc.check_reranking(datasets)
     assert datasets["m"]["aqe"] == {"k": 5, "alpha": 1.0}
-    with pytest.raises(RankwiseError, match=r"^datasets\.s: aqe does not apply to protocol"):
+    with pytest.raises(RankwiseError, match=r"^datasets\.s\.aqe: aqe does not apply to protocol"):
         pc.check_reranking({"s": {"protocol": "reassociation", "aqe": {}}})
 
 

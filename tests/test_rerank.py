@@ -445,11 +445,14 @@ def test_config_checks_what_the_schema_cannot():
         "variant": "torchreid",
     }
     with pytest.raises(
-        RankwiseError, match=r"^datasets\.m: rerank: k2 must be at most k1, got k2=6 > k1=5$"
+        RankwiseError,
+        match=r"^datasets\.m\.rerank: rerank: k2 must be at most k1, got k2=6 > k1=5 "
+        r"\(k2 is the default 6: set it\)$",
     ):
         pc.check_reranking({"m": {"protocol": "reid", "rerank": {"k1": 5}}})
     with pytest.raises(
-        RankwiseError, match=r"^datasets\.s: rerank does not apply to protocol 'progressive'"
+        RankwiseError,
+        match=r"^datasets\.s\.rerank: rerank does not apply to protocol 'progressive'",
     ):
         pc.check_reranking({"s": {"protocol": "progressive", "rerank": {}}})
 
@@ -585,10 +588,11 @@ def test_pipeline_reranks_in_the_rank_stage(tmp_path):
         "all": 1,
     }
     config["datasets"]["market"]["protocol"] = "recall"
+    config["datasets"]["market"].pop("drop_junk")  # reid's: refused under recall
     config["datasets"]["market"]["rerank"] = {"k1": 8, "k2": 9}
     proc = _snakemake(tmp_path, config, "--dry-run")
     assert proc.returncode != 0
-    assert "datasets.market: rerank: k2 must be at most k1, got k2=9 > k1=8" in proc.stderr
+    assert "datasets.market.rerank: rerank: k2 must be at most k1, got k2=9 > k1=8" in proc.stderr
 
 
 def test_re_ranked_store_pairs_with_the_plain_one():

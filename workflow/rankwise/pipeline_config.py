@@ -450,18 +450,27 @@ def check_reranking(datasets: dict) -> None:
                 check_ap(dataset["ap"], dataset["protocol"])
         except RankwiseError as error:
             raise ConfigError(["datasets", name, "ap"], str(error)) from None
+        for spec in (AQE, RERANK):  # the error at the key, not the dataset's line
+            given = dataset.get(spec.name)
+            if given is None:
+                continue
+            try:
+                dataset[spec.name] = check_rerank(given, dataset["protocol"], spec.name, spec)
+            except RankwiseError as error:
+                # a default in the message (k2 = 6 against k1: 4) says it is one
+                left = [f.name for f in spec.fields if isinstance(given, dict)]
+                unset = [n for n in left if n not in given and f"{n}=" in str(error)]
+                note = "".join(
+                    f" ({n} is the default {spec.fields[left.index(n)].default}: set it)"
+                    for n in unset
+                )
+                raise ConfigError(["datasets", name, spec.name], f"{error}{note}") from None
         try:
             if dataset.get("verification") is not None:
                 dataset["verification"] = check_verification(
                     dataset["verification"],
                     dataset["protocol"],
                     dataset.get("multi_query", "none"),
-                )
-            for spec in (AQE, RERANK):
-                if dataset.get(spec.name) is None:
-                    continue
-                dataset[spec.name] = check_rerank(
-                    dataset[spec.name], dataset["protocol"], spec.name, spec
                 )
             check_rerank_alone(
                 dataset.get("rerank"),
