@@ -290,3 +290,29 @@ def test_a_npy_rewritten_in_place_after_opening_is_refused(tmp_path):
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # coarse clocks
     with pytest.raises(RankwiseError, match=r"changed during the run"):
         source.read(0, 8)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_stale_consolidated_metadata_is_not_what_is_checked(tmp_path, zarr_format):
+    """A group's consolidated metadata is not updated when an array is rewritten
+    (``open_group(mode="a").create_array(..., overwrite=True)``): the shape checked at
+    opening must be the one read (it was the stale one: a traceback in the tile kernels,
+    or the file refused for a dimension it no longer has)."""
+    import zarr
+
+    rng = np.random.default_rng(0)
+    query = rng.normal(size=(3, 4)).astype(np.float32)
+    gallery = rng.normal(size=(6, 4)).astype(np.float32)
+    q = pd.DataFrame({"id": ["a", "b", "c"], "label": ["0", "1", "2"]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(6)], "label": ["0", "1", "2"] * 2})
+    path = str(tmp_path / "g.zarr")
+    group = zarr.open_group(path, mode="w", zarr_format=zarr_format)
+    group.create_array("embeddings", data=np.ones((6, 8), np.float32), chunks=(2, 8))
+    zarr.consolidate_metadata(path)
+    group = zarr.open_group(path, mode="a")
+    group.create_array("embeddings", data=gallery, chunks=(2, 4), overwrite=True)
+    assert zarr.open(path, mode="r")["embeddings"].shape == (6, 8)  # stale
+    want = rankwise.evaluate(q, g, query, gallery, distance="euclidean").to_json()
+    got = rankwise.evaluate(q, g, query, path, distance="euclidean")
+    assert got.to_json() == want
+    assert open_embeddings(path, name="gallery embeddings").shape == (6, 4)

@@ -499,7 +499,10 @@ def _open_zarr(path: Path, name: str) -> EmbeddingSource:
 
     tmp = path.with_name(path.name + ".tmp")
     try:
-        node = zarr.open(str(path), mode="r")
+        # the arrays' own metadata, as read() and take() read them: a group's consolidated
+        # metadata goes stale when an array is rewritten (zarr does not update it), and a
+        # shape or dtype checked there would not be the one read
+        node = zarr.open(str(path), mode="r", use_consolidated=False)
     except Exception as exc:  # zarr raises several types for a bad store
         raise RankwiseError(
             f"{path}: not a readable Zarr store ({type(exc).__name__}); write it again"

@@ -152,7 +152,8 @@ def zarr_ids(path: str | Path) -> np.ndarray:
 
     where = f"{path}/ids"
     try:
-        node: Any = zarr.open_group(str(path), mode="r")["ids"]  # an array, or a Group
+        group = zarr.open_group(str(path), mode="r", use_consolidated=False)
+        node: Any = group["ids"]  # an array, or a Group
         values = np.asarray(node[...])
     except Exception as exc:  # zarr/numcodecs raise many types for bad bytes
         raise RankwiseError(
