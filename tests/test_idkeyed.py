@@ -107,6 +107,17 @@ def test_alignment_by_hand():
             r"none of the 2 ids of m\.csv has a feature row .*"
             r"manifest id '1', feature id '01'.*compare as strings",
         ),
+        (  # under the default too: no id in common is not rows to export or drop
+            ["001", "002"],
+            ["1", "2"],
+            "error",
+            r"none of the 2 ids of m\.csv has a feature row .*"
+            r"manifest id '001', feature id '1'.*compare as strings",
+        ),
+        *(  # an empty export (it was an IndexError under drop)
+            (["a", "b"], [], on_missing, r"f\.txt: no feature rows \(0 ids\) for the 2 ids of m\.csv")
+            for on_missing in ("error", "drop")
+        ),
     ],
 )
 def test_alignment_errors(manifest, features, on_missing, message):

@@ -219,6 +219,18 @@ def align(
     missing = np.flatnonzero(position < 0)
     listed = set(wanted.tolist())
     extra = np.flatnonzero(np.array([v not in listed for v in have.tolist()], dtype=bool))
+    kept = np.flatnonzero(position >= 0)
+    if not len(have):  # an empty export: no example feature id to show
+        raise RankwiseError(
+            f"{ids}: no feature rows (0 ids) for the {len(wanted)} ids of {manifest}; "
+            "export the features again"
+        )
+    if not len(kept):  # first: neither exporting features nor on_missing: drop would help
+        raise RankwiseError(
+            f"{ids}: none of the {len(wanted)} ids of {manifest} has a feature row (e.g. "
+            f"manifest id {wanted[0]!r}, feature id {have[0]!r}); ids compare as strings: "
+            "check that both name the same items"
+        )
     if on_missing == "error":
         if len(missing):
             raise RankwiseError(
@@ -232,13 +244,6 @@ def align(
                 f"{have[extra[0]]!r}; pass the matching manifest, or set options.on_missing: "
                 "drop to ignore them"
             )
-    kept = np.flatnonzero(position >= 0)
-    if not len(kept):
-        raise RankwiseError(
-            f"{ids}: none of the {len(wanted)} ids of {manifest} has a feature row (e.g. "
-            f"manifest id {wanted[0]!r}, feature id {have[0]!r}); ids compare as strings: "
-            "check that both name the same items"
-        )
     return Alignment(
         feature_rows=position[kept].astype(np.int64),
         manifest_rows=kept.astype(np.int64),
