@@ -38,6 +38,7 @@ from rankwise.encoders import encode_manifest
 from rankwise.errors import RankwiseError
 from rankwise.feature_ids import align, read_ids
 from rankwise.inputs import open_inputs, read_evaluated_manifest
+from rankwise.manifest import read_manifest
 from rankwise.report.markdown import _escape
 from rankwise.report.worst import worst_queries_of
 from rankwise.stats import query_labels
@@ -129,6 +130,18 @@ def test_alignment_errors(manifest, features, on_missing, message):
             manifest="m.csv",
             ids="f.txt",
         )
+
+
+def test_ids_files_strip_what_manifests_strip(tmp_path: Path):
+    """Spaces and tabs around an id are not part of it, as in a manifest; a no-break
+    space (or another character str.strip() takes) is, in both: an id written the same
+    in both files matches (it was stripped here only: a row refused, or dropped)."""
+    (tmp_path / "m.csv").write_text("id,label\np1,0\np2\u00a0,1\n", encoding="utf-8")
+    manifest = read_manifest(tmp_path / "m.csv")["id"].tolist()
+    (tmp_path / "a.txt").write_text(" p1\t\r\np2\u00a0\r\n\r\n", encoding="utf-8", newline="")
+    (tmp_path / "a.csv").write_text("id\n p1 \np2\u00a0\n", encoding="utf-8")
+    for name in ("a.txt", "a.csv"):
+        assert read_ids(tmp_path / name).tolist() == manifest == ["p1", "p2\u00a0"]
 
 
 def test_ids_file_formats(tmp_path: Path):

@@ -28,6 +28,7 @@ sha256); the readers keep those manifest rows (:mod:`rankwise.embeddings`,
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,13 +131,19 @@ def read_ids(path: str | Path, *, column: str = "id") -> np.ndarray:
                 f"{path}: no column {column!r} (found: {', '.join(table.columns) or 'none'}); "
                 "set options.ids_column to the column holding the ids"
             )
-        values = np.array([v.strip() for v in table[column]], dtype=object)
+        # already stripped of spaces and tabs, as manifest values are (read_csv_strings)
+        values = np.array(list(table[column]), dtype=object)
         first_row = 2  # line of the first id (after the header)
     else:
-        lines = read_utf8_text(path, "text file of ids").splitlines()
-        while lines and not lines[-1].strip():  # trailing blank lines
+        # lines as a CSV's (\n, \r\n or \r), each without the spaces and tabs around it,
+        # as manifest ids are read: str.splitlines/strip also take other characters (a
+        # no-break space, \x1c, \x85, ...), and an id keeping them in the manifest would
+        # no longer match its own line here
+        text = read_utf8_text(path, "text file of ids")
+        lines = [line.strip(" \t") for line in re.split(r"\r\n|\r|\n", text)]
+        while lines and not lines[-1]:  # trailing blank lines
             lines.pop()
-        values = np.array([line.strip() for line in lines], dtype=object)
+        values = np.array(lines, dtype=object)
         first_row = 1
     empty = np.flatnonzero(values == "")
     if len(empty):
