@@ -11,7 +11,8 @@ manifest's order.  The ids are, by the encoder's options:
   ``embeddings``.  No ids anywhere: the rows are taken in manifest order, as before.
 
 Ids compare as strings, like manifest ids: the integer 17 matches the manifest id
-``"17"`` (not ``"0017"``); whitespace around a CSV / text id is stripped.
+``"17"`` (not ``"0017"``); spaces and tabs around a CSV / text id are
+stripped, as around a manifest id.
 
 :func:`align` matches them (``on_missing``): duplicate feature ids are always an error;
 a manifest id without a feature row, or a feature id not in the manifest, is an error
