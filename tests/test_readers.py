@@ -316,3 +316,37 @@ def test_stale_consolidated_metadata_is_not_what_is_checked(tmp_path, zarr_forma
     got = rankwise.evaluate(q, g, query, path, distance="euclidean")
     assert got.to_json() == want
     assert open_embeddings(path, name="gallery embeddings").shape == (6, 4)
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+def test_rows_read_in_another_shape_than_opened_are_refused(tmp_path, kind):
+    """A file rewritten with other rows or columns after it was opened: its rows are
+    refused, not handed to the engine short (which ranked memory it never filled:
+    exit 0, numbers changing with --gallery-chunk)."""
+    import dataclasses
+
+    import zarr
+
+    path = tmp_path / ("g.npy" if kind == "npy" else "g.zarr")
+
+    def write(rows: int, dim: int) -> None:
+        data = np.ones((rows, dim), np.float32)
+        if kind == "npy":
+            np.save(path, data)
+        else:
+            zarr.create_array(str(path), data=data, chunks=(2, dim), overwrite=True)
+
+    write(6, 4)
+    source = open_embeddings(str(path), name="gallery embeddings", n_rows=6)
+    for rows, dim in ((4, 4), (6, 5)):
+        write(rows, dim)
+        # the file's identity changed: said as for any change during the run
+        for read in (lambda: source.read(0, 6), lambda: source.take(np.array([5, 0]))):
+            with pytest.raises(RankwiseError, match=r"changed during the run"):
+                read()
+        # where no identity is known, the shape read still is the shape opened
+        unknown = dataclasses.replace(source, identity=None)
+        with pytest.raises(RankwiseError, match=r"opened as shape \(6, 4\)\) read as shape"):
+            unknown.read(0, 6)
+        with pytest.raises(RankwiseError, match=r"opened as shape \(6, 4\)\) read as shape"):
+            unknown.take(np.array([5, 0]))

@@ -154,6 +154,7 @@ class EmbeddingSource:
                 array = zarr.open_array(self.readable, path=self.array_path, mode="r")
                 _check_chunks_present(array, lo, hi, self)
                 data = array.oindex[ascending, :]
+            self._check_shape(data, len(rows))
             out[order] = self._float32(data, ascending)
             self._check_unchanged()
             return out
@@ -180,6 +181,7 @@ class EmbeddingSource:
                 array = zarr.open_array(self.readable, path=self.array_path, mode="r")
                 _check_chunks_present(array, start, stop, self)
                 data = array[start:stop]
+            self._check_shape(data, stop - start)
             out = self._float32(data, np.arange(start, stop))
             self._check_unchanged()
             return out
@@ -209,6 +211,17 @@ class EmbeddingSource:
             raise RankwiseError(
                 f"{self.path}: the {self.name} changed during the run (replaced, rewritten "
                 "or removed by another process); wait until nothing writes it, then run again"
+            )
+
+    def _check_shape(self, data: np.ndarray, n_rows: int) -> None:
+        """Refuse rows read in another shape than the one the source was opened with (the
+        file or store rewritten since: the engine would rank memory it never filled)."""
+        if data.shape != (n_rows, self.shape[1]):
+            self._check_unchanged()  # the usual cause, said as for any other change
+            raise RankwiseError(
+                f"{self.path}: {n_rows} rows of the {self.name} (opened as shape "
+                f"{tuple(self.shape)}) read as shape {tuple(data.shape)}: the file was "
+                "rewritten after it was opened; run again once it is written"
             )
 
     def _float32(self, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
