@@ -40,6 +40,8 @@ if "rerank" in mode:
     kw["rerank"] = {"k1": 20, "k2": 6, "lambda": 0.3}
 if "aqe" in mode:
     kw["aqe"] = {"k": 5, "alpha": 3.0}
+if len(sys.argv) > 5:
+    kw["gallery_chunk"] = int(sys.argv[5])
 rankwise.rank(q, g, qe, ge, protocol="recall", workers=2, **kw)
 # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child of a big pytest
 # process would report its parent's size
@@ -58,11 +60,16 @@ print(json.dumps({"peak": peak, "estimate": estimate}))
     [
         *((mode, (2000, 16000, 192)) for mode in ("plain", "rerank", "aqe", "rerank+aqe")),
         ("rerank+aqe", (40, 300, 16)),  # tiles no larger than Q x G
+        # 313 small gallery chunks: the tiles' counts piled up behind their sums (the
+        # next chunk was read once its tiles were counted, not summed), ~1 GB at 50,000
+        # gallery rows, where the estimate said 142 MB
+        ("plain", (2000, 20000, 8, 64)),
     ],
 )
 def test_the_estimate_holds_the_measured_peak(mode, sizes):
+    sizes, chunk = sizes[:3], sizes[3:]
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, *map(str, sizes), mode],
+        [sys.executable, "-c", PROBE, *map(str, sizes), mode, *map(str, chunk)],
         capture_output=True,
         text=True,
         timeout=300,
