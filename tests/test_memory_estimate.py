@@ -164,3 +164,27 @@ def test_the_advice_names_the_options_as_the_caller_writes_them(tmp_path):
     assert "lower --query-block, --gallery-chunk or --workers, or raise the limit" in out.output
     with pytest.raises(RankwiseError, match=api):
         rankwise.rank(*case, protocol="recall", memory_limit_mb=limit, rerank=rerank)
+
+
+def test_a_gallery_store_of_large_storage_chunks_is_charged_for_them(tmp_path):
+    """Tiles take whole storage chunks of a Zarr gallery: with one 20,000-row chunk the
+    refusal advised lowering gallery_chunk, which changed nothing (and the least tile it
+    weighed was one row)."""
+    import zarr
+
+    q, g, qe, ge = _case(n_query=500, n_gallery=20_000, dim=16)
+    zarr.create_array(str(tmp_path / "g.zarr"), data=ge, chunks=ge.shape)
+    small = _estimate(q, g, qe, ge, workers=1, query_block=1, gallery_chunk=64)
+    stored = _estimate(q, g, qe, str(tmp_path / "g.zarr"), workers=1, query_block=1)
+    assert stored > small
+    limit = (small + stored) / 2
+    with pytest.raises(
+        RankwiseError,
+        match=rf"even one-row tiles on one worker need about {stored:.0f} MB \(tiles take "
+        r"whole storage chunks of the gallery store: 20000 rows\): raise the limit, or "
+        r"write the store with smaller chunks$",
+    ):
+        rankwise.rank(
+            q, g, qe, str(tmp_path / "g.zarr"), protocol="recall", workers=1,
+            query_block=1, gallery_chunk=64, memory_limit_mb=limit,
+        )  # fmt: skip

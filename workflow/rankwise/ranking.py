@@ -807,13 +807,22 @@ def _check_memory(
             for label, used in ((", re-ranking", rerank), (", query expansion", aqe))
             if used is not None
         )
-        least = estimate(1, 1, min(workers, 1))
+        # tiles take whole storage chunks of a Zarr gallery (_chunk_bounds): the least
+        # chunk is the store's, whatever --gallery-chunk says
+        least_chunk = int(np.diff(_chunk_bounds(n_gallery, gallery, 1)).max())
+        stored = (
+            f" (tiles take whole storage chunks of the gallery store: {least_chunk} rows)"
+            if least_chunk > 1
+            else ""
+        )
+        least = estimate(1, least_chunk, min(workers, 1))
         fix = (
             f"lower {QUERY_BLOCK.spelled}, {GALLERY_CHUNK.spelled}"
-            f"{f' or {WORKERS.spelled}' if workers else ''}, or raise the limit"
+            f"{f' or {WORKERS.spelled}' if workers else ''}, or raise the limit{stored}"
             if least <= options.memory_limit_mb
             else f"even one-row tiles{' on one worker' if workers else ''} need about "
-            f"{least:.0f} MB: raise the limit"
+            f"{least:.0f} MB{stored}: raise the limit"
+            + (", or write the store with smaller chunks" if stored else "")
         )
         where = f"{workers} workers" if workers else "on the scheduler's workers"
         raise RankwiseError(
