@@ -101,3 +101,69 @@ def test_cameras_written_from_floats_against_integers_are_one_line(tmp_path):
         "one written from integers), so they would not match; write both sides' cameras as "
         "integers"
     ), line
+
+
+def test_a_store_output_that_is_a_symlink_is_written_through(tmp_path):
+    # a link to a store (`latest.zarr -> run3.zarr`) failed after the whole ranking with
+    # "OSError: Cannot call rmtree on a symbolic link", a dangling one with "Not a directory"
+    import zarr
+
+    write(tmp_path)
+    (tmp_path / "link.zarr").symlink_to("target.zarr")
+    (tmp_path / "dangling.zarr").symlink_to("nowhere.zarr")
+    for _ in range(2):  # the second time the link's target is an old result
+        for link in ("link.zarr", "dangling.zarr"):
+            proc = run_rankwise(
+                "rank", *input_args(tmp_path), "--distance", "euclidean", "--out", tmp_path / link
+            )
+            assert proc.returncode == 0, proc.stderr
+            assert (tmp_path / link).is_symlink()
+    for target in ("target.zarr", "nowhere.zarr"):
+        group = zarr.open_group(str(tmp_path / target), mode="r")
+        assert group.attrs["complete"] is True and group.attrs["kind"] == "ranks"
+    assert sorted(p.name for p in tmp_path.iterdir() if ".zarr" in p.name) == [
+        "dangling.zarr",
+        "link.zarr",
+        "nowhere.zarr",
+        "target.zarr",
+    ]
+
+
+def test_a_deleted_current_folder_is_one_line(tmp_path):
+    # relative paths mean nothing there; `rank` failed after all its work with
+    # "error: No such file or directory"
+    import subprocess
+
+    from helpers import RANKWISE
+
+    write(tmp_path)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.run(
+        ["bash", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "$0" "$@"', RANKWISE, "rank",
+         *input_args(tmp_path), "--distance", "euclidean", "--out", tmp_path / "r.zarr"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert one_error_line(proc) == (
+        "error: the current folder no longer exists (deleted or moved); cd to an existing "
+        "folder and run again"
+    )
+    assert not (tmp_path / "r.zarr").exists()
+
+
+@pytest.mark.parametrize("which", ["q.npy", "q.csv"])
+def test_an_input_that_is_a_pipe_is_one_line(tmp_path, which):
+    # a FIFO (or `<(...)`) was opened twice: the run hung once its writer was done, or
+    # a valid .npy was called "not a .npy file", a manifest "not found"
+    import os
+
+    write(tmp_path)
+    (tmp_path / which).unlink()
+    os.mkfifo(tmp_path / which)  # no writer: opening it to read would block forever
+    proc = run_rankwise("evaluate", *input_args(tmp_path), timeout=60)
+    what = "query embeddings are" if which == "q.npy" else "query manifest is"
+    assert one_error_line(proc).startswith(
+        f"error: {tmp_path / which}: the {what} in a pipe or device, not a file"
+        if which == "q.npy"
+        else f"error: {tmp_path / which}: the {what} a pipe or device, not a file"
+    )

@@ -467,6 +467,11 @@ def _check_dtype(dtype, name: str, label: str) -> None:
 
 
 def _open_npy(path: Path, name: str) -> EmbeddingSource:
+    if not path.is_file():  # a pipe (`<(...)`, a FIFO) or a device: every read reopens it
+        raise RankwiseError(
+            f"{path}: the {name} are in a pipe or device, not a file; save them to a .npy "
+            "file first"
+        )
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:

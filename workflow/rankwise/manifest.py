@@ -127,6 +127,12 @@ def read_manifest(
     else:
         path = Path(source)
         if not path.is_file():
+            if path.is_dir():
+                raise RankwiseError(f"{path}: the {what} is a folder; pass a CSV file")
+            if path.exists():  # a pipe (`<(...)`) or a device: read twice, or never ends
+                raise RankwiseError(
+                    f"{path}: the {what} is a pipe or device, not a file; save it to a file first"
+                )
             raise RankwiseError(f"{path}: {what} not found; pass an existing CSV file")
         table = read_csv_strings(
             path, "CSV manifest", fix="write one header line and one row per item"

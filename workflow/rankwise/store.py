@@ -259,6 +259,9 @@ def atomic_directory(path: str | os.PathLike, kind: str | None = None) -> Iterat
     removed and ``path`` is left as it was.
     """
     final = Path(path)
+    if final.is_symlink():  # written through, as write_bytes_atomic writes a link's target
+        # (a link renamed over, or rmtree'd, failed after all the work)
+        final = Path(os.path.realpath(final))
     check_replaceable(final, kind)
     final.parent.mkdir(parents=True, exist_ok=True)
     with _write_lock(final):
@@ -271,7 +274,7 @@ def atomic_directory(path: str | os.PathLike, kind: str | None = None) -> Iterat
             shutil.rmtree(old)
         try:
             yield tmp
-            if final.is_dir() and not final.is_symlink():
+            if final.is_dir():
                 # An old result under the final name (a user rerunning by hand) is replaced
                 # whole: moved aside, the new one renamed in, then deleted, so a kill at any
                 # point leaves the old result or the new one, never a half-deleted store.

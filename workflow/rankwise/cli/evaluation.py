@@ -16,6 +16,8 @@ def _reid_hint(query: str, gallery: str) -> str | None:
     """Why the manifests look like re-identification data (a ``camera`` column, or a
     gallery label ``-1``), or None. Unreadable files give None: ranking reports them."""
     found = None
+    if not all(os.path.isfile(path) for path in (query, gallery)):
+        return None  # a pipe read here would be empty for the ranking (which says so)
     try:
         for path in (query, gallery):
             with open(path, newline="", encoding="utf-8-sig") as file:  # BOM: not in the name
