@@ -1328,3 +1328,38 @@ def test_metric_colours_never_reuse_encoder_colours():
     encoders = set(_colors([f"e{i}" for i in range(20)]).values())
     metrics = list(_metric_colors(["rank1", "rank5", "rank10", "map", "minp", "mrr"]).values())
     assert len(set(metrics)) == 6 and not encoders & set(metrics)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_report_that_fails_to_write_one_file_writes_none(results, tmp_path, workers):
+    """A full disk at the third document left the first two (and the figures) new and
+    the rest old, exit 2; every file is now staged and renamed in only when all are
+    written (README: a failure writes nothing).  The disk "fills" by a file-size limit
+    that the figures and the smaller documents fit and the HTML does not."""
+    import resource
+    import subprocess
+
+    from helpers import RANKWISE
+
+    _, metrics = results
+    out = tmp_path / "out"
+    args = [*metrics, "--resamples", "20", "--worst-queries", "0", "--workers", workers]
+    args += ["--figures", out / "figures", "--figure-formats", "svg", "--out-dir", out]
+    invoke("report", *args, "--title", "OLD")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert any(p.suffix == ".svg" for p in before) and (out / "report.md") in before
+    sizes = sorted(len(data) for data in before.values())
+    assert before[out / "report.html"] == max(before.values(), key=len)
+    limit = (sizes[-1] + sizes[-2]) // 2  # the HTML alone over it
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run(
+        [RANKWISE, "report", *map(str, args), "--title", "NEW"],
+        capture_output=True, text=True, timeout=300, preexec_fn=small_files,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "report.html" in proc.stderr and "File too large" in proc.stderr, proc.stderr
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before  # no new document or figure, no temporary file left

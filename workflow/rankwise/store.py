@@ -625,38 +625,88 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     regular file (``/dev/null``, ``/dev/stdout``, a FIFO) is written as a stream, as a
     shell redirection would: renaming over it would replace the device node or pipe
     with a file.  An error names ``path``, not the temporary file."""
-    given = Path(path)
+    files = StagedFiles()
+    files.write(path, data)
+    files.commit()
+
+
+def _write_stream(given: Path, data: bytes, path: str | os.PathLike) -> None:
     try:
-        mode = given.stat().st_mode  # follows links; /dev/stdout -> the terminal or pipe
-    except FileNotFoundError:  # not there, or a link to nothing: its target is created
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        try:
-            with open(given, "wb") as stream:
-                stream.write(data)
-        except OSError as exc:  # /dev/full: name the path
-            if exc.filename is not None or exc.errno not in _FULL:
-                raise
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
-        return
-    final = Path(os.path.realpath(given)) if given.is_symlink() else given
-    final.parent.mkdir(parents=True, exist_ok=True)
-    # a name of this write's own: two writers at once each rename a whole file, the last
-    # one wins, never one file written by both (a fixed name was: mixed or cut short)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    created = written = False
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        created = True
-        with open(fd, "wb") as stream:
+        with open(given, "wb") as stream:
             stream.write(data)
-        written = True
-        os.replace(tmp, final)
-    except BaseException as exc:
-        if created:
+    except OSError as exc:  # /dev/full: name the path
+        if exc.filename is not None or exc.errno not in _FULL:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+
+class StagedFiles:
+    """Files written under temporary names beside them, renamed into place together by
+    :meth:`commit`: a failure before it (a full disk at the third document) leaves
+    every path as it was, never some files new and some old.  :meth:`discard` removes
+    the temporary files.  The names (``.<name>.<pid>.<random>.tmp``) are this object's
+    own, also in a forked child that writes with it (:meth:`expect` then lists those
+    files in the parent).  Paths as :func:`write_bytes_atomic` treats them: links are
+    written through; a path that is not a regular file is written as a stream, at
+    :meth:`commit`."""
+
+    def __init__(self) -> None:
+        self.token = f"{os.getpid()}.{secrets.token_hex(4)}"
+        self.finals: list[Path] = []
+        self.streams: list[tuple[Path, bytes, str | os.PathLike]] = []
+
+    @staticmethod
+    def _final(path: str | os.PathLike) -> Path:
+        given = Path(path)
+        return Path(os.path.realpath(given)) if given.is_symlink() else given
+
+    def _tmp(self, final: Path) -> Path:
+        return final.with_name(f".{final.name}.{self.token}.tmp")
+
+    def expect(self, path: str | os.PathLike) -> None:
+        """``path`` was written with this object in a forked child: commit it too."""
+        self.finals.append(self._final(path))
+
+    def write(self, path: str | os.PathLike, data: bytes) -> None:
+        given = Path(path)
+        try:
+            mode = given.stat().st_mode  # follows links; /dev/stdout -> the terminal or pipe
+        except FileNotFoundError:  # not there, or a link to nothing: its target is created
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            self.streams.append((given, data, path))
+            return
+        final = self._final(given)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._tmp(final)
+        created = False
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            created = True
+            with open(fd, "wb") as stream:
+                stream.write(data)
+        except BaseException as exc:
+            if created:
+                with suppress(OSError):
+                    tmp.unlink()
+            if isinstance(exc, OSError):  # e.g. /proc/version: no file beside; a full disk
+                reason = f"cannot write a temporary file beside it ({exc.strerror})"
+                raise OSError(exc.errno, reason, str(path)) from None
+            raise
+        self.finals.append(final)
+
+    def commit(self) -> None:
+        """Rename every staged file into place, then write the streams."""
+        try:
+            for final in self.finals:
+                os.replace(self._tmp(final), final)
+        except BaseException:
+            self.discard()
+            raise
+        for given, data, path in self.streams:
+            _write_stream(given, data, path)
+
+    def discard(self) -> None:
+        for final in self.finals:
             with suppress(OSError):
-                tmp.unlink()
-        if isinstance(exc, OSError) and not written:  # e.g. /proc/version: no file beside
-            reason = f"cannot write a temporary file beside it ({exc.strerror})"
-            raise OSError(exc.errno, reason, str(path)) from None
-        raise
+                self._tmp(final).unlink()

@@ -198,10 +198,11 @@ def summarise(
     )
 
 
-def write_summary(path: str | os.PathLike, summary: Summary) -> None:
+def write_summary(path: str | os.PathLike, summary: Summary, files=None) -> None:
     """Write ``summary`` to ``path`` (``.npz``) atomically: a reader sees the old file or
-    the whole new one."""
-    from .store import write_bytes_atomic
+    the whole new one.  ``files``: a :class:`rankwise.store.StagedFiles` to stage it in
+    (written by its ``commit()``, with the command's other outputs)."""
+    from .store import StagedFiles
 
     meta = {
         "format": _FORMAT,
@@ -219,7 +220,10 @@ def write_summary(path: str | os.PathLike, summary: Summary) -> None:
         cluster=summary.cluster,
         meta=np.array(json.dumps(meta)),
     )
-    write_bytes_atomic(path, buffer.getvalue())  # a link written through, a FIFO streamed
+    staged = files if files is not None else StagedFiles()
+    staged.write(path, buffer.getvalue())  # a link written through, a FIFO streamed
+    if files is None:
+        staged.commit()
 
 
 def read_summary(path: str | os.PathLike) -> Summary:

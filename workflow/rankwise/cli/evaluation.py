@@ -146,15 +146,26 @@ def _rank(kw: dict, progress: bool):
     return result, note
 
 
-def _emit(report: dict, output: str | None, text_output: str | None = None) -> None:
+def _emit(report: dict, output: str | None, text_output: str | None = None, files=None) -> None:
+    """Write the JSON and text reports (with what ``files`` stages already: all renamed
+    in together, or none), then print the text report."""
+    import json
+
     from ..api import format_text
-    from ..store import write_text_atomic
+    from ..store import StagedFiles
 
     text = format_text(report)
+    files = files if files is not None else StagedFiles()
     # files first: a write that fails leaves one error line, not metrics that look final
-    shared.write_json(output, report)
-    if text_output:
-        write_text_atomic(text_output, text)
+    try:
+        if output:
+            files.write(output, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
+        if text_output:
+            files.write(text_output, text.encode("utf-8"))
+    except BaseException:
+        files.discard()
+        raise
+    files.commit()
     click.echo(text, nl=False)
 
 
@@ -348,6 +359,9 @@ def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
     report = result_from_ranks((arrays, attrs), ks=ks, ap=ap).to_json()
     report["provenance"] = {k: v for k, v in attrs.items() if k not in ("complete", "kind")}
     report["provenance"].update({"ks": list(ks), "ap": ap, "ranks": str(ranks)})
+    from ..store import StagedFiles
+
+    files = StagedFiles()  # the summary, the JSON and text reports: all written, or none
     if stats_output:
         from ..errors import RankwiseError
         from ..summary import summarise, write_summary
@@ -356,9 +370,9 @@ def metrics(ranks, ks, ap, output, text_output, stats_output, **statistics):
             summary = summarise(arrays, attrs, metrics=list(report["metrics"]), ap=ap, **statistics)
         except RankwiseError as exc:
             raise RankwiseError(f"{ranks}: {exc} (or --resamples 0)") from None
-        write_summary(stats_output, summary)
+        write_summary(stats_output, summary, files)
         # the report uses the file only when it is still this summary (the key of its
         # per-unit values): another evaluation may have written over the path since
         report["provenance"]["stats"] = str(stats_output)
         report["provenance"]["stats_key"] = summary.key
-    _emit(report, output, text_output)
+    _emit(report, output, text_output, files)

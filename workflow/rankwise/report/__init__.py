@@ -85,7 +85,7 @@ from .constants import (
 from .csv_table import render_csv
 from .curves import cmc_curve, progressive_curve
 from .document import build_report
-from .figures import DrawInBackground, draw_figures, plan_figures, write_figures
+from .figures import DrawInBackground, draw_figures, plan_figures, planned_paths, write_figures
 from .html import render_html
 from .latex import render_latex
 from .markdown import render_markdown
@@ -136,17 +136,49 @@ def write_report(
     files are written once both are done, so a failure leaves no document linking a
     missing figure.
     """
-    from ..store import write_text_atomic
+    from ..store import StagedFiles
 
     doc = build_report(metrics_paths, **options)
     plan = plan_figures(doc, figures_dir, figure_formats) if figures_dir else []
     doc["figures"] = [entry for entry, _ in plan]
+    # every file staged under a temporary name, all renamed in at the end: a failure
+    # (a full disk at the third document) leaves the old report whole
+    files = StagedFiles()
+    try:
+        _write_all(doc, plan, files, workers, json_path, md_path, html_path, csv_path, tex_path)
+    except BaseException:
+        files.discard()
+        raise
+    files.commit()
+    return doc
+
+
+def _write_all(doc, plan, files, workers, json_path, md_path, html_path, csv_path, tex_path):
+    """Draw the figures and render the documents into ``files`` (staged)."""
     background, own = None, []  # own: drawn here once the documents are rendered
     if workers >= 2 and len(plan) >= 2:
-        background = DrawInBackground([p for i, p in enumerate(plan) if i % 3 != 2])
+        drawn = [p for i, p in enumerate(plan) if i % 3 != 2]
+        for path in planned_paths(drawn):  # written by the child: discarded on failure too
+            files.expect(path)
+        background = DrawInBackground(drawn, files)
         own = [p for i, p in enumerate(plan) if i % 3 == 2]
     else:
-        draw_figures(plan)
+        draw_figures(plan, files)
+    try:
+        texts = _render(doc, json_path, md_path, html_path, csv_path, tex_path)
+        draw_figures(own, files)
+    except BaseException:
+        if background is not None:
+            background.stop()  # its files are discarded with the others
+        raise
+    if background is not None:
+        background.wait()
+    for path, text in texts:
+        files.write(path, text.encode("utf-8"))
+
+
+def _render(doc, json_path, md_path, html_path, csv_path, tex_path) -> list[tuple[Any, str]]:
+    """``(path, text)`` of each requested document."""
     texts = []
     if json_path:
         texts.append((json_path, json.dumps(doc, indent=2) + "\n"))
@@ -158,12 +190,7 @@ def write_report(
         texts.append((csv_path, render_csv(doc)))
     if tex_path:
         texts.append((tex_path, render_latex(doc)))
-    draw_figures(own)
-    if background is not None:
-        background.wait()
-    for path, text in texts:
-        write_text_atomic(path, text)
-    return doc
+    return texts
 
 
 def _folder(path: str | os.PathLike) -> str:

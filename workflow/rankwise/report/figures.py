@@ -87,16 +87,26 @@ def plan_figures(
     return plan
 
 
-def draw_figures(plan: list[tuple[dict[str, Any], Any]]) -> None:
-    """Draw and write (atomically) the charts of a :func:`plan_figures` list."""
-    from ..store import write_bytes_atomic
+def draw_figures(plan: list[tuple[dict[str, Any], Any]], files=None) -> None:
+    """Draw and write (atomically) the charts of a :func:`plan_figures` list; with
+    ``files`` (a :class:`rankwise.store.StagedFiles`), staged there, written by its
+    ``commit()``."""
+    from ..store import StagedFiles
     from .plots import PAPER
 
+    staged = files if files is not None else StagedFiles()
     for entry, plot in plan:
         fig = plot.draw(PAPER)
         for fmt in FORMATS:
             if entry[fmt]:
-                write_bytes_atomic(Path(entry[fmt]), _vector(fig, fmt))
+                staged.write(Path(entry[fmt]), _vector(fig, fmt))
+    if files is None:
+        staged.commit()
+
+
+def planned_paths(plan: list[tuple[dict[str, Any], Any]]) -> list[str]:
+    """The files :func:`draw_figures` writes for ``plan``."""
+    return [entry[fmt] for entry, _ in plan for fmt in FORMATS if entry[fmt]]
 
 
 def write_figures(
@@ -115,9 +125,10 @@ class DrawInBackground:
     """:func:`draw_figures` of ``plan`` in a forked child process, while the caller
     renders the rest of the report (drawing is pure Python under the GIL: a thread
     would not overlap); :meth:`wait` joins the child and raises, in this process, the
-    exception that stopped it."""
+    exception that stopped it.  With ``files``, the child stages its files there (the
+    caller ``expect()``s them and commits)."""
 
-    def __init__(self, plan: list[tuple[dict[str, Any], Any]]):
+    def __init__(self, plan: list[tuple[dict[str, Any], Any]], files=None):
         import multiprocessing
 
         ctx = multiprocessing.get_context("fork")
@@ -125,7 +136,7 @@ class DrawInBackground:
 
         def child() -> None:
             try:
-                draw_figures(plan)
+                draw_figures(plan, files)  # staged in ``files``' names: the parent commits
             except BaseException as exc:  # sent to the parent, re-raised there
                 try:
                     send.send(exc)
@@ -137,6 +148,11 @@ class DrawInBackground:
         self._process = ctx.Process(target=child, daemon=True)
         self._process.start()
         send.close()
+
+    def stop(self) -> None:
+        """End the child now (the caller failed: its drawing is not wanted)."""
+        self._process.terminate()
+        self._process.join()
 
     def wait(self) -> None:
         self._process.join()
