@@ -322,3 +322,31 @@ def test_junk_labels_are_read_like_manifest_values():
         assert got.num_gallery == 2, junk
     with pytest.raises(RankwiseError, match=r"junk_labels must be a list of labels, none empty"):
         rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=[""])
+
+
+def test_tensors_numpy_cannot_take_and_zarr_groups_are_one_line(tmp_path):
+    # torch's own RuntimeError / TypeError came through; a Zarr Group object became a
+    # 0-d array of its repr ("have dtype <U..")
+    torch = pytest.importorskip("torch")
+    import zarr
+
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    group.create_array("embeddings", data=QUERY_EMB)
+    cases = [
+        (torch.tensor(QUERY_EMB, requires_grad=True), r"RuntimeError: .*requires grad.*"),
+        (torch.tensor(QUERY_EMB, dtype=torch.bfloat16), r"TypeError: .*BFloat16"),
+    ]
+    for tensor, cause in cases:
+        with pytest.raises(
+            RankwiseError,
+            match=rf"^the gallery embeddings cannot be read as a numpy array \({cause}\); "
+            r"pass a float32 array \(a torch tensor: tensor\.detach\(\)\.float\(\)\.cpu\(\)"
+            r"\.numpy\(\)\)$",
+        ):
+            rankwise.evaluate(_query(), GALLERY, QUERY_EMB, tensor)
+    with pytest.raises(RankwiseError, match=r"^the gallery embeddings: a Zarr group, not an"):
+        rankwise.evaluate(_query(), GALLERY, QUERY_EMB, group)
+    expected = rankwise.evaluate(_query(), GALLERY, QUERY_EMB, QUERY_EMB).to_json()
+    assert (
+        rankwise.evaluate(_query(), GALLERY, QUERY_EMB, group["embeddings"]).to_json() == expected
+    )

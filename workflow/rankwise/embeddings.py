@@ -363,7 +363,19 @@ def open_embeddings(
         else:
             src = _open_npy(path, name)
     else:
-        array = np.asarray(source)
+        if type(source).__module__.startswith("zarr") and not hasattr(source, "dtype"):
+            raise RankwiseError(  # a Group: np.asarray made a 0-d array of its repr
+                f"the {name}: a Zarr group, not an array; pass its array (group"
+                "['embeddings']) or the store's path"
+            )
+        try:
+            array = np.asarray(source)
+        except (TypeError, ValueError, RuntimeError) as exc:  # torch: grad, bfloat16, GPU
+            raise RankwiseError(
+                f"the {name} cannot be read as a numpy array ({type(exc).__name__}: "
+                f"{first_line(exc)}); pass a float32 array (a torch tensor: "
+                "tensor.detach().float().cpu().numpy())"
+            ) from None
         src = EmbeddingSource("array", tuple(array.shape), name, array=array)
         _check_dtype(array.dtype, name, "the array")
     shape = src.shape
