@@ -242,15 +242,21 @@ def _check_dot_zero(qvalues, gvalues, column: str, names: tuple[str, str]) -> No
         )
 
 
-def _check_junk_spelling(junk: set[str], labels, gjunk: np.ndarray, name: str) -> None:
+def _check_junk_spelling(
+    junk: set[str], labels, codes: np.ndarray, gjunk: np.ndarray, name: str
+) -> None:
     """Refuse a junk label that matches no gallery label as written but does without (or
     with) a trailing ``.0`` (``-1`` against a column written from floats, ``-1.0``): the
-    junk rows would silently be ranked as distractors."""
+    junk rows would silently be ranked as distractors.  ``codes``: the labels' codes
+    (:func:`_codes`), so that each distinct label is looked at once."""
     labels = np.asarray(labels, dtype=object)
     missing = junk - {str(v) for v in labels[gjunk]}
-    if not missing:
+    if not missing or not len(codes):
         return
-    written = {str(v) for v in labels}
+    first = np.zeros(int(codes.max()) + 1, dtype=np.int64)  # a row of each code, O(N)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+    present = np.bincount(codes, minlength=len(first)) > 0
+    written = {str(v) for v in labels[first[present]]}
     for j in sorted(missing):
         other = j[:-2] if j.endswith(".0") else j + ".0"
         if other in written:
@@ -336,7 +342,7 @@ def build_problem(
             junk = {str(j) for j in junk_labels}
             options["junk_labels"] = sorted(junk)
             gjunk = np.array([str(v) in junk for v in gallery["label"]], dtype=bool)
-            _check_junk_spelling(junk, gallery["label"], gjunk, names[1])
+            _check_junk_spelling(junk, gallery["label"], glab, gjunk, names[1])
         if spec.exclude_same_camera:
             # No cameras in the problem = no camera rule, in dense_masks and count_tile.
             exclude = EXCLUDE_SAME_CAMERA.check(exclude_same_camera)
