@@ -505,6 +505,16 @@ def test_encoder_paths(kind, options, split, expected):
     assert pc.encoder_paths(kind, options, split) == expected
 
 
+def test_encoder_paths_expand_home(monkeypatch, tmp_path):
+    """A model under ``~``: the encode rule's input (and its hash) is the expanded path,
+    as the config check and the encoders read it; Snakemake refused ``~/...`` inputs."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert pc.encoder_paths("onnx", {"model": "~/m.onnx"}) == [str(tmp_path / "m.onnx")]
+    assert pc.encoder_paths("python", {"factory": "~/f.py:build", "checkpoint": None}) == [
+        str(tmp_path / "f.py")
+    ]
+
+
 def test_encode_params_of_reid_and_timm_entries_are_those_of_before_the_later_options():
     """Byte for byte the encode params of a reid / timm entry written before
     ``checkpoint_key`` and reid's ``interpolation`` existed (strings copied from that

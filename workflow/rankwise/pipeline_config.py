@@ -816,7 +816,11 @@ def encoder_options(options: dict) -> str:
 
 
 def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[str]:
-    """The files (or Zarr folders) an encoder reads; ``split`` picks a precomputed split."""
+    """The files (or Zarr folders) an encoder reads; ``split`` picks a precomputed split.
+
+    ``~`` expanded, as the encoders expand it: these are the encode rule's inputs, and
+    Snakemake refuses a path starting with ``~`` (MissingInputException) after the
+    config check passed it."""
     paths = []
     for key in ENCODER_FILE_OPTIONS.get(kind, ()):
         value = options.get(key)
@@ -830,7 +834,7 @@ def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[st
             key_split = key.removesuffix("_ids")  # query_ids go with query
             if key_split in SPLITS and key_split != split:
                 continue
-        paths.append(str(value))
+        paths.append(os.path.expanduser(str(value)))
     return paths
 
 
