@@ -69,6 +69,23 @@ def test_an_image_path_that_is_a_folder_says_so(tmp_path):
     assert "replace the file" not in line
 
 
+def test_an_image_path_that_is_a_pipe_says_so(tmp_path):
+    # PIL blocked on the FIFO for good (and Ctrl-C waited on the decoding thread)
+    import os
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "0.png")
+    os.mkfifo(tmp_path / "1.png")
+    (tmp_path / "m.csv").write_text("id,label,path\na,1,0.png\nb,2,1.png\n")
+    proc = run_rankwise(
+        "encode", "--manifest", tmp_path / "m.csv", "--kind", "pixels", "--out",
+        tmp_path / "e.zarr", "--no-progress", timeout=60,
+    )  # fmt: skip
+    assert one_error_line(proc) == (
+        f"error: {tmp_path / 'm.csv'}: row 3 (id 'b'): image '1.png' is a pipe or device "
+        f"({tmp_path / '1.png'}), not an image file; fix the 'path' column"
+    )
+
+
 @pytest.mark.parametrize(
     "output, message, written",
     [

@@ -11,7 +11,8 @@ thread pool, one batch ahead of the encoder. Store attributes::
                       interpolation: null) left out
                       (OptionSet.recorded: such stores read as before it existed)
     checkpoint_hash   sha256 of the checkpoint / model / .npy file, or null (the bytes
-                      read: a file changed while encoding is an error)
+                      read: a file changed while encoding is an error); an ONNX model
+                      with external data files: rankwise.onnx_files.model_sha256
     manifest_hash     sha256 of the manifest file
     manifest_csv_sha256  sha256 of the manifest CSV's bytes: checked whenever the store
                       is opened with a manifest (rankwise.embeddings.check_manifest)
@@ -80,6 +81,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterator
@@ -407,6 +409,12 @@ class _Rows:
         if not path.is_absolute():
             path = self.manifest.parent / path
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode) and not path.is_dir():
+                # a FIFO blocked the decoding thread for good (Ctrl-C waited on it)
+                raise RankwiseError(
+                    f"{self.where(i)}: image {raw!r} is a pipe or device ({path}), not an "
+                    "image file; fix the 'path' column"
+                )
             with Image.open(path) as image:
                 if image.mode in _WIDE_MODES:
                     # PIL's convert clips 16-bit values at 255 and floats in [0, 1] to 0 or
@@ -570,6 +578,8 @@ class _Encoder:
     preprocessing: dict[str, Any] | None = None  # recorded in the store when set
     # id-keyed precomputed features: manifest ids -> the rows kept (before any batch)
     align: Callable[[list[str]], Alignment] | None = None
+    # files the checkpoint is made of besides itself (an ONNX model's external data)
+    checkpoint_files: list[Path] = field(default_factory=list)
     # precomputed: the file or Zarr store read, whose rows a message about values names
     source: Path | None = None
 
@@ -731,7 +741,16 @@ def _python(opts: dict[str, Any]) -> _Encoder:
 
 
 def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
+    from .onnx_files import external_data_files
+
     model = _checkpoint("onnx", opts["model"], "model")
+    weights = external_data_files(model)
+    for data in weights:  # onnxruntime's message names it past its first line
+        if not data.is_file():
+            raise RankwiseError(
+                f"{model}: its external data file {data} is missing; copy it beside the "
+                "model (torch.onnx.export writes it next to the .onnx file)"
+            )
     try:
         import onnxruntime as ort
     except ImportError:
@@ -856,7 +875,7 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
             out = np.asarray(run(np.stack(batch)))
             yield _as_matrix(out.reshape(len(batch), -1), len(batch), f"{model}")
 
-    return _Encoder(opts, model, batches, threads=threads)
+    return _Encoder(opts, model, batches, threads=threads, checkpoint_files=weights)
 
 
 def _open_vectors(source: Path, manifest: Path) -> EmbeddingSource:
@@ -1008,11 +1027,16 @@ def _named_files(kind: str, options: dict[str, Any] | None) -> list[Path]:
     from .pipeline_config import ENCODER_FILE_OPTIONS
 
     values = [(options or {}).get(key) for key in ENCODER_FILE_OPTIONS.get(kind, ())]
-    return [
+    files = [
         path
         for value in values
         if isinstance(value, str) and (path := Path(value).expanduser()).is_file()
     ]
+    if kind == "onnx" and files:  # the model's external weights
+        from .onnx_files import external_data_files
+
+        files += [p for p in external_data_files(files[0]) if p.is_file()]
+    return files
 
 
 def _file_states(paths: list[Path]) -> dict[Path, tuple[int, int, int] | None]:
@@ -1097,8 +1121,17 @@ def encode_manifest(
     if "text" in table.columns:
         rows.texts = table["text"].tolist()
     hashed = [manifest] + ([encoder.checkpoint] if encoder.checkpoint is not None else [])
+    hashed += encoder.checkpoint_files
     manifest_sha256 = file_sha256(manifest)
-    checkpoint_sha256 = None if encoder.checkpoint is None else file_sha256(encoder.checkpoint)
+    checkpoint_sha256 = None
+    if encoder.checkpoint is not None:
+        from .onnx_files import model_sha256
+
+        checkpoint_sha256 = (  # an ONNX model with its weights files: one hash of all
+            model_sha256(encoder.checkpoint, encoder.checkpoint_files)
+            if encoder.checkpoint_files
+            else file_sha256(encoder.checkpoint)
+        )
     states = _file_states(hashed)
     _check_unchanged(hashed, before, states)
     attrs = {

@@ -817,6 +817,7 @@ def encoder_options(options: dict) -> str:
 
 def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[str]:
     """The files (or Zarr folders) an encoder reads; ``split`` picks a precomputed split.
+    An ONNX model's external data files (:mod:`rankwise.onnx_files`) follow the model.
 
     ``~`` expanded, as the encoders expand it: these are the encode rule's inputs, and
     Snakemake refuses a path starting with ``~`` (MissingInputException) after the
@@ -835,6 +836,10 @@ def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[st
             if key_split in SPLITS and key_split != split:
                 continue
         paths.append(os.path.expanduser(str(value)))
+        if kind == "onnx" and key == "model":  # its weights may be files of their own
+            from .onnx_files import external_data_files
+
+            paths += [str(p) for p in external_data_files(paths[-1])]
     return paths
 
 
