@@ -970,7 +970,7 @@ def test_a_junk_label_yaml_reads_as_another_number_is_refused(tmp_path, written,
 @pytest.mark.parametrize(
     "protocol, option, value, takers",
     [
-        # each was ignored by the jobs (plain numbers, exit 0), where the CLI refuses it
+        # each is left out of the jobs (plain numbers), where the CLI refuses it: said
         ("recall", "multi_query", "mean", "reid"),
         ("recall", "single_gallery_shot", True, "reid"),
         ("recall", "junk_labels", ["5"], "reid"),
@@ -981,14 +981,15 @@ def test_a_junk_label_yaml_reads_as_another_number_is_refused(tmp_path, written,
         ("recall", "drop_junk", True, "reid"),
     ],
 )
-def test_an_option_the_protocol_does_not_take_is_refused(protocol, option, value, takers):
+def test_an_option_the_protocol_does_not_take_is_named_in_a_note(
+    protocol, option, value, takers, capsys
+):
     datasets = {"d": {"loader": "digits", "options": {}, "protocol": protocol, option: value}}
-    with pytest.raises(
-        RankwiseError,
-        match=rf"^datasets\.d\.{option}: applies to protocol {takers} only, not "
-        rf"'{protocol}': the jobs would ignore it; set protocol: {takers}, or remove {option}$",
-    ):
-        _resolved(datasets, {"e": {"kind": "hog", "options": {}}})
+    _resolved(datasets, {"e": {"kind": "hog", "options": {}}})
+    assert capsys.readouterr().err == (
+        f"note: config: datasets.d.{option}: applies to protocol {takers} only, not "
+        f"'{protocol}': ignored (set protocol: {takers} to use it, or remove it)\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -1002,6 +1003,7 @@ def test_an_option_the_protocol_does_not_take_is_refused(protocol, option, value
         ("reid", {"drop_junk": True}),
     ],
 )
-def test_defaults_and_waiting_options_are_accepted(protocol, options):
+def test_defaults_and_waiting_options_get_no_note(protocol, options, capsys):
     datasets = {"d": {"loader": "digits", "options": {}, "protocol": protocol, **options}}
     _resolved(datasets, {"e": {"kind": "hog", "options": {}}})
+    assert capsys.readouterr().err == ""

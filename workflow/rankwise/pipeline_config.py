@@ -517,12 +517,14 @@ def check(
             )
 
 
-def check_protocol_options(datasets: dict) -> None:
-    """An option of a dataset that its protocol does not take, set to a value other than
-    its default, is an error, as on the command line and in the Python API: the jobs
-    would rank without it (``multi_query: mean`` under ``recall`` gave plain recall
-    numbers, exit 0).  Options that only wait for another of the dataset's own options
-    stay allowed: ``shot_repeats`` / ``shot_seed`` with single-gallery-shot off,
+def ignored_protocol_options(datasets: dict) -> list[tuple[list[Any], str]]:
+    """``(key path, note)`` for each option of a dataset that its protocol does not take,
+    set to a value other than its default: the jobs rank without it (``multi_query:
+    mean`` under ``recall`` gives plain recall numbers).  Not an error, unlike on the
+    command line: a config may share one block of options between datasets of several
+    protocols (a YAML anchor), so each is named in a note on the terminal, and changing
+    it reruns nothing.  Options that only wait for another of the dataset's own options
+    are not named: ``shot_repeats`` / ``shot_seed`` with single-gallery-shot off,
     ``drop_junk`` without re-ranking or query expansion (:func:`rerank_flags`)."""
     from .options import (
         DROP_JUNK,
@@ -548,6 +550,7 @@ def check_protocol_options(datasets: dict) -> None:
         SHOT_SEED,
         DROP_JUNK,
     )
+    notes = []
     for name, dataset in datasets.items():
         protocol = dataset.get("protocol")
         if protocol not in REGISTRY:  # the schema's error
@@ -562,11 +565,14 @@ def check_protocol_options(datasets: dict) -> None:
             if value == spec.default:
                 continue
             takers = [n for n, other in REGISTRY.items() if spec.name in other.options]
-            raise ConfigError(
-                ["datasets", name, spec.name],
-                f"applies to protocol {' or '.join(takers)} only, not {protocol!r}: the jobs "
-                f"would ignore it; set protocol: {takers[0]}, or remove {spec.name}",
+            notes.append(
+                (
+                    ["datasets", name, spec.name],
+                    f"applies to protocol {' or '.join(takers)} only, not {protocol!r}: "
+                    f"ignored (set protocol: {takers[0]} to use it, or remove it)",
+                )
             )
+    return notes
 
 
 def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict, dict]:
@@ -581,7 +587,8 @@ def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict
         datasets = config["datasets"]
         check_name_lengths(datasets, encoders, sweeps)
         check_dataset_encoders(datasets, encoders, sweeps)
-        check_protocol_options(datasets)
+        for keys, note in ignored_protocol_options(datasets):
+            print(f"note: {_where(files, keys)}: {key_path(keys)}: {note}", file=sys.stderr)
         check_reranking(datasets)
         check_junk_labels(datasets, files)
         check_precomputed(encoders)
