@@ -238,6 +238,13 @@ def test_a_junk_label_written_otherwise_than_the_gallery_labels_is_refused():
         query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=["-1.0"]
     )
     assert result.num_gallery == 2
+    # both spellings given (one junk list for galleries written either way): the one
+    # written is junked, the other matching nothing is not an error
+    for junk in (["-1", "-1.0"], ["-1.0", "-1"]):
+        result = rankwise.evaluate(
+            query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=junk
+        )
+        assert result.num_gallery == 2
 
 
 @pytest.mark.parametrize(

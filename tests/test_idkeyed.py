@@ -391,6 +391,58 @@ def test_drop_evaluates_the_rows_with_features(tmp_path: Path, how):
     assert inputs.gallery["id"].tolist() == g_cut["id"].tolist()
 
 
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_drop_names_the_manifest_rows_of_pooled_queries(tmp_path: Path, pooling):
+    """multi_query: a pooled query's query_index is its representative's manifest row
+    (the pooled source is an array: the manifest rows are taken before pooling)."""
+    case, kept, options = _dropped_case(tmp_path)
+    stores = {
+        s: _encode(tmp_path / f"{s[0]}.csv", {**options, "split": s}, tmp_path / f"{s}.zarr")
+        for s in ("query", "gallery")
+    }
+    q_cut = case.query.iloc[kept["query"]].reset_index(drop=True)
+    g_cut = case.gallery.iloc[kept["gallery"]].reset_index(drop=True)
+    kwargs = case.kwargs(multi_query=pooling)
+    expected = evaluate(
+        q_cut, g_cut, case.query_emb[kept["query"]], case.gallery_emb[kept["gallery"]], **kwargs
+    )
+    got = evaluate(
+        tmp_path / "q.csv", tmp_path / "g.csv", stores["query"], stores["gallery"], **kwargs
+    )
+    assert got.per_query["query_index"].tolist() == (
+        kept["query"][expected.per_query["query_index"]].tolist()
+    )
+    np.testing.assert_array_equal(got.per_query["ap"], expected.per_query["ap"])
+
+
+def test_drop_names_the_manifest_rows_of_sketches(tmp_path: Path):
+    """progressive: per_query["sketches"]' query_index / last_query_index are manifest
+    rows too, the join keys of per_query's own query_index."""
+    rng = np.random.default_rng(2)
+    rows = [(f"s{s}_{t}", s, f"sk{s}", t) for s in range(5) for t in range(4)]
+    query = pd.DataFrame(rows, columns=["id", "label", "sketch", "step"])
+    gallery = pd.DataFrame({"id": [f"g{i}" for i in range(8)], "label": range(8)})
+    query.to_csv(tmp_path / "q.csv", index=False)
+    gallery.to_csv(tmp_path / "g.csv", index=False)
+    q = rng.normal(size=(len(query), 5)).astype(np.float32)
+    g = rng.normal(size=(len(gallery), 5)).astype(np.float32)
+    np.save(tmp_path / "g.npy", g)
+    keep = np.array([i for i in range(len(query)) if i not in (0, 5, 9, 15)])
+    options = _write_features(tmp_path / "f", "query", query["id"].to_numpy()[keep], q[keep], "txt")
+    store = _encode(tmp_path / "q.csv", {**options, "split": "query", "on_missing": "drop"},
+                    tmp_path / "q.zarr")  # fmt: skip
+    got = evaluate(tmp_path / "q.csv", tmp_path / "g.csv", store, tmp_path / "g.npy",
+                   protocol="progressive")  # fmt: skip
+    expected = evaluate(query.iloc[keep].reset_index(drop=True), gallery, q[keep], g,
+                        protocol="progressive")  # fmt: skip
+    sketches, want = got.per_query["sketches"], expected.per_query["sketches"]
+    for name in ("query_index", "last_query_index"):
+        assert np.asarray(sketches[name]).tolist() == keep[np.asarray(want[name])].tolist()
+    assert set(np.asarray(sketches["query_index"]).tolist()) <= set(
+        got.per_query["query_index"].tolist()
+    )
+
+
 def test_drop_count_reaches_metrics_json_and_report(tmp_path: Path):
     case, kept, options = _dropped_case(tmp_path)
     for split in ("query", "gallery"):

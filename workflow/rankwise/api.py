@@ -228,6 +228,9 @@ def rank(
     )
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
     query_rows = len(inputs.query)  # the evaluated manifest's rows (before pooling)
+    # the manifest's row of each kept query row (id-keyed, on_missing: drop), taken
+    # before pooling: the pooled source is an array that knows no manifest rows
+    manifest_rows = inputs.query_embeddings.manifest_rows
     inputs = inputs.pool(multi_query, distance=distance)
     pooled = inputs.pooled
     problem = inputs.problem(
@@ -259,7 +262,7 @@ def rank(
     )  # fmt: skip
     # what --by identity's labels must match (rankwise.stats.query_labels)
     result.attrs["num_query_rows"] = query_rows
-    result.query_rows = q_src.manifest_rows
+    result.query_rows = manifest_rows
     if shots is not None:
         from .single_shot import shot_ranks
 
@@ -401,6 +404,10 @@ def evaluate(
     result = result_from_ranks(ranks, ks=ks, ap=ap)
     if ranks.query_rows is not None:  # the kept rows' indices -> the manifest's rows
         result.per_query["query_index"] = ranks.query_rows[result.per_query["query_index"]]
+        sketches = result.per_query.get("sketches")
+        for name in ("query_index", "last_query_index"):  # progressive: the join keys
+            if sketches is not None and name in sketches:
+                sketches[name] = ranks.query_rows[np.asarray(sketches[name])]
     return result
 
 

@@ -259,7 +259,7 @@ def _check_junk_spelling(
     written = {str(v) for v in labels[first[present]]}
     for j in sorted(missing):
         other = j[:-2] if j.endswith(".0") else j + ".0"
-        if other in written:
+        if other in written and other not in junk:  # both spellings given: nothing lost
             raise RankwiseError(
                 f"{name}: junk label {j!r} matches no gallery label, but {other!r} does (a "
                 "column written from floats against integers): write the labels as "
