@@ -1363,3 +1363,32 @@ def test_a_report_that_fails_to_write_one_file_writes_none(results, tmp_path, wo
     assert "report.html" in proc.stderr and "File too large" in proc.stderr, proc.stderr
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before  # no new document or figure, no temporary file left
+
+
+def test_an_interrupt_while_waiting_for_the_figure_child_leaves_no_temporary_file(
+    results, tmp_path, monkeypatch
+):
+    """A KeyboardInterrupt in the parent only (a notebook kernel's interrupt) while it
+    waited for the child drawing figures discarded the staged files, but the child went
+    on staging its own: .tmp files left beside the figures."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from rankwise.report import figures, write_report
+
+    _, metrics = results
+    wait = figures.DrawInBackground.wait
+
+    def interrupted_wait(self):
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        return wait(self)
+
+    monkeypatch.setattr(figures.DrawInBackground, "wait", interrupted_wait)
+    out = tmp_path / "figures"
+    with pytest.raises(KeyboardInterrupt):
+        write_report(metrics, json_path=tmp_path / "r.json", figures_dir=out, workers=2,
+                     resamples=20, worst_queries=0)  # fmt: skip
+    time.sleep(3)  # the process lives on; a child still drawing would write now
+    assert not [p.name for p in out.glob(".*.tmp")]

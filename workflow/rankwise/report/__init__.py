@@ -167,12 +167,14 @@ def _write_all(doc, plan, files, workers, json_path, md_path, html_path, csv_pat
     try:
         texts = _render(doc, json_path, md_path, html_path, csv_path, tex_path)
         draw_figures(own, files)
+        if background is not None:
+            background.wait()
     except BaseException:
         if background is not None:
-            background.stop()  # its files are discarded with the others
+            # ended before its files are discarded with the others (an interrupt while
+            # waiting for it: it would go on writing them after the discard)
+            background.stop()
         raise
-    if background is not None:
-        background.wait()
     for path, text in texts:
         files.write(path, text.encode("utf-8"))
 
