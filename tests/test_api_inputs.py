@@ -357,3 +357,14 @@ def test_tensors_numpy_cannot_take_and_zarr_groups_are_one_line(tmp_path):
     assert (
         rankwise.evaluate(_query(), GALLERY, QUERY_EMB, group["embeddings"]).to_json() == expected
     )
+
+
+def test_text_labels_ending_in_dot_zero_are_labels_of_their_own():
+    """'J45' and 'J45.0' (ICD-10 codes), 'v1' and 'v1.0': not integers written from
+    floats; nor is a side that writes both '3' and '3.0' (each matches as written)."""
+    labels = ["J45.0", "J45", "v1.0"]
+    query = _query(label=labels)
+    gallery = GALLERY.assign(label=["J45", "J45.0", "v1"])
+    rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB)
+    both = GALLERY.assign(label=["3", "3.0", "4"])
+    rankwise.evaluate(_query(label=["3.0", "3", "4"]), both, QUERY_EMB, QUERY_EMB)

@@ -231,8 +231,20 @@ def _check_dot_zero(qvalues, gvalues, column: str, names: tuple[str, str]) -> No
     ``qvalues`` / ``gvalues``: the distinct values of each side (strings).
     """
     qset, gset = set(qvalues), set(gvalues)
-    pairs = [(q, q[:-2]) for q in qset if q.endswith(".0") and q[:-2] in gset]
-    pairs += [(g[:-2], g) for g in gset if g.endswith(".0") and g[:-2] in qset]
+
+    def float_text(value: str, other: set) -> bool:
+        # an integer written from a float ('-3.0'), that the other side writes only as
+        # an integer: text labels ('J45' and 'J45.0', 'v1' and 'v1.0') are labels of
+        # their own, and a side that writes both spellings matches each as written
+        return (
+            value.endswith(".0")
+            and value not in other
+            and value[:-2].lstrip("+-").isdigit()
+            and value[:-2].lstrip("+-").isascii()
+        )
+
+    pairs = [(q, q[:-2]) for q in qset if float_text(q, gset) and q[:-2] in gset]
+    pairs += [(g[:-2], g) for g in gset if float_text(g, qset) and g[:-2] in qset]
     if pairs:
         q, g = min(pairs)
         raise RankwiseError(
