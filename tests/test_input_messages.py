@@ -147,25 +147,34 @@ def test_a_store_output_that_is_a_symlink_is_written_through(tmp_path):
 
 
 def test_a_deleted_current_folder_is_one_line(tmp_path):
-    # relative paths mean nothing there; `rank` failed after all its work with
-    # "error: No such file or directory"
+    # `rank` records the folder it ran in: it failed after all its work with "error: No
+    # such file or directory"; commands that need no folder (absolute paths) still run
     import subprocess
 
     from helpers import RANKWISE
 
     write(tmp_path)
     gone = tmp_path / "gone"
-    gone.mkdir()
-    proc = subprocess.run(
-        ["bash", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "$0" "$@"', RANKWISE, "rank",
-         *input_args(tmp_path), "--distance", "euclidean", "--out", tmp_path / "r.zarr"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+
+    def from_gone(*args) -> subprocess.CompletedProcess:
+        gone.mkdir()
+        return subprocess.run(
+            ["bash", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "$0" "$@"', RANKWISE,
+             *map(str, args)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    args = [*input_args(tmp_path), "--distance", "euclidean"]
+    proc = from_gone("rank", *args, "--out", tmp_path / "r.zarr")
     assert one_error_line(proc) == (
         "error: the current folder no longer exists (deleted or moved); cd to an existing "
         "folder and run again"
     )
     assert not (tmp_path / "r.zarr").exists()
+    assert from_gone("evaluate", *args).returncode == 0
+    assert run_rankwise("rank", *args, "--out", tmp_path / "r.zarr").returncode == 0
+    proc = from_gone("metrics", tmp_path / "r.zarr")
+    assert proc.returncode == 0 and "recall@1" in proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("which", ["q.npy", "q.csv"])

@@ -1392,3 +1392,26 @@ def test_an_interrupt_while_waiting_for_the_figure_child_leaves_no_temporary_fil
                      resamples=20, worst_queries=0)  # fmt: skip
     time.sleep(3)  # the process lives on; a child still drawing would write now
     assert not [p.name for p in out.glob(".*.tmp")]
+
+
+def test_staged_files_refuse_one_file_written_twice(tmp_path):
+    # a document path naming one of the figures: the second write failed with "cannot
+    # write a temporary file beside it (File exists)"
+    from rankwise.errors import RankwiseError
+    from rankwise.store import StagedFiles
+
+    (tmp_path / "link.svg").symlink_to("a.svg")
+    for second in ("a.svg", "link.svg"):
+        files = StagedFiles()
+        files.write(tmp_path / "a.svg", b"figure")
+        with pytest.raises(RankwiseError, match=r"two outputs of this command name this file"):
+            files.write(tmp_path / second, b"document")
+        files.discard()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["link.svg"]
+    files = StagedFiles()
+    files.write(tmp_path / "a.svg", b"figure")
+    files.write(tmp_path / "b.json", b"{}")
+    assert not (tmp_path / "a.svg").exists()  # nothing under a final name before commit
+    files.commit()
+    assert (tmp_path / "a.svg").read_bytes() == b"figure"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.svg", "b.json", "link.svg"]

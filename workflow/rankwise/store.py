@@ -604,7 +604,11 @@ def named_path(attrs: dict[str, Any], path: str) -> str:
     folder = attrs.get("working_directory")
     if os.path.isabs(path) or not isinstance(folder, str) or not folder:
         return path
-    if os.path.realpath(folder) == os.path.realpath(os.curdir):
+    try:
+        here = os.path.realpath(os.curdir)
+    except FileNotFoundError:  # the current folder deleted under the process
+        here = None
+    if os.path.realpath(folder) == here:
         return path  # as written (the pipeline's relative paths stay relative in reports)
     return os.path.join(folder, path)
 
@@ -677,6 +681,10 @@ class StagedFiles:
             self.streams.append((given, data, path))
             return
         final = self._final(given)
+        if final in self.finals:  # e.g. --json naming one of the figures
+            raise RankwiseError(
+                f"{path}: two outputs of this command name this file; give each its own path"
+            )
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._tmp(final)
         created = False

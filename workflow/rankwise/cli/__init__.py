@@ -41,15 +41,6 @@ class _Group(click.Group):
         from ..options import flag_spelling
 
         try:
-            os.getcwd()
-        except FileNotFoundError:  # relative paths mean nothing; it failed after the work
-            click.echo(
-                "error: the current folder no longer exists (deleted or moved); cd to an "
-                "existing folder and run again",
-                err=True,
-            )
-            sys.exit(2)
-        try:
             with flag_spelling():  # messages from deep inside name the flags
                 return super().invoke(ctx)
         except RankwiseError as exc:

@@ -270,6 +270,7 @@ def rank(out, **kw):
     """Compute the ranks store that every metric is computed from."""
     from ..store import write_ranks
 
+    working_directory = shared.current_folder()  # recorded: before the work, not after
     result, note = _rank(kw, progress=True)
     attrs = dict(result.attrs)
     from ..hashing import file_sha256
@@ -277,7 +278,7 @@ def rank(out, **kw):
     # the paths below as given, and where they start from: read from another folder
     # (`ci --by identity`, an output's check against the store's own files) they still name
     # the same files
-    attrs["working_directory"] = os.getcwd()
+    attrs["working_directory"] = working_directory
     for side in ("query", "gallery"):
         attrs[f"{side}_embeddings"] = _provenance(kw[f"{side}_embeddings"])
         attrs[f"{side}_manifest"] = str(kw[side])

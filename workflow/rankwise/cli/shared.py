@@ -375,6 +375,20 @@ def parse_json_options(text: str, flag: str = "--options") -> dict[str, Any]:
     return value
 
 
+def current_folder() -> str:
+    """The current folder, or one line when it was deleted under the process (a command
+    that records it failed after all its work with "No such file or directory")."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        from ..errors import RankwiseError
+
+        raise RankwiseError(
+            "the current folder no longer exists (deleted or moved); cd to an existing "
+            "folder and run again"
+        ) from None
+
+
 def write_json(path: str | None, doc: Any) -> None:
     """Write ``doc`` as indented JSON to ``path`` (atomically), if a path is given."""
     if path:

@@ -158,9 +158,11 @@ def _write_all(doc, plan, files, workers, json_path, md_path, html_path, csv_pat
     background, own = None, []  # own: drawn here once the documents are rendered
     if workers >= 2 and len(plan) >= 2:
         drawn = [p for i, p in enumerate(plan) if i % 3 != 2]
-        for path in planned_paths(drawn):  # written by the child: discarded on failure too
-            files.expect(path)
         background = DrawInBackground(drawn, files)
+        # written by the child (forked first: its copy must not list them yet), then
+        # committed, or discarded on failure, with the others
+        for path in planned_paths(drawn):
+            files.expect(path)
         own = [p for i, p in enumerate(plan) if i % 3 == 2]
     else:
         draw_figures(plan, files)
