@@ -350,3 +350,16 @@ def test_rows_read_in_another_shape_than_opened_are_refused(tmp_path, kind):
             unknown.read(0, 6)
         with pytest.raises(RankwiseError, match=r"opened as shape \(6, 4\)\) read as shape"):
             unknown.take(np.array([5, 0]))
+
+
+def test_inodes_count_only_on_the_machine_that_opened_the_file():
+    """A Dask worker on another machine may see the file under another inode number (a
+    FUSE mount): only its size and modification time are compared there."""
+    from rankwise.embeddings import _same_file
+
+    opened = ((11, 12), (100, 5_000), "client")
+    assert _same_file(opened, ((11, 12), (100, 5_000), "client"))
+    assert not _same_file(opened, ((11, 99), (100, 5_000), "client"))  # renamed over it
+    assert _same_file(opened, ((71, 72), (100, 5_000), "worker"))
+    assert not _same_file(opened, ((71, 72), (100, 6_000), "worker"))  # written again
+    assert not _same_file(opened, None)

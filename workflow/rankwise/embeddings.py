@@ -64,6 +64,10 @@ EMBEDDING_ATTRS: dict[str, Field] = {
 }
 
 
+#: :func:`_identity`: ``(inodes, size and modification times, host)``
+Identity = tuple[tuple[int, ...], tuple[int, ...], str]
+
+
 @dataclass
 class EmbeddingSource:
     """Rows ``(N, D)`` of embeddings, read lazily.
@@ -86,7 +90,7 @@ class EmbeddingSource:
     ids_array: str | None = None  # "ids": a Zarr group (not a rankwise store) keyed by ids
     source_rows: np.ndarray | None = None  # (N,) rows taken from ``path``: :meth:`subset`
     file: str | None = None  # ``path`` made absolute when opened: what is read
-    identity: tuple[int, ...] | None = None  # the file as opened (:func:`_identity`)
+    identity: Identity | None = None  # the file as opened (:func:`_identity`)
 
     @property
     def readable(self) -> str | None:
@@ -207,7 +211,7 @@ class EmbeddingSource:
         now = _identity(self.readable, self.kind, self.array_path)
         if now is None and gone_ok:
             return
-        if now != self.identity:
+        if not _same_file(self.identity, now):
             raise RankwiseError(
                 f"{self.path}: the {self.name} changed during the run (replaced, rewritten "
                 "or removed by another process); wait until nothing writes it, then run again"
@@ -259,27 +263,38 @@ class EmbeddingSource:
         return start, stop
 
 
-def _identity(path: str, kind: str, array_path: str | None = None) -> tuple[int, ...] | None:
-    """What says a file is still the one opened: a .npy file's inode, size and
-    modification time; a Zarr store folder's inode with its array metadata file's inode,
-    size and modification time (a store renamed over it, or its array written again).
-    None when it cannot be read.  No device number: a Dask worker on another machine
-    sees the same file (NFS) under another ``st_dev``."""
+def _identity(path: str, kind: str, array_path: str | None = None) -> Identity | None:
+    """What says a file is still the one opened: ``(inodes, stamps, host)``.  A .npy
+    file: its inode, and its size and modification time; a Zarr store: its folder's
+    inode and its array metadata file's, and that file's size and modification time (a
+    store renamed over it, or its array written again).  None when it cannot be read.
+    Inodes count only on the machine that opened it (``host``): a Dask worker elsewhere
+    may see the same file under another number (FUSE mounts), and never under another
+    size or time."""
+    import socket
+
     try:
         if kind == "npy":
             st = os.stat(path)
-            return (st.st_ino, st.st_size, st.st_mtime_ns)
-        root = os.stat(path).st_ino
+            return (st.st_ino,), (st.st_size, st.st_mtime_ns), socket.gethostname()
+        root = os.stat(path)
         folder = os.path.join(path, array_path) if array_path else path
         for meta in ("zarr.json", ".zarray"):
             try:
                 st = os.stat(os.path.join(folder, meta))
             except FileNotFoundError:
                 continue
-            return (root, st.st_ino, st.st_size, st.st_mtime_ns)
-        return (root,)
+            return (root.st_ino, st.st_ino), (st.st_size, st.st_mtime_ns), socket.gethostname()
+        return (root.st_ino,), (root.st_mtime_ns,), socket.gethostname()
     except OSError:
         return None
+
+
+def _same_file(opened: Identity, now: Identity | None) -> bool:
+    if now is None:
+        return False
+    same_host = opened[2] == now[2]
+    return opened[1] == now[1] and (opened[0] == now[0] or not same_host)
 
 
 def _why_unreadable(exc: BaseException) -> str:
