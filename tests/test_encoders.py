@@ -1192,3 +1192,43 @@ def test_image_batches_order_and_decoding_ahead(ahead):
                     assert max(started) < end, (batches, started)
     assert batches == [[0, 1, 4], [9, 16, 25], [36, 49, 64], [81]]
     assert sorted(started) == list(range(10))
+
+
+def test_an_onnx_model_of_two_inputs_is_one_line(manifest: Path, tmp_path: Path):
+    """The second input was missing at the first batch, with the advice to check
+    input_size and layout; inputs backed by an initializer (old exporters list the
+    weights as inputs) are not required, and such a model encodes."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def model(path: Path, weights_as_input: bool) -> None:
+        w = numpy_helper.from_array(np.ones((3 * 6 * 6, 4), np.float32), "W")
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])]
+        inputs.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [108, 4]))
+        graph = helper.make_graph(
+            [
+                helper.make_node("Flatten", ["x"], ["f"], axis=1),
+                helper.make_node("MatMul", ["f", "W"], ["y"]),
+            ],
+            "two",
+            inputs,
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+            [w] if weights_as_input else [],
+        )
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        proto.ir_version = 8
+        onnx.save(proto, str(path))
+
+    model(tmp_path / "two.onnx", weights_as_input=False)
+    with pytest.raises(
+        RankwiseError,
+        match=r"two\.onnx: the model takes 2 inputs \(x, W\); the onnx encoder feeds one image "
+        r"batch: export the model with the images as its only input$",
+    ):
+        encode_manifest(manifest, "onnx", {"model": str(tmp_path / "two.onnx")},
+                        tmp_path / "e.zarr", progress=False)  # fmt: skip
+    model(tmp_path / "old.onnx", weights_as_input=True)
+    encode_manifest(manifest, "onnx", {"model": str(tmp_path / "old.onnx")},
+                    tmp_path / "e.zarr", progress=False)  # fmt: skip
+    assert _read(tmp_path / "e.zarr").shape == (N_ROWS, 4)

@@ -775,6 +775,11 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
     input_name = opts["input"] or next(iter(inputs))
     if input_name not in inputs:
         raise RankwiseError(f"{model}: no input named {input_name!r}; inputs: {', '.join(inputs)}")
+    if len(inputs) > 1:  # each is required (initializers are not listed): a batch fails
+        raise RankwiseError(
+            f"{model}: the model takes {len(inputs)} inputs ({', '.join(inputs)}); the onnx "
+            "encoder feeds one image batch: export the model with the images as its only input"
+        )
     outputs = [o.name for o in session.get_outputs()]
     output_name = opts["output"] or outputs[0]
     if output_name not in outputs:
