@@ -20,6 +20,7 @@ from .options import (
     JUNK_LABELS,
     KS,
     MULTI_QUERY,
+    PROTOCOL_OPTIONS,
     QUERY_BLOCK,
     QUERY_STRIDE,
     SHOT_REPEATS,
@@ -135,12 +136,7 @@ def result_from_ranks(
     )
 
 
-_PROTOCOL_OPTIONS = {
-    spec.name: spec
-    for spec in (
-        GAP_FRAMES, QUERY_STRIDE, JUNK_LABELS, EXCLUDE_SAME_CAMERA, SHOT_REPEATS, SHOT_SEED
-    )
-}  # fmt: skip
+_PROTOCOL_OPTIONS = {spec.name: spec for spec in PROTOCOL_OPTIONS}
 
 
 def _refuse_ignored(protocol: str, single_gallery_shot: bool, **given: Any) -> None:

@@ -691,6 +691,21 @@ DROP_JUNK = Option(
     "ranked either way); false = Zhong et al.'s code on the whole gallery",
 )
 
+#: The options that only some protocols take (:attr:`rankwise.registry.ProtocolSpec.options`
+#: names them): set to other than its default under a protocol that does not take it,
+#: one is refused by the command line and the Python API, named in a note by the pipeline.
+PROTOCOL_OPTIONS = (
+    GAP_FRAMES,
+    QUERY_STRIDE,
+    JUNK_LABELS,
+    EXCLUDE_SAME_CAMERA,
+    MULTI_QUERY,
+    SINGLE_GALLERY_SHOT,
+    SHOT_REPEATS,
+    SHOT_SEED,
+    DROP_JUNK,
+)
+
 
 def rerank_applies(protocol: str) -> bool:
     """Whether re-ranking applies: one query per unit, every gallery item a candidate."""

@@ -526,37 +526,16 @@ def ignored_protocol_options(datasets: dict) -> list[tuple[list[Any], str]]:
     it reruns nothing.  Options that only wait for another of the dataset's own options
     are not named: ``shot_repeats`` / ``shot_seed`` with single-gallery-shot off,
     ``drop_junk`` without re-ranking or query expansion (:func:`rerank_flags`)."""
-    from .options import (
-        DROP_JUNK,
-        EXCLUDE_SAME_CAMERA,
-        GAP_FRAMES,
-        JUNK_LABELS,
-        MULTI_QUERY,
-        QUERY_STRIDE,
-        SHOT_REPEATS,
-        SHOT_SEED,
-        SINGLE_GALLERY_SHOT,
-    )
+    from .options import JUNK_LABELS, PROTOCOL_OPTIONS
     from .registry import REGISTRY, get_protocol
 
-    specs = (
-        GAP_FRAMES,
-        QUERY_STRIDE,
-        JUNK_LABELS,
-        EXCLUDE_SAME_CAMERA,
-        MULTI_QUERY,
-        SINGLE_GALLERY_SHOT,
-        SHOT_REPEATS,
-        SHOT_SEED,
-        DROP_JUNK,
-    )
     notes = []
     for name, dataset in datasets.items():
         protocol = dataset.get("protocol")
         if protocol not in REGISTRY:  # the schema's error
             continue
         taken = get_protocol(protocol).options
-        for spec in specs:
+        for spec in PROTOCOL_OPTIONS:
             if spec.name not in dataset or spec.name in taken:
                 continue
             value = dataset[spec.name]
