@@ -717,6 +717,33 @@ def test_a_hand_written_metrics_file_beside_computed_ones(results, tmp_path):
     assert all(_tex(n) in tex for n in notes if n)
 
 
+def test_beyond_four_encoders_a_best_without_statistics_gives_way_to_the_next(results, tmp_path):
+    """Six encoders of one dataset, the best by the headline metric a paper's hand-written
+    numbers (no statistics): the best of the five computed ones is tested against every
+    other (it was against none, silently: only epoch-to-epoch tests were left)."""
+    _, metrics = results
+    toy = {p.stem: json.loads(p.read_text()) for p in metrics if p.parent.name == "toy"}
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    # e3 is enc-b (the better encoder), the rest enc-a: e3 is the best with statistics
+    for i in range(5):
+        (folder / f"e{i}.json").write_text(json.dumps(toy["enc-b" if i == 3 else "enc-a"]))
+    paper = folder / "paper.json"
+    paper.write_text(json.dumps({"protocol": "recall", "metrics": {"recall@1": 100.0}}))
+    doc = build_report([*sorted(folder.glob("e*.json")), paper], resamples=50, worst_queries=0)
+    assert [b["encoder"] for b in doc["best"]] == ["paper"]
+    pairs = {(r["a"], r["b"]) for r in doc["comparisons"]}
+    assert pairs == {
+        ("e0", "e1"),
+        ("e1", "e2"),
+        ("e2", "e3"),
+        ("e3", "e4"),
+        ("e0", "e3"),
+        ("e1", "e3"),
+    }
+    assert "the best (of those with statistics)" in doc["statistics"]["pairs"]
+
+
 def test_a_dataset_whose_floor_holm_keeps_above_alpha_is_said_so():
     """25 tests: 7 on a dataset of 10 clusters (exact floor 2^-9 = 0.00195), 18 on one of
     8 identities (2^-7 = 0.0078). 25 x 0.00195 < 0.05, so the report-wide check passed;

@@ -29,7 +29,7 @@ the folder the pipeline runs in.  Per dataset x encoder the report holds:
 And across encoders: paired comparisons (:func:`rankwise.stats.compare_ranks`) on
 every metric, of every pair of encoders of a dataset when it has at most
 ``ALL_PAIRS_MAX`` of them, else of each encoder against the previous one and of the best
-one against the others;
+one with statistics against the others;
 p-values from the paired sign-flip test, adjusted by Holm across every comparison in
 the report; ``significant`` means ``p_holm < ALPHA``.  The intervals of the
 differences use ``resamples`` bootstrap resamples; the tests :func:`flip_resamples`

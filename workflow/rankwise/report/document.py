@@ -466,10 +466,23 @@ def build_report(
                     n=worst_queries,
                     top_k=top_k,
                 )
-    best = {dataset: best_encoder(entries) for dataset, entries in groups}
+    # tested against the others beyond ALL_PAIRS_MAX encoders: the best of the evaluations
+    # that have statistics (a best without them, e.g. a hand-written metrics file, can be
+    # in no test, and the next best stands in for it)
+    tested_best = {
+        dataset: best_encoder(tested)
+        for dataset, entries in groups
+        if (tested := [e for e in entries if summaries[dataset, e["encoder"]] is not None])
+    }
     comparisons, n_test, not_compared = (
         compare_encoders(
-            groups, summaries, resamples=resamples, seed=seed, by=by, best=best, cache=cache
+            groups,
+            summaries,
+            resamples=resamples,
+            seed=seed,
+            by=by,
+            best=tested_best,
+            cache=cache,
         )
         if resamples
         else ([], 0, [])
@@ -495,8 +508,8 @@ def build_report(
             if summaries[e["dataset"], e["encoder"]] is None
         ],
         "pairs": f"all pairs up to {ALL_PAIRS_MAX} encoders per dataset, "
-        "else each against the previous one and the best against "
-        "the others",
+        "else each against the previous one and the best (of those with statistics) "
+        "against the others",
     }
     return {
         "title": title,
