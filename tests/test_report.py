@@ -1442,3 +1442,25 @@ def test_staged_files_refuse_one_file_written_twice(tmp_path):
     files.commit()
     assert (tmp_path / "a.svg").read_bytes() == b"figure"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.svg", "b.json", "link.svg"]
+
+
+def test_a_ranks_store_of_another_evaluation_at_the_named_path_is_not_read(results, tmp_path):
+    """A metrics file whose relative ranks path names, from the folder the report runs
+    in, another evaluation's store (another pipeline folder's results/ranks/... of the
+    same name) gets no statistics from it: before, its intervals, CMC and tests were
+    that store's (an interval that did not hold the file's own value), exit 0."""
+    _, metrics = results
+    source = {p.stem: p for p in metrics if p.parent.name == "toy"}
+    other = json.loads(source["enc-a"].read_text())["provenance"]["ranks"]
+    data = json.loads(source["enc-b"].read_text())
+    data["provenance"]["ranks"] = other  # enc-a's store where enc-b's is looked for
+    data["provenance"].pop("stats", None)
+    given = tmp_path / "toy" / "enc-b.json"
+    given.parent.mkdir()
+    given.write_text(json.dumps(data))
+    doc = build_report([given], resamples=50, worst_queries=2)
+    (entry,) = doc["results"]
+    assert entry["ci95"] is None and entry["cmc"] is None and entry["worst_queries"] is None
+    (why,) = doc["statistics"]["without_statistics"]
+    assert "is not the one it was computed from" in why["reason"]
+    assert "'gallery_embeddings' differs" in why["reason"]

@@ -238,25 +238,52 @@ def _attach_verification(results: list[dict[str, Any]], paths) -> None:
         entry["verification"] = data
 
 
+#: The keys `rankwise metrics` adds to a ranks store's attributes in its JSON's provenance.
+_METRICS_KEYS = ("ks", "ap", "ranks", "stats", "stats_key")
+
+
 class _Stores:
     """The ranks stores the entries' provenance names, read on first use (most reports
-    read none: the statistics come from the metrics jobs' summaries)."""
+    read none: the statistics come from the metrics jobs' summaries).  A store at that
+    path whose attributes differ from the provenance the metrics JSON recorded (another
+    folder's store of the same name: a relative path read from elsewhere, or a store
+    ranked again since) is not the entry's: it is never read for it."""
 
     def __init__(self) -> None:
         self._read: dict[str, Any] = {}
+        self._differs: dict[tuple[str, str], str | None] = {}
 
-    @staticmethod
-    def exists(entry: dict[str, Any]) -> bool:
+    def differs(self, entry: dict[str, Any]) -> str | None:
+        """The first attribute in which the store at the entry's ranks path disagrees
+        with the entry's metrics JSON (``None``: it agrees, or it cannot be read, which
+        reading it reports)."""
+        import zarr
+
         path = entry["provenance"]["files"]["ranks"]
-        return bool(path) and Path(path).is_dir()
+        key = (str(path), str(entry.get("source")))
+        if key not in self._differs:
+            raw = entry["provenance"]["raw"]
+            try:
+                attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+            except Exception:  # not a readable store: read_ranks says so in one line
+                attrs = {}
+            shared = sorted(set(raw) & set(attrs) - {*_METRICS_KEYS, "complete", "kind"})
+            self._differs[key] = next((k for k in shared if raw[k] != attrs[k]), None)
+        return self._differs[key]
+
+    def exists(self, entry: dict[str, Any]) -> bool:
+        path = entry["provenance"]["files"]["ranks"]
+        return bool(path) and Path(path).is_dir() and self.differs(entry) is None
 
     def get(self, entry: dict[str, Any]):
         """``(arrays, attrs)`` of the entry's ranks store, or ``None`` when it is not there."""
         from ..store import read_ranks
 
+        if not self.exists(entry):
+            return None
         path = entry["provenance"]["files"]["ranks"]
         if path not in self._read:
-            self._read[path] = read_ranks(path) if self.exists(entry) else None
+            self._read[path] = read_ranks(path)
         return self._read[path]
 
 
@@ -283,11 +310,17 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
     return summarise(*store, **wanted)
 
 
-def _why_no_statistics(entry: dict[str, Any]) -> str:
+def _why_no_statistics(entry: dict[str, Any], stores: _Stores) -> str:
     """Why :func:`_summary` found no statistics for ``entry`` (the paths as its metrics
     JSON names them)."""
     ranks = entry["provenance"]["files"]["ranks"]
     where = f"ranks store {ranks} not found" if ranks else "its provenance names no ranks store"
+    if ranks and Path(ranks).is_dir() and stores.differs(entry) is not None:
+        where = (
+            f"ranks store {ranks} (from {os.path.abspath(ranks)}) is not the one it was "
+            f"computed from (its {stores.differs(entry)!r} differs): run the report from "
+            "the folder `rankwise metrics` ran in, or `rankwise metrics` on that store again"
+        )
     stats = entry["provenance"]["raw"].get("stats")
     if stats and Path(stats).is_file():
         return f"statistics summary {stats} computed for other settings or by another run, {where}"
@@ -503,7 +536,11 @@ def build_report(
         # evaluations with no summary or ranks store to read: no intervals, CMC, tests
         # or worst queries (the renderers say so, and claim no intervals for them)
         "without_statistics": [
-            {"dataset": e["dataset"], "encoder": e["encoder"], "reason": _why_no_statistics(e)}
+            {
+                "dataset": e["dataset"],
+                "encoder": e["encoder"],
+                "reason": _why_no_statistics(e, stores),
+            }
             for e in results
             if summaries[e["dataset"], e["encoder"]] is None
         ],
