@@ -314,6 +314,21 @@ def test_library_errors():
         rankwise.evaluate(query, gallery, zero, ge, protocol="reid", multi_query="mean")
 
 
+def test_zero_pool_advice_names_a_pooling_that_can_help():
+    # max of (-1, 0) and (0, -1) is zero, their mean is not: the advice must not be 'max'
+    query = pd.DataFrame({"id": ["q0", "q1", "q2"], "label": [1, 1, 2], "camera": [1, 1, 1]})
+    gallery = pd.DataFrame({"id": ["g0", "g1"], "label": [1, 2], "camera": [2, 2]})
+    qe = np.array([[-1, 0], [0, -1], [0, 1]], np.float32)
+    ge = np.array([[1, 0], [0, 1]], np.float32)
+    with pytest.raises(RankwiseError, match=r"zero vector.*; use multi_query 'mean' or distance"):
+        rankwise.evaluate(query, gallery, qe, ge, protocol="reid", multi_query="max")
+    # a one-member group whose row is zero: neither pooling helps
+    qe[2] = 0.0
+    query.loc[1, "label"] = 3
+    with pytest.raises(RankwiseError, match=r"\(lines 4\) is a zero vector.*; fix that row or"):
+        rankwise.evaluate(query, gallery, qe, ge, protocol="reid", multi_query="mean")
+
+
 @pytest.mark.parametrize(
     ("args", "camera", "needle"),
     [

@@ -173,6 +173,21 @@ def test_ties_at_the_threshold_count_against_the_encoder():
     assert got["tpr@fpr"] == {"0.2": 0.0, "0.3": 50.0, "0.5": 50.0, "0.99": 50.0}
 
 
+def test_level_times_n_is_exact_where_the_float_product_falls_short():
+    # 100 negatives at 1..100, one positive at 29.5: FPR 29/100 = 0.29 is allowed, so
+    # the threshold is n_30 = 30 and TPR@FPR=0.29 is 100 %.  In floats 0.29 * 100 is
+    # 28.999999999999996: floor 28 took n_29 = 29 and reported 0 %.
+    q = pd.DataFrame({"id": ["q"], "label": ["a"]})
+    g = pd.DataFrame({"id": [f"g{i}" for i in range(101)], "label": ["b"] * 100 + ["a"]})
+    ge = np.array([[float(i)] for i in range(1, 101)] + [[29.5]], np.float32)
+    got = tpr_at_fpr(
+        q, g, np.zeros((1, 1), np.float32), ge, protocol="recall", distance="euclidean",
+        fprs=(0.28, 0.29, 0.3),
+    )  # fmt: skip
+    assert got["tpr@fpr"] == {"0.28": 0.0, "0.29": 100.0, "0.3": 100.0}
+    assert got["threshold@fpr"] == {"0.28": 29.0, "0.29": 30.0, "0.3": 31.0}
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [

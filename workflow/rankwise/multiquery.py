@@ -100,10 +100,17 @@ def pool_queries(
             pooled[p] = group.max(axis=0)
         if cosine and not np.any(pooled[p]):
             lines = ", ".join(str(int(r) + 2) for r in members[offsets[p] : offsets[p + 1]])
+            # A lone member's row is zero itself: no pooling helps; otherwise the other one may.
+            other = "mean" if pooling == "max" else "max"
+            fix = (
+                "fix that row or use distance 'euclidean'"
+                if offsets[p + 1] - offsets[p] == 1
+                else f"use multi_query '{other}' or distance 'euclidean'"
+            )
             raise RankwiseError(
                 f"{name}: the {pooling} of the query rows of label {label[reps[p]]!r} camera "
                 f"{camera[reps[p]]!r} (lines {lines}) is a zero vector, which has no cosine "
-                "distance; use multi_query 'max' or distance 'euclidean'"
+                f"distance; {fix}"
             )
     return Pooled(
         pooling=pooling,

@@ -43,6 +43,7 @@ import itertools
 import math
 import os
 from collections.abc import Iterable
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -158,7 +159,9 @@ def tpr_at_fpr(
             "check the labels and the junk_labels / same-camera settings"
         )
     levels = tuple(sorted(set(fprs) | set(ROC_FPRS)))
-    ranks = [math.floor(x * n_neg) + 1 for x in levels]  # r = m + 1 <= N
+    # r = m + 1 <= N, m = floor(x N) of the level as written (0.29, not the float
+    # 0.28999...: x * N in floats can fall just below an integer, one negative short)
+    ranks = [math.floor(Fraction(repr(x)) * n_neg) + 1 for x in levels]
     brackets = [pairs.bracket(fine, r) for r in ranks]
     edges = pairs.display_edges(fine, positives, bins)
     below, kept, neg_hist = pairs.second_pass(brackets, edges, workers)
