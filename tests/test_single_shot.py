@@ -377,3 +377,18 @@ def test_with_multi_query(repeats):
         shot_seed=1,
     )
     check(result, ref, skipped)
+
+
+def test_hit_probability_is_one_exactly_once_k_covers_every_draw():
+    # ten draws with r = 2, 2, 4, 6, 6, 8, 8, 8, 8, 10: the stored c / 10 add up to
+    # 1.0000000000000002 in floats, which made rank10 (and rank50) 100.00000000000003 %
+    from rankwise.metrics import shot_hits
+
+    counts = np.array([0, 2, 0, 1, 0, 2, 0, 4, 0, 1])
+    pmf = np.r_[counts / 10, [0.5, 0.5]]  # and a second query, r = 1 or 2
+    offsets = np.array([0, 10, 12])
+    assert np.add.reduceat(pmf, offsets[:-1])[0] != 1.0  # the rounding this guards against
+    assert shot_hits(offsets, pmf, 10).tolist() == [1.0, 1.0]
+    assert shot_hits(offsets, pmf, 50).tolist() == [1.0, 1.0]
+    assert shot_hits(offsets, pmf, 1).tolist() == [0.0, 0.5]
+    assert shot_hits(offsets, pmf, 9).tolist()[0] == pytest.approx(0.9)

@@ -288,8 +288,14 @@ def shot_expectation(offsets: np.ndarray, pmf: np.ndarray, f) -> np.ndarray:
 
 
 def shot_hits(offsets: np.ndarray, pmf: np.ndarray, k: int) -> np.ndarray:
-    """Per query ``P(r <= k)`` of the single-shot rank (the CMC at k)."""
-    return shot_expectation(offsets, pmf, lambda r: (r <= k).astype(np.float64))
+    """Per query ``P(r <= k)`` of the single-shot rank (the CMC at k).
+
+    Once k reaches a query's largest possible r (its stored support) the probability is
+    1 exactly: a sum of the rounded ``c / repeats`` can land on 1 +- 2^-52, which made a
+    ``rankK`` of 100.00000000000003 %.  Below it, never above 1 (exact draws' rounding).
+    """
+    hits = shot_expectation(offsets, pmf, lambda r: (r <= k).astype(np.float64))
+    return np.where(np.diff(offsets) <= k, 1.0, np.minimum(hits, 1.0))
 
 
 # ----------------------------------------------------------------- per unit
