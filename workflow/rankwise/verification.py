@@ -180,10 +180,10 @@ def tpr_at_fpr(
         "distance": distance,
         "tpr@fpr": {f"{x:g}": tpr[x] for x in fprs},
         "threshold@fpr": {f"{x:g}": float(threshold[x]) for x in fprs},
-        # levels below 1/N all mean "no negative accepted": the curve starts at 1/N
+        # levels below 1/N (m = 0) all mean "no negative accepted": the curve starts at 1/N
         "roc": {
-            "fpr": [x for x in levels if x * n_neg >= 1],
-            "tpr": [tpr[x] for x in levels if x * n_neg >= 1],
+            "fpr": [x for x, r in zip(levels, ranks, strict=True) if r >= 2],
+            "tpr": [tpr[x] for x, r in zip(levels, ranks, strict=True) if r >= 2],
         },
         "histogram": {
             "edges": [float(e) for e in pairs.to_distance(edges)],
