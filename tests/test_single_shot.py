@@ -223,8 +223,10 @@ def test_seed_changes_the_draws_not_the_exact_value():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"shot_repeats": 0}, r"^shot_repeats must be a positive integer or 'exact', got 0$"),
-        ({"shot_repeats": "all"}, r"^shot_repeats must be a positive integer or 'exact'"),
+        ({"shot_repeats": 0}, r"^shot_repeats must be an integer from 1 to 10000, or 'exact' "),
+        ({"shot_repeats": "all"}, r"^shot_repeats must be an integer from 1 to 10000, or 'exact'"),
+        # each query's draws are held whole: 10^11 of them was a numpy MemoryError traceback
+        ({"shot_repeats": 10**11}, r"^shot_repeats must be an integer from 1 to 10000, or 'e"),
         ({"shot_seed": -1}, r"^shot_seed must be a non-negative integer, got -1$"),
         ({"single_gallery_shot": "yes"}, r"^single_gallery_shot must be true or false"),
     ],
@@ -247,6 +249,7 @@ def test_other_protocols_refuse_it():
     [
         (["--protocol", "reid", "--single-gallery-shot", "--shot-repeats", "0"], "--shot-repeats"),
         (["--protocol", "reid", "--single-gallery-shot", "--shot-repeats", "x"], "--shot-repeats"),
+        (["--protocol", "reid", "--single-gallery-shot", "--shot-repeats", "10001"], "to 10000"),
         (["--protocol", "reid", "--single-gallery-shot", "--shot-seed", "-1"], "--shot-seed"),
         (["--protocol", "recall", "--single-gallery-shot"], "applies to protocol 'reid'"),
     ],
