@@ -463,3 +463,25 @@ def test_market1501_gt_bbox_is_the_multi_query_set(tmp_path):
     assert sorted(reps) == sorted(Path(n).stem for n in queries)
     ref = brute_multi_query(query, gal, qe, ge, pooling="mean", distance="euclidean")
     check(result, ref)
+
+
+def test_zero_mean_names_the_manifest_lines_after_dropped_rows(tmp_path: Path):
+    """With id-keyed query features that left a row out (on_missing: drop), the zero-mean
+    message names the group's lines in the manifest, not positions among the kept rows."""
+    (tmp_path / "q.csv").write_text("id,label,camera\nq0,1,1\nq1,6,1\nq2,6,1\nq3,2,1\n")
+    (tmp_path / "g.csv").write_text("id,label,camera\ng0,1,2\ng1,6,2\ng2,2,2\n")
+    np.save(tmp_path / "qf.npy", np.array([[1, 2, 3], [-1, -2, -3], [0, 1, 0]], np.float32))
+    (tmp_path / "qids.txt").write_text("q1\nq2\nq3\n")
+    np.save(tmp_path / "g.npy", np.eye(3, dtype=np.float32))
+    options = {"path": str(tmp_path / "qf.npy"), "ids": str(tmp_path / "qids.txt"),
+               "on_missing": "drop"}  # fmt: skip
+    import json
+
+    proc = run_rankwise(
+        "encode", "--kind", "precomputed", "--options", json.dumps(options),
+        "--manifest", str(tmp_path / "q.csv"), "--out", str(tmp_path / "q.zarr"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with pytest.raises(RankwiseError, match=r"\(lines 3, 4\) is a zero vector"):
+        rankwise.evaluate(tmp_path / "q.csv", tmp_path / "g.csv", tmp_path / "q.zarr",
+                          tmp_path / "g.npy", protocol="reid", multi_query="mean")  # fmt: skip

@@ -33,6 +33,7 @@ import numpy as np
 
 from .embeddings import EmbeddingSource
 from .errors import RankwiseError
+from .manifest import row_line
 from .ranking import prepare_chunk
 from .table import Table
 
@@ -99,7 +100,11 @@ def pool_queries(
         else:
             pooled[p] = group.max(axis=0)
         if cosine and not np.any(pooled[p]):
-            lines = ", ".join(str(int(r) + 2) for r in members[offsets[p] : offsets[p + 1]])
+            # the manifest's own lines: rows left out by id-keyed features (on_missing:
+            # drop) are not counted in ``table``'s positions
+            lines = ", ".join(
+                str(row_line(int(r), table)) for r in members[offsets[p] : offsets[p + 1]]
+            )
             # A lone member's row is zero itself: no pooling helps; otherwise the other one may.
             other = "mean" if pooling == "max" else "max"
             fix = (
