@@ -485,3 +485,21 @@ def test_zero_mean_names_the_manifest_lines_after_dropped_rows(tmp_path: Path):
     with pytest.raises(RankwiseError, match=r"\(lines 3, 4\) is a zero vector"):
         rankwise.evaluate(tmp_path / "q.csv", tmp_path / "g.csv", tmp_path / "q.zarr",
                           tmp_path / "g.npy", protocol="reid", multi_query="mean")  # fmt: skip
+
+
+def test_pooled_norm_out_of_range_names_the_group(tmp_path: Path):
+    """Under euclidean, a pooled row beyond the norm range (max pooling of rows along
+    different axes: sqrt(2) x 2^60) names the manifest and the group's lines, not a
+    position among the pooled rows."""
+    (tmp_path / "q.csv").write_text("id,label,camera\nq0,5,1\nq1,0,1\nq2,0,1\n")
+    (tmp_path / "g.csv").write_text("id,label,camera\ng0,0,2\ng1,5,2\n")
+    s = 2.0**60
+    np.save(tmp_path / "q.npy", np.array([[1, 1, 0], [s, 0, 0], [0, s, 0]], np.float32))
+    np.save(tmp_path / "g.npy", np.array([[1, 0, 0], [0, 1, 0]], np.float32))
+    inputs = [str(tmp_path / n) for n in ("q.csv", "g.csv", "q.npy", "g.npy")]
+    with pytest.raises(
+        RankwiseError, match=r"q\.csv: the max .* \(lines 3, 4\) has norm 1\.63e\+18"
+    ):
+        rankwise.evaluate(*inputs, protocol="reid", distance="euclidean", multi_query="max")
+    # the mean of the same rows lies inside the range: ranked as before
+    rankwise.evaluate(*inputs, protocol="reid", distance="euclidean", multi_query="mean")

@@ -117,6 +117,23 @@ def pool_queries(
                 f"{camera[reps[p]]!r} (lines {lines}) is a zero vector, which has no cosine "
                 f"distance; {fix}"
             )
+    if not cosine:  # the ranking's norm range, named by the group's lines (not "row p")
+        from .ranking import EUCLIDEAN_MAX_SQ, EUCLIDEAN_MIN_SQ, _kernels
+
+        sq, _, _ = _kernels().row_norms(pooled)
+        out = (sq != 0.0) & ((sq < EUCLIDEAN_MIN_SQ) | (sq > EUCLIDEAN_MAX_SQ))
+        if out.any():
+            p = int(np.argmax(out))
+            lines = ", ".join(
+                str(row_line(int(r), table)) for r in members[offsets[p] : offsets[p + 1]]
+            )
+            raise RankwiseError(
+                f"{name}: the {pooling} of the query rows of label {label[reps[p]]!r} camera "
+                f"{camera[reps[p]]!r} (lines {lines}) has norm {np.sqrt(sq[p]):.3g}, outside "
+                "[2^-50, 2^60] (8.9e-16 to 1.2e18), where float32 tiles cannot rank "
+                "euclidean distances exactly; multiply all embeddings by one constant "
+                "(euclidean ranks do not change) or use distance 'cosine'"
+            )
     return Pooled(
         pooling=pooling,
         table=table.take(reps),
