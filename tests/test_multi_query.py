@@ -325,7 +325,9 @@ def test_zero_pool_advice_names_a_pooling_that_can_help():
     # a one-member group whose row is zero: neither pooling helps
     qe[2] = 0.0
     query.loc[1, "label"] = 3
-    with pytest.raises(RankwiseError, match=r"\(lines 4\) is a zero vector.*; fix that row or"):
+    with pytest.raises(
+        RankwiseError, match=r"\(lines 2 \(0-based\)\) is a zero vector.*; fix that row or"
+    ):
         rankwise.evaluate(query, gallery, qe, ge, protocol="reid", multi_query="mean")
 
 
