@@ -427,7 +427,20 @@ def test_drop_names_the_manifest_rows_of_sketches(tmp_path: Path):
     q = rng.normal(size=(len(query), 5)).astype(np.float32)
     g = rng.normal(size=(len(gallery), 5)).astype(np.float32)
     np.save(tmp_path / "g.npy", g)
+    # a step left out of a sketch whose other renderings are kept: refused (it made a
+    # shorter sketch, its last kept rendering scored as the complete one, exit 0)
     keep = np.array([i for i in range(len(query)) if i not in (0, 5, 9, 15)])
+    options = _write_features(tmp_path / "p", "query", query["id"].to_numpy()[keep], q[keep], "txt")
+    store = _encode(tmp_path / "q.csv", {**options, "split": "query", "on_missing": "drop"},
+                    tmp_path / "p.zarr")  # fmt: skip
+    with pytest.raises(
+        RankwiseError,
+        match=r"left out step 0 of sketch .sk0. \(.*q\.csv line 2\) but kept its other renderings",
+    ):
+        evaluate(tmp_path / "q.csv", tmp_path / "g.csv", store, tmp_path / "g.npy",
+                 protocol="progressive")  # fmt: skip
+    # whole sketches left out (sk1, sk3): evaluated as the manifest without them
+    keep = np.array([i for i in range(len(query)) if i // 4 not in (1, 3)])
     options = _write_features(tmp_path / "f", "query", query["id"].to_numpy()[keep], q[keep], "txt")
     store = _encode(tmp_path / "q.csv", {**options, "split": "query", "on_missing": "drop"},
                     tmp_path / "q.zarr")  # fmt: skip

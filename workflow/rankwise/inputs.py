@@ -152,6 +152,7 @@ def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *, protoco
     check_same_checkpoint(q_src, g_src)
     for table, src, name in ((q_table, q_src, q_name), (g_table, g_src, g_name)):
         _check_keyed(table, src, name)
+    _check_whole_sketches(q_table, q_src, q_name, protocol)
     return Inputs(
         protocol=protocol,
         query=aligned_table(q_table, q_src),
@@ -160,6 +161,37 @@ def open_inputs(query, gallery, query_embeddings, gallery_embeddings, *, protoco
         gallery_embeddings=g_src,
         names=(q_name or "query table", g_name or "gallery table"),
     )
+
+
+def _check_whole_sketches(
+    table: Table, source: EmbeddingSource, manifest: str | None, protocol: str
+) -> None:
+    """Sketch units with id-keyed query features that left rows out (``on_missing:
+    drop``): a sketch keeps all its renderings or none.  One left out of a sketch whose
+    others were kept would make a shorter sketch of it, its last kept rendering scored as
+    the complete one (acc@K) and its weights shifted, silently."""
+    import numpy as np
+
+    from .errors import RankwiseError
+    from .manifest import row_line
+    from .registry import get_protocol
+
+    if source.manifest_rows is None or get_protocol(protocol).unit != "sketch":
+        return
+    sketch = np.asarray(table["sketch"]).astype(str)
+    kept = np.zeros(len(table), dtype=bool)
+    kept[np.asarray(source.manifest_rows, dtype=np.int64)] = True
+    partial = np.intersect1d(sketch[kept], sketch[~kept])
+    if len(partial):
+        row = int(np.flatnonzero(~kept & np.isin(sketch, partial))[0])  # manifest order
+        raise RankwiseError(
+            f"{source.path}: the id-keyed query features left out step "
+            f"{table['step'][row]} of sketch {str(sketch[row])!r} ({manifest or 'query table'} "
+            f"line {row_line(row, table)}) but kept its other renderings "
+            f"({len(partial)} such sketch(es)): a sketch is scored with all its renderings "
+            "(acc@K on the complete one); give features for every rendering, or remove the "
+            "sketch's rows from the manifest"
+        )
 
 
 def _check_keyed(table: Table, source: EmbeddingSource, manifest: str | None) -> None:
