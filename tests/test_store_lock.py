@@ -291,3 +291,28 @@ def test_two_processes_writing_one_file(tmp_path):
     data = path.read_bytes()
     assert data in (b"a" * (1 << 20), b"b" * (1 << 20))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "writer.py"]
+
+
+def test_an_interrupt_between_the_renames_keeps_the_old_result(tmp_path, monkeypatch):
+    """Ctrl-C after the old result is moved aside and before the new one is renamed in:
+    the old result is put back (it was lost: ``<out>.old`` kept, the new one deleted,
+    nothing under the final name, and the next write deleted ``<out>.old``)."""
+    out = tmp_path / "r.zarr"
+    with atomic_directory(out) as tmp:
+        (tmp / "which").write_text("old")
+    real = os.rename
+
+    def rename(src, dst, *args, **kwargs):
+        real(src, dst, *args, **kwargs)
+        if str(dst).endswith(".zarr.old"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_directory(out) as tmp:
+            (tmp / "which").write_text("new")
+    monkeypatch.setattr(os, "rename", real)
+    assert (out / "which").read_text() == "old"
+    assert not (tmp_path / "r.zarr.tmp").exists()
+    assert not (tmp_path / "r.zarr.old").exists()
+    assert not (tmp_path / "r.zarr.lock").exists()

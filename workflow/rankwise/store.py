@@ -278,8 +278,15 @@ def atomic_directory(path: str | os.PathLike, kind: str | None = None) -> Iterat
                 # An old result under the final name (a user rerunning by hand) is replaced
                 # whole: moved aside, the new one renamed in, then deleted, so a kill at any
                 # point leaves the old result or the new one, never a half-deleted store.
-                os.rename(final, old)
-                os.rename(tmp, final)
+                try:
+                    os.rename(final, old)
+                    os.rename(tmp, final)
+                except BaseException:
+                    # an interrupt (Ctrl-C) between the two renames: put the old result
+                    # back before the new one is discarded, rather than leave neither
+                    if old.is_dir() and not final.exists():
+                        os.rename(old, final)
+                    raise
                 shutil.rmtree(old)
                 return
             if final.exists():
