@@ -267,7 +267,9 @@ class _Stores:
                 attrs = dict(zarr.open_group(str(path), mode="r").attrs)
             except Exception:  # not a readable store: read_ranks says so in one line
                 attrs = {}
-            shared = sorted(set(raw) & set(attrs) - {*_METRICS_KEYS, "complete", "kind"})
+            # the store's format is read_ranks' to check (a bad one: refused in one line)
+            skip = {*_METRICS_KEYS, "complete", "kind", "rankwise_format"}
+            shared = sorted(set(raw) & set(attrs) - skip)
             self._differs[key] = next((k for k in shared if raw[k] != attrs[k]), None)
         return self._differs[key]
 
