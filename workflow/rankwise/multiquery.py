@@ -87,8 +87,20 @@ def pool_queries(
     members = np.concatenate([by_id[s : s + n] for s, n in zip(starts, sizes, strict=True)])
     offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
     # Read as stored (not normalised); a NaN/inf row is an error naming the member's row
-    # (the norm range is checked on the pooled rows, when they are ranked).
+    # (the norm range is checked below, on the pooled rows).
     rows, _ = prepare_chunk(source, 0, source.shape[0], False, check_range=False)
+
+    def group_of(p: int) -> str:
+        """Pooled query p as its rows' manifest lines (rows left out by id-keyed features,
+        ``on_missing: drop``, are not counted in ``table``'s positions)."""
+        lines = ", ".join(
+            str(row_line(int(r), table)) for r in members[offsets[p] : offsets[p + 1]]
+        )
+        return (
+            f"{name}: the {pooling} of the query rows of label {label[reps[p]]!r} camera "
+            f"{camera[reps[p]]!r} (lines {lines})"
+        )
+
     pooled = np.empty((len(reps), rows.shape[1]), np.float32)
     for p in range(len(reps)):
         group = rows[members[offsets[p] : offsets[p + 1]]]
@@ -100,11 +112,6 @@ def pool_queries(
         else:
             pooled[p] = group.max(axis=0)
         if cosine and not np.any(pooled[p]):
-            # the manifest's own lines: rows left out by id-keyed features (on_missing:
-            # drop) are not counted in ``table``'s positions
-            lines = ", ".join(
-                str(row_line(int(r), table)) for r in members[offsets[p] : offsets[p + 1]]
-            )
             # A lone member's row is zero itself: no pooling helps; otherwise the other one may.
             other = "mean" if pooling == "max" else "max"
             fix = (
@@ -113,27 +120,15 @@ def pool_queries(
                 else f"use multi_query '{other}' or distance 'euclidean'"
             )
             raise RankwiseError(
-                f"{name}: the {pooling} of the query rows of label {label[reps[p]]!r} camera "
-                f"{camera[reps[p]]!r} (lines {lines}) is a zero vector, which has no cosine "
-                f"distance; {fix}"
+                f"{group_of(p)} is a zero vector, which has no cosine distance; {fix}"
             )
     if not cosine:  # the ranking's norm range, named by the group's lines (not "row p")
-        from .ranking import EUCLIDEAN_MAX_SQ, EUCLIDEAN_MIN_SQ, _kernels
+        from .ranking import _kernels, first_out_of_range, norm_range_problem
 
         sq, _, _ = _kernels().row_norms(pooled)
-        out = (sq != 0.0) & ((sq < EUCLIDEAN_MIN_SQ) | (sq > EUCLIDEAN_MAX_SQ))
-        if out.any():
-            p = int(np.argmax(out))
-            lines = ", ".join(
-                str(row_line(int(r), table)) for r in members[offsets[p] : offsets[p + 1]]
-            )
-            raise RankwiseError(
-                f"{name}: the {pooling} of the query rows of label {label[reps[p]]!r} camera "
-                f"{camera[reps[p]]!r} (lines {lines}) has norm {np.sqrt(sq[p]):.3g}, outside "
-                "[2^-50, 2^60] (8.9e-16 to 1.2e18), where float32 tiles cannot rank "
-                "euclidean distances exactly; multiply all embeddings by one constant "
-                "(euclidean ranks do not change) or use distance 'cosine'"
-            )
+        p = first_out_of_range(sq)
+        if p >= 0:
+            raise RankwiseError(f"{group_of(p)} {norm_range_problem(float(sq[p]))}")
     return Pooled(
         pooling=pooling,
         table=table.take(reps),

@@ -215,11 +215,27 @@ def prepare_chunk(
     if bad >= 0:
         raise RankwiseError(_bad_row_message(source, start + bad, why, zero_fix=zero_fix))
     if not cosine and check_range:
-        out = (sq != 0.0) & ((sq < EUCLIDEAN_MIN_SQ) | (sq > EUCLIDEAN_MAX_SQ))
-        if out.any():
-            row = int(np.argmax(out))
+        row = first_out_of_range(sq)
+        if row >= 0:
             raise RankwiseError(_bad_row_message(source, start + row, 3, float(sq[row])))
     return rows, sq
+
+
+def first_out_of_range(sq: np.ndarray) -> int:
+    """The first non-zero row whose squared norm lies outside ``[EUCLIDEAN_MIN_SQ,
+    EUCLIDEAN_MAX_SQ]`` (euclidean ranks of float32 tiles are bounded only inside), or -1."""
+    out = (sq != 0.0) & ((sq < EUCLIDEAN_MIN_SQ) | (sq > EUCLIDEAN_MAX_SQ))
+    return int(np.argmax(out)) if out.any() else -1
+
+
+def norm_range_problem(sq: float) -> str:
+    """What is wrong with a row :func:`first_out_of_range` found, and the fix."""
+    return (
+        f"has norm {np.sqrt(sq):.3g}, outside "
+        "[2^-50, 2^60] (8.9e-16 to 1.2e18), where float32 tiles cannot rank euclidean "
+        "distances exactly; multiply all embeddings by one constant (euclidean ranks do "
+        f"not change) or use {DISTANCE.spelled} cosine"
+    )
 
 
 def row_location(source: EmbeddingSource, row: int) -> str:
@@ -242,12 +258,7 @@ def _bad_row_message(
     if why == 1:
         return f"{where} contains NaN or inf; fix or drop that item"
     if why == 3:
-        return (
-            f"{where} has norm {np.sqrt(sq):.3g}, outside "
-            "[2^-50, 2^60] (8.9e-16 to 1.2e18), where float32 tiles cannot rank euclidean "
-            "distances exactly; multiply all embeddings by one constant (euclidean ranks do "
-            f"not change) or use {DISTANCE.spelled} cosine"
-        )
+        return f"{where} {norm_range_problem(sq)}"
     return f"{where} is a zero vector, which has no cosine distance; {zero_fix or zero_row_fix()}"
 
 
