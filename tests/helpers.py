@@ -127,3 +127,35 @@ def c_kernels(extra_flags: tuple[str, ...] = ()):
     if native._compiler() is None:
         pytest.skip("no C compiler here: numba's kernels run")
     return native._build(native.FLAGS + tuple(extra_flags))
+
+
+def float32_settings(torch) -> dict[str, object]:
+    """torch's float32 precision settings, read without ever mixing its two APIs: the
+    per-backend ``fp32_precision`` strings where torch has them (>= 2.9; its legacy getters
+    raise once both APIs were used), else the legacy flags."""
+    backends = torch.backends
+    if isinstance(getattr(backends.cuda.matmul, "fp32_precision", None), str):
+        return {
+            "cuda.matmul": backends.cuda.matmul.fp32_precision,
+            "cudnn.conv": backends.cudnn.conv.fp32_precision,
+            "mkldnn.matmul": backends.mkldnn.matmul.fp32_precision,
+        }
+    return {
+        "cuda.matmul": backends.cuda.matmul.allow_tf32,
+        "cudnn.conv": backends.cudnn.allow_tf32,
+        "matmul precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def ieee_float32_settings(torch) -> dict[str, object]:
+    """:func:`float32_settings` of a process computing in IEEE float32 throughout."""
+    if isinstance(getattr(torch.backends.cuda.matmul, "fp32_precision", None), str):
+        return {"cuda.matmul": "ieee", "cudnn.conv": "ieee", "mkldnn.matmul": "ieee"}
+    return {"cuda.matmul": False, "cudnn.conv": False, "matmul precision": "highest"}
+
+
+def tf32_like_a_training_script(torch) -> None:
+    """What training scripts write (the legacy API): TF32 on for matmuls and convolutions."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")

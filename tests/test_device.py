@@ -21,7 +21,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from helpers import planned_jobs, run_rankwise, snakemake
+from helpers import (
+    float32_settings,
+    ieee_float32_settings,
+    planned_jobs,
+    run_rankwise,
+    snakemake,
+    tf32_like_a_training_script,
+)
 
 import rankwise
 from rankwise import RankwiseError, devices, kernels
@@ -414,25 +421,47 @@ def test_memory_limit_counts_torch_on_a_torch_device(tmp_path):
         rankwise.evaluate(*_files(tmp_path), memory_limit_mb=limit, workers=1, device="torch-cpu")
 
 
-def test_tf32_is_off_while_ranking_and_restored_after():
-    saved = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.set_float32_matmul_precision("high")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        tiles = devices.tiles_for("torch-cpu")
-        with tiles.exact_float32():
-            assert torch.get_float32_matmul_precision() == "highest"
-            assert torch.backends.cuda.matmul.allow_tf32 is False
-        assert torch.get_float32_matmul_precision() == "high"
-        assert torch.backends.cuda.matmul.allow_tf32 is True
-        # a cluster's worker never entered exact_float32: each tile switches TF32 off
-        q = tiles.upload(np.eye(3, dtype=np.float32))
-        assert np.array_equal(tiles.similarities(q, q), np.eye(3, dtype=np.float32))
-        assert torch.get_float32_matmul_precision() == "highest"
-        assert torch.backends.cuda.matmul.allow_tf32 is False
-    finally:
-        torch.set_float32_matmul_precision(saved[0])
-        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+@pytest.fixture
+def tf32_on():
+    """The process as a training script leaves it (TF32 on, legacy API); restored after.
+    Restoring itself goes through a fresh interpreter's defaults, read before."""
+    saved = [
+        (torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32),
+        (torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32),
+    ]
+    precision = torch.get_float32_matmul_precision()
+    tf32_like_a_training_script(torch)
+    caller = float32_settings(torch)
+    yield caller
+    for owner, attribute, value in saved:
+        setattr(owner, attribute, value)
+    torch.set_float32_matmul_precision(precision)
+
+
+def test_tf32_is_off_while_ranking_and_restored_after(tf32_on):
+    assert tf32_on != ieee_float32_settings(torch)
+    tiles = devices.tiles_for("torch-cpu")
+    with tiles.exact_float32():
+        assert float32_settings(torch) == ieee_float32_settings(torch)
+    assert float32_settings(torch) == tf32_on
+    # the legacy getters a training script reads still answer (torch >= 2.9 raises on a
+    # mix of its two APIs: only the one it has was written, and put back)
+    assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert torch.backends.cudnn.allow_tf32 is True
+    assert torch.get_float32_matmul_precision() == "high"
+    # a cluster's worker never entered exact_float32: each tile switches TF32 off
+    q = tiles.upload(np.eye(3, dtype=np.float32))
+    assert np.array_equal(tiles.similarities(q, q), np.eye(3, dtype=np.float32))
+    assert float32_settings(torch) == ieee_float32_settings(torch)
+
+
+@pytest.mark.parametrize("device", TORCH_DEVICES)
+def test_ranking_with_tf32_on_gives_the_numpy_numbers(tf32_on, make_case, device):
+    # on a GPU: without the switch, cuBLAS would multiply in TF32 and the error bound,
+    # which assumes float32 products, would not hold
+    case = _case(make_case, "reid", "cosine")
+    _assert_identical(_rank_both(case, device, gallery_chunk=7), _rank_both(case, "cpu"))
+    assert float32_settings(torch) == tf32_on
 
 
 def test_on_a_cluster_torch_cpu_equals_cpu(make_case):

@@ -27,7 +27,15 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import ROOT, planned_jobs, run_rankwise, snakemake
+from helpers import (
+    ROOT,
+    float32_settings,
+    ieee_float32_settings,
+    planned_jobs,
+    run_rankwise,
+    snakemake,
+    tf32_like_a_training_script,
+)
 
 from rankwise.encoders import DEFAULTS as _ALL_DEFAULTS
 from rankwise.encoders import encode_manifest
@@ -552,7 +560,7 @@ def test_reid_equals_the_package_own_extraction(
         "std": IMAGENET[1],
         "channel_order": "rgb",
         "flip": False,
-        "device": "cpu",
+        "device": "cuda" if torch.cuda.is_available() else "cpu",  # auto
         "half": False,
     }
 
@@ -888,6 +896,93 @@ def test_cuda_requested_without_cuda(manifest: Path, tmp_path: Path):
             tmp_path / "e.zarr",
             progress=False,
         )
+
+
+@pytest.fixture
+def tf32_on():
+    """The process as a training script leaves it (TF32 on, legacy API); restored after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    precision = torch.get_float32_matmul_precision()
+    tf32_like_a_training_script(torch)
+    yield float32_settings(torch)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    torch.set_float32_matmul_precision(precision)
+
+
+def test_encoding_is_ieee_float32_and_leaves_the_caller_settings(
+    tf32_on, timm_model, manifest: Path, tmp_path: Path
+):
+    embedder, state = timm_model
+    seen = []
+
+    def spy(module, inputs, output):  # inside the encoder's forward pass
+        seen.append(float32_settings(torch))
+
+    ckpt = _save_like_training(state, tmp_path / "epoch_060.pth")
+    hook = torch.nn.modules.module.register_module_forward_hook(spy)  # every module
+    try:
+        got = _embed(manifest, ckpt, tmp_path / "e.zarr", (64, 32))
+    finally:
+        hook.remove()
+    assert seen and all(s == ieee_float32_settings(torch) for s in seen)
+    assert float32_settings(torch) == tf32_on
+    assert torch.backends.cudnn.allow_tf32 is True  # legacy getters still answer
+    expected = _forward(embedder, _reference_inputs(manifest, (64, 32), *IMAGENET))
+    _assert_close(got, expected)
+
+
+# ---------------------------------------------------------------- on a GPU (skipped without)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+
+
+@needs_cuda
+@pytest.mark.parametrize("flip", [False, True])
+def test_timm_on_cuda_equals_the_cpu_forward(
+    tf32_on, timm_model, manifest: Path, tmp_path: Path, flip
+):
+    """device: cuda is a float32 encoding: the CPU forward's numbers up to summation order
+    (TF32 convolutions, torch's default, were ~1e-3 away), even when the caller turned
+    TF32 on, and the same bits on a second run."""
+    embedder, state = timm_model
+    ckpt = _save_like_training(state, tmp_path / "epoch_060.pth")
+    got = _embed(manifest, ckpt, tmp_path / "a.zarr", (64, 32), device="cuda", flip=flip)
+    again = _embed(manifest, ckpt, tmp_path / "b.zarr", (64, 32), device="cuda", flip=flip)
+    assert float32_settings(torch) == tf32_on
+    x = _reference_inputs(manifest, (64, 32), *IMAGENET)
+    expected = _forward(embedder, x)
+    if flip:
+        expected = (expected + _forward(embedder, x.flip(3))) / 2
+    _assert_close(got, expected)
+    np.testing.assert_array_equal(got, again)
+    assert embeddings_attrs(tmp_path / "a.zarr")["preprocessing"]["device"] == "cuda"
+
+
+@needs_cuda
+def test_half_on_cuda_is_float16_and_close(timm_model, manifest: Path, tmp_path: Path):
+    embedder, state = timm_model
+    ckpt = _save_like_training(state, tmp_path / "epoch_060.pth")
+    got = _embed(manifest, ckpt, tmp_path / "h.zarr", (64, 32), device="cuda", half=True)
+    expected = _forward(embedder, _reference_inputs(manifest, (64, 32), *IMAGENET))
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    relative = np.abs(got - expected).max() / np.abs(expected).max()
+    assert 1e-5 < relative < 2e-2  # really float16 (not float32), and still the model
+    assert embeddings_attrs(tmp_path / "h.zarr")["preprocessing"]["half"] is True
+
+
+@needs_cuda
+def test_reid_on_cuda_equals_the_package_on_the_cpu(
+    osnet_checkpoint: Path, manifest: Path, tmp_path: Path
+):
+    out = tmp_path / "reid.zarr"
+    options = {"architecture": "osnet_x0_25", "checkpoint": str(osnet_checkpoint)}
+    encode_manifest(
+        manifest, "reid", {**options, "device": "cuda"}, out, batch_size=2, progress=False
+    )
+    expected = _reid_package(osnet_checkpoint).extract_embeddings_from_paths(
+        [str(p) for p in _paths(manifest)], batch_size=N_ROWS
+    )
+    _assert_close(_read(out), expected)
 
 
 @pytest.mark.parametrize(

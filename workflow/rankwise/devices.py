@@ -30,10 +30,13 @@ of length ``D`` by ``2 (D + 2) u |q| |g|`` (``u = 2^-24``).  That is twice the c
 reductions across GPU threads) and with or without fused multiply-adds (an FMA rounds
 once where a multiply and an add round twice).  It does need every product and sum
 rounded to float32 (no TF32, whose 10-bit mantissa inputs break it): the torch path
-switches TF32 off (``torch.backends.cuda.matmul.allow_tf32 = False`` and
-``torch.set_float32_matmul_precision("highest")``, which also keeps oneDNN on the CPU
-in IEEE float32) while it ranks.  Items within the bound of a threshold get the exact
-float64 key, as on the numpy path, so the counts are identical.  Like the numpy path,
+computes in IEEE float32 while it ranks (:func:`ieee_float32`: cuBLAS, cuDNN and oneDNN,
+through torch's per-backend ``fp32_precision`` where it has them, else the legacy
+``allow_tf32`` flags and ``set_float32_matmul_precision("highest")``).  Checked on an
+NVIDIA H200 (torch 2.11, 2026-12-04): every test of tests/test_device.py on ``cuda``, and
+bench.py's reports at Market and MSMT17 scale on three distributions, identical.  Items
+within the bound of a threshold get the exact float64 key, as on the numpy path, so the
+counts are identical.  Like the numpy path,
 the bound ignores float32 underflow (products below ~1e-38, flushed to zero on some
 GPUs): irrelevant for L2-normalised rows, reachable only for euclidean embeddings with
 norms below ~1e-15.
@@ -140,7 +143,7 @@ class TorchTiles:
         """Per tile: ``q @ g.T`` on the device, copied back: ``(b, c)`` float32 numpy."""
         import torch
 
-        _ieee_float32(torch)  # a worker process of a cluster: not set by exact_float32
+        force_ieee_float32(torch)  # a worker process of a cluster: not set by exact_float32
         return torch.matmul(q, g.T).cpu().numpy()
 
     def release(self, sim: np.ndarray) -> None:
@@ -150,26 +153,83 @@ class TorchTiles:
     def clear() -> None:
         """Nothing held."""
 
-    @contextlib.contextmanager
-    def exact_float32(self) -> Iterator[None]:
+    def exact_float32(self) -> contextlib.AbstractContextManager[None]:
         """Within: TF32 off (the error bound needs IEEE float32 products); the
         previous process-wide settings are restored on exit."""
         import torch
 
-        saved = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
-        _ieee_float32(torch)
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(saved[0])
-            torch.backends.cuda.matmul.allow_tf32 = saved[1]
+        return ieee_float32(torch)
 
 
-def _ieee_float32(torch: Any) -> None:
-    if torch.get_float32_matmul_precision() != "highest":
-        torch.set_float32_matmul_precision("highest")
-    if torch.backends.cuda.matmul.allow_tf32:
-        torch.backends.cuda.matmul.allow_tf32 = False
+def _precision_knobs(torch: Any) -> list[tuple[Any, str, Any]]:
+    """``(object, attribute, IEEE value)`` of each setting that lets torch compute float32
+    products in a reduced precision: cuBLAS matmuls and cuDNN convolutions on CUDA,
+    oneDNN matmuls and convolutions on the CPU.
+
+    torch >= 2.9 has per-backend ``fp32_precision`` strings, and its legacy getters
+    (``allow_tf32``, ``get_float32_matmul_precision()``) raise once a process has used
+    both APIs ("mix of the legacy and new APIs"): a training script's
+    ``allow_tf32 = True`` then made our own read fail (seen on torch 2.11, H200).  The new
+    attributes are read and written alone where they exist, the legacy flags elsewhere.
+    """
+    backends = torch.backends
+    if isinstance(getattr(backends.cuda.matmul, "fp32_precision", None), str):
+        knobs = [(backends.cuda.matmul, "fp32_precision", "ieee")]
+        for parent in (backends.cudnn, backends.mkldnn):
+            for op in ("conv", "matmul"):
+                child = getattr(parent, op, None)
+                if isinstance(getattr(child, "fp32_precision", None), str):
+                    knobs.append((child, "fp32_precision", "ieee"))
+        return knobs
+    return [
+        (backends.cuda.matmul, "allow_tf32", False),
+        (backends.cudnn, "allow_tf32", False),
+        (_LegacyMatmulPrecision(torch), "value", "highest"),
+    ]
+
+
+class _LegacyMatmulPrecision:
+    """``torch.get/set_float32_matmul_precision`` as an attribute (torch < 2.9)."""
+
+    def __init__(self, torch: Any):
+        self._torch = torch
+
+    @property
+    def value(self) -> str:
+        return str(self._torch.get_float32_matmul_precision())
+
+    @value.setter
+    def value(self, precision: str) -> None:
+        self._torch.set_float32_matmul_precision(precision)
+
+
+def force_ieee_float32(torch: Any) -> list[tuple[Any, str, Any]]:
+    """Switch every reduced-precision float32 setting of :func:`_precision_knobs` to IEEE
+    float32; returns ``(object, attribute, previous value)`` of those it changed (none when
+    all were IEEE already: a call per tile costs a few attribute reads)."""
+    changed = []
+    for owner, attribute, ieee in _precision_knobs(torch):
+        previous = getattr(owner, attribute)
+        if previous != ieee:
+            setattr(owner, attribute, ieee)
+            changed.append((owner, attribute, previous))
+    return changed
+
+
+@contextlib.contextmanager
+def ieee_float32(torch: Any) -> Iterator[None]:
+    """Within: float32 matrix products and convolutions in IEEE float32 (TF32 off, on
+    CUDA and in oneDNN); the settings it changed are put back on exit, so a library
+    caller's own choice stands (and no API of torch's is mixed in that it did not use).
+
+    Enter it from one thread: a second thread's context could put TF32 back while the
+    first computes (the engine enters it once around a whole run)."""
+    changed = force_ieee_float32(torch)
+    try:
+        yield
+    finally:
+        for owner, attribute, previous in reversed(changed):
+            setattr(owner, attribute, previous)
 
 
 Tiles = NumpyTiles | TorchTiles
