@@ -9,8 +9,10 @@ results/metrics/<dataset>/<encoder>.json. Three encoders play a series of checkp
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,10 @@ from rankwise.errors import RankwiseError
 from rankwise.report import build_report, cmc_curve, comparison_pairs, render_html
 from rankwise.stats import holm
 from rankwise.store import read_ranks, write_embeddings, write_ranks
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import run_rankwise
 
 # name -> noise: checkpoints of increasing quality, given in this (config) order
 ENCODERS = {"enc-a": 1.5, "enc-b": 0.6, "enc-c": 0.3}
@@ -711,10 +717,54 @@ def test_a_hand_written_metrics_file_beside_computed_ones(results, tmp_path):
     # every note Markdown gives under the dataset is in the LaTeX caption too
     notes = [view.dropped_rows_note(rows), view.no_statistics_note(doc, "toy")]
     notes += [view.not_compared_note(doc, "toy"), view.unattainable_note(doc, "toy")]
+    # the paper's two numbers are what it has: no "missing metrics" note for it
+    assert view.missing_metrics_note(rows) is None
     tex = render_latex(doc)
     from rankwise.report.latex import _tex
 
     assert all(_tex(n) in tex for n in notes if n)
+
+
+def test_a_metrics_file_lacking_some_metrics_is_named(results, tmp_path):
+    """An older rankwise's metrics file (without precision@K / map@r) beside newer ones:
+    its "-" cells are explained under the dataset, in the LaTeX caption and on the
+    terminal (they were silent, and the overview left a missing headline metric out
+    without a word)."""
+    from rankwise.report import render_latex, view
+    from rankwise.report.latex import _tex
+
+    _, metrics = results
+    toy = [p for p in metrics if p.parent.name == "toy"]
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    for path in toy:
+        data = json.loads(path.read_text())
+        if path.stem == "enc-b":
+            old = ("map@r", "precision@1")
+            data["metrics"] = {k: v for k, v in data["metrics"].items() if k not in old}
+        (folder / path.name).write_text(json.dumps(data))
+    files = [folder / p.name for p in toy]
+    proc = run_rankwise("report", *files, "--resamples", "50", "--out-dir", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "metrics missing" in line]
+    assert notes == [
+        "note: metrics missing from some metrics files (shown as -, no paired test or "
+        "overview column with them): toy/enc-b (precision@1, map@r); `rankwise metrics` "
+        "on their ranks stores again computes them"
+    ]
+    sentence = (
+        'Not in every metrics file ("-": no paired test or overview column with them): '
+        "enc-b: precision@1, map@r."
+    )
+    assert sentence in (tmp_path / "out" / "report.md").read_text()
+    assert html.escape(sentence) in (tmp_path / "out" / "report.html").read_text()
+    doc = build_report(files, resamples=50, worst_queries=0)
+    rows = [r for r in doc["results"] if r["dataset"] == "toy"]
+    assert _tex(view.missing_metrics_note(rows)) in render_latex(doc)
+    # every file complete: no note
+    complete = run_rankwise("report", *toy, "--resamples", "50", "--out-dir", tmp_path / "all")
+    assert complete.returncode == 0 and "metrics missing" not in complete.stderr
+    assert "Not in every metrics file" not in (tmp_path / "all" / "report.md").read_text()
 
 
 def test_beyond_four_encoders_a_best_without_statistics_gives_way_to_the_next(results, tmp_path):

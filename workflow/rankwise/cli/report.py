@@ -161,6 +161,9 @@ def report(
     )
     if coarse:
         click.echo(f"note: {coarse}", err=True)
+    lacking = view.missing_metrics_line(doc)
+    if lacking:
+        click.echo(f"note: {lacking}", err=True)
     missing = view.no_statistics_line(doc)
     if missing:
         click.echo(

@@ -250,6 +250,7 @@ def render_html(doc: dict[str, Any], *, links_from: str | os.PathLike = ".") -> 
         if dropped:
             parts.append(f'<p class="meta">{_esc(dropped)}</p>')
         for note in (
+            view.missing_metrics_note(rows),
             view.no_statistics_note(doc, dataset),
             view.not_compared_note(doc, dataset),
             view.unattainable_note(doc, dataset),

@@ -263,7 +263,8 @@ def _caption(
             f"significant ({view.significance_rule(doc)}). "
         )
     # the notes Markdown and HTML print under the dataset's header, in their order
-    notes = [view.dropped_rows_note(rows), view.no_statistics_note(doc, dataset)]
+    notes = [view.dropped_rows_note(rows), view.missing_metrics_note(rows)]
+    notes += [view.no_statistics_note(doc, dataset)]
     notes += [view.not_compared_note(doc, dataset)]
     notes += [view.unattainable_note(doc, dataset) if differences else None]
     return _tex(" ".join([text + view.stats_sentence(doc, rows), *filter(None, notes)]))

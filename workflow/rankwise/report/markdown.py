@@ -114,6 +114,7 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
         if dropped:
             out += [_escape(dropped), ""]
         for note in (
+            view.missing_metrics_note(rows),
             view.no_statistics_note(doc, dataset),
             view.not_compared_note(doc, dataset),
             view.unattainable_note(doc, dataset),

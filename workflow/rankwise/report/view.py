@@ -340,6 +340,48 @@ def dropped_rows_note(rows: list[dict[str, Any]]) -> str | None:
     return "Manifest rows without features left out (on_missing: drop): " + "; ".join(parts) + "."
 
 
+def missing_metrics(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """``(encoder, names)`` of each row whose metrics file lacks some of the metrics
+    another row of the dataset has (an older rankwise's file beside a newer one, or other
+    ``--ks``): a "-" in the tables, no paired test with that row, no overview column."""
+    names = metric_names(rows)
+    # only computed files (a ranks store in their provenance): a paper's hand-written
+    # numbers have what they have, and no store to compute the rest from
+    computed = [r for r in rows if ((r.get("provenance") or {}).get("files") or {}).get("ranks")]
+    lacking = [(r["encoder"], [n for n in names if n not in r["metrics"]]) for r in computed]
+    return [(encoder, missing) for encoder, missing in lacking if missing]
+
+
+def missing_metrics_note(rows: list[dict[str, Any]]) -> str | None:
+    """:func:`missing_metrics` as a sentence; ``None`` when every row has every metric."""
+    lacking = missing_metrics(rows)
+    if not lacking:
+        return None
+    return (
+        'Not in every metrics file ("-": no paired test or overview column with them): '
+        + "; ".join(f"{encoder}: {', '.join(names)}" for encoder, names in lacking)
+        + ". Their files come from an older rankwise or other --ks: `rankwise metrics` on "
+        "the ranks store again computes them."
+    )
+
+
+def missing_metrics_line(doc: dict[str, Any]) -> str | None:
+    """One line for the terminal: every evaluation whose metrics file lacks metrics that
+    another of its dataset has; ``None`` when none does."""
+    parts = [
+        f"{dataset}/{encoder} ({', '.join(names)})"
+        for dataset, rows in by_dataset(doc)
+        for encoder, names in missing_metrics(rows)
+    ]
+    if not parts:
+        return None
+    return (
+        "metrics missing from some metrics files (shown as -, no paired test or overview "
+        "column with them): " + "; ".join(parts) + "; `rankwise metrics` on their ranks "
+        "stores again computes them"
+    )
+
+
 def not_compared_note(doc: dict[str, Any], dataset: str) -> str | None:
     """The encoder pairs of ``dataset`` the report did not test, and why; ``None``: none."""
     skipped = [s for s in doc["statistics"].get("not_compared", []) if s["dataset"] == dataset]
