@@ -316,3 +316,56 @@ def test_an_interrupt_between_the_renames_keeps_the_old_result(tmp_path, monkeyp
     assert not (tmp_path / "r.zarr.tmp").exists()
     assert not (tmp_path / "r.zarr.old").exists()
     assert not (tmp_path / "r.zarr.lock").exists()
+
+
+def test_an_interrupt_during_a_commit_waits_for_every_rename(tmp_path, monkeypatch):
+    """A Ctrl-C between two renames of one command's documents left m.json new beside
+    m.txt old; it now waits until every file is in place, then interrupts."""
+    import rankwise.store as store
+
+    for name in ("m.json", "m.txt", "m.csv"):
+        (tmp_path / name).write_text("old")
+    real_replace = os.replace
+    calls = []
+
+    def replace_then_interrupt(src, dst):
+        real_replace(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGINT)  # the user's Ctrl-C, after the first rename
+
+    monkeypatch.setattr(store.os, "replace", replace_then_interrupt)
+    files = store.StagedFiles()
+    for name in ("m.json", "m.txt", "m.csv"):
+        files.write(tmp_path / name, b"new")
+    with pytest.raises(KeyboardInterrupt):
+        files.commit()
+    assert len(calls) == 3
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
+        "m.json": "new",
+        "m.txt": "new",
+        "m.csv": "new",
+    }
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_a_dead_writers_temporary_files_are_removed_by_the_next_write(tmp_path):
+    """`.<name>.<pid>.<random>.tmp` of a killed writer (a SIGKILLed report's forked
+    figure child) stayed forever; the next write of that file removes it once it is old
+    and its process gone, and never a live or a recent one."""
+    hour_ago = time.time() - 3600
+    dead = 2**31 - 1  # above Linux's pid_max: never a process
+    leftovers = {
+        "dead_old": f".r.svg.{dead}.0123abcd.tmp",
+        "dead_recent": f".r.svg.{dead}.89abcdef.tmp",  # another host's writer, maybe
+        "alive_old": f".r.svg.{os.getppid()}.00000000.tmp",
+        "other_file": f".s.svg.{dead}.0123abcd.tmp",
+    }
+    for key, name in leftovers.items():
+        (tmp_path / name).write_bytes(b"<svg")
+        if key != "dead_recent":
+            os.utime(tmp_path / name, (hour_ago, hour_ago))
+    write_bytes_atomic(tmp_path / "r.svg", b"<svg/>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["r.svg", *(name for key, name in leftovers.items() if key != "dead_old")]
+    )

@@ -50,8 +50,11 @@ import fcntl
 import os
 import secrets
 import shutil
+import signal
 import socket
 import stat
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -641,6 +644,74 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     files.commit()
 
 
+#: Age after which a dead writer's temporary file beside an output is removed (seconds).
+STALE_TEMPORARY_S = 600
+
+
+def _remove_stale_temporaries(final: Path, own: str) -> None:
+    """Remove the ``.<name>.<pid>.<random>.tmp`` files beside ``final`` that a killed
+    writer left (SIGKILL, or a SIGTERM that stopped a report while its forked figure child
+    wrote): another writer's, whose process is gone here, at least
+    :data:`STALE_TEMPORARY_S` old.  The age keeps a live writer on another host of a
+    shared file system safe, whose pid means nothing here."""
+    prefix = f".{final.name}."
+    try:
+        entries = os.scandir(final.parent)
+    except OSError:
+        return
+    with entries:
+        for entry in entries:
+            if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+                continue
+            token = entry.name[len(prefix) : -len(".tmp")]
+            pid, _, random_part = token.partition(".")
+            if token == own or not pid.isdigit() or len(random_part) != 8:
+                continue
+            try:
+                age = time.time() - entry.stat(follow_symlinks=False).st_mtime
+                if age >= STALE_TEMPORARY_S and not _alive(int(pid)):
+                    os.unlink(entry.path)
+            except OSError:  # gone already, or not ours to remove
+                continue
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists here (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Within: SIGINT and SIGTERM wait, and are delivered on exit (to the handlers in
+    place before), so that a few renames are all done or none: a Ctrl-C between two of
+    them left ``m.json`` new beside ``m.txt`` old.  Handlers can be set from the main
+    thread only: elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    saved = {}
+    for number in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(number)
+        if handler is None:  # installed outside Python: left alone
+            continue
+        saved[number] = handler
+        signal.signal(number, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
 def _write_stream(given: Path, data: bytes, path: str | os.PathLike) -> None:
     try:
         with open(given, "wb") as stream:
@@ -709,12 +780,16 @@ class StagedFiles:
                 raise OSError(exc.errno, reason, str(path)) from None
             raise
         self.finals.append(final)
+        _remove_stale_temporaries(final, self.token)
 
     def commit(self) -> None:
-        """Rename every staged file into place, then write the streams."""
+        """Rename every staged file into place, then write the streams.  A Ctrl-C (or
+        SIGTERM) during the renames waits until they are all done: a document set is
+        all new or all old (:func:`_signals_held`)."""
         try:
-            for final in self.finals:
-                os.replace(self._tmp(final), final)
+            with _signals_held():
+                for final in self.finals:
+                    os.replace(self._tmp(final), final)
         except BaseException:
             self.discard()
             raise
