@@ -15,6 +15,7 @@ import glob
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -462,6 +463,26 @@ def test_ranking_with_tf32_on_gives_the_numpy_numbers(tf32_on, make_case, device
     case = _case(make_case, "reid", "cosine")
     _assert_identical(_rank_both(case, device, gallery_chunk=7), _rank_both(case, "cpu"))
     assert float32_settings(torch) == tf32_on
+
+
+def test_the_cublas_context_warning_of_worker_threads_is_hidden(monkeypatch):
+    """torch warns once per process when cuBLAS first runs in a thread without a current
+    CUDA context (each engine worker thread; seen on an H200, two lines on the terminal
+    of every --device cuda run). Benign: torch makes the primary context current itself.
+    That message is hidden, no other."""
+    monkeypatch.setattr(devices, "_CUBLAS_WARNING_QUIET", False)
+    torchs = (
+        "Attempting to run cuBLAS, but there was no current CUDA context! Attempting to "
+        "set the primary context... (Triggered internally at "
+        "/pytorch/aten/src/ATen/cuda/CublasHandlePool.cpp:335.)"
+    )
+    other = "Attempting to run cuBLAS with a tensor of another device"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        devices._quiet_cublas_context_warning()
+        warnings.warn(torchs, UserWarning, stacklevel=1)
+        warnings.warn(other, UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == [other]
 
 
 def test_on_a_cluster_torch_cpu_equals_cpu(make_case):

@@ -55,6 +55,7 @@ import importlib.util
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,6 +145,8 @@ class TorchTiles:
         import torch
 
         force_ieee_float32(torch)  # a worker process of a cluster: not set by exact_float32
+        if self.device == "cuda":
+            _quiet_cublas_context_warning()
         return torch.matmul(q, g.T).cpu().numpy()
 
     def release(self, sim: np.ndarray) -> None:
@@ -159,6 +162,23 @@ class TorchTiles:
         import torch
 
         return ieee_float32(torch)
+
+
+#: torch's warning when cuBLAS first runs in a thread without a current CUDA context
+#: (each of the engine's worker threads: the rows were uploaded from the main thread)
+CUBLAS_CONTEXT_WARNING = r"Attempting to run cuBLAS, but there was no current CUDA context"
+_CUBLAS_WARNING_QUIET = False
+
+
+def _quiet_cublas_context_warning() -> None:
+    """Hide :data:`CUBLAS_CONTEXT_WARNING` (process-wide, that message only): torch then
+    makes the device's primary context current itself, which is what the tile needs,
+    but its two-line UserWarning reached the terminal of every ``--device cuda`` run
+    (seen on an H200)."""
+    global _CUBLAS_WARNING_QUIET
+    if not _CUBLAS_WARNING_QUIET:
+        warnings.filterwarnings("ignore", message=CUBLAS_CONTEXT_WARNING, category=UserWarning)
+        _CUBLAS_WARNING_QUIET = True
 
 
 def _precision_knobs(torch: Any) -> list[tuple[Any, str, Any]]:
