@@ -173,8 +173,8 @@ _CUBLAS_WARNING_QUIET = False
 def _quiet_cublas_context_warning() -> None:
     """Hide :data:`CUBLAS_CONTEXT_WARNING` (process-wide, that message only): torch then
     makes the device's primary context current itself, which is what the tile needs,
-    but its two-line UserWarning reached the terminal of every ``--device cuda`` run
-    (seen on an H200)."""
+    but its two-line UserWarning would reach the terminal once per ``--device cuda``
+    run (raised in the test run on an H200)."""
     global _CUBLAS_WARNING_QUIET
     if not _CUBLAS_WARNING_QUIET:
         warnings.filterwarnings("ignore", message=CUBLAS_CONTEXT_WARNING, category=UserWarning)
