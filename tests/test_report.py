@@ -767,6 +767,25 @@ def test_a_metrics_file_lacking_some_metrics_is_named(results, tmp_path):
     assert "Not in every metrics file" not in (tmp_path / "all" / "report.md").read_text()
 
 
+def test_a_paper_metric_beyond_the_computed_ones_names_no_computed_file(results, tmp_path):
+    """A paper's numbers with a K the evaluations were not run with (recall@10 beside
+    ks 1,2,5): the note named every computed file as lacking recall@10, from "an older
+    rankwise or other --ks", though all of them are complete and alike."""
+    from rankwise.report import view
+
+    _, metrics = results
+    toy = [p for p in metrics if p.parent.name == "toy"]
+    paper = tmp_path / "toy" / "paper.json"
+    paper.parent.mkdir()
+    numbers = {"recall@1": 95.0, "recall@10": 99.0, "map": 88.0}
+    paper.write_text(json.dumps({"protocol": "recall", "metrics": numbers}))
+    doc = build_report([paper, *toy], resamples=50, worst_queries=0)
+    rows = [r for r in doc["results"] if r["dataset"] == "toy"]
+    assert "recall@10" in view.metric_names(rows)
+    assert view.missing_metrics_note(rows) is None
+    assert view.missing_metrics_line(doc) is None
+
+
 def test_beyond_four_encoders_a_best_without_statistics_gives_way_to_the_next(results, tmp_path):
     """Six encoders of one dataset, the best by the headline metric a paper's hand-written
     numbers (no statistics): the best of the five computed ones is tested against every

@@ -342,12 +342,14 @@ def dropped_rows_note(rows: list[dict[str, Any]]) -> str | None:
 
 def missing_metrics(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     """``(encoder, names)`` of each row whose metrics file lacks some of the metrics
-    another row of the dataset has (an older rankwise's file beside a newer one, or other
-    ``--ks``): a "-" in the tables, no paired test with that row, no overview column."""
-    names = metric_names(rows)
+    another computed row of the dataset has (an older rankwise's file beside a newer one,
+    or other ``--ks``): a "-" in the tables, no paired test with that row, no overview
+    column."""
     # only computed files (a ranks store in their provenance): a paper's hand-written
-    # numbers have what they have, and no store to compute the rest from
+    # numbers have what they have, and no store to compute the rest from; nor do its
+    # names count (a K only the paper gives is missing from no computed file)
     computed = [r for r in rows if ((r.get("provenance") or {}).get("files") or {}).get("ranks")]
+    names = metric_names([r for r in rows if r.get("num_queries") is not None])
     lacking = [(r["encoder"], [n for n in names if n not in r["metrics"]]) for r in computed]
     return [(encoder, missing) for encoder, missing in lacking if missing]
 
