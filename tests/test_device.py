@@ -17,6 +17,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -454,6 +455,48 @@ def test_tf32_is_off_while_ranking_and_restored_after(tf32_on):
     q = tiles.upload(np.eye(3, dtype=np.float32))
     assert np.array_equal(tiles.similarities(q, q), np.eye(3, dtype=np.float32))
     assert float32_settings(torch) == ieee_float32_settings(torch)
+
+
+def _torch_before_2_9():
+    """torch < 2.9's float32 settings as its ATen Context keeps them: cuBLAS's
+    ``allow_tf32`` is no flag of its own but ``float32_matmul_precision != "highest"``,
+    and writing it sets that precision to ``"high"`` or ``"highest"``; no ``fp32_precision``."""
+    state = {"precision": "highest"}
+
+    class Matmul:
+        @property
+        def allow_tf32(self):
+            return state["precision"] != "highest"
+
+        @allow_tf32.setter
+        def allow_tf32(self, on):
+            state["precision"] = "high" if on else "highest"
+
+    def set_precision(precision):
+        state["precision"] = precision
+
+    backends = SimpleNamespace(
+        cuda=SimpleNamespace(matmul=Matmul()), cudnn=SimpleNamespace(allow_tf32=True)
+    )
+    return SimpleNamespace(
+        backends=backends,
+        get_float32_matmul_precision=lambda: state["precision"],
+        set_float32_matmul_precision=set_precision,
+    )
+
+
+@pytest.mark.parametrize("precision", ["highest", "high", "medium"])
+def test_torch_before_2_9_gets_its_own_matmul_precision_back(precision):
+    """A caller's "medium" (oneDNN bf16 matmuls) came back as "high": the cuBLAS flag,
+    restored after the precision, wrote "high" over it."""
+    fake = _torch_before_2_9()
+    fake.set_float32_matmul_precision(precision)
+    with devices.ieee_float32(fake):
+        assert fake.get_float32_matmul_precision() == "highest"
+        assert fake.backends.cuda.matmul.allow_tf32 is False
+        assert fake.backends.cudnn.allow_tf32 is False
+    assert fake.get_float32_matmul_precision() == precision
+    assert fake.backends.cudnn.allow_tf32 is True
 
 
 @pytest.mark.parametrize("device", TORCH_DEVICES)

@@ -201,10 +201,13 @@ def _precision_knobs(torch: Any) -> list[tuple[Any, str, Any]]:
                 if isinstance(getattr(child, "fp32_precision", None), str):
                     knobs.append((child, "fp32_precision", "ieee"))
         return knobs
+    # the precision first, so put back last: cuBLAS's allow_tf32 is only
+    # ``precision != "highest"`` there, and restoring it after would write "high" over a
+    # caller's "medium"
     return [
+        (_LegacyMatmulPrecision(torch), "value", "highest"),
         (backends.cuda.matmul, "allow_tf32", False),
         (backends.cudnn, "allow_tf32", False),
-        (_LegacyMatmulPrecision(torch), "value", "highest"),
     ]
 
 
