@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import RANKWISE
+from helpers import RANKWISE, float32_settings, tf32_like_a_training_script
 from reference import distance_matrix, protocol_masks
 
 
@@ -340,3 +340,17 @@ def cli():
 def read_json(path) -> dict:
     with open(path) as fh:
         return json.load(fh)
+
+
+@pytest.fixture
+def tf32_on():
+    """The process as a training script leaves it (TF32 on, through torch's legacy API);
+    yields its :func:`helpers.float32_settings`, put back after with the legacy setters
+    (the code under test must have put back exactly what it changed)."""
+    torch = pytest.importorskip("torch")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    precision = torch.get_float32_matmul_precision()
+    tf32_like_a_training_script(torch)
+    yield float32_settings(torch)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    torch.set_float32_matmul_precision(precision)

@@ -138,6 +138,7 @@ def float32_settings(torch) -> dict[str, object]:
         return {
             "cuda.matmul": backends.cuda.matmul.fp32_precision,
             "cudnn.conv": backends.cudnn.conv.fp32_precision,
+            "cudnn.rnn": backends.cudnn.rnn.fp32_precision,
             "mkldnn.matmul": backends.mkldnn.matmul.fp32_precision,
         }
     return {
@@ -150,7 +151,12 @@ def float32_settings(torch) -> dict[str, object]:
 def ieee_float32_settings(torch) -> dict[str, object]:
     """:func:`float32_settings` of a process computing in IEEE float32 throughout."""
     if isinstance(getattr(torch.backends.cuda.matmul, "fp32_precision", None), str):
-        return {"cuda.matmul": "ieee", "cudnn.conv": "ieee", "mkldnn.matmul": "ieee"}
+        return {
+            "cuda.matmul": "ieee",
+            "cudnn.conv": "ieee",
+            "cudnn.rnn": "ieee",
+            "mkldnn.matmul": "ieee",
+        }
     return {"cuda.matmul": False, "cudnn.conv": False, "matmul precision": "highest"}
 
 

@@ -29,7 +29,6 @@ from helpers import (
     planned_jobs,
     run_rankwise,
     snakemake,
-    tf32_like_a_training_script,
 )
 
 import rankwise
@@ -421,23 +420,6 @@ def test_memory_limit_counts_torch_on_a_torch_device(tmp_path):
     assert rankwise.evaluate(*_files(tmp_path), memory_limit_mb=limit, workers=1).num_queries == 1
     with pytest.raises(RankwiseError, match=r"^memory limit \S+ MB cannot be met"):
         rankwise.evaluate(*_files(tmp_path), memory_limit_mb=limit, workers=1, device="torch-cpu")
-
-
-@pytest.fixture
-def tf32_on():
-    """The process as a training script leaves it (TF32 on, legacy API); restored after.
-    Restoring itself goes through a fresh interpreter's defaults, read before."""
-    saved = [
-        (torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32),
-        (torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32),
-    ]
-    precision = torch.get_float32_matmul_precision()
-    tf32_like_a_training_script(torch)
-    caller = float32_settings(torch)
-    yield caller
-    for owner, attribute, value in saved:
-        setattr(owner, attribute, value)
-    torch.set_float32_matmul_precision(precision)
 
 
 def test_tf32_is_off_while_ranking_and_restored_after(tf32_on):

@@ -34,7 +34,6 @@ from helpers import (
     planned_jobs,
     run_rankwise,
     snakemake,
-    tf32_like_a_training_script,
 )
 
 from rankwise.encoders import DEFAULTS as _ALL_DEFAULTS
@@ -896,17 +895,6 @@ def test_cuda_requested_without_cuda(manifest: Path, tmp_path: Path):
             tmp_path / "e.zarr",
             progress=False,
         )
-
-
-@pytest.fixture
-def tf32_on():
-    """The process as a training script leaves it (TF32 on, legacy API); restored after."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    precision = torch.get_float32_matmul_precision()
-    tf32_like_a_training_script(torch)
-    yield float32_settings(torch)
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-    torch.set_float32_matmul_precision(precision)
 
 
 def test_encoding_is_ieee_float32_and_leaves_the_caller_settings(

@@ -183,8 +183,8 @@ def _quiet_cublas_context_warning() -> None:
 
 def _precision_knobs(torch: Any) -> list[tuple[Any, str, Any]]:
     """``(object, attribute, IEEE value)`` of each setting that lets torch compute float32
-    products in a reduced precision: cuBLAS matmuls and cuDNN convolutions on CUDA,
-    oneDNN matmuls and convolutions on the CPU.
+    products in a reduced precision: cuBLAS matmuls and cuDNN convolutions and RNNs on
+    CUDA, oneDNN matmuls, convolutions and RNNs on the CPU.
 
     torch >= 2.9 has per-backend ``fp32_precision`` strings, and its legacy getters
     (``allow_tf32``, ``get_float32_matmul_precision()``) raise once a process has used
@@ -196,7 +196,7 @@ def _precision_knobs(torch: Any) -> list[tuple[Any, str, Any]]:
     if isinstance(getattr(backends.cuda.matmul, "fp32_precision", None), str):
         knobs = [(backends.cuda.matmul, "fp32_precision", "ieee")]
         for parent in (backends.cudnn, backends.mkldnn):
-            for op in ("conv", "matmul"):
+            for op in ("conv", "matmul", "rnn"):  # rnn: a torchscript encoder's LSTM
                 child = getattr(parent, op, None)
                 if isinstance(getattr(child, "fp32_precision", None), str):
                     knobs.append((child, "fp32_precision", "ieee"))
