@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -1511,6 +1512,56 @@ def test_staged_files_refuse_one_file_written_twice(tmp_path):
     files.commit()
     assert (tmp_path / "a.svg").read_bytes() == b"figure"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.svg", "b.json", "link.svg"]
+
+
+def test_a_report_run_from_another_folder_finds_the_evaluations_stores(results, tmp_path):
+    """Metrics files with relative paths (the pipeline's), given to `rankwise report` from
+    another folder: the ranks stores and statistics summaries are looked for from the
+    folder the evaluation ran in (its recorded working_directory) first, so the report
+    has every interval, CMC and test, equal to the one run where the files were written
+    (it had none: "run the report where the pipeline ran"), also when the other folder
+    holds another evaluation's store under the same relative path."""
+    root, _ = results
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    manifests = root / "manifests" / "toy"
+    project.mkdir()
+    metrics = []
+    for encoder in ("enc-a", "enc-b"):
+        ranks = f"results/ranks/toy/{encoder}.zarr"
+        embeddings = root / "embeddings" / "toy" / encoder
+        ranked = run_rankwise(
+            *("rank", "--query", manifests / "query.csv", "--gallery"),
+            *(manifests / "gallery.csv", "--query-embeddings", embeddings / "query.zarr"),
+            *("--gallery-embeddings", embeddings / "gallery.zarr", "--out", ranks),
+            cwd=project,
+        )
+        assert ranked.returncode == 0, ranked.stderr
+        out = f"results/metrics/toy/{encoder}"
+        measured = run_rankwise(
+            *("metrics", ranks, "--ks", "1,2,5", "--output", f"{out}.json"),
+            *("--stats-output", f"{out}.stats.npz", "--resamples", "50"),
+            cwd=project,
+        )
+        assert measured.returncode == 0, measured.stderr
+        metrics.append(project / f"{out}.json")
+    # another folder with a store of the same relative name: enc-b's where enc-a's is
+    (elsewhere / "results" / "ranks" / "toy").mkdir(parents=True)
+    shutil.copytree(
+        project / "results/ranks/toy/enc-b.zarr", elsewhere / "results/ranks/toy/enc-a.zarr"
+    )
+    docs = {}
+    for folder in (project, elsewhere):
+        done = run_rankwise(
+            *("report", *metrics, "--resamples", "50", "--json", folder / "r.json"), cwd=folder
+        )
+        assert done.returncode == 0, done.stderr
+        assert "note: no intervals" not in done.stderr
+        docs[folder] = json.loads((folder / "r.json").read_text())
+    there, here = docs[project], docs[elsewhere]
+    assert here["statistics"]["without_statistics"] == []
+    for a, b in zip(there["results"], here["results"], strict=True):
+        assert a["ci95"] and a["ci95"] == b["ci95"] and a["cmc"] == b["cmc"]
+    assert here["comparisons"] == there["comparisons"] != []
 
 
 def test_a_ranks_store_of_another_evaluation_at_the_named_path_is_not_read(results, tmp_path):

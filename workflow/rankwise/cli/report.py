@@ -167,8 +167,8 @@ def report(
     missing = view.no_statistics_line(doc)
     if missing:
         click.echo(
-            f"note: {missing} (relative paths are read from the working folder: run the "
-            "report where the pipeline ran)",
+            f"note: {missing} (a relative path is looked for from the folder its "
+            "evaluation ran in, then from this one)",
             err=True,
         )
     for path in (html_path, md_path, json_path, csv_path, tex_path):

@@ -242,24 +242,39 @@ def _attach_verification(results: list[dict[str, Any]], paths) -> None:
 _METRICS_KEYS = ("ks", "ap", "ranks", "stats", "stats_key")
 
 
+def _candidates(raw: dict[str, Any], path: str | None) -> list[str]:
+    """Where a relative path a metrics file names (its ranks store, its statistics
+    summary) may be: from the folder its evaluation ran in (the ranks store's
+    ``working_directory``, which the metrics file records), then from the current folder
+    (as written).  One candidate when the two are the same folder (the pipeline's report
+    job), or the path is absolute."""
+    if not path:
+        return []
+    from ..store import named_path
+
+    resolved = named_path(raw, path)
+    return [resolved] if resolved == path else [resolved, path]
+
+
 class _Stores:
     """The ranks stores the entries' provenance names, read on first use (most reports
-    read none: the statistics come from the metrics jobs' summaries).  A store at that
-    path whose attributes differ from the provenance the metrics JSON recorded (another
-    folder's store of the same name: a relative path read from elsewhere, or a store
-    ranked again since) is not the entry's: it is never read for it."""
+    read none: the statistics come from the metrics jobs' summaries).  A relative path is
+    looked for from the folder the evaluation ran in first (:func:`_candidates`: a report
+    run from another folder finds the pipeline's stores), then from the current folder.
+    A store whose attributes differ from the provenance the metrics JSON recorded
+    (another folder's store of the same name, or a store ranked again since) is not the
+    entry's: it is never read for it."""
 
     def __init__(self) -> None:
         self._read: dict[str, Any] = {}
         self._differs: dict[tuple[str, str], str | None] = {}
 
-    def differs(self, entry: dict[str, Any]) -> str | None:
-        """The first attribute in which the store at the entry's ranks path disagrees
-        with the entry's metrics JSON (``None``: it agrees, or it cannot be read, which
-        reading it reports)."""
+    def _differs_at(self, path: str, entry: dict[str, Any]) -> str | None:
+        """The first attribute in which the store at ``path`` disagrees with the entry's
+        metrics JSON (``None``: it agrees, or it cannot be read, which reading it
+        reports)."""
         import zarr
 
-        path = entry["provenance"]["files"]["ranks"]
         key = (str(path), str(entry.get("source")))
         if key not in self._differs:
             raw = entry["provenance"]["raw"]
@@ -273,8 +288,23 @@ class _Stores:
             self._differs[key] = next((k for k in shared if raw[k] != attrs[k]), None)
         return self._differs[key]
 
+    def path(self, entry: dict[str, Any]) -> str | None:
+        """The entry's ranks store: the first candidate path that is a store agreeing with
+        its provenance, else the first that is a folder (its reader or :meth:`differs`
+        says what is wrong), else the path as written."""
+        given = entry["provenance"]["files"]["ranks"]
+        folders = [c for c in _candidates(entry["provenance"]["raw"], given) if Path(c).is_dir()]
+        agreeing = [c for c in folders if self._differs_at(c, entry) is None]
+        return (agreeing or folders or [given])[0]
+
+    def differs(self, entry: dict[str, Any]) -> str | None:
+        """:meth:`_differs_at` of the store :meth:`path` found (``None`` also when there
+        is none)."""
+        path = self.path(entry)
+        return self._differs_at(path, entry) if path and Path(path).is_dir() else None
+
     def exists(self, entry: dict[str, Any]) -> bool:
-        path = entry["provenance"]["files"]["ranks"]
+        path = self.path(entry)
         return bool(path) and Path(path).is_dir() and self.differs(entry) is None
 
     def get(self, entry: dict[str, Any]):
@@ -283,7 +313,7 @@ class _Stores:
 
         if not self.exists(entry):
             return None
-        path = entry["provenance"]["files"]["ranks"]
+        path = self.path(entry)
         if path not in self._read:
             self._read[path] = read_ranks(path)
         return self._read[path]
@@ -298,13 +328,15 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
 
     wanted = {**settings, "metrics": list(entry["metrics"]), "ap": ap_variant(entry)}
     raw = entry["provenance"]["raw"]
-    path, key = raw.get("stats"), raw.get("stats_key")
-    if path and key and Path(path).is_file():
+    key = raw.get("stats_key")
+    for path in _candidates(raw, raw.get("stats")) if key else []:
+        if not Path(path).is_file():
+            continue
         try:
             summary = read_summary(path)
         except OldSummary:
-            summary = None
-        if summary is not None and summary.matches(wanted) and summary.key == key:
+            continue
+        if summary.matches(wanted) and summary.key == key:
             return summary
     store = stores.get(entry)
     if store is None:
@@ -317,14 +349,16 @@ def _why_no_statistics(entry: dict[str, Any], stores: _Stores) -> str:
     JSON names them)."""
     ranks = entry["provenance"]["files"]["ranks"]
     where = f"ranks store {ranks} not found" if ranks else "its provenance names no ranks store"
-    if ranks and Path(ranks).is_dir() and stores.differs(entry) is not None:
+    found = stores.path(entry)
+    if found and Path(found).is_dir() and stores.differs(entry) is not None:
         where = (
-            f"ranks store {ranks} (from {os.path.abspath(ranks)}) is not the one it was "
+            f"ranks store {ranks} (from {os.path.abspath(found)}) is not the one it was "
             f"computed from (its {stores.differs(entry)!r} differs): run the report from "
             "the folder `rankwise metrics` ran in, or `rankwise metrics` on that store again"
         )
-    stats = entry["provenance"]["raw"].get("stats")
-    if stats and Path(stats).is_file():
+    raw = entry["provenance"]["raw"]
+    stats = raw.get("stats")
+    if any(Path(path).is_file() for path in _candidates(raw, stats)):
         return f"statistics summary {stats} computed for other settings or by another run, {where}"
     return where
 
