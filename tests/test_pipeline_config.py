@@ -921,6 +921,12 @@ def test_sections_that_are_not_mappings_are_one_line(section, value, expected):
             r"encoders\.e\.options\.split: 'query': the pipeline encodes both splits",
         ),
         ({"query": "q.npy"}, r"encoders\.e\.options: missing gallery: the pipeline encodes"),
+        (
+            # ids for one split only: it failed in the gallery's encode job
+            {"query": "q.npy", "gallery": "g.npy", "query_ids": "ids.txt", "on_missing": "drop"},
+            r"encoders\.e\.options\.gallery_ids: missing: on_missing: drop matches the "
+            r"gallery rows by id, and g\.npy is a file without ids; give options gallery_ids",
+        ),
     ],
 )
 def test_a_precomputed_entry_names_a_file_per_split(tmp_path, monkeypatch, options, message):
@@ -933,9 +939,13 @@ def test_a_precomputed_entry_names_a_file_per_split(tmp_path, monkeypatch, optio
     dataset = {"loader": "digits", "options": {}}
     with pytest.raises(RankwiseError, match="^" + message):
         _resolved({"d": dataset}, {"e": {"kind": "precomputed", "options": options}})
-    # one file per split: accepted
+    # one file per split: accepted; so are ids for both, or a Zarr group (its 'ids')
     good = {"query": "q.npy", "gallery": "g.npy", "split": "auto"}
     _resolved({"d": dataset}, {"e": {"kind": "precomputed", "options": good}})
+    (tmp_path / "g.zarr").mkdir()
+    for gallery in ({"gallery_ids": "ids.txt"}, {"gallery": "g.zarr"}):
+        keyed = {**good, "query_ids": "ids.txt", "on_missing": "drop", **gallery}
+        _resolved({"d": dataset}, {"e": {"kind": "precomputed", "options": keyed}})
 
 
 @pytest.mark.parametrize("label", ["a,b", ","])

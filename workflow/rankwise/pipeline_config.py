@@ -426,6 +426,18 @@ def check_precomputed(encoders: dict) -> None:
                     f"missing {key}: the pipeline encodes the query and the gallery, each "
                     "from its own file (options query and gallery)",
                 )
+        # on_missing: drop aligns by id: each split needs its ids, from an ids file or the
+        # 'ids' array of a Zarr group (a folder: opened by the encode job, which says so
+        # when it has none); before, a missing one failed the encode job, after the others
+        for key in ("query", "gallery") if options.get("on_missing") == "drop" else ():
+            features = Path(str(options[key])).expanduser()
+            if options.get(f"{key}_ids") is None and not features.is_dir():
+                raise ConfigError(
+                    ["encoders", name, "options", f"{key}_ids"],
+                    f"missing: on_missing: drop matches the {key} rows by id, and "
+                    f"{options[key]} is a file without ids; give options {key}_ids (one id "
+                    "per feature row), or a Zarr group holding an 'ids' array",
+                )
 
 
 def check_reranking(datasets: dict) -> None:
