@@ -1516,11 +1516,11 @@ def test_staged_files_refuse_one_file_written_twice(tmp_path):
 
 def test_a_report_run_from_another_folder_finds_the_evaluations_stores(results, tmp_path):
     """Metrics files with relative paths (the pipeline's), given to `rankwise report` from
-    another folder: the ranks stores and statistics summaries are looked for from the
-    folder the evaluation ran in (its recorded working_directory) first, so the report
-    has every interval, CMC and test, equal to the one run where the files were written
-    (it had none: "run the report where the pipeline ran"), also when the other folder
-    holds another evaluation's store under the same relative path."""
+    another folder: the ranks stores and statistics summaries are also looked for from the
+    folder the evaluation ran in (its recorded working_directory), so the report has every
+    interval, CMC and test, equal to the one run where the files were written (it had
+    none: "run the report where the pipeline ran"), also when the other folder holds
+    another evaluation's store under the same relative path (never read for it)."""
     root, _ = results
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     manifests = root / "manifests" / "toy"

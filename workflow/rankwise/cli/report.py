@@ -167,8 +167,8 @@ def report(
     missing = view.no_statistics_line(doc)
     if missing:
         click.echo(
-            f"note: {missing} (a relative path is looked for from the folder its "
-            "evaluation ran in, then from this one)",
+            f"note: {missing} (a relative path is looked for from this folder, then "
+            "from the one its evaluation ran in)",
             err=True,
         )
     for path in (html_path, md_path, json_path, csv_path, tex_path):

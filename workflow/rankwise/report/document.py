@@ -244,23 +244,24 @@ _METRICS_KEYS = ("ks", "ap", "ranks", "stats", "stats_key")
 
 def _candidates(raw: dict[str, Any], path: str | None) -> list[str]:
     """Where a relative path a metrics file names (its ranks store, its statistics
-    summary) may be: from the folder its evaluation ran in (the ranks store's
-    ``working_directory``, which the metrics file records), then from the current folder
-    (as written).  One candidate when the two are the same folder (the pipeline's report
-    job), or the path is absolute."""
+    summary) may be: from the current folder (as written: a copy of the results read
+    there, a broken file there refused), then from the folder its evaluation ran in (the
+    ranks store's ``working_directory``, which the metrics file records: a report run
+    from another folder).  One candidate when the two are the same folder (the
+    pipeline's report job), or the path is absolute."""
     if not path:
         return []
     from ..store import named_path
 
     resolved = named_path(raw, path)
-    return [resolved] if resolved == path else [resolved, path]
+    return [path] if resolved == path else [path, resolved]
 
 
 class _Stores:
     """The ranks stores the entries' provenance names, read on first use (most reports
     read none: the statistics come from the metrics jobs' summaries).  A relative path is
-    looked for from the folder the evaluation ran in first (:func:`_candidates`: a report
-    run from another folder finds the pipeline's stores), then from the current folder.
+    looked for from the current folder, then from the folder the evaluation ran in
+    (:func:`_candidates`: a report run from another folder finds the pipeline's stores).
     A store whose attributes differ from the provenance the metrics JSON recorded
     (another folder's store of the same name, or a store ranked again since) is not the
     entry's: it is never read for it."""
