@@ -269,6 +269,7 @@ class _Stores:
     def __init__(self) -> None:
         self._read: dict[str, Any] = {}
         self._differs: dict[tuple[str, str], str | None] = {}
+        self._paths: dict[str, str | None] = {}  # entry's source -> :meth:`path`
 
     def _differs_at(self, path: str, entry: dict[str, Any]) -> str | None:
         """The first attribute in which the store at ``path`` disagrees with the entry's
@@ -292,11 +293,15 @@ class _Stores:
     def path(self, entry: dict[str, Any]) -> str | None:
         """The entry's ranks store: the first candidate path that is a store agreeing with
         its provenance, else the first that is a folder (its reader or :meth:`differs`
-        says what is wrong), else the path as written."""
-        given = entry["provenance"]["files"]["ranks"]
-        folders = [c for c in _candidates(entry["provenance"]["raw"], given) if Path(c).is_dir()]
-        agreeing = [c for c in folders if self._differs_at(c, entry) is None]
-        return (agreeing or folders or [given])[0]
+        says what is wrong), else the path as written.  Looked for once per entry."""
+        source = str(entry.get("source"))
+        if source not in self._paths:
+            given = entry["provenance"]["files"]["ranks"]
+            raw = entry["provenance"]["raw"]
+            folders = [c for c in _candidates(raw, given) if Path(c).is_dir()]
+            agreeing = [c for c in folders if self._differs_at(c, entry) is None]
+            self._paths[source] = (agreeing or folders or [given])[0]
+        return self._paths[source]
 
     def differs(self, entry: dict[str, Any]) -> str | None:
         """:meth:`_differs_at` of the store :meth:`path` found (``None`` also when there
