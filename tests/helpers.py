@@ -165,3 +165,50 @@ def tf32_like_a_training_script(torch) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.set_float32_matmul_precision("high")
+
+
+# ---------------------------------------------------------------- PNG files by hand
+# Written here byte by byte (PIL writes no interlaced PNG, and no PNG whose image data
+# stop early), for rankwise.png_data's tests.
+
+ADAM7 = (
+    (0, 0, 8, 8),
+    (4, 0, 8, 8),
+    (0, 4, 4, 8),
+    (2, 0, 4, 4),
+    (0, 2, 2, 4),
+    (1, 0, 2, 2),
+    (0, 1, 1, 2),
+)
+
+
+def png_scanlines(pixels, interlace: bool = False) -> bytes:
+    """The unfiltered scanlines (filter byte 0) of an (H, W, 3) uint8 image, in Adam7 pass
+    order when ``interlace``: the bytes a PNG's image data inflate to."""
+    passes = ADAM7 if interlace else ((0, 0, 1, 1),)
+    out = bytearray()
+    for x0, y0, dx, dy in passes:
+        sub = pixels[y0::dy, x0::dx]
+        if sub.shape[0] and sub.shape[1]:  # an empty pass sends nothing, not even filter bytes
+            for row in sub:
+                out += b"\x00" + row.tobytes()
+    return bytes(out)
+
+
+def png_file(width: int, height: int, scanlines: bytes, interlace: bool = False) -> bytes:
+    """An 8-bit RGB PNG whose image data are ``scanlines``, compressed as one zlib stream
+    (complete and valid however few rows it holds)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, int(interlace))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(scanlines))
+        + chunk(b"IEND", b"")
+    )

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import zarr
 from click.testing import CliRunner
-from helpers import run_rankwise
+from helpers import png_file, png_scanlines, run_rankwise
 from PIL import Image
 
 import rankwise
@@ -912,6 +912,112 @@ def test_a_broken_png_chunk_is_one_line(manifest: Path, tmp_path: Path):
         RankwiseError, match=r"row 3 \(id 'x1'\): cannot decode image .*SyntaxError"
     ):
         encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
+
+
+@pytest.mark.parametrize("interlace", [False, True])
+@pytest.mark.parametrize("cut", ["rows", "mid-row"])
+def test_a_png_lacking_rows_is_an_error_not_black_rows(interlace, cut, manifest, tmp_path):
+    """A PNG whose zlib stream ends (cleanly) after a whole row, before its last: PIL
+    decodes it with no error, the rows never sent black, and that image's embedding was
+    stored, exit 0.  (Ended within a row, PIL itself says "truncated".)"""
+    pixels = np.full((14, 9, 3), 200, np.uint8)  # img1's size
+    lines = png_scanlines(pixels, interlace)
+    # 7 rows of 1 + 9 * 3 bytes: the last 7 rows, or Adam7's last pass (rows 1, 3, .., 13)
+    keep = len(lines) - 7 * 28 + (14 if cut == "mid-row" else 0)
+    image = tmp_path / "data" / "img1.png"
+    image.write_bytes(png_file(9, 14, lines[:keep], interlace))
+    if cut == "rows":
+        decoded = np.asarray(Image.open(image).convert("RGB"))  # the premise: no error ...
+        assert (decoded == 0).sum() == 7 * 9 * 3  # ... and black rows
+    with pytest.raises(
+        RankwiseError,
+        match=r"row 3 \(id 'x1'\): cannot decode image .*img1\.png \(",
+    ) as error:
+        encode_manifest(manifest, "pixels", {}, tmp_path / "e.zarr", progress=False)
+    if cut == "rows":
+        assert f"its image data end {len(lines) - keep} of {len(lines)} bytes early" in str(
+            error.value
+        )
+    assert not (tmp_path / "e.zarr").exists()
+
+
+def test_complete_interlaced_pngs_encode_as_their_pixels(manifest: Path, tmp_path: Path):
+    """Adam7 files (every pass size, empty passes included) are complete: the same
+    embeddings as the same pixels saved plainly."""
+    rng = np.random.default_rng(1)
+    table = pd.read_csv(manifest, dtype=str)
+    for i in range(N_ROWS):
+        h, w = (1, 1, 2, 5, 8, 9, 14)[i], (1, 3, 2, 4, 8, 17, 6)[i]
+        pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        plain, interlaced = tmp_path / "data" / f"p{i}.png", tmp_path / "data" / f"a{i}.png"
+        Image.fromarray(pixels).save(plain)
+        interlaced.write_bytes(png_file(w, h, png_scanlines(pixels, True), interlace=True))
+        assert np.array_equal(np.asarray(Image.open(interlaced)), pixels)  # a true Adam7 file
+    stores = {}
+    for prefix in ("p", "a"):
+        table["path"] = [f"../data/{prefix}{i}.png" for i in range(N_ROWS)]
+        table.to_csv(manifest, index=False)
+        stores[prefix] = tmp_path / f"{prefix}.zarr"
+        encode_manifest(manifest, "pixels", {"size": [4, 4]}, stores[prefix], progress=False)
+    assert np.array_equal(_read(stores["a"]), _read(stores["p"]))
+
+
+def test_a_complete_png_with_a_black_last_row_is_read(tmp_path: Path):
+    """A black last row is what a stream ending early leaves: the file is then inflated
+    and counted, and is complete; with its last row not sent it is refused."""
+    from rankwise.png_data import check_png_complete
+
+    pixels = np.full((6, 5, 3), 90, np.uint8)
+    pixels[-1] = 0
+    lines = png_scanlines(pixels)
+    for keep, refused in ((len(lines), False), (len(lines) - 16, True)):
+        path = tmp_path / f"{keep}.png"
+        path.write_bytes(png_file(5, 6, lines[:keep]))
+        with Image.open(path) as image:
+            assert np.array_equal(np.asarray(image.convert("RGB")), pixels)  # the same pixels
+            if refused:
+                with pytest.raises(RankwiseError, match=r"end 16 of 96 bytes early"):
+                    check_png_complete(image, path, "here")
+            else:
+                check_png_complete(image, path, "here")
+
+
+@pytest.mark.parametrize(
+    "mode, size, options",
+    [
+        ("1", (13, 5), {}),  # 1 bit a pixel, rows not a whole number of bytes
+        ("L", (7, 3), {}),
+        ("LA", (5, 4), {}),
+        ("P", (11, 3), {"bits": 2}),
+        ("P", (6, 6), {}),
+        ("RGB", (9, 2), {}),
+        ("RGBA", (3, 7), {}),
+        ("I;16", (5, 5), {}),
+        ("RGB", (400, 300), {}),  # noise: several IDAT chunks
+    ],
+)
+def test_png_data_size_of_complete_files(mode, size, options, tmp_path: Path):
+    """expected_bytes is what every complete file's IDAT data inflate to (PIL's files of
+    every colour type and depth it writes), so no complete PNG is refused."""
+    import struct
+    import zlib
+
+    from rankwise.png_data import missing_bytes
+
+    rng = np.random.default_rng(2)
+    image = Image.fromarray(rng.integers(0, 256, size=size[::-1] + (3,), dtype=np.uint8))
+    image = image.convert(mode) if mode != "I;16" else Image.new("I;16", size, 40000)
+    path = tmp_path / "x.png"
+    image.save(path, **options)
+    data = path.read_bytes()
+    parts, at = [], 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        if data[at + 4 : at + 8] == b"IDAT":
+            parts.append(data[at + 8 : at + 8 + length])
+        at += 12 + length
+    assert len(parts) > 1 or size != (400, 300)
+    assert missing_bytes(data) == (0, len(zlib.decompress(b"".join(parts))))
 
 
 def test_image_beyond_pils_size_guard_is_one_line(manifest: Path, tmp_path: Path, monkeypatch):

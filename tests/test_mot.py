@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from helpers import png_file, png_scanlines
 from PIL import Image
 
 from rankwise.datasets import prepare_dataset
@@ -378,6 +379,33 @@ def test_mot_frame_size_must_match_seqinfo(mot: Path, tmp_path: Path):
         _prepare(mot, tmp_path / "out")
     assert not (tmp_path / "out" / "crops").exists()
     assert not (tmp_path / "out" / "crops.tmp").exists()
+
+
+def test_mot_frames_that_do_not_decode_are_one_line(mot: Path, tmp_path: Path):
+    """A truncated JPEG frame was an OSError traceback; a PNG frame whose image data end
+    after a whole row was cropped with black rows (PIL decodes it without an error)."""
+    frames = sorted((mot / "train").glob("MOT17-02-*/img1/000003.jpg"))  # 3 detectors
+    saved = [frame.read_bytes() for frame in frames]
+    for frame, data in zip(frames, saved, strict=True):
+        frame.write_bytes(data[:300])
+    with pytest.raises(
+        RankwiseError, match=r"000003\.jpg: cannot decode frame \(OSError: .*runcated"
+    ):
+        _prepare(mot, tmp_path / "out")
+    for frame, data in zip(frames, saved, strict=True):
+        frame.write_bytes(data)
+    pixels = _frame(20, 20, 3)
+    lines = png_scanlines(pixels)
+    (mot / "train" / "MOT17-04-FRCNN" / "img1" / "000003.png").write_bytes(
+        png_file(20, 20, lines[: len(lines) // 2])  # 10 of 20 rows
+    )
+    with pytest.raises(
+        RankwiseError,
+        match=r"MOT17-04: cannot decode image .*000003\.png \(its image data end 610 of 1220 "
+        r"bytes early",
+    ):
+        _prepare(mot, tmp_path / "out")
+    assert _empty(tmp_path / "out")
 
 
 def test_mot_failed_run_keeps_the_previous_result(mot: Path, tmp_path: Path):

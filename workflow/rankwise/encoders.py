@@ -107,6 +107,7 @@ from .feature_ids import ON_MISSING, Alignment
 from .hashing import file_sha256
 from .manifest import check_nonempty, read_manifest
 from .options import BATCH_SIZE, CHECKPOINT_KEY, REID_INTERPOLATION, WORKERS, Option, OptionSet
+from .png_data import check_png_complete
 from .store import write_embeddings
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -415,20 +416,21 @@ class _Rows:
                     f"{self.where(i)}: image {raw!r} is a pipe or device ({path}), not an "
                     "image file; fix the 'path' column"
                 )
-            with Image.open(path) as image:
-                if image.mode in _WIDE_MODES:
+            with Image.open(path) as opened:
+                if opened.mode in _WIDE_MODES:
                     # PIL's convert clips 16-bit values at 255 and floats in [0, 1] to 0 or
                     # 1: a silently white or black image (torchreid's and timm's loaders,
                     # which call convert("RGB") too, would see the same)
                     raise RankwiseError(
-                        f"{self.where(i)}: image {path} has {image.mode!r} pixels (16-bit or "
+                        f"{self.where(i)}: image {path} has {opened.mode!r} pixels (16-bit or "
                         "floating point), which 8-bit conversion would clip; save it as an "
                         "8-bit RGB or greyscale image"
                     )
-                # PIL converts to HSV from RGB only
+                # PIL converts to HSV from RGB only (convert loads `opened`)
                 image = (
-                    image.convert("RGB").convert("HSV") if mode == "HSV" else image.convert(mode)
+                    opened.convert("RGB").convert("HSV") if mode == "HSV" else opened.convert(mode)
                 )
+                check_png_complete(opened, path, self.where(i))
         except RankwiseError:
             raise
         except FileNotFoundError:

@@ -53,13 +53,16 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from .errors import RankwiseError, first_line
 from .manifest import read_utf8_text
 from .options import Option, OptionSet
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 FRAME_RANGES = ("all", "first-half", "second-half")
 DETECTOR_SUFFIXES = ("-DPM", "-FRCNN", "-SDP")
@@ -398,9 +401,32 @@ def read_boxes(sequence: Sequence, opts: dict[str, Any]) -> list[Box]:
 # ---------------------------------------------------------------- crops
 
 
+def _read_frame(source: Path, sequence: Sequence) -> Image.Image:
+    """Decode one frame (RGB or L), its size checked against seqinfo.ini."""
+    from PIL import Image, UnidentifiedImageError
+
+    from .png_data import check_png_complete
+
+    try:
+        with Image.open(source) as opened:
+            if opened.size != (sequence.width, sequence.height):
+                raise RankwiseError(
+                    f"{source}: image is {opened.size[0]}x{opened.size[1]}, "
+                    f"seqinfo.ini says {sequence.width}x{sequence.height}; "
+                    "fix imWidth / imHeight"
+                )
+            image = opened.convert("RGB") if opened.mode not in ("RGB", "L") else opened.copy()
+            check_png_complete(opened, source, sequence.name)  # PIL's black rows
+    # SyntaxError: PIL's PNG reader on a broken chunk; EOFError: some truncated files
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise RankwiseError(
+            f"{source}: cannot decode frame ({type(exc).__name__}: {exc}); replace the file"
+        ) from None
+    return image
+
+
 def _write_crops(sequence: Sequence, boxes: list[Box], crops_dir: Path) -> list[dict[str, Any]]:
     """Cut every box from its frame (each frame decoded once) and save the crops."""
-    from PIL import Image
 
     rows: list[dict[str, Any]] = []
     image: Image.Image | None = None
@@ -409,14 +435,7 @@ def _write_crops(sequence: Sequence, boxes: list[Box], crops_dir: Path) -> list[
         if image is None or box.frame != current:
             source = frame_path(sequence, box.frame)
             assert source is not None  # read_boxes checked every frame file
-            with Image.open(source) as opened:
-                if opened.size != (sequence.width, sequence.height):
-                    raise RankwiseError(
-                        f"{source}: image is {opened.size[0]}x{opened.size[1]}, "
-                        f"seqinfo.ini says {sequence.width}x{sequence.height}; "
-                        "fix imWidth / imHeight"
-                    )
-                image = opened.convert("RGB") if opened.mode not in ("RGB", "L") else opened.copy()
+            image = _read_frame(source, sequence)
             current = box.frame
         label = f"{sequence.name}_{box.track}"
         path = crops_dir / label / f"{sequence.name}_{box.frame:06d}{sequence.extension}"
