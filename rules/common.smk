@@ -57,6 +57,39 @@ wildcard_constraints:
     split="query|gallery",
 
 
+# ---------------------------------------------------------------- output versions
+# A release whose fix changes what a stage writes from the same inputs (a CHANGELOG
+# "Fixed" entry with other numbers, bytes or documents) bumps that stage's number here.
+# Above 0 the number is one more of the stage's params (`output_version`), so Snakemake's
+# params trigger reruns every job of the stage written before, and what depends on them.
+# 0 adds no param: a release that bumps nothing reruns nothing. Only ever raise a number.
+OUTPUT_VERSIONS = {"prepare": 0, "encode": 0, "rank": 0, "verify": 0, "metrics": 0, "report": 0}
+
+
+def output_version(stage):
+    """`params: **output_version(stage)`: nothing at version 0, else one param whose value
+    no other param can have (Snakemake compares the *set* of a job's param values, not
+    their names: a bare `1` beside another param's 1 changed nothing)."""
+    version = OUTPUT_VERSIONS[stage]
+    return {"output_version": f"rankwise {stage} output v{version}"} if version else {}
+
+
+def by_name(**params):
+    """`params: **by_name(a=..., b=...)`: the params, and `settings`: all of them by name
+    as one JSON string.  Snakemake compares the *set* of a job's param values, not their
+    names, so a changed value that another param already had reran nothing (`gap_frames:
+    1` -> `10` beside `query_stride: 1` and the `shot_repeats: 10` every rank job carries;
+    `worst_queries: 0` -> `10` beside `seed: 0` and `top_k: 10`).  A function here takes
+    the wildcards only: one of `threads` or `input` stays out of the rerun checks (or is
+    covered by the inputs) and goes beside this, not in it."""
+
+    def settings(wildcards):
+        values = {key: v(wildcards) if callable(v) else v for key, v in params.items()}
+        return json.dumps(values, sort_keys=True, default=str)
+
+    return {**params, "settings": settings}
+
+
 # ---------------------------------------------------------------- targets
 
 

@@ -16,6 +16,7 @@ rule prepare:
         options=dataset_options,
         fingerprint=dataset_fingerprint,
         out_dir=lambda wildcards, output: os.path.dirname(output.query),
+        **output_version("prepare"),
     threads: 1
     conda:
         CONDA_ENV
@@ -45,6 +46,7 @@ rule encode:
         options=encoder_options,
         file_hashes=encoder_hash,
         batch_size=lambda wildcards, threads: ENGINE["batch_size"],
+        **output_version("encode"),
     threads: ENGINE["threads"]
     conda:
         CONDA_ENV

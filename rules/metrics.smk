@@ -16,12 +16,15 @@ rule metrics:
     benchmark:
         "results/benchmarks/metrics/{dataset}/{encoder}.tsv"
     params:
-        ks=comma_list("ks"),
-        ap=dataset_value("ap"),
-        cmc_max_rank=config["report"]["cmc_max_rank"],
-        resamples=config["report"]["resamples"],
-        seed=config["report"]["seed"],
-        by=config["report"]["by"],
+        **by_name(
+            ks=comma_list("ks"),
+            ap=dataset_value("ap"),
+            cmc_max_rank=config["report"]["cmc_max_rank"],
+            resamples=config["report"]["resamples"],
+            seed=config["report"]["seed"],
+            by=config["report"]["by"],
+        ),
+        **output_version("metrics"),
     threads: 1
     conda:
         CONDA_ENV

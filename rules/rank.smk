@@ -16,18 +16,21 @@ rule rank:
     benchmark:
         "results/benchmarks/ranks/{dataset}/{encoder}.tsv"
     params:
-        protocol=dataset_value("protocol"),
-        distance=dataset_value("distance"),
-        gap_frames=protocol_value("gap_frames"),
-        query_stride=protocol_value("query_stride"),
-        junk_labels=quoted(protocol_value("junk_labels")),
-        same_camera=same_camera_flag,
-        multi_query=protocol_value("multi_query"),
-        single_shot=single_shot_flag,
-        shot_repeats=protocol_value("shot_repeats"),
-        shot_seed=protocol_value("shot_seed"),
-        rerank=rerank_flags,
+        **by_name(
+            protocol=dataset_value("protocol"),
+            distance=dataset_value("distance"),
+            gap_frames=protocol_value("gap_frames"),
+            query_stride=protocol_value("query_stride"),
+            junk_labels=quoted(protocol_value("junk_labels")),
+            same_camera=same_camera_flag,
+            multi_query=protocol_value("multi_query"),
+            single_shot=single_shot_flag,
+            shot_repeats=protocol_value("shot_repeats"),
+            shot_seed=protocol_value("shot_seed"),
+            rerank=rerank_flags,
+        ),
         engine=engine_args,
+        **output_version("rank"),
     threads: ENGINE["threads"]
     conda:
         CONDA_ENV

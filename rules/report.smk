@@ -34,22 +34,25 @@ rule report:
     benchmark:
         "results/benchmarks/report.tsv"
     params:
-        # a function: Snakemake would read braces in a plain string as wildcards
-        title=quoted(lambda wildcards: config["report"]["title"]),
-        # the config order decides the paired tests beyond four encoders (each against the
-        # previous one): reordering reruns the report, though no input changed
-        order=all_pairs("{dataset}/{encoder}"),
-        cmc_max_rank=config["report"]["cmc_max_rank"],
-        resamples=config["report"]["resamples"],
-        seed=config["report"]["seed"],
-        by=config["report"]["by"],
-        worst_queries=config["report"]["worst_queries"],
-        worst_encoders=config["report"]["worst_encoders"],
-        top_k=config["report"]["top_k"],
-        # each paired test, keyed by both evaluations' content (safe to delete)
-        cache="results/cache/pairs",
-        figure_formats=config["report"]["figure_formats"],
+        **by_name(
+            # a function: Snakemake would read braces in a plain string as wildcards
+            title=quoted(lambda wildcards: config["report"]["title"]),
+            # the config order decides the paired tests beyond four encoders (each against the
+            # previous one): reordering reruns the report, though no input changed
+            order=all_pairs("{dataset}/{encoder}"),
+            cmc_max_rank=config["report"]["cmc_max_rank"],
+            resamples=config["report"]["resamples"],
+            seed=config["report"]["seed"],
+            by=config["report"]["by"],
+            worst_queries=config["report"]["worst_queries"],
+            worst_encoders=config["report"]["worst_encoders"],
+            top_k=config["report"]["top_k"],
+            # each paired test, keyed by both evaluations' content (safe to delete)
+            cache="results/cache/pairs",
+            figure_formats=config["report"]["figure_formats"],
+        ),
         verification=verification_flags,
+        **output_version("report"),
     # two: the paper figures are drawn in a second process beside the documents (the
     # report is the last job, so nothing waits for the second core)
     threads: 2

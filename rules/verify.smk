@@ -17,18 +17,21 @@ rule verify:
     benchmark:
         "results/benchmarks/verification/{dataset}/{encoder}.tsv"
     params:
-        protocol=dataset_value("protocol"),
-        distance=dataset_value("distance"),
-        junk_labels=quoted(protocol_value("junk_labels")),
-        same_camera=same_camera_flag,
-        fprs=verification_value("fprs"),
-        bins=verification_value("bins"),
+        **by_name(
+            protocol=dataset_value("protocol"),
+            distance=dataset_value("distance"),
+            junk_labels=quoted(protocol_value("junk_labels")),
+            same_camera=same_camera_flag,
+            fprs=verification_value("fprs"),
+            bins=verification_value("bins"),
+        ),
         # tiling and threads never change a number: a param taking `threads` is left out
         # of Snakemake's rerun checks
         engine=lambda wildcards, threads: (
             f"--query-block {ENGINE['query_block']} --gallery-chunk {ENGINE['gallery_chunk']}"
             f" --workers {threads}"
         ),
+        **output_version("verify"),
     threads: ENGINE["threads"]
     conda:
         CONDA_ENV

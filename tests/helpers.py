@@ -59,6 +59,7 @@ def snakemake(
     profile: bool = False,
     replace: bool = False,
     configfile: str = "my.yaml",
+    snakefile: Path = SNAKEFILE,
 ) -> subprocess.CompletedProcess:
     """Snakemake on the repository's Snakefile in ``workdir`` (never raises on failure).
 
@@ -72,7 +73,7 @@ def snakemake(
         "-m",
         "snakemake",
         "--snakefile",
-        str(SNAKEFILE),
+        str(snakefile),
         "--directory",
         str(workdir),
         "--cores",

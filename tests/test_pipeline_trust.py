@@ -118,6 +118,81 @@ def test_untouched_data_reruns_nothing(workdir):
     assert planned(workdir) == {}
 
 
+# the jobs of CONFIG's 3 datasets x 1 encoder from a stage down
+FROM_REPORT = {"report": 1, "all": 1}
+FROM_RANK = {"rank": 3, "metrics": 3, **FROM_REPORT}
+FROM_PREPARE = {"prepare": 3, "encode": 6, **FROM_RANK}
+
+
+@pytest.mark.parametrize(
+    "stage, expected",
+    [
+        (None, {}),
+        ("prepare", FROM_PREPARE),
+        ("encode", {k: v for k, v in FROM_PREPARE.items() if k != "prepare"}),
+        ("rank", FROM_RANK),
+        ("metrics", {"metrics": 3, **FROM_REPORT}),
+        ("report", FROM_REPORT),
+    ],
+)
+def test_a_stage_output_version_reruns_that_stage_and_downstream(
+    workdir, tmp_path, stage, expected
+):
+    """A release whose fix changes a stage's output bumps its number in OUTPUT_VERSIONS
+    (rules/common.smk): the jobs written before rerun, with what depends on them.  At 0
+    (this release) nothing reruns: upgrading to it costs nothing."""
+    import shutil
+
+    copy = tmp_path / "workflow"
+    for name in ("rules", "config", "envs", "profiles"):
+        shutil.copytree(ROOT / name, copy / name)
+    shutil.copy(SNAKEFILE, copy / "Snakefile")
+    common = copy / "rules" / "common.smk"
+    text = common.read_text()
+    assert '"rank": 0' in text
+    if stage is not None:
+        common.write_text(text.replace(f'"{stage}": 0', f'"{stage}": 1'))
+    proc = helpers.snakemake(workdir, CONFIG, "--dry-run", snakefile=copy / "Snakefile")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert planned_jobs(proc.stdout + proc.stderr) == expected
+    if stage is not None:
+        assert "Params have changed" in proc.stdout + proc.stderr
+
+
+def test_a_value_another_param_already_has_reruns(workdir):
+    """Snakemake compares the set of a job's param values, not their names: `worst_queries:
+    0` -> `10` beside `seed: 0` and `top_k: 10` left the set {0, 10, ...} as it was, and
+    the report without its worst queries stayed, "Nothing to be done"."""
+    config = copy.deepcopy(CONFIG)
+    config["report"]["worst_queries"] = 10
+    assert planned(workdir, config) == FROM_REPORT
+
+
+def test_a_protocol_option_set_to_another_options_value_reruns_rank(tmp_path):
+    """`gap_frames: 1` -> `10` beside `query_stride: 1` and the `shot_repeats: 10` every
+    rank job carries: stale ranks, exit 0, before the params went by name."""
+    config = {
+        "datasets": {
+            "re": {
+                "loader": "demo-reassociation",
+                "options": {"seed": 0, "sequences": 1},
+                "protocol": "reassociation",
+                "gap_frames": 1,
+                "query_stride": 1,
+                "ks": [1],
+            }
+        },
+        "encoders": {"pixels": {"kind": "pixels", "options": {"size": [4, 4]}}},
+        "engine": {"threads": 1},
+        "report": {"resamples": 0, "worst_queries": 0},
+    }
+    proc = helpers.snakemake(tmp_path, config, replace=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    config["datasets"]["re"]["gap_frames"] = 10
+    proc = helpers.snakemake(tmp_path, config, "--dry-run", replace=True)
+    assert planned_jobs(proc.stdout + proc.stderr) == {"rank": 1, "metrics": 1, **FROM_REPORT}
+
+
 def test_a_new_image_in_a_market_tree_reruns_that_dataset_only(workdir):
     image = workdir / "data/market/bounding_box_test/0002_c1s1_000099_00.png"
     write_image(image, 7)
