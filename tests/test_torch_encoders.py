@@ -802,6 +802,47 @@ def test_a_torchscript_error_names_its_reason_not_the_interpreter(manifest: Path
     assert "TorchScript interpreter" not in message and "\n" not in message
 
 
+class _DropoutHead(torch.nn.Module):
+    """TinyCNN's features through dropout: random in training mode, the identity in eval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.drop = TinyCNN(), torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.body(x))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_a_module_traced_in_training_mode_is_refused(train, manifest: Path, tmp_path: Path):
+    """torch.jit.trace fixes the training flag as a constant: a module traced in training
+    mode kept normalising by each batch's statistics and dropping at random after eval(),
+    so its embeddings changed with the batch size and from run to run (no error). Traced
+    in eval mode it loads, also beside a BatchNorm that never tracks running statistics."""
+    torch.manual_seed(6)
+    model = _DropoutHead()
+    model.body.bn = torch.nn.BatchNorm2d(8, track_running_stats=False)  # batch stats by design
+    model.body.conv1 = torch.nn.Sequential(model.body.conv1, torch.nn.BatchNorm2d(8))
+    model.train(train)
+    with warnings.catch_warnings():  # deprecation; in training mode, the outputs differ
+        warnings.simplefilter("ignore")
+        torch.jit.trace(model, torch.zeros(2, 3, 24, 12)).save(str(tmp_path / "t.pt"))
+    options = {"model": str(tmp_path / "t.pt"), "input_size": [24, 12]}
+    if not train:
+        encode_manifest(manifest, "torchscript", options, tmp_path / "e.zarr", progress=False)
+        expected = _forward(model, _reference_inputs(manifest, (24, 12), *IMAGENET))
+        _assert_close(_read(tmp_path / "e.zarr"), expected)  # one batch: the same statistics
+        return
+    with pytest.raises(RankwiseError) as info:
+        encode_manifest(manifest, "torchscript", options, tmp_path / "e.zarr", progress=False)
+    assert re.fullmatch(
+        r"\S+t\.pt: the module was traced in training mode \(1 BatchNorm and 1 dropout "
+        r"layer\(s\) fixed in it\): .*; trace it again after model\.eval\(\)",
+        str(info.value),
+    ), info.value
+    assert not (tmp_path / "e.zarr").exists()
+
+
 # ---------------------------------------------------------------- bad input
 
 

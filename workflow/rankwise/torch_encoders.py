@@ -29,7 +29,8 @@ interpolation="bilinear", flip, device, half}
 ``torchscript`` {model, input_size, mean=ImageNet, std=ImageNet, channel_order="rgb",
 interpolation="bilinear", flip, device, half}
     A ``torch.jit.script`` / ``torch.jit.trace`` file; its output (a tensor) is
-    flattened to ``(B, D)``.
+    flattened to ``(B, D)``.  A module traced in training mode (BatchNorm or dropout
+    fixed in it) is refused (:func:`_traced_training_layers`).
 
 For ``timm`` and ``torchscript`` an image becomes ``x = (resize(image, [H, W]) / 255 -
 mean) / std`` as ``(3, H, W)`` float32, mean/std per RGB channel, channels reversed
@@ -603,7 +604,55 @@ def _torchscript_model(path: Path) -> Any:
             "with torch.jit.script(model).save(path) or torch.jit.trace, or "
             "use kind timm / reid for a state dict"
         ) from None
+    layers = _traced_training_layers(model)
+    if layers:
+        raise RankwiseError(
+            f"{path}: the module was traced in training mode ({' and '.join(layers)} "
+            "layer(s) fixed in it): a trace keeps that mode whatever eval() says, so "
+            "BatchNorm would normalise by each batch's own statistics and dropout would drop "
+            "at random, and the embeddings would depend on the batch; trace it again after "
+            "model.eval()"
+        )
     return model
+
+
+#: ``aten`` ops taking a ``training`` flag: op -> (its index, the index of the input that
+#: decides whether the flag matters: BatchNorm's running mean (None: batch statistics by
+#: design, ``track_running_stats=False``), dropout's probability (0: a no-op))
+_TRAINING_FLAG = {
+    "aten::batch_norm": (5, 3),
+    **{
+        f"aten::{op}{inplace}": (2, 1)
+        for op in ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+        for inplace in ("", "_")
+    },
+}
+
+
+def _traced_training_layers(model: Any) -> list[str]:
+    """How many layers of each kind (``["14 BatchNorm", "1 dropout"]``) of a TorchScript
+    module have a training flag that is a constant ``True``: a module traced in training
+    mode (``torch.jit.trace`` records ``self.training`` as a constant; a scripted module
+    reads the attribute, which ``eval()`` sets)."""
+    try:
+        graph = model.inlined_graph
+    except (RuntimeError, AttributeError):  # no forward graph to inspect
+        return []
+    found = []
+    for op, (flag, other) in _TRAINING_FLAG.items():
+        for node in graph.findAllNodes(op, True):
+            inputs = list(node.inputs())
+            if len(inputs) <= max(flag, other) or inputs[flag].node().kind() != "prim::Constant":
+                continue
+            if inputs[flag].toIValue() is not True:
+                continue
+            decides = inputs[other]
+            # ... (not None, not 0): a value computed when the module runs
+            value = decides.toIValue() if decides.node().kind() == "prim::Constant" else ...
+            if value is None or (isinstance(value, (int, float)) and value == 0):
+                continue  # no running statistics, or p = 0: eval mode would do the same
+            found.append("BatchNorm" if op == "aten::batch_norm" else "dropout")
+    return [f"{found.count(name)} {name}" for name in dict.fromkeys(found)]
 
 
 # ---------------------------------------------------------------- the encoder
