@@ -442,6 +442,11 @@ def test_pickled_python_object_is_refused_not_executed(
             r"junk\.pth: .*\(it is a Git LFS pointer, not the weights: fetch them with git lfs",
         ),
         (b"", r"junk\.pth: the checkpoint is empty \(0 bytes\): is it still being written\?"),
+        # torch.save's zip being written (a sweep's newest epoch): a miniz error or Errno 22
+        ("zip format, cut at 4096", r"junk\.pth: not a readable torch checkpoint: it is cut "),
+        ("zip format, cut at -30", r"junk\.pth: .*cut short .*: is it still being written\?"),
+        # torch's text advised weights_only=False
+        ("torchscript", r"^\S+junk\.pth: a TorchScript module \(.*\).*kind torchscript"),
         ("protocol4", r"junk\.pth: .*pickle protocol 4 or later.*re-save it"),
         ("safetensors", r"junk\.pth: .*\(it is a safetensors file; name it \.safetensors\)$"),
         ("npy", r"junk\.pth: .*\(it is a \.npy array, not a checkpoint"),
@@ -466,6 +471,13 @@ def test_unreadable_checkpoints(content, message, manifest: Path, tmp_path: Path
     elif content == "npy":
         with open(ckpt, "wb") as f:
             np.save(f, np.zeros((2, 3), np.float32))
+    elif content == "torchscript":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.jit.script(TinyCNN().eval()).save(str(ckpt))
+    elif isinstance(content, str) and content.startswith("zip format"):
+        torch.save({"state_dict": state}, ckpt)
+        ckpt.write_bytes(ckpt.read_bytes()[: int(content.rsplit(" ", 1)[1])])  # still saving
     elif isinstance(content, str) and content.startswith("old format"):
         torch.save({"state_dict": state}, ckpt, _use_new_zipfile_serialization=False)
         ckpt.write_bytes(ckpt.read_bytes()[: int(content.rsplit(" ", 1)[1])])  # killed mid-save
@@ -843,6 +855,23 @@ def test_a_module_traced_in_training_mode_is_refused(train, manifest: Path, tmp_
     assert not (tmp_path / "e.zarr").exists()
 
 
+def test_a_torchscript_file_cut_short_says_so(manifest: Path, tmp_path: Path):
+    """A module file still being written (a sweep's newest file): torch's miniz error
+    said the file was likely corrupt, and the message to save a TorchScript module."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.script(TinyCNN().eval()).save(str(tmp_path / "m.pt"))
+    (tmp_path / "m.pt").write_bytes((tmp_path / "m.pt").read_bytes()[:-100])
+    options = {"model": str(tmp_path / "m.pt"), "input_size": [8, 8]}
+    with pytest.raises(RankwiseError) as info:
+        encode_manifest(manifest, "torchscript", options, tmp_path / "e.zarr", progress=False)
+    assert str(info.value) == (
+        f"{tmp_path / 'm.pt'}: not a readable TorchScript module: it is cut short (a zip "
+        "archive without its end): is it still being written? Run again once it is saved, "
+        "or save it again"
+    )
+
+
 # ---------------------------------------------------------------- bad input
 
 
@@ -878,7 +907,8 @@ BAD = [
     (
         "torchscript",
         {"model": "{sd}", "input_size": [8, 8]},
-        r"ok\.pth: not a TorchScript module \(.*\); save one with torch\.jit\.script",
+        r"ok\.pth: not a TorchScript module \(it is a torch\.save checkpoint: weights without "
+        r"the code\); save one with torch\.jit\.script",
     ),
     ("torchscript", {"model": "{sd}"}, r"^torchscript: missing option\(s\) input_size"),
     (

@@ -195,6 +195,17 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
                 "'weights.pth')"
             ) from None
         except (RuntimeError, EOFError, ValueError, OSError) as exc:
+            archive = _archive_kind(path)
+            if archive == "cut":
+                raise RankwiseError(
+                    f"{path}: not a readable torch checkpoint: {_CUT_SHORT}"
+                ) from None
+            if archive == "torchscript":  # torch's own text advises weights_only=False
+                raise RankwiseError(
+                    f"{path}: a TorchScript module (torch.jit.script / trace), not a "
+                    f"checkpoint of weights; evaluate it with kind torchscript (options.model "
+                    f"and input_size), or give the {kind} encoder the model's state dict"
+                ) from None
             raise RankwiseError(
                 f"{path}: not a readable torch checkpoint ({first_line(exc)}); check "
                 "options.checkpoint"
@@ -336,6 +347,33 @@ def _head(path: Path) -> bytes:
             return f.read(16)
     except OSError:
         return b""
+
+
+_CUT_SHORT = (
+    "it is cut short (a zip archive without its end): is it still being written? Run "
+    "again once it is saved, or save it again"
+)
+
+
+def _archive_kind(path: Path) -> str | None:
+    """What a zip-format file (torch.save's default since torch 1.6, and TorchScript's)
+    is, by its entries: ``"cut"`` (a zip's start without its end: still being written, or
+    a copy cut short), ``"torchscript"`` (``constants.pkl``: a scripted or traced module),
+    ``"torch.save"`` (``data.pkl`` alone: a checkpoint); None for any other file."""
+    import zipfile
+
+    if not _head(path).startswith(b"PK\x03\x04"):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile:  # no end of central directory
+        return "cut"
+    except OSError:
+        return None
+    if any(name.rpartition("/")[2] == "constants.pkl" for name in names):
+        return "torchscript"
+    return "torch.save" if any(n.rpartition("/")[2] == "data.pkl" for n in names) else None
 
 
 def _unpickling_reason(path: Path, exc: BaseException) -> str:
@@ -599,8 +637,18 @@ def _torchscript_model(path: Path) -> Any:
             warnings.simplefilter("ignore", FutureWarning)
             model = torch.jit.load(str(path), map_location="cpu")
     except (RuntimeError, ValueError, OSError) as exc:
+        archive = _archive_kind(path)
+        if archive == "cut":
+            raise RankwiseError(
+                f"{path}: not a readable TorchScript module: {_CUT_SHORT}"
+            ) from None
+        reason = (
+            "it is a torch.save checkpoint: weights without the code"
+            if archive == "torch.save"
+            else first_line(exc)
+        )
         raise RankwiseError(
-            f"{path}: not a TorchScript module ({first_line(exc)}); save one "
+            f"{path}: not a TorchScript module ({reason}); save one "
             "with torch.jit.script(model).save(path) or torch.jit.trace, or "
             "use kind timm / reid for a state dict"
         ) from None
