@@ -498,6 +498,23 @@ def test_missing_checkpoint_names_it(manifest: Path, tmp_path: Path):
         encode_manifest(manifest, "python", options, tmp_path / "x.zarr", progress=False)
 
 
+def test_a_checkpoint_folder_is_said_to_be_one(manifest: Path, tmp_path: Path):
+    """A Hugging Face Trainer's checkpoint-500/ named as the checkpoint: it was "not
+    found", which it is not; the message names the weights file inside."""
+    folder = tmp_path / "checkpoint-500"
+    folder.mkdir()
+    (folder / "pytorch_model.bin").write_bytes(b"x")
+    (folder / "trainer_state.json").write_text("{}")
+    options = {"factory": f"{FACTORIES}:with_checkpoint", "checkpoint": str(folder)}
+    with pytest.raises(RankwiseError) as info:
+        encode_manifest(manifest, "python", options, tmp_path / "x.zarr", progress=False)
+    assert str(info.value) == (
+        f"{folder}: options.checkpoint of the python encoder names a folder, not a file; "
+        f"name the file itself: {folder / 'pytorch_model.bin'}"
+    )
+    assert not (tmp_path / "x.zarr").exists()
+
+
 def test_failing_encoder_leaves_no_store(manifest: Path, tmp_path: Path):
     out = tmp_path / "emb" / "query.zarr"
     with pytest.raises(RuntimeError, match="model crashed"):

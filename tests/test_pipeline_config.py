@@ -362,6 +362,14 @@ def test_sweep_passes_the_file_as_the_kinds_option(tmp_path, monkeypatch, kind, 
             "w/**/m.onnx",
             r"w/a-b/c/m\.onnx and w/a/b-c/m\.onnx would both be the encoder run@a-b-c-m;",
         ),
+        (  # Hugging Face Trainer's folders: "matches no file" said to check the pattern
+            ["hf/checkpoint-500/model.safetensors", "hf/checkpoint-1000/model.safetensors"],
+            "hf/checkpoint-*",
+            r"^encoders\.run\.checkpoints: 'hf/checkpoint-\*' matches 2 folder\(s\) "
+            r"\(hf/checkpoint-500, \.\.\.\) and no file; a checkpoint is a file: add the "
+            r"file's name to the pattern \(name the file itself: "
+            r"hf/checkpoint-500/model\.safetensors\)$",
+        ),
         # run@ep.json's metrics file would be run@ep.json.json beside run@ep's run@ep.json
         (["r/ep.json.onnx", "r/ep.onnx"], "r/*.onnx", "the name 'ep.json' cannot be part of an"),
     ],
@@ -637,6 +645,42 @@ def test_a_missing_path_is_an_error_naming_entry_and_path(
     with pytest.raises(RankwiseError, match="^" + message) as info:
         _resolved(datasets, encoders)
     assert f"relative paths start from {tmp_path}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("timm", {"model": "resnet50", "checkpoint": "hf/checkpoint-500"}),
+        ("onnx", {"model": "hf/checkpoint-500"}),
+        (
+            "precomputed",
+            {"query": "emb.zarr", "gallery": "emb.zarr", "query_ids": "hf/checkpoint-500"},
+        ),
+    ],
+)
+def test_a_folder_where_a_file_belongs_is_an_error_before_any_job(
+    tmp_path, monkeypatch, kind, options
+):
+    """It exists, so the check passed it, and the encode job then failed saying the file
+    was "not found"; a precomputed Zarr folder stays accepted."""
+    monkeypatch.chdir(tmp_path)
+    _touch("hf/checkpoint-500/model.safetensors", "hf/checkpoint-500/trainer_state.json")
+    Path("emb.zarr").mkdir()
+    key = next(k for k, v in options.items() if v == "hf/checkpoint-500")
+    with pytest.raises(RankwiseError) as info:
+        _resolved(
+            {"d": {"loader": "digits", "options": {}}}, {"e": {"kind": kind, "options": options}}
+        )
+    assert str(info.value) == (
+        f"encoders.e.options.{key}: hf/checkpoint-500 is a folder, not a file; name the file "
+        "itself: hf/checkpoint-500/model.safetensors"
+    )
+    if kind == "precomputed":
+        _touch("ids.txt")
+        _resolved(
+            {"d": {"loader": "digits", "options": {}}},
+            {"e": {"kind": kind, "options": {**options, "query_ids": "ids.txt"}}},
+        )
 
 
 LONG = "".join("abcdefghijklmnopqrstuvwxyz"[(i * i) % 26] for i in range(201))  # not periodic

@@ -366,6 +366,13 @@ def default_workers() -> int:
 
 def _checkpoint(kind: str, value: Any, name: str) -> Path:
     path = Path(str(value)).expanduser()
+    if path.is_dir():  # a Hugging Face Trainer's checkpoint-500/: it exists
+        from .pipeline_config import folder_advice
+
+        raise RankwiseError(
+            f"{path}: options.{name} of the {kind} encoder names a folder, not a file; "
+            f"{folder_advice(str(path))}"
+        )
     if not path.is_file():
         raise RankwiseError(
             f"{path}: {kind} {name} file not found; check options.{name} "

@@ -686,6 +686,14 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
         found = glob.glob(os.path.expanduser(pattern), recursive=True)
         files = [f for f in found if os.path.isfile(f)]
         if not files:
+            folders = sorted((f for f in found if os.path.isdir(f)), key=natural_key)
+            if folders:  # Hugging Face's checkpoint-*/: the weights are a file inside
+                raise ConfigError(
+                    ["encoders", name, "checkpoints"],
+                    f"{pattern!r} matches {len(folders)} folder(s) ({folders[0]}, ...) and no "
+                    f"file; a checkpoint is a file: add the file's name to the pattern "
+                    f"({folder_advice(folders[0])})",
+                )
             raise ConfigError(
                 ["encoders", name, "checkpoints"],
                 f"{pattern!r} matches no file (relative paths start from "
@@ -782,6 +790,23 @@ _CHECKPOINT_SUFFIXES = (
 _TORCHREID_NAME = re.compile(r"^(?P<base>.+)\.pth\.tar-(?P<epoch>\d+)$")
 
 
+def folder_advice(folder: str) -> str:
+    """What to write instead of a folder where a checkpoint or model file belongs (a
+    Hugging Face Trainer's ``checkpoint-500/``): the checkpoint-like files inside it."""
+    try:
+        inside = sorted(
+            entry.name
+            for entry in os.scandir(str(folder))
+            if entry.is_file() and entry.name.lower().endswith(_CHECKPOINT_SUFFIXES)
+        )
+    except OSError:
+        inside = []
+    if not inside:
+        return "name the file itself"
+    shown = ", ".join(os.path.join(str(folder), name) for name in inside[:3])
+    return f"name the file itself: {shown}{', ...' if len(inside) > 3 else ''}"
+
+
 def checkpoint_stem(path: str | os.PathLike) -> str:
     """The name a sweep gives a checkpoint file: its name without the checkpoint suffix.
 
@@ -874,8 +899,18 @@ def check_paths(datasets: dict, encoders: dict, sweeps: dict[str, list[str]] | N
                     raise ConfigError(
                         keys, f"{path} not found ({where}); fix the path or remove the entry"
                     )
+                if os.path.isdir(path) and not _may_be_folder(entry["kind"], key):
+                    raise ConfigError(
+                        keys, f"{path} is a folder, not a file; {folder_advice(path)}"
+                    )
                 if entry["kind"] == "python" and key == "factory":
                     _check_factory(path, str(entry["options"][key]), keys)
+
+
+def _may_be_folder(kind: str, key: str) -> bool:
+    """Whether an encoder's file option may name a folder: precomputed embeddings (a Zarr
+    store); every other one names a file (a checkpoint, a model, ids, a factory)."""
+    return kind == "precomputed" and key in ("query", "gallery", "path")
 
 
 def _check_factory(path: str, spec: str, keys: list[Any]) -> None:
