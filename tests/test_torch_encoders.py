@@ -814,6 +814,112 @@ def test_a_torchscript_error_names_its_reason_not_the_interpreter(manifest: Path
     assert "TorchScript interpreter" not in message and "\n" not in message
 
 
+class _ChannelMeans(torch.nn.Module):
+    """Per-channel means over the whole batch, (3,): no batch axis at all."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(0, 2, 3))
+
+
+class _Transposed(torch.nn.Module):
+    """Per-image channel means, transposed: (3, B), the batch on the second axis."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3)).t()
+
+
+def _rows(manifest: Path, n: int) -> Path:
+    """A manifest of ``n`` rows cycling over ``manifest``'s images."""
+    table = pd.read_csv(manifest, dtype=str)
+    rows = table.iloc[[i % len(table) for i in range(n)]].reset_index(drop=True)
+    rows["id"] = [f"r{i}" for i in range(n)]
+    path = manifest.with_name(f"rows{n}.csv")
+    rows.to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize(
+    "module, n_rows, batch_size, message",
+    [
+        # every batch of 3: (3,) has the batch's size, but no axis after it; stored as
+        # 6 rows x 1 dim of values mixed across images, exit 0
+        (
+            _ChannelMeans,
+            6,
+            3,
+            r"shape \(3,\) for a batch of 3: a single axis, the "
+            r"batch's or the embedding's, not both; save the module with outputs of shape "
+            r"\(batch, dim\)",
+        ),
+        # a RuntimeError traceback from reshape (3 values into 4 rows)
+        (
+            _ChannelMeans,
+            6,
+            4,
+            r"shape \(3,\) for a batch of 4: its first axis is not the "
+            r"batch; save the module with outputs of shape \(batch, \.\.\.\)",
+        ),
+        # batches of 3 then 2: (3, 3) cannot be told from (B, D), the last batch's (3, 2)
+        # can (the first batch's rows were stored transposed, silently)
+        (
+            _Transposed,
+            5,
+            3,
+            r"shape \(3, 2\) for a batch of 2: its first axis is not the "
+            r"batch; save the module with outputs of shape \(batch, \.\.\.\)",
+        ),
+    ],
+)
+def test_an_output_whose_first_axis_is_not_the_batch_is_refused(
+    module, n_rows, batch_size, message, manifest: Path, tmp_path: Path
+):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.script(module().eval()).save(str(tmp_path / "m.pt"))
+    options = {"model": str(tmp_path / "m.pt"), "input_size": [8, 8]}
+    out = tmp_path / "e.zarr"
+    with pytest.raises(RankwiseError) as info:
+        encode_manifest(
+            _rows(manifest, n_rows),
+            "torchscript",
+            options,
+            out,
+            batch_size=batch_size,
+            progress=False,
+        )
+    assert re.fullmatch(
+        re.escape(str(tmp_path / "m.pt")) + ": the model returned " + message, str(info.value)
+    ), info.value
+    assert not out.exists() and not Path(f"{out}.tmp").exists()
+
+
+def test_cli_output_whose_first_axis_is_not_the_batch_exits_2(manifest: Path, tmp_path: Path):
+    from rankwise.cli import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.script(_ChannelMeans().eval()).save(str(tmp_path / "m.pt"))
+    out = tmp_path / "x.zarr"
+    options = {"model": str(tmp_path / "m.pt"), "input_size": [8, 8]}
+    args = ["encode", "--manifest", str(manifest), "--kind", "torchscript"]
+    args += [
+        "--options",
+        json.dumps(options),
+        "--out",
+        str(out),
+        "--batch-size",
+        "4",
+        "--no-progress",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: {tmp_path / 'm.pt'}: the model returned shape (3,) for a batch of 4: its "
+        "first axis is not the batch; save the module with outputs of shape (batch, ...)"
+    ]
+    assert not out.exists() and not Path(f"{out}.tmp").exists()
+
+
 class _DropoutHead(torch.nn.Module):
     """TinyCNN's features through dropout: random in training mode, the identity in eval."""
 

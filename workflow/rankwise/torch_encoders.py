@@ -28,9 +28,10 @@ interpolation="bilinear", flip, device, half}
     unlike the config's ``crop_pct``).
 ``torchscript`` {model, input_size, mean=ImageNet, std=ImageNet, channel_order="rgb",
 interpolation="bilinear", flip, device, half}
-    A ``torch.jit.script`` / ``torch.jit.trace`` file; its output (a tensor) is
-    flattened to ``(B, D)``.  A module traced in training mode (BatchNorm or dropout
-    fixed in it) is refused (:func:`_traced_training_layers`).
+    A ``torch.jit.script`` / ``torch.jit.trace`` file; its output (a tensor of shape
+    ``(B, ...)``, at least 2-D, checked on every batch) is flattened to ``(B, D)``.  A
+    module traced in training mode (BatchNorm or dropout fixed in it) is refused
+    (:func:`_traced_training_layers`).
 
 For ``timm`` and ``torchscript`` an image becomes ``x = (resize(image, [H, W]) / 255 -
 mean) / std`` as ``(3, H, W)`` float32, mean/std per RGB channel, channels reversed
@@ -808,6 +809,27 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
             raise RankwiseError(
                 f"{file}: the model returned {type(out).__name__}, not a "
                 "tensor; export a module that returns the embedding"
+            )
+        # (D,) or (D, B): reshaping it to (B, -1) would mix the images' values, or fail
+        # only when the sizes do not divide; checked on every batch (the last one has
+        # another size, which tells (D, B) from (B, D) when B == D elsewhere).  A 1-D
+        # output (D,) cannot be told from one value per image when D == B: refused too
+        if out.ndim < 2 or out.shape[0] != len(x):
+            first = out.ndim == 0 or out.shape[0] != len(x)
+            why = (
+                "its first axis is not the batch"
+                if first
+                else "a single axis, the batch's or the embedding's, not both"
+            )
+            wanted = "(batch, ...)" if first else "(batch, dim)"
+            fix = (
+                f"save the module with outputs of shape {wanted}"
+                if kind == "torchscript"
+                else f"the {kind} model must return outputs of shape {wanted}"
+            )
+            raise RankwiseError(
+                f"{file}: the model returned shape {tuple(out.shape)} for a batch of "
+                f"{len(x)}: {why}; {fix}"
             )
         return out.float().reshape(len(x), -1)
 
