@@ -1096,6 +1096,55 @@ def test_encoding_is_ieee_float32_and_leaves_the_caller_settings(
     _assert_close(got, expected)
 
 
+@pytest.fixture
+def caller_threads():
+    """A library caller's own torch thread count, distinctive (5), put back after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(5)
+    yield 5
+    torch.set_num_threads(before)
+
+
+def test_encoding_leaves_the_caller_thread_count(
+    caller_threads, timm_model, manifest: Path, tmp_path: Path
+):
+    """The encoder ran on ``workers`` threads and left them set in the caller's process
+    (torch.set_num_threads is process-wide), after a finished encode and a failed one."""
+    embedder, state = timm_model
+    seen = []
+
+    def spy(module, inputs, output):  # inside the encoder's forward pass
+        seen.append(torch.get_num_threads())
+
+    ckpt = _save_like_training(state, tmp_path / "epoch_060.pth")
+    options = {"model": "resnet10t", "checkpoint": str(ckpt), "input_size": [32, 16]}
+    hook = torch.nn.modules.module.register_module_forward_hook(spy)
+    try:
+        encode_manifest(manifest, "timm", options, tmp_path / "e.zarr", workers=1, progress=False)
+    finally:
+        hook.remove()
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == caller_threads
+    expected = _forward(embedder, _reference_inputs(manifest, (32, 16), *IMAGENET))
+    _assert_close(_read(tmp_path / "e.zarr"), expected)
+
+    table = pd.read_csv(manifest, dtype=str)
+    table.loc[3, "path"] = "images/gone.png"  # the second batch fails
+    table.to_csv(tmp_path / "missing.csv", index=False)
+    with pytest.raises(RankwiseError, match=r"image 'images/gone\.png' not found"):
+        encode_manifest(
+            tmp_path / "missing.csv",
+            "timm",
+            options,
+            tmp_path / "f.zarr",
+            batch_size=2,
+            workers=1,
+            progress=False,
+        )
+    assert torch.get_num_threads() == caller_threads
+    assert not (tmp_path / "f.zarr").exists()
+
+
 # ---------------------------------------------------------------- on a GPU (skipped without)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")

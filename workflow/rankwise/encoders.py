@@ -77,6 +77,7 @@ encoders, so a manifest no protocol could rank fails here, before any encoding.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -591,6 +592,9 @@ class _Encoder:
     checkpoint_files: list[Path] = field(default_factory=list)
     # precomputed: the file or Zarr store read, whose rows a message about values names
     source: Path | None = None
+    # entered around the whole encode (every batch, the writing): process-wide settings
+    # the forward passes need (torch's thread count), the caller's put back on exit
+    settings: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
 def _builtin(kind: str, opts: dict[str, Any]) -> _Encoder:
@@ -1215,7 +1219,10 @@ def encode_manifest(
         if kind == "precomputed":  # its file is read batch by batch, not loaded at once
             _check_unchanged(hashed, states, _file_states(hashed))
 
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rankwise-decode") as pool:
+    with (
+        encoder.settings(),
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rankwise-decode") as pool,
+    ):
         try:
             write_embeddings(out, checked(pool), n_rows, attrs=attrs, arrays=extra)
         except BaseException:

@@ -58,6 +58,7 @@ then a prefix (:func:`read_checkpoint`).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import warnings
@@ -791,8 +792,6 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
     model.eval().to(device)
     if half:
         model.half()
-    if device == "cpu":
-        torch.set_num_threads(threads)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         try:
@@ -850,5 +849,22 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         for batch in _image_batches(rows, lambda i: preprocess(rows, i), batch_size, pool, ahead):
             yield embed(batch)
 
+    def settings() -> contextlib.AbstractContextManager[Any]:
+        # on the CPU the forward pass runs on ``threads`` cores (torch's count is the
+        # process's: the caller's is put back when the encode ends, also on an error)
+        return _num_threads(torch, threads) if device == "cpu" else contextlib.nullcontext()
+
     record.update({"flip": flip, "device": device, "half": half})
-    return _Encoder(opts, file, batches, threads=threads, preprocessing=record)
+    return _Encoder(opts, file, batches, threads=threads, preprocessing=record, settings=settings)
+
+
+@contextlib.contextmanager
+def _num_threads(torch: Any, threads: int) -> Iterator[None]:
+    """Within: ``torch.set_num_threads(threads)``; the count there was is put back on
+    exit, as :func:`rankwise.devices.ieee_float32` puts back precision settings."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
