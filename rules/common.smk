@@ -24,13 +24,19 @@ from rankwise.errors import RankwiseError
 # `--sdm conda` in this environment (path relative to the rules/ files that name it).
 CONDA_ENV = "../envs/rankwise.yaml"
 
-# The config files in Snakemake's merge order: config/config.yaml, then --configfile's.
+# The config files in Snakemake's merge order: config/config.yaml, then --configfile's
+# (then --config's values).
 _overrides = [str(f) for f in workflow.overwrite_configfiles]
 CONFIG_FILES = [
     str(f)
     for f in workflow.configfiles
     if str(f) not in _overrides and not workflow.config_settings.replace_workflow_config
 ] + _overrides
+# `--config KEY=VALUE` values are merged last: an error at a key they set names --config
+if workflow.config_settings.config:
+    CONFIG_FILES.append(
+        pipeline_config.CommandLineConfig(dict(workflow.config_settings.config))
+    )
 
 # Checked once, each problem as one line (no traceback) before any job is built: our
 # own schema check (key path, did-you-mean), then validate() fills every default, then

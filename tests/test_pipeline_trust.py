@@ -364,6 +364,48 @@ def test_config_errors_are_one_line_with_key_path_and_suggestion(tmp_path, mutat
     assert lines[0].startswith(f"error: {tmp_path / 'my.yaml'}:") and expected in lines[0]
 
 
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "report={worst_queries: -1}",
+            "error: --config: report.worst_queries: -1 is less than the minimum of 0",
+        ),
+        (
+            "datasets={mk: {protocl: reid}}",
+            "error: --config: datasets.mk.protocl: unknown key 'protocl'; did you mean 'protocol'?",
+        ),
+        ("report={resamples: many}", "error: --config: report.resamples: expected integer"),
+    ],
+)
+def test_a_bad_config_override_is_named_as_such(tmp_path, override, expected):
+    """A value `--config` set is named `--config`, not a line of the file whose value it
+    replaced (my.yaml sets `report.resamples: 0`: the message named that line)."""
+    proc = snakemake(tmp_path, CONFIG, "--dry-run", "--config", override)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = error_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+@pytest.mark.parametrize(
+    "override, jobs",
+    [
+        # Snakemake reads values inside a --config mapping as text ('200', '1', 'false'):
+        # they failed the schema ("expected integer, got '200'") and named my.yaml's line
+        ("report={resamples: 200}", {"metrics": 3, "report": 1, "all": 1}),
+        ("datasets={mk: {ks: [1, 5]}}", {"metrics": 1, "report": 1, "all": 1}),
+        (
+            "datasets={mk: {exclude_same_camera: false}}",
+            {"rank": 1, "metrics": 1, "report": 1, "all": 1},
+        ),
+    ],
+)
+def test_config_overrides_are_read_as_the_schema_wants(workdir, override, jobs):
+    proc = snakemake(workdir, CONFIG, "--dry-run", "--config", override)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert planned_jobs(proc.stdout + proc.stderr) == jobs
+
+
 def test_a_duplicated_yaml_key_is_an_error(tmp_path):
     text = yaml.safe_dump(CONFIG, sort_keys=False).replace(
         "encoders:\n", "encoders:\n  pixels:\n    kind: hog\n", 1

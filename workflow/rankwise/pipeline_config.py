@@ -72,6 +72,40 @@ SPLITS = ("query", "gallery")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
+class CommandLineConfig:
+    """The values of Snakemake's ``--config KEY=VALUE`` arguments, merged after every
+    config file: listed last among a check's ``files``, an error at a key they set is
+    named ``--config`` (not a line of the file whose value they replaced).
+
+    Snakemake reads a value inside a ``--config`` mapping as text (YAML's base loader:
+    ``report={resamples: 200}`` gives the string ``'200'``); :func:`check_config` reads
+    such a text as the number, boolean or null the schema wants there, as a config file
+    would have."""
+
+    def __init__(self, values: Any):
+        self.values = values
+
+    def __str__(self) -> str:
+        return "--config"
+
+    def sets(self, keys: Sequence[Any]) -> int:
+        """How many leading ``keys`` the ``--config`` values set."""
+        node, depth = self.values, 0
+        for key in keys:
+            if isinstance(node, dict) and str(key) in {str(k) for k in node}:
+                node = next(v for k, v in node.items() if str(k) == str(key))
+            elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+                node = node[key]
+            else:
+                break
+            depth += 1
+        return depth
+
+
+#: A config file, or the ``--config`` values (merged last).
+ConfigSource = str | os.PathLike | CommandLineConfig
+
+
 class ConfigError(RankwiseError):
     """A bad value at a config key path (``keys``); the message starts with that path."""
 
@@ -80,7 +114,7 @@ class ConfigError(RankwiseError):
         self.keys = list(keys)
 
 
-def _located(error: ConfigError, files: Sequence[str | os.PathLike]) -> RankwiseError:
+def _located(error: ConfigError, files: Sequence[ConfigSource]) -> RankwiseError:
     """``error`` prefixed with the ``file:line`` that sets its key (when ``files`` do)."""
     return RankwiseError(f"{_where(files, error.keys)}: {error}") if files else error
 
@@ -145,8 +179,12 @@ def load_yaml(path: str | os.PathLike) -> Any:
         loader.dispose()
 
 
-def _locate(path: str | os.PathLike, keys: Sequence[Any]) -> tuple[int, int | None]:
-    """(how many leading ``keys`` the YAML file sets, the line of the deepest of them)."""
+def _locate(path: ConfigSource, keys: Sequence[Any]) -> tuple[int, int | None]:
+    """(how many leading ``keys`` the YAML file sets, the line of the deepest of them);
+    for ``--config`` values (line 0), how many of them they set."""
+    if isinstance(path, CommandLineConfig):
+        depth = path.sets(keys)
+        return depth, (0 if depth else None)
     try:
         node = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -167,14 +205,14 @@ def _locate(path: str | os.PathLike, keys: Sequence[Any]) -> tuple[int, int | No
     return depth, line
 
 
-def _where(files: Sequence[str | os.PathLike], keys: Sequence[Any]) -> str:
+def _where(files: Sequence[ConfigSource], keys: Sequence[Any]) -> str:
     """``file:line`` of the file that sets most of ``keys`` (the last one on a tie: it wins
     the merge), else the last file's name."""
     best = None
     for file in files:
         depth, line = _locate(file, keys)
         if line is not None and (best is None or depth >= best[0]):
-            best = (depth, f"{file}:{line}")
+            best = (depth, str(file) if isinstance(file, CommandLineConfig) else f"{file}:{line}")
     return best[1] if best else (str(files[-1]) if files else "config")
 
 
@@ -252,10 +290,32 @@ def _describe(error) -> tuple[list[Any], str]:
 _EXPONENT_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
 
 
-def _numbers_from_text(config: dict, validator) -> None:
+def _numbers_from_text(
+    config: dict, validator, command_line: CommandLineConfig | None = None
+) -> None:
     """Replace (in place) each string that the schema wants as a number and that is a
     float written the YAML 1.2 way (``fprs: [1e-4]``, ``lambda: 3e-1``) by that float:
-    the documented configs mean the number, not the text."""
+    the documented configs mean the number, not the text.  A text that ``--config``
+    set (``command_line``; Snakemake reads every value inside a ``--config`` mapping as
+    text) is read as YAML where the schema wants a number, boolean or null there."""
+    kinds = {
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+        "null": lambda v: v is None,
+    }
+
+    def from_command_line(error, wanted: list[str]) -> Any:
+        """The value a ``--config`` text stands for, where the schema wants it; else
+        the text itself."""
+        text, keys = error.instance, error.absolute_path
+        if command_line is None or command_line.sets(keys) < len(keys):
+            return text
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+        return value if any(w in kinds and kinds[w](value) for w in wanted) else text
 
     def all_errors(errors):  # an anyOf's (a loader's branch) errors sit in its context
         for error in errors:
@@ -265,20 +325,22 @@ def _numbers_from_text(config: dict, validator) -> None:
     for error in list(all_errors(validator.iter_errors(config))):
         wanted = error.validator_value if error.validator == "type" else ()
         wanted = [wanted] if isinstance(wanted, str) else wanted
-        if (
-            "number" in wanted
-            and isinstance(error.instance, str)
-            and _EXPONENT_FLOAT.fullmatch(error.instance.strip())
-            and error.absolute_path
-        ):
-            *parents, last = error.absolute_path
-            node = config
-            for key in parents:
-                node = node[key]
-            node[last] = float(error.instance)
+        if not (wanted and isinstance(error.instance, str) and error.absolute_path):
+            continue
+        if "number" in wanted and _EXPONENT_FLOAT.fullmatch(error.instance.strip()):
+            value: Any = float(error.instance)
+        else:
+            value = from_command_line(error, wanted)
+            if value is error.instance:
+                continue
+        *parents, last = error.absolute_path
+        node = config
+        for key in parents:
+            node = node[key]
+        node[last] = value
 
 
-def check_config(config: dict, schema: dict, *, files: Sequence[str | os.PathLike] = ()) -> None:
+def check_config(config: dict, schema: dict, *, files: Sequence[ConfigSource] = ()) -> None:
     """Raise one RankwiseError line for the first schema violation of ``config``.
 
     ``files`` are the config files in merge order; the message names the one (and its
@@ -295,7 +357,8 @@ def check_config(config: dict, schema: dict, *, files: Sequence[str | os.PathLik
         "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
     )
     strict = validators.extend(Draft202012Validator, type_checker=checker)(schema)
-    _numbers_from_text(config, strict)
+    command_line = next((f for f in files if isinstance(f, CommandLineConfig)), None)
+    _numbers_from_text(config, strict, command_line)
     error = best_match(strict.iter_errors(config))
     if error is None:
         return
@@ -348,11 +411,15 @@ def rerank_flags(dataset: dict) -> str:
     return " ".join(flags)
 
 
-def _scalar_text(files: Sequence[str | os.PathLike], keys: Sequence[Any]) -> str | None:
+def _scalar_text(files: Sequence[ConfigSource], keys: Sequence[Any]) -> str | None:
     """The text of the scalar at ``keys`` as written in the last of ``files`` that sets it
     (it wins the merge), or None."""
     text = None
     for file in files:
+        if isinstance(file, CommandLineConfig):
+            if file.sets(keys) == len(keys):  # text already: never read as a number
+                text = None
+            continue
         try:
             node = yaml.compose(Path(file).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -371,7 +438,7 @@ def _scalar_text(files: Sequence[str | os.PathLike], keys: Sequence[Any]) -> str
     return text
 
 
-def check_junk_labels(datasets: dict, files: Sequence[str | os.PathLike] = ()) -> None:
+def check_junk_labels(datasets: dict, files: Sequence[ConfigSource] = ()) -> None:
     """No junk label holds a comma: the jobs get the list as ``--junk-labels a,b``, so
     ``"a,b"`` would silently become the two labels ``a`` and ``b``.  And an unquoted
     label that YAML 1.1 (Snakemake's parser) reads as another number than written
@@ -494,9 +561,7 @@ def check_reranking(datasets: dict) -> None:
             raise ConfigError(["datasets", name], str(error)) from None
 
 
-def check(
-    config: dict, schema_path: str | os.PathLike, files: Sequence[str | os.PathLike] = ()
-) -> None:
+def check(config: dict, schema_path: str | os.PathLike, files: Sequence[ConfigSource] = ()) -> None:
     """Check the config files and the merged ``config`` before Snakemake's ``validate()``.
 
     Re-reads ``files`` for duplicated keys (Snakemake's loader keeps the last), gives each
@@ -505,7 +570,7 @@ def check(
     (:func:`mark_sweeps`) and raises the first schema violation as one line.
     """
     for file in files:
-        if Path(file).is_file():
+        if not isinstance(file, CommandLineConfig) and Path(file).is_file():
             load_yaml(file)
     for section in ("datasets", "encoders"):
         entries = config.get(section)
@@ -566,7 +631,7 @@ def ignored_protocol_options(datasets: dict) -> list[tuple[list[Any], str]]:
     return notes
 
 
-def resolve(config: dict, files: Sequence[str | os.PathLike] = ()) -> tuple[dict, dict]:
+def resolve(config: dict, files: Sequence[ConfigSource] = ()) -> tuple[dict, dict]:
     """After ``validate()``: expand sweeps, check encoder names and every path.
 
     Returns ``(encoders, sweeps)`` as :func:`expand_checkpoints`; each dataset's
