@@ -216,6 +216,23 @@ def _error(mutate, files=()) -> str:
             lambda c: c["datasets"]["market"].update(ks=[1, True]),
             "datasets.market.ks[1]: expected integer, got True",
         ),
+        # names YAML reads as numbers or booleans (an encoder per epoch: `20:`): the
+        # message said "encoders: expected string, got 20", without the fix
+        (
+            lambda c: c["encoders"].update({20: {"kind": "hog"}}),
+            "encoders.20: the name 20 is read by YAML as a number, not as text; write it in "
+            "quotes ('20':)",
+        ),
+        (
+            lambda c: c["datasets"].update({True: {"loader": "digits"}}),
+            "datasets: a name is read by YAML as true or false (so are yes, no, on and off), "
+            "not as text; write that name in quotes (e.g. 'yes':)",
+        ),
+        (
+            lambda c: c.update(report={"title": 2024}),
+            "report.title: expected string, got 2024; YAML reads it as a number: write it in "
+            "quotes",
+        ),
     ],
 )
 def test_schema_errors_are_one_line_with_the_key_path(mutate, message):
@@ -240,6 +257,15 @@ def test_error_names_the_file_and_line_that_set_the_key(tmp_path):
     config["datasets"]["market"]["distanse"] = "cosine"
     with pytest.raises(RankwiseError, match=rf"^{mine}:4: datasets.market.distanse: "):
         pc.check_config(config, SCHEMA, files=[base, mine])
+
+
+def test_a_name_yaml_reads_as_a_number_is_located_at_its_own_line(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("encoders:\n  pixels:\n    kind: pixels\n  20:\n    kind: hog\n")
+    config = copy.deepcopy(CONFIG)
+    config["encoders"][20] = {"kind": "hog"}
+    with pytest.raises(RankwiseError, match=rf"^{mine}:4: encoders.20: the name 20 is read"):
+        pc.check_config(config, SCHEMA, files=[mine])
 
 
 def test_shipped_schema_accepts_the_config_and_a_sweep():

@@ -351,6 +351,13 @@ def test_a_failed_jobs_one_line_error_is_on_the_terminal(tmp_path):
         ),
         # a dataset's list form one level up: was an AttributeError traceback, exit 1
         (lambda c: c.update(encoders=["pixels"]), "encoders: expected object, got ['pixels']"),
+        # an encoder per epoch named `20:`: was "encoders: expected string, got 20" at the
+        # line of `encoders:`, without the fix
+        (
+            lambda c: c["encoders"].update({20: {"kind": "hog"}}),
+            "encoders.20: the name 20 is read by YAML as a number, not as text; write it in "
+            "quotes ('20':)",
+        ),
     ],
 )
 def test_config_errors_are_one_line_with_key_path_and_suggestion(tmp_path, mutate, expected):

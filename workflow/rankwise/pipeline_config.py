@@ -260,8 +260,28 @@ def _describe(error) -> tuple[list[Any], str]:
         return keys, f"missing key {missing[0] if missing else '?'!r}; add it"
     if kind == "type":
         wanted = error.validator_value
-        wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
-        return keys, f"expected {wanted}, got {_short(instance)}"
+        wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+        read_as = (  # YAML's reading of an unquoted name or text, when it is not text
+            "true or false (so are yes, no, on and off)"
+            if isinstance(instance, bool)
+            else "a number"
+            if isinstance(instance, (int, float))
+            else None
+        )
+        if "propertyNames" in error.schema_path and isinstance(instance, bool):
+            return keys, (  # the name as written (yes, on, true, ...) is not known here
+                f"a name is read by YAML as {read_as}, not as text; write that name in "
+                "quotes (e.g. 'yes':)"
+            )
+        if "propertyNames" in error.schema_path and read_as:  # a dataset's or encoder's name
+            return keys + [str(instance)], (
+                f"the name {instance} is read by YAML as {read_as}, not as text; write it "
+                f"in quotes ('{instance}':)"
+            )
+        # only where text alone is wanted: a junk label -1.0 in quotes matches no label
+        hint = f"; YAML reads it as {read_as}: write it in quotes" if wanted == ["string"] else ""
+        hint = hint if read_as else ""
+        return keys, f"expected {' or '.join(wanted)}, got {_short(instance)}{hint}"
     if kind in ("pattern", "not") and "@" in str(instance) and keys[-2:-1] == ["encoders"]:
         entry, _, rest = str(instance).partition("@")
         named = f"{entry}@{name_part(rest)}"
