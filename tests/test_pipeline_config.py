@@ -799,6 +799,31 @@ def test_existing_paths_pass(tmp_path, monkeypatch):
     assert list(encoders) == ["e", "p"] and sweeps == {}
 
 
+def test_a_missing_image_of_a_manifest_dataset_is_named_in_the_users_csv(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("data").mkdir()
+    Path("data/q.csv").write_text("id,label,path\nq0,a,img/0.png\n")
+    Path("data/g.csv").write_text(
+        "id,label,path\ng1,a,img/1.png\ng2,b,img/2.png\ng3,b,/nowhere/3.png\n"
+    )
+    _touch("data/img/0.png", "data/img/1.png", "q.npy", "g.npy")
+    options = {"query": "data/q.csv", "gallery": "data/g.csv"}
+    encoders = {
+        "e": {"kind": "hog", "options": {}},
+        "p": {"kind": "precomputed", "options": {"query": "q.npy", "gallery": "g.npy"}},
+    }
+    with pytest.raises(RankwiseError) as info:
+        _resolved({"d": {"loader": "manifest", "options": options}}, copy.deepcopy(encoders))
+    assert str(info.value) == (
+        "datasets.d.options.gallery: data/g.csv: row 3 (id 'g2'): image 'img/2.png' not found "
+        "(looked for data/img/2.png) (1 more row too); fix the 'path' column or restore the file"
+    )
+    # features computed elsewhere read no image: the dataset's own encoders decide
+    only = {"loader": "manifest", "options": options, "encoders": ["p"]}
+    resolved, _ = _resolved({"d": only}, copy.deepcopy(encoders))
+    assert list(resolved) == ["e", "p"]
+
+
 # ---------------------------------------------------------------- fingerprints
 
 

@@ -319,6 +319,23 @@ def test_a_missing_manifest_csv_fails_before_any_job(workdir):
     assert "datasets.own.options.gallery: file data/own/galery.csv not found" in lines[0]
 
 
+def test_a_missing_image_of_a_manifest_csv_fails_before_any_job(tmp_path):
+    """It failed in the encode jobs of that split, after prepare and other encodes had
+    run, naming the pipeline's copy of the CSV (results/manifests/own/gallery.csv) and a
+    path rebased there (../../../data/own/img/3.png)."""
+    write_data(tmp_path)
+    (tmp_path / "data/own/img/3.png").unlink()
+    proc = snakemake(tmp_path, CONFIG)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = error_lines(proc)
+    assert lines == [
+        f"error: {tmp_path / 'my.yaml'}:13: datasets.own.options.gallery: "
+        "data/own/gallery.csv: row 3 (id 'g3'): image 'img/3.png' not found (looked for "
+        "data/own/img/3.png); fix the 'path' column or restore the file"
+    ], lines
+    assert not (tmp_path / "results").exists()  # no job ran
+
+
 # ---------------------------------------------------------------- errors on the terminal
 
 

@@ -671,6 +671,7 @@ def resolve(config: dict, files: Sequence[ConfigSource] = ()) -> tuple[dict, dic
         for dataset in datasets.values():
             dataset["encoders"] = expand_names(dataset["encoders"], sweeps)
         check_paths(datasets, encoders, sweeps)
+        check_manifest_images(datasets, encoders)
     except ConfigError as error:
         raise _located(error, files) from None
     return encoders, sweeps
@@ -996,6 +997,72 @@ def _may_be_folder(kind: str, key: str) -> bool:
     """Whether an encoder's file option may name a folder: precomputed embeddings (a Zarr
     store); every other one names a file (a checkpoint, a model, ids, a factory)."""
     return kind == "precomputed" and key in ("query", "gallery", "path")
+
+
+def check_manifest_images(datasets: dict, encoders: dict) -> None:
+    """Every image a ``manifest`` dataset's CSVs name exists, when one of its encoders
+    reads images (all kinds but ``precomputed``): a missing one failed that split's
+    encode jobs after others had run, naming the pipeline's copy of the manifest
+    (``results/manifests/<dataset>/``, paths rebased there) instead of the user's CSV."""
+    for name, dataset in datasets.items():
+        if dataset["loader"] != "manifest":
+            continue
+        kinds = {encoders[e]["kind"] for e in dataset["encoders"] or encoders if e in encoders}
+        if not kinds - {"precomputed"}:
+            continue
+        for split in SPLITS:
+            missing = _missing_images(Path(os.path.expanduser(dataset["options"][split])))
+            if missing:
+                (row, item, raw, path), more = missing[0], len(missing) - 1
+                others = f" ({more} more row{'' if more == 1 else 's'} too)" if more else ""
+                raise ConfigError(
+                    ["datasets", name, "options", split],
+                    f"{dataset['options'][split]}: row {row} (id {item!r}): image {raw!r} not "
+                    f"found (looked for {path}){others}; fix the 'path' column or restore "
+                    "the file",
+                )
+
+
+def _missing_images(csv_path: Path) -> list[tuple[int, str, str, Path]]:
+    """``(row, id, path as written, path looked for)`` of each row of the manifest CSV
+    whose image does not exist (rows numbered by the file's lines, header = 1; paths
+    relative to the CSV's folder, as ``rankwise prepare`` and ``encode`` read them).
+    A CSV the csv module cannot read, or without ``path``: none (prepare says what is
+    wrong)."""
+    from .manifest import any_field_size
+
+    missing = []
+    with (
+        open(csv_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle,
+        any_field_size(),
+    ):
+        reader = csv.reader(handle)
+        try:
+            header = [c.strip() for c in next(reader, [])]
+            if "path" not in header:
+                return []
+            column = header.index("path")
+            id_column = header.index("id") if "id" in header else None
+            for row in reader:
+                raw = row[column].strip() if column < len(row) else ""
+                path = Path(raw) if Path(raw).is_absolute() else csv_path.parent / raw
+                if raw and not _exists(path):
+                    item = (
+                        row[id_column].strip()
+                        if id_column is not None and id_column < len(row)
+                        else "?"
+                    )
+                    missing.append((reader.line_num, item, raw, path))
+        except csv.Error:
+            return []
+    return missing
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a NUL in the name: prepare names the row
+        return True
 
 
 def _check_factory(path: str, spec: str, keys: list[Any]) -> None:
