@@ -58,3 +58,68 @@ def test_mypy_modules_are_the_ones_the_readme_names():
     modules |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
     not_yet = {"ranking", "embeddings", "summary", "encoders", "torch_encoders", "cli", "report"}
     assert modules - checked == not_yet
+
+
+def _rankwise_spans():
+    """Every `rankwise <command> ...` the README shows: inline code spans (which may wrap
+    over lines) and the lines of its fenced blocks, as (commands, text)."""
+    fenced = re.findall(r"```[a-z]*\n(.*?)```", README, re.S)
+    prose = re.sub(r"```[a-z]*\n.*?```", "", README, flags=re.S)
+    texts = re.findall(r"`([^`]+)`", prose) + [
+        line for block in fenced for line in block.replace("\\\n", " ").splitlines()
+    ]
+    for text in texts:
+        found = re.match(r"\s*rankwise ([a-z|]+)\b(.*)", text, re.S)
+        if found:
+            yield found[1].split("|"), found[2]
+
+
+def test_every_rankwise_command_and_flag_the_readme_shows_exists():
+    """A `rankwise <command> --flag` written anywhere in the README is a command whose
+    --help lists that flag (`evaluate|rank` names both)."""
+    helps = {}
+    problems = []
+    for commands, rest in _rankwise_spans():
+        flags = re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest)
+        for command in commands:
+            if command not in helps:
+                proc = run_rankwise(command, "--help", cwd=ROOT)
+                helps[command] = proc.stdout if proc.returncode == 0 else None
+            if helps[command] is None:
+                problems.append(f"rankwise {command}: no such command")
+                continue
+            for flag in flags:
+                if not re.search(re.escape(flag) + r"(?![a-z0-9-])", helps[command]):
+                    problems.append(f"rankwise {command} {flag}: not in its --help")
+    assert len(helps) >= 8  # the spans were found
+    assert not problems, problems
+
+
+def test_evaluate_flags_the_readme_lists_exist():
+    """The flags paragraph of "Evaluate your own embeddings" names `rankwise evaluate`'s
+    own flags."""
+    section = README[README.index("## Evaluate your own embeddings") : README.index("### Inputs")]
+    prose = re.sub(r"```[a-z]*\n.*?```", "", section, flags=re.S)
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", prose))
+    assert {"--protocol", "--rerank", "--memory-limit"} <= flags
+    shown = run_rankwise("evaluate", "--help", cwd=ROOT).stdout
+    missing = {f for f in flags if not re.search(re.escape(f) + r"(?![a-z0-9-])", shown)}
+    assert not missing
+
+
+def test_example_configs_the_readme_names_are_the_shipped_ones():
+    listed = README[README.index("Starting points: `config/examples/") :].split(".\n")[0]
+    named = set(re.findall(r"`(?:config/examples/)?([\w.-]+\.yaml)`", listed))
+    assert named == {p.name for p in (ROOT / "config" / "examples").glob("*.yaml")}
+
+
+def test_loaders_and_encoder_kinds_the_readme_lists_are_the_packages():
+    from rankwise import datasets, encoders
+
+    start = README.index("Loaders: `market1501`")
+    kinds_at = re.compile(r"Encoder\s+kinds:").search(README, start)
+    loaders = set(re.findall(r"`([\w-]+)`", README[start : kinds_at.start()]))
+    kinds_text = README[kinds_at.end() : README.index("| benchmark |", start)]
+    kinds = set(re.findall(r"`([\w-]+)`", kinds_text))
+    assert loaders - {"reid"} == set(datasets.LOADERS)  # "the `reid` package's layout"
+    assert set(encoders.ENCODER_KINDS) <= kinds
