@@ -338,7 +338,9 @@ statistics = stack(
         help="Metrics, comma-separated (e.g. map,rank1); default: all of the protocol's for --ks.",
     ),
     spec.AP.click(help="AP variant."),
-    spec.RESAMPLES.click(help="Bootstrap resamples (and random sign flips)."),
+    spec.RESAMPLES.click(
+        help="Bootstrap resamples (compare: also the random sign flips of its test)."
+    ),
     spec.SEED.click(help="Seed: the same seed gives the same numbers everywhere."),
     spec.CONFIDENCE.click(help="Coverage of the percentile bootstrap interval."),
     spec.BY.click(
