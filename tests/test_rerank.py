@@ -746,8 +746,18 @@ def test_worst_queries_show_the_ranked_distances_top_items(tmp_path, cli, flag, 
     worst = worst_queries_of(*read_ranks(out), n=5, top_k=4)
     tops = [entry["top"] for entry in worst["queries"]]
     assert all(len(t) == 4 for t in tops)
+    assert "top_kept" not in worst
     if flag is None:
         return
+    # more items than the store keeps: the documents' caption says how many it kept
+    from rankwise.report.view import worst_caption
+    from rankwise.rerank import TOP_STORED
+
+    many = worst_queries_of(*read_ranks(out), n=1, top_k=TOP_STORED + 1)
+    assert many["top_kept"] == TOP_STORED and len(many["queries"][0]["top"]) <= TOP_STORED
+    assert worst_caption({"worst_queries": many, "encoder": "e"}).endswith(
+        f"of e (its ranks store keeps only the {TOP_STORED} nearest items of a query)"
+    )
     if flag == "--aqe":
         k, alpha = (float(x) for x in value.split(","))
         final = distance_matrix(*average_query_expansion(qe, ge, int(k), alpha), "euclidean")

@@ -167,7 +167,10 @@ def cmc_units(protocol: str) -> str:
 def worst_caption(entry: dict[str, Any]) -> str:
     worst = entry["worst_queries"]
     what = "sketches (lowest m@B)" if worst["score"] == "m@B" else "queries (lowest AP)"
-    return f"Worst {len(worst['queries'])} {what} of {entry['encoder']}"
+    kept = worst.get("top_kept")
+    # a re-ranked or expanded (AQE) store keeps only its nearest items; more were asked
+    kept = f" (its ranks store keeps only the {kept} nearest items of a query)" if kept else ""
+    return f"Worst {len(worst['queries'])} {what} of {entry['encoder']}{kept}"
 
 
 # ---------------------------------------------------------------- document access

@@ -22,6 +22,8 @@ _WORST_SCORE = {"query": "ap", "sketch": "m@B"}
 WORST_QUERIES = {
     "score": Field("string", required=True, choices=tuple(_WORST_SCORE.values())),
     "queries": Field("list", required=True),
+    # a re-ranked store keeps fewer nearest items a query than were asked for
+    "top_kept": Field("count"),
 }
 WORST_QUERY = {
     "query_index": Field("count", required=True),
@@ -118,11 +120,13 @@ def worst_queries_of(
     embeddings = [named_path(attrs, p["path"]) if p.get("path") else None for p in provenance]
     q_table = _manifest_or_none(q_path, provenance[0], protocol, "query")
     g_table = _manifest_or_none(g_path, provenance[1], protocol, "gallery")
-    tops = None
+    tops, kept = None, None
     options = attrs.get("protocol_options") or {}
     if "top_items" in arrays and q_table is not None and g_table is not None:
         # a re-ranked store keeps each query's nearest items by re-ranked distance
         tops = _stored_tops(arrays, rows[pick], q_table, g_table, top_k)
+        width = int(np.asarray(arrays["top_items"]).shape[1])
+        kept = width if width < top_k else None  # fewer than asked: the documents say so
     elif (
         # an expanded store's top items are not the plain distance's
         not (options.get("rerank") or options.get("aqe"))
@@ -174,7 +178,7 @@ def worst_queries_of(
             ]
         )
         queries.append(entry)
-    return {"score": name, "queries": queries}
+    return {"score": name, "queries": queries, **({"top_kept": kept} if kept else {})}
 
 
 def _stored_tops(arrays, query_rows, q_table, g_table, top_k: int) -> list[dict]:
