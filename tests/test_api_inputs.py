@@ -225,6 +225,77 @@ def test_cameras_that_differ_only_by_a_trailing_dot_zero_are_refused(tmp_path):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "qcameras, gcameras, shown",
+    [
+        # MSMT17 cameras read from its file names ("01") against the msmt17 loader's ("1")
+        (["01", "02", "03"], [1, 2, 3], "query camera '01' and gallery camera '1'"),
+        (["+1", "2", "3"], ["1", "2", "3"], "query camera '\\+1' and gallery camera '1'"),
+        ([1, 2, 3], ["1", "002", "3"], "query camera '2' and gallery camera '002'"),
+    ],
+)
+def test_cameras_that_differ_only_by_leading_zeros_are_refused(qcameras, gcameras, shown):
+    # the same-camera rule compared "01" with "1": never the same camera, so every
+    # same-camera match was silently kept (rank1 100 here, where every match is one)
+    gallery = GALLERY.assign(camera=gcameras)
+    with pytest.raises(
+        RankwiseError,
+        match=rf"{shown} are the same integer written differently \(leading zeros or a "
+        r"sign\), so they would not match \(cameras are compared as written\); write both "
+        r"sides' cameras the same way",
+    ):
+        rankwise.evaluate(_query(camera=qcameras), gallery, QUERY_EMB, QUERY_EMB, protocol="reid")
+    # written the same way, every match is a same-camera one: no query can be evaluated
+    with pytest.raises(RankwiseError, match=r"no query has a valid match"):
+        rankwise.evaluate(_query(camera=gcameras), gallery, QUERY_EMB, QUERY_EMB, protocol="reid")
+    # the camera rule off: cameras are not compared, nothing to refuse
+    result = rankwise.evaluate(
+        _query(camera=qcameras), gallery, QUERY_EMB, QUERY_EMB,
+        protocol="reid", exclude_same_camera=False,
+    )  # fmt: skip
+    assert result.metrics["rank1"] == 100.0
+
+
+def test_labels_that_differ_only_by_leading_zeros_are_refused():
+    # Market-1501 person ids as in the file names ("0002") against the loaders' ("2"):
+    # those queries were silently skipped, the others evaluated
+    query = _query(label=["0001", "0002", "3"])
+    gallery = GALLERY.assign(label=["1", "2", "3"])
+    with pytest.raises(
+        RankwiseError,
+        match=r"query label '0001' and gallery label '1' are the same integer written "
+        r"differently",
+    ):
+        rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB)
+    # a spelling both sides write matches as written (tests/test_toy.py: the gallery's
+    # "07" and "7"); text labels are labels of their own
+    both = GALLERY.assign(label=["1", "0001", "J01"])
+    result = rankwise.evaluate(_query(label=["0001", "2", "J1"]), both, QUERY_EMB, QUERY_EMB)
+    assert (result.num_queries, result.num_skipped) == (1, 2)
+    assert result.per_query["query_index"].tolist() == [0]
+
+
+def test_a_junk_label_written_with_leading_zeros_is_refused():
+    # Market-1501's distractors "0000" (file names) against the loaders' "0": the junk
+    # label matched nothing, so the rows meant to be left out were silently ranked
+    gallery = GALLERY.assign(label=["a", "b", "0"])
+    query = _query(camera=[2, 3, 1])
+    with pytest.raises(
+        RankwiseError,
+        match=r"gallery table: junk label '0000' matches no gallery label, but '0' does \(the "
+        r"same integer written differently: leading zeros or a sign\): give the junk label "
+        r"as '0'",
+    ):
+        rankwise.evaluate(
+            query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=["-1", "0000"]
+        )
+    # given as written, it is the junk label
+    result = rankwise.evaluate(
+        query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=["-1", "0"]
+    )
+    assert result.num_gallery == 2
+
+
 def test_a_junk_label_written_otherwise_than_the_gallery_labels_is_refused():
     gallery = GALLERY.assign(label=["a", "b", "-1.0"])
     query = _query(camera=[2, 3, 1])

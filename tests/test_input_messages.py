@@ -120,6 +120,24 @@ def test_cameras_written_from_floats_against_integers_are_one_line(tmp_path):
     ), line
 
 
+def test_cameras_written_with_leading_zeros_against_integers_are_one_line(tmp_path):
+    # MSMT17 cameras read from its file names ("01") against the msmt17 loader's ("1"):
+    # the same-camera rule never applied (the same-camera match g1 ranked, exit 0)
+    write(
+        tmp_path,
+        query="id,label,camera\nq,a,01\n",
+        gallery="id,label,camera\ng1,a,1\ng2,a,2\n",
+    )
+    proc = run_rankwise("evaluate", *input_args(tmp_path), "--protocol", "reid")
+    line = one_error_line(proc)
+    assert line == (
+        f"error: {tmp_path / 'q.csv'}, {tmp_path / 'g.csv'}: query camera '01' and gallery "
+        "camera '1' are the same integer written differently (leading zeros or a sign), so "
+        "they would not match (cameras are compared as written); write both sides' cameras "
+        "the same way, e.g. as plain integers"
+    ), line
+
+
 def test_a_store_output_that_is_a_symlink_is_written_through(tmp_path):
     # a link to a store (`latest.zarr -> run3.zarr`) failed after the whole ranking with
     # "OSError: Cannot call rmtree on a symbolic link", a dangling one with "Not a directory"

@@ -31,6 +31,7 @@ than 2 candidates, or none of its label).  The gallery is unchanged.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
@@ -199,13 +200,15 @@ def _codes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Integer codes ``(Q,)`` / ``(G,)`` for two columns read as text, equal text ->
     equal code (numbered by first appearance, query rows first).  With ``column``
-    (labels, cameras), values the sides write ``3`` and ``3.0`` are refused
-    (:func:`_check_dot_zero`)."""
+    (labels, cameras), values the sides write ``3`` and ``3.0`` (:func:`_check_dot_zero`),
+    or ``03`` and ``3`` (:func:`_check_integer_spelling`), are refused."""
     codes, uniques = factorize(map(str, itertools.chain(query, gallery)))
     qcodes, gcodes = codes[: len(query)], codes[len(query) :]
     if column is not None:
         seen = [np.bincount(c, minlength=len(uniques)) > 0 for c in (qcodes, gcodes)]  # O(N)
-        _check_dot_zero(uniques[seen[0]], uniques[seen[1]], column, names)
+        values = set(uniques[seen[0]]), set(uniques[seen[1]])  # each side's, once
+        _check_dot_zero(*values, column, names)
+        _check_integer_spelling(*values, column, names)
     return qcodes, gcodes
 
 
@@ -254,13 +257,70 @@ def _check_dot_zero(qvalues, gvalues, column: str, names: tuple[str, str]) -> No
         )
 
 
+_SIGNED_DIGITS = re.compile(r"[+-]?[0-9]+")
+
+
+def _integer_text(value: str) -> str | None:
+    """``value``'s integer as plain text (``"007"`` -> ``"7"``, ``"+3"`` -> ``"3"``,
+    ``"-0"`` -> ``"0"``) when it is ASCII digits with an optional sign; else None."""
+    if not _SIGNED_DIGITS.fullmatch(value):
+        return None
+    digits = value.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if value.startswith("-") and digits != "0" else digits
+
+
+def _check_integer_spelling(qvalues, gvalues, column: str, names: tuple[str, str]) -> None:
+    """Refuse labels or cameras that one side writes ``03`` (or ``+3``) and the other ``3``.
+
+    Values are compared as written: MSMT17's cameras read from its file names (``01``)
+    against the ``msmt17`` loader's (``1``), or Market-1501 person ids kept as in the
+    file names (``0002``) against the loaders' (``2``), would silently never match: the
+    same-camera rule not applied to those cameras, or those queries skipped.  Refused
+    only where each spelling is written by its side alone (a spelling both sides write
+    matches as written: ``07`` and ``7`` stay two labels where the gallery writes both
+    and the query ``7``), and only integers: ``J01`` stays a text label.
+    ``qvalues`` / ``gvalues``: the distinct values of each side (strings).
+    """
+    qset, gset = set(qvalues), set(gvalues)
+
+    def unusual(values: set) -> dict[str, list[str]]:
+        """plain integer -> the values written otherwise (``007``, ``+7``, ``-0``): one
+        of each pair is, so only these are looked at (a million plain labels: 0.1 s)."""
+        out: dict[str, list[str]] = {}
+        for value in values:
+            if value.startswith(("0", "+", "-0")) and value != "0":
+                key = _integer_text(value)
+                if key is not None:
+                    out.setdefault(key, []).append(value)
+        return out
+
+    qodd, godd = unusual(qset), unusual(gset)
+    pairs = [  # (query spelling, gallery spelling), each written by its side alone
+        (q, g)
+        for key in qodd.keys() | godd.keys()
+        for q in qodd.get(key, []) + [key]
+        for g in godd.get(key, []) + [key]
+        if q != g and q in qset and g in gset and q not in gset and g not in qset
+    ]
+    if pairs:
+        q, g = min(pairs)
+        raise RankwiseError(
+            f"{names[0]}, {names[1]}: query {column} {q!r} and gallery {column} {g!r} are "
+            "the same integer written differently (leading zeros or a sign), so they would "
+            f"not match ({column}s are compared as written); write both sides' {column}s "
+            "the same way, e.g. as plain integers"
+        )
+
+
 def _check_junk_spelling(
     junk: set[str], labels, codes: np.ndarray, gjunk: np.ndarray, name: str
 ) -> None:
     """Refuse a junk label that matches no gallery label as written but does without (or
-    with) a trailing ``.0`` (``-1`` against a column written from floats, ``-1.0``): the
-    junk rows would silently be ranked as distractors.  ``codes``: the labels' codes
-    (:func:`_codes`), so that each distinct label is looked at once."""
+    with) a trailing ``.0`` (``-1`` against a column written from floats, ``-1.0``), or
+    written without (or with) leading zeros or a sign (``0000``, Market-1501's file names,
+    against the loaders' ``0``): the junk rows would silently be ranked as distractors.
+    ``codes``: the labels' codes (:func:`_codes`), so that each distinct label is looked
+    at once."""
     labels = np.asarray(labels, dtype=object)
     missing = junk - {str(v) for v in labels[gjunk]}
     if not missing or not len(codes):
@@ -276,6 +336,14 @@ def _check_junk_spelling(
                 f"{name}: junk label {j!r} matches no gallery label, but {other!r} does (a "
                 "column written from floats against integers): write the labels as "
                 f"integers, or give the junk label as {other!r}"
+            )
+        key = _integer_text(j)  # "0000" against the loaders' "0" (:func:`_integer_text`)
+        same = sorted(w for w in written - junk if key is not None and _integer_text(w) == key)
+        if same:
+            raise RankwiseError(
+                f"{name}: junk label {j!r} matches no gallery label, but {same[0]!r} does (the "
+                "same integer written differently: leading zeros or a sign): give the junk "
+                f"label as {same[0]!r}, or write the labels the same way"
             )
 
 
