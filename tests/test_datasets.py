@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -308,6 +310,56 @@ def test_folder_names_a_broken_link_named_like_an_image(tmp_path: Path):
     options = {"query_dir": str(tmp_path / "q"), "gallery_dir": str(tmp_path / "g")}
     with pytest.raises(RankwiseError, match=r"cat/sub/gone\.jpg: broken symbolic link"):
         prepare_dataset("folder", options, tmp_path / "out")
+
+
+LATIN1 = os.fsdecode(b"caf\xe9")  # "cafe" with an e-acute in Latin-1: not UTF-8
+
+
+@pytest.mark.parametrize("layout", ["root", "split dirs"])
+def test_folder_names_a_label_folder_that_is_not_utf8(tmp_path: Path, layout: str):
+    # a zip made on Windows unpacks "cafe" in Latin-1: a UnicodeEncodeError traceback (the
+    # seeded split's label hash, or the CSV writer), where one line naming it belongs
+    _folder(tmp_path / "all", {LATIN1: 2, "tea": 2})
+    if layout == "root":
+        options = {"root": str(tmp_path / "all")}
+    else:
+        options = {"query_dir": str(tmp_path / "all"), "gallery_dir": str(tmp_path / "all")}
+    with pytest.raises(
+        RankwiseError,
+        match=r"all/caf\\xe9/img00\.png: this path is not UTF-8 text \(byte 0xe9: named in "
+        r"another encoding, e\.g\. Latin-1 or Windows-1252, .*; rename it in UTF-8",
+    ):
+        prepare_dataset("folder", options, tmp_path / "out")
+    assert not (tmp_path / "out" / "query.csv").exists()
+
+
+def test_market1501_under_a_folder_that_is_not_utf8(market: Path, tmp_path: Path):
+    # the manifests' paths are relative to them: beside the tree under that folder they
+    # need none of its name, and are written; from elsewhere they would, and are refused
+    root = market.rename(tmp_path / LATIN1)
+    out = root / "manifests"
+    prepare_dataset("market1501", {"root": str(root)}, out)
+    _assert_paths_resolve(out)
+    with pytest.raises(RankwiseError, match=r"caf\\xe9/query/0002_c1s1_000451_00\.jpg: this path "):
+        prepare_dataset("market1501", {"root": str(root)}, tmp_path / "out")
+
+
+def test_cli_prepare_names_a_file_that_is_not_utf8(tmp_path: Path):
+    from rankwise.cli import main
+
+    _folder(tmp_path / "all", {"tea": 2})
+    _image(tmp_path / "all" / "tea" / os.fsdecode(b"th\xe9.png"))
+    options = json.dumps({"root": str(tmp_path / "all")})
+    result = CliRunner().invoke(
+        main, ["prepare", "--loader", "folder", "--options", options, "--out-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        f"error: {tmp_path}/all/tea/th\\xe9.png: this path is not UTF-8 text (byte 0xe9: named "
+        "in another encoding, e.g. Latin-1 or Windows-1252, as zip archives made on Windows "
+        "unpack), so no UTF-8 manifest can hold it; rename it in UTF-8, e.g. convmv -f latin1 "
+        "-t utf8 -r --notest <folder>"
+    ]
 
 
 def test_folder_seeded_split(tmp_path: Path):

@@ -5,6 +5,7 @@ Each tree uses the benchmark's real naming convention; every column is checked b
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -440,6 +441,23 @@ def test_identity_folders_without_identities(tmp_path: Path):
         r"<root>/<identity>/<crop>\.jpg",
     ):
         prepare_dataset("identity-folders", {"root": str(tmp_path / "flat")}, tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", [b"caf\xe9", b"0003"])
+def test_identity_folders_name_a_crop_or_folder_that_is_not_utf8(tmp_path: Path, name: bytes):
+    # an identity folder, or a crop, named in Latin-1 (a zip made on Windows): the CSV
+    # writer's UnicodeEncodeError traceback, where one line naming it belongs
+    _identities(tmp_path / "crops", {"0001": 3, "0002": 2})
+    if name == b"0003":
+        _image(tmp_path / "crops" / "0003" / os.fsdecode(b"\xe9t\xe9.jpg"))
+        _image(tmp_path / "crops" / "0003" / "b.jpg")
+        shown = r"crops/0003/\\xe9t\\xe9\.jpg"
+    else:
+        _identities(tmp_path / "crops", {os.fsdecode(name): 2})
+        shown = r"crops/caf\\xe9/caf\\xe9_000000\.jpg"
+    with pytest.raises(RankwiseError, match=shown + r": this path is not UTF-8 text \(byte 0xe9"):
+        prepare_dataset("identity-folders", {"root": str(tmp_path / "crops")}, tmp_path / "out")
+    assert not (tmp_path / "out" / "query.csv").exists()
 
 
 # ---------------------------------------------------------------- CLI and example configs

@@ -93,14 +93,39 @@ def _existing_file(value: Any, what: str) -> Path:
     return path
 
 
+def check_utf8_name(path: str | os.PathLike, shown: str | os.PathLike | None = None) -> None:
+    """Refuse a path whose name is not UTF-8 (its bytes, as the file system holds them).
+
+    A name in another encoding (Latin-1, Windows-1252, a zip archive made on Windows
+    and unpacked here) cannot be written to a UTF-8 manifest: the loaders stopped with a
+    UnicodeEncodeError traceback.  ``shown`` (default ``path``) is the path the message
+    names, its undecodable bytes written as ``\\xe9``.
+    """
+    raw = os.fsencode(path)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        name = os.fsencode(path if shown is None else shown).decode("utf-8", "backslashreplace")
+        raise RankwiseError(
+            f"{name}: this path is not UTF-8 text (byte 0x{raw[exc.start]:02x}: named in another "
+            "encoding, e.g. Latin-1 or Windows-1252, as zip archives made on Windows unpack), so "
+            "no UTF-8 manifest can hold it; rename it in UTF-8, e.g. "
+            "convmv -f latin1 -t utf8 -r --notest <folder>"
+        ) from None
+
+
 def relative_path(target: str | os.PathLike, base: str | os.PathLike) -> str:
-    """``target`` relative to folder ``base`` (POSIX separators; absolute if impossible)."""
+    """``target`` relative to folder ``base`` (POSIX separators; absolute if impossible).
+
+    A result that is not UTF-8 text (:func:`check_utf8_name`, naming ``target``) is an error.
+    """
     real_target = os.path.realpath(target)
     try:
-        rel = os.path.relpath(real_target, os.path.realpath(base))
+        rel = Path(os.path.relpath(real_target, os.path.realpath(base))).as_posix()
     except ValueError:  # another drive on Windows
-        return Path(real_target).as_posix()
-    return Path(rel).as_posix()
+        rel = Path(real_target).as_posix()
+    check_utf8_name(rel, target)
+    return rel
 
 
 def walk_files(folder: Path, hidden: bool = False) -> list[Path]:
@@ -350,6 +375,7 @@ def _labelled_images(folder: Path) -> pd.DataFrame:
     rows = []
     for label_dir in labels:
         for path in _images_in(label_dir):
+            check_utf8_name(path.relative_to(folder), path)  # the id and the label
             rows.append(
                 {
                     "id": path.relative_to(folder).as_posix(),

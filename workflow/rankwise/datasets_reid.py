@@ -321,13 +321,16 @@ def identity_crops(root: Path) -> list[tuple[str, list[Path]]]:
     """``(folder name, sorted crops)`` per non-empty, non-hidden identity folder, by name.
 
     A crop name that is not a file (a folder, a dangling link) is an error
-    (:func:`rankwise.datasets.image_files`).
+    (:func:`rankwise.datasets.image_files`), and so is a folder or crop name that is not
+    UTF-8 (:func:`rankwise.datasets.check_utf8_name`).
     """
-    from .datasets import image_files
+    from .datasets import check_utf8_name, image_files
 
     identities = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         crops = image_files(folder, IDENTITY_EXTENSIONS)
+        for crop in crops:  # <folder>/<file> is the id, the folder the label
+            check_utf8_name(crop.relative_to(root), crop)
         if crops:
             identities.append((folder.name, crops))
     return identities
