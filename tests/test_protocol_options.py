@@ -9,6 +9,7 @@ and, when the package is installed, against the package itself.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -228,6 +229,60 @@ def test_exclude_same_camera_must_be_boolean():
         RankwiseError, match=r"^exclude_same_camera must be true or false, got 'no'"
     ):
         rankwise.evaluate(*case.args(), protocol="reid", exclude_same_camera="no")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"exclude_same_camera": np.False_},
+        {"exclude_same_camera": np.True_},
+        {"single_gallery_shot": np.True_},
+        {"drop_junk": np.True_, "rerank": "3,2,0.3"},
+    ],
+)
+def test_numpy_booleans_are_the_booleans(options):
+    # "must be true or false, got np.False_": numpy's integers were taken, its booleans
+    # (a comparison's, a pandas cell's) were not
+    case = reid_case()
+    plain = {k: bool(v) if isinstance(v, np.bool_) else v for k, v in options.items()}
+    expected = rankwise.rank(*case.args(), protocol="reid", **plain).attrs["protocol_options"]
+    got = rankwise.rank(*case.args(), protocol="reid", **options).attrs["protocol_options"]
+    assert got == expected
+    # recorded as Python's bool: the stores' JSON attributes are as with True / False
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert all(type(v) is bool for v in got.values() if isinstance(v, (bool, np.bool_)))
+    result = rankwise.evaluate(*case.args(), protocol="reid", **options)
+    assert result.to_json() == rankwise.evaluate(*case.args(), protocol="reid", **plain).to_json()
+
+
+def test_numpy_true_single_gallery_shot_is_refused_with_rerank():
+    case = reid_case()
+    with pytest.raises(RankwiseError, match=r"^rerank cannot be combined with single_gallery_shot"):
+        rankwise.rank(*case.args(), protocol="reid", rerank="3,2,0.3", single_gallery_shot=np.True_)
+
+
+@pytest.mark.parametrize("value", [np.True_, np.False_])
+def test_every_boolean_option_takes_numpy_booleans(value):
+    # one place (Option.check) for every boolean: evaluation, encoder and loader options
+    from rankwise import options as spec
+    from rankwise.datasets import LOADERS
+    from rankwise.encoders import OPTIONS as ENCODERS
+
+    sets = [*ENCODERS.values(), *(loader.options for loader in LOADERS.values())]
+    flat = [o for o in vars(spec).values() if isinstance(o, spec.Option)]
+    flat += [o for option_set in sets for o in option_set.options]
+    booleans = [o for o in flat if o.kind == "boolean"]
+    assert {"exclude_same_camera", "single_gallery_shot", "drop_junk", "flip", "half"} <= {
+        o.name for o in booleans
+    }
+    for option in booleans:
+        checked = option.check(value)
+        assert type(checked) is bool and checked == bool(value), option.name
+    for option_set in sets:  # an option set records the checked value, not numpy's
+        names = [o.name for o in option_set.options if o.kind == "boolean"]
+        if names and not option_set.required:
+            recorded = option_set.check(dict.fromkeys(names, value))
+            assert all(type(recorded[n]) is bool for n in names), option_set.owner
 
 
 # ---------------------------------------------------------------------------

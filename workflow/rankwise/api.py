@@ -199,6 +199,10 @@ def rank(
 
     check_distance(distance)
     junk_labels = check_junk_labels(junk_labels)
+    # checked here, before anything compares them (np.True_ is not True): each comes
+    # back a Python bool, recorded as such
+    exclude_same_camera = EXCLUDE_SAME_CAMERA.check(exclude_same_camera)
+    single_gallery_shot = SINGLE_GALLERY_SHOT.check(single_gallery_shot)
     _refuse_ignored(
         protocol,
         single_gallery_shot,

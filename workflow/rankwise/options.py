@@ -84,6 +84,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _is_bool(value: Any) -> bool:
+    """``True``/``False`` or numpy's boolean scalar (``np.False_``: what a numpy
+    comparison or a pandas cell gives), told apart without importing numpy."""
+    kind = type(value)
+    return isinstance(value, bool) or (
+        kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")  # numpy 2 / 1
+    )
+
+
 def _is_number(value: Any) -> bool:
     """A finite real (``inf`` as AQE's alpha zeroed every weight: "a zero vector")."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
@@ -203,7 +212,8 @@ class Option:
         )
 
     def check(self, value: Any, label: str | None = None) -> Any:
-        """``value`` checked and normalised (tuple for sequences, int for integers).
+        """``value`` checked and normalised (tuple for sequences, int for integers, bool
+        for booleans: numpy's integer and boolean scalars come back as Python's).
 
         ``label`` names the option in the message (default: its name); the CLI passes
         the flag, an option set ``<owner>: option <name>``.
@@ -231,9 +241,9 @@ class Option:
                 raise bad("a string")
             return value
         if kind == "boolean":
-            if not isinstance(value, bool):
+            if not _is_bool(value):
                 raise bad("true or false")
-            return value
+            return bool(value)  # np.True_ is recorded (JSON) as True
         if kind == "enum":
             if value not in self.choices:
                 if self.noun is None:
@@ -513,7 +523,9 @@ class OptionSet:
             )
         merged = {**self.defaults, **options}
         for option in self.options:
-            option.check(merged[option.name], f"{self.owner}: option {option.name}")
+            checked = option.check(merged[option.name], f"{self.owner}: option {option.name}")
+            if option.kind == "boolean":  # np.True_ is recorded (JSON) as True
+                merged[option.name] = checked
         return merged
 
     def schema(self) -> dict[str, Any]:
