@@ -402,6 +402,39 @@ def test_junk_labels_are_read_like_manifest_values():
         rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=[""])
 
 
+@pytest.mark.parametrize(
+    "junk", [[-1.0], np.array([-1.0]), -1.0, [np.float32(-1)], ["-1", -1.0], pd.Series([-1.0])]
+)
+def test_junk_labels_given_as_whole_floats_read_as_integers(junk):
+    # what a pandas float column gives: "junk_labels must be a list of labels, got [-1.0]";
+    # read as the README reads such a label column (-1.0 is the junk label -1)
+    # text labels, and a float column (read as integers)
+    for labels in (["a", "b", "-1"], [1.0, 2.0, -1.0]):
+        query = _query(label=["a", "b", "c"] if labels[0] == "a" else [1, 2, 3], camera=[2, 3, 1])
+        gallery = GALLERY.assign(label=labels)
+        got = rankwise.rank(query, gallery, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=junk)
+        assert got.attrs["num_gallery"] == 2
+        assert got.attrs["protocol_options"]["junk_labels"] == ["-1"]
+
+
+@pytest.mark.parametrize(
+    "junk, message",
+    [
+        ([2.5], r"got 2\.5 in \[2\.5\]: write it as text \('2\.5'\)"),
+        (np.array([-1.0, np.nan]), r"got nan in \[-1\.0, nan\]$"),
+        ([True], r"got True in \[True\]$"),
+    ],
+)
+def test_junk_labels_that_are_no_label_say_what_is_accepted(junk, message):
+    query = _query(camera=[2, 3, 1])
+    with pytest.raises(
+        RankwiseError,
+        match=r"^junk_labels must be a list of labels: text, integers, or floats that are "
+        r"whole numbers \(-1\.0 is the label '-1', as in a DataFrame's float column\); " + message,
+    ):
+        rankwise.evaluate(query, GALLERY, QUERY_EMB, QUERY_EMB, protocol="reid", junk_labels=junk)
+
+
 def test_tensors_numpy_cannot_take_and_zarr_groups_are_one_line(tmp_path):
     # torch's own RuntimeError / TypeError came through; a Zarr Group object became a
     # 0-d array of its repr ("have dtype <U..")

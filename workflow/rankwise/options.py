@@ -93,6 +93,24 @@ def _is_bool(value: Any) -> bool:
     )
 
 
+def _label_text(value: Any) -> str | None:
+    """One label's text as a manifest holds it, or None when ``value`` is no label: text
+    as given, an integer's digits, a float that is a whole number as the integer's
+    (``-1.0`` -> ``"-1"``: how a DataFrame's float label column reads,
+    :func:`rankwise.manifest.whole_number_text`)."""
+    if isinstance(value, str):
+        return value
+    if _is_int(value):
+        return str(int(value))
+    if (
+        _is_number(value)
+        and float(value).is_integer()
+        and abs(value) < 2.0**63  # beyond int64: whole_number_text keeps the float's text
+    ):
+        return str(int(value))
+    return None
+
+
 def _is_number(value: Any) -> bool:
     """A finite real (``inf`` as AQE's alpha zeroed every weight: "a zero vector")."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
@@ -283,12 +301,22 @@ class Option:
         # labels
         if isinstance(value, str):
             return tuple(j.strip() for j in value.split(",") if j.strip())
-        if not isinstance(value, (list, tuple)) or not all(
-            isinstance(v, str) or _is_int(v) for v in value
-        ):
-            raise bad("a list of labels")
+        rule = (
+            "a list of labels: text, integers, or floats that are whole numbers (-1.0 is "
+            "the label '-1', as in a DataFrame's float column)"
+        )
+        if not isinstance(value, (list, tuple)):
+            raise bad(rule)
+        texts = [_label_text(v) for v in value]
+        if None in texts:
+            v = value[texts.index(None)]
+            text = repr(str(v)) if isinstance(v, float) and math.isfinite(v) else None
+            raise RankwiseError(
+                f"{label} must be {rule}; got {v!r} in {value!r}"
+                + (f": write it as text ({text}) if the labels are so written" if text else "")
+            )
         # manifest values are read without the spaces around them: " -1" is the label -1
-        labels = tuple(str(v).strip() for v in value)
+        labels = tuple(t.strip() for t in texts if t is not None)
         if "" in labels:
             raise bad("a list of labels, none empty")
         return labels
@@ -588,8 +616,8 @@ JUNK_LABELS = Option(
 def check_junk_labels(value: Any) -> tuple[str, ...]:
     """:data:`JUNK_LABELS` checked as the Python API takes it: a sequence or a numpy
     array, ``"-1,0"`` as the CLI reads it (``tuple("-1")`` would be ``('-', '1')``), or
-    one integer label."""
-    if isinstance(value, numbers.Integral):
+    one label given as a number (``-1``, ``-1.0``)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
         value = [value]
     elif hasattr(value, "tolist") and not isinstance(value, str):  # a numpy array
         value = value.tolist()
