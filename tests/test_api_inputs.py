@@ -472,3 +472,28 @@ def test_text_labels_ending_in_dot_zero_are_labels_of_their_own():
     rankwise.evaluate(query, gallery, QUERY_EMB, QUERY_EMB)
     both = GALLERY.assign(label=["3", "3.0", "4"])
     rankwise.evaluate(_query(label=["3.0", "3", "4"]), both, QUERY_EMB, QUERY_EMB)
+
+
+def test_a_gallery_whose_rows_are_all_junk_says_so():
+    # the message said "check that query and gallery labels use the same ids ... (3
+    # queries, 7 gallery items)", never that every gallery item was junk
+    gallery = pd.DataFrame({"id": [f"g{i}" for i in range(7)], "label": -1, "camera": 1})
+    emb = np.eye(7, 3, dtype=np.float32)
+    with pytest.raises(
+        RankwiseError,
+        match=r"^gallery table: no query has a valid match in the gallery under protocol "
+        r"'reid': all 7 gallery items have a junk label \('-1': 7 rows\), and junk rows are "
+        r"never ranked \(3 queries\); check the gallery's labels, or set junk_labels to the "
+        r"labels to remove$",
+    ):
+        rankwise.evaluate(_query(camera=[2, 3, 1]), gallery, QUERY_EMB, emb, protocol="reid")
+    # some rows junk, the rest no match: the count of junk rows removed, by label
+    gallery = gallery.assign(label=["-1"] * 4 + ["0", "0", "x"])
+    with pytest.raises(
+        RankwiseError,
+        match=r"\(3 queries, 7 gallery items; junk labels removed 6 of them: '-1': 4 rows, "
+        r"'0': 2 rows\): check that query and gallery labels use the same ids",
+    ):
+        rankwise.evaluate(
+            _query(camera=[2, 3, 1]), gallery, QUERY_EMB, emb, protocol="reid", junk_labels="-1,0"
+        )

@@ -211,3 +211,23 @@ def test_an_input_that_is_a_pipe_is_one_line(tmp_path, which):
         if which == "q.npy"
         else f"error: {tmp_path / which}: the {what} a pipe or device, not a file"
     )
+
+
+def test_an_all_junk_gallery_says_its_items_are_junk(tmp_path):
+    # "check that query and gallery labels use the same ids ... (3 queries, 7 gallery
+    # items)": the labels were fine, every gallery row was junk (-1) and so never ranked
+    write(
+        tmp_path,
+        query="id,label,camera\n" + "".join(f"q{i},{i},1\n" for i in range(3)),
+        gallery="id,label,camera\n" + "".join(f"g{i},-1,2\n" for i in range(7)),
+    )
+    np.save(tmp_path / "q.npy", np.eye(3, 2, dtype=np.float32) + 1)
+    np.save(tmp_path / "g.npy", np.eye(7, 2, dtype=np.float32) + 1)
+    line = one_error_line(run_rankwise("evaluate", *input_args(tmp_path), "--protocol", "reid"))
+    assert line == (
+        f"error: {tmp_path / 'g.csv'}: no query has a valid match in the gallery under "
+        "protocol 'reid': all 7 gallery items have a junk label ('-1': 7 rows), and junk rows "
+        "are never ranked (3 queries); check the gallery's labels, or set --junk-labels to the "
+        "labels to remove"
+    ), line
+    assert "same ids" not in line

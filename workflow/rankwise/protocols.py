@@ -48,6 +48,7 @@ from .options import (
     SHOT_REPEATS,
     SHOT_SEED,
     SINGLE_GALLERY_SHOT,
+    spelled,
 )
 from .registry import get_protocol
 from .table import Table, factorize
@@ -474,11 +475,25 @@ def build_problem(
             "gap_frames, or check the frame and sequence columns"
         )
     if skip.all():
+        removed = int(gjunk.sum())
+        if removed == n_g:  # not a matter of ids or cameras: nothing is left to rank
+            raise RankwiseError(
+                f"{names[1]}: no query has a valid match in the gallery under protocol "
+                f"{protocol!r}: all {n_g} gallery items have a junk label "
+                f"({_junk_counts(gallery, gjunk)}), and junk rows are never ranked "
+                f"({n_q} queries); check the gallery's labels, or set "
+                f"{spelled('junk_labels')} to the labels to remove"
+            )
+        junked = (
+            f"; junk labels removed {removed} of them: {_junk_counts(gallery, gjunk)}"
+            if removed
+            else ""
+        )
         raise RankwiseError(
             f"{names[0]}, {names[1]}: no query has a valid match in the gallery under "
             f"protocol {protocol!r} "
-            f"({n_q} queries, {n_g} gallery items): check that query and gallery labels "
-            "use the same ids"
+            f"({n_q} queries, {n_g} gallery items{junked}): check that query and gallery "
+            "labels use the same ids"
             + (" and that queries have other-camera matches" if qcam is not None else "")
         )
     return Problem(
@@ -504,6 +519,16 @@ def build_problem(
         gcam=gcam,
         twins=twins,
         qkey=id_keys(query["id"]),
+    )
+
+
+def _junk_counts(gallery: Table, gjunk: np.ndarray) -> str:
+    """The junk labels that removed gallery rows, with how many each, for messages:
+    ``'-1': 7 rows``, ``'-1': 5 rows, '0': 1 row``."""
+    labels, counts = np.unique(np.asarray(gallery["label"])[gjunk].astype(str), return_counts=True)
+    return ", ".join(
+        f"{label!r}: {count} row{'s' if count != 1 else ''}"
+        for label, count in zip(labels.tolist(), counts.tolist(), strict=True)
     )
 
 
