@@ -234,6 +234,28 @@ def test_markdown_tables(report):
     assert CHECKPOINT["enc-a"][:12] in text
 
 
+@pytest.mark.parametrize("max_rank, ks", [(3, [1, 3]), (7, [1, 5, 7]), (20, [1, 5, 10, 20])])
+def test_markdown_cmc_table_ends_at_cmc_max_rank(results, tmp_path, max_rank, ks):
+    """The CMC table's last column is --cmc-max-rank where that is not one of its usual
+    ranks (3: k=1 alone before), and its cells are the JSON's curve."""
+    _, metrics = results
+    invoke(
+        "report", *metrics[:2], "--out-dir", tmp_path, "--cmc-max-rank", str(max_rank),
+        "--resamples", "0", "--worst-queries", "0",
+    )  # fmt: skip
+    text = (tmp_path / "report.md").read_text()
+    doc = json.loads((tmp_path / "report.json").read_text())
+    header = "| encoder | " + " | ".join(f"k={k}" for k in ks) + " |"
+    assert header in text
+    lines = text.splitlines()
+    for entry in doc["results"]:
+        row = next(
+            line for line in lines[lines.index(header) :] if f"| {entry['encoder']} |" in line
+        )
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        assert cells == [f"{entry['cmc'][k - 1]:.2f}" for k in ks]
+
+
 def test_same_inputs_same_bytes(results, tmp_path):
     _, metrics = results
     for out in ("one", "two"):

@@ -8,7 +8,6 @@ import re
 from typing import Any
 
 from . import view
-from .constants import CMC_TABLE_RANKS
 from .figures import figure_links
 
 
@@ -146,7 +145,7 @@ def render_markdown(doc: dict[str, Any], *, links_from: str | os.PathLike = ".")
             ]
         cmc_rows = [r for r in rows if r["cmc"]]
         if cmc_rows:
-            ks = [k for k in CMC_TABLE_RANKS if k <= doc["cmc_max_rank"]]
+            ks = view.cmc_table_ranks(doc["cmc_max_rank"])
             out += [
                 f"CMC (% of {view.cmc_units(first['protocol'])} with the first match "
                 "at rank <= k):",

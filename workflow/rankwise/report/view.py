@@ -17,6 +17,7 @@ from typing import Any
 
 from ..registry import get_protocol
 from ..stats import EXACT_MAX, coarse_interval, format_p, never_significant, smallest_p
+from .constants import CMC_TABLE_RANKS
 from .document import best_index as best_row
 from .document import headline_names
 
@@ -162,6 +163,14 @@ def cmc_units(protocol: str) -> str:
     """What the CMC counts: the queries, or the complete renderings of the sketches."""
     spec = get_protocol(protocol)
     return f"complete {spec.units}" if spec.unit == "sketch" else spec.units
+
+
+def cmc_table_ranks(max_rank: int) -> list[int]:
+    """The k of the CMC table: :data:`CMC_TABLE_RANKS` up to ``max_rank``, and
+    ``max_rank`` itself where it falls short of the last (3: k = 1 and 3, not k = 1
+    alone)."""
+    ks = [k for k in CMC_TABLE_RANKS if k <= max_rank]
+    return ks + [max_rank] if max_rank < CMC_TABLE_RANKS[-1] and max_rank not in ks else ks
 
 
 def worst_caption(entry: dict[str, Any]) -> str:
