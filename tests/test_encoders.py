@@ -847,8 +847,9 @@ def test_a_bad_row_of_a_precomputed_store_names_the_file_it_came_from(tmp_path: 
         (
             "q4.npy",
             "cosine",
-            f"{tmp_path / 'gallery.zarr'}: gallery embeddings row 3 (0-based) (encoded from "
-            f"{tmp_path / 'g.npy'}) is a zero vector",
+            f"{tmp_path / 'gallery.zarr'}: gallery embeddings row 3 (0-based; "
+            f"{tmp_path / 'gallery.csv'}: row 5 (id 'g3')) (encoded from {tmp_path / 'g.npy'}) "
+            "is a zero vector",
         ),
         (
             "query.zarr",
@@ -862,6 +863,27 @@ def test_a_bad_row_of_a_precomputed_store_names_the_file_it_came_from(tmp_path: 
             "--gallery-embeddings", tmp_path / "gallery.zarr", "--distance", distance,
         )  # fmt: skip
         assert proc.returncode == 2 and proc.stderr.startswith(f"error: {expected}"), proc.stderr
+
+
+def test_a_zero_embedding_row_names_the_manifest_row_and_id(manifest: Path, tmp_path: Path):
+    """A black image under the pixels baseline is a zero vector, which cosine cannot rank:
+    the message named only the store's row (results/embeddings/... in the pipeline); it
+    names the manifest's row and id too, unless the manifest has changed since."""
+    Image.new("RGB", (9, 14)).save(tmp_path / "data" / "img3.png")  # black: all zero
+    store = tmp_path / "e.zarr"
+    encode_manifest(manifest, "pixels", {"size": [4, 4]}, store, progress=False)
+    args = ["--query", manifest, "--gallery", manifest, "--query-embeddings", store]
+    proc = run_rankwise("evaluate", *args, "--gallery-embeddings", store)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(
+        f"error: {store}: query embeddings row 3 (0-based; {manifest}: row 5 (id 'x3')) is a "
+        "zero vector"
+    ), proc.stderr
+    moved = tmp_path / "moved.csv"  # the recorded manifest gone: the store's row alone
+    manifest.rename(moved)
+    proc = run_rankwise("evaluate", "--query", moved, "--gallery", moved, "--query-embeddings",
+                        store, "--gallery-embeddings", store)  # fmt: skip
+    assert proc.stderr.startswith(f"error: {store}: query embeddings row 3 (0-based) is a zero")
 
 
 def test_precomputed_needs_a_split(manifest: Path, tmp_path: Path):

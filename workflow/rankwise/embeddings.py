@@ -113,6 +113,34 @@ class EmbeddingSource:
         """The row of the file that row ``row`` of this source is (messages name it)."""
         return int(self.source_rows[row]) if self.source_rows is not None else int(row)
 
+    def manifest_item(self, row: int) -> str | None:
+        """``<manifest>: row <n> (id '<id>')``, the manifest row that row ``row`` was
+        encoded from, for messages (a zero or NaN row of ``results/embeddings/...`` named
+        only by its store row told nobody which image to look at); None where this is
+        not a rankwise store whose manifest file is still there with the bytes encoded."""
+        attrs = self.attrs or {}
+        manifest, recorded = attrs.get("manifest"), attrs.get(MANIFEST_SHA256)
+        if attrs.get("kind") != "embeddings" or not manifest or not isinstance(recorded, str):
+            return None
+        stored = self.row_number(row)
+        target = int(self.manifest_rows[stored]) if self.manifest_rows is not None else stored
+        import csv
+
+        from .hashing import file_sha256
+
+        try:
+            if file_sha256(Path(manifest)) != recorded:  # not the rows that were encoded
+                return None
+            with open(manifest, newline="", encoding="utf-8-sig") as handle:
+                reader = csv.reader(handle)
+                column = [c.strip() for c in next(reader)].index("id")
+                for i, fields in enumerate(reader):
+                    if i == target:  # one line a row, as rankwise writes manifests
+                        return f"{manifest}: row {target + 2} (id {fields[column].strip()!r})"
+        except (OSError, ValueError, StopIteration, IndexError, csv.Error, UnicodeError):
+            return None
+        return None
+
     def subset(self, rows: np.ndarray) -> EmbeddingSource:
         """Rows ``rows`` (ascending) read into memory, as a source whose messages name
         their rows in this one."""

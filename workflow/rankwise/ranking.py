@@ -239,11 +239,14 @@ def norm_range_problem(sq: float) -> str:
 
 
 def row_location(source: EmbeddingSource, row: int) -> str:
-    """``<file>: <name> row <n> (0-based)``, the row counted in the file (and the file a
-    precomputed store came from, :attr:`~rankwise.embeddings.EmbeddingSource.origin`)."""
+    """``<file>: <name> row <n> (0-based)``, the row counted in the file, with the
+    manifest row and id it was encoded from where that is known
+    (:meth:`~rankwise.embeddings.EmbeddingSource.manifest_item`), and the file a
+    precomputed store came from (:attr:`~rankwise.embeddings.EmbeddingSource.origin`)."""
+    item = source.manifest_item(row)
     return (
         f"{source.path or source.name}: {source.name} row {source.row_number(row)} "
-        f"(0-based){source.origin}"
+        f"(0-based{'; ' + item if item else ''}){source.origin}"
     )
 
 
