@@ -506,6 +506,26 @@ def test_a_git_lfs_pointer_named_safetensors_is_said_to_be_one(manifest: Path, t
         _encode_resnet10t(manifest, ckpt, tmp_path / "x.zarr")
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.999])
+def test_a_safetensors_file_cut_short_says_so(timm_model, manifest: Path, tmp_path, keep):
+    """A sweep's newest epoch still being written: safetensors said "incomplete metadata,
+    file not fully covered; check options.checkpoint"."""
+    from safetensors.torch import save_file
+
+    _, state = timm_model
+    ckpt = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in state.items()}, ckpt)
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(RankwiseError) as info:
+        _encode_resnet10t(manifest, ckpt, tmp_path / "x.zarr")
+    assert str(info.value) == (
+        f"{ckpt}: not a readable safetensors file: it is cut short (its header names more "
+        "bytes than the file holds): is it still being written? Run again once it is "
+        "saved, or save it again"
+    )
+
+
 def test_old_pickle_protocol_loads_without_warnings(timm_model, manifest: Path, tmp_path: Path):
     embedder, state = timm_model
     ckpt = tmp_path / "proto3.pth"

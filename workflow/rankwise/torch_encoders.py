@@ -167,6 +167,12 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
         try:
             data: Any = load_file(str(path), device="cpu")
         except Exception as exc:  # safetensors raises its own error types
+            if _safetensors_cut_short(path):
+                raise RankwiseError(
+                    f"{path}: not a readable safetensors file: it is cut short (its header "
+                    "names more bytes than the file holds): is it still being written? Run "
+                    "again once it is saved, or save it again"
+                ) from None
             reason = _LFS_POINTER if _head(path).startswith(b"version https://") else None
             raise RankwiseError(
                 f"{path}: not a readable safetensors file "
@@ -349,6 +355,37 @@ def _head(path: Path) -> bytes:
             return f.read(16)
     except OSError:
         return b""
+
+
+def _safetensors_cut_short(path: Path) -> bool:
+    """Whether ``path`` is the start of a safetensors file: its header (8 bytes of
+    little-endian length, then that much JSON) reads, but its tensors' ``data_offsets``
+    end beyond the file (safetensors says only "incomplete metadata, file not fully
+    covered")."""
+    import json
+    import struct
+
+    try:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > 100_000_000:  # not a header: another file
+                return False
+            header = json.loads(handle.read(length))
+        size = path.stat().st_size
+    except (OSError, struct.error, ValueError):
+        return False
+    if not isinstance(header, dict):
+        return False
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if k != "__metadata__"
+        and isinstance(v, dict)
+        and isinstance(v.get("data_offsets"), list)
+        and len(v["data_offsets"]) == 2
+        and isinstance(v["data_offsets"][1], int)
+    ]
+    return bool(ends) and 8 + length + max(ends) > size
 
 
 _CUT_SHORT = (
