@@ -1029,9 +1029,22 @@ def _missing_images(csv_path: Path) -> list[tuple[int, str, str, Path]]:
     relative to the CSV's folder, as ``rankwise prepare`` and ``encode`` read them).
     A CSV the csv module cannot read, or without ``path``: none (prepare says what is
     wrong)."""
+    missing = []
+    for line, item, raw in _manifest_paths(csv_path) or []:
+        path = Path(raw) if Path(raw).is_absolute() else csv_path.parent / raw
+        if not _exists(path):
+            missing.append((line, item, raw, path))
+    return missing
+
+
+def _manifest_paths(csv_path: Path) -> list[tuple[int, str, str]] | None:
+    """``(line, id, path as written)`` of each row of the manifest CSV that names a path
+    (header = line 1; id ``"?"`` without an ``id`` column), read as ``read_manifest``
+    does (utf-8-sig: a byte-order mark is not part of the first column's name); None
+    when it has no ``path`` column or the csv module cannot read it."""
     from .manifest import any_field_size
 
-    missing = []
+    rows = []
     with (
         open(csv_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle,
         any_field_size(),
@@ -1040,22 +1053,21 @@ def _missing_images(csv_path: Path) -> list[tuple[int, str, str, Path]]:
         try:
             header = [c.strip() for c in next(reader, [])]
             if "path" not in header:
-                return []
+                return None
             column = header.index("path")
             id_column = header.index("id") if "id" in header else None
             for row in reader:
                 raw = row[column].strip() if column < len(row) else ""
-                path = Path(raw) if Path(raw).is_absolute() else csv_path.parent / raw
-                if raw and not _exists(path):
+                if raw:
                     item = (
                         row[id_column].strip()
                         if id_column is not None and id_column < len(row)
                         else "?"
                     )
-                    missing.append((reader.line_num, item, raw, path))
+                    rows.append((reader.line_num, item, raw))
         except csv.Error:
-            return []
-    return missing
+            return None
+    return rows
 
 
 def _exists(path: Path) -> bool:
@@ -1169,27 +1181,10 @@ def _manifest_images(csv_path: Path) -> list[str]:
     lines = _file_lines(csv_path)
     if not csv_path.is_file():
         return lines
-    # utf-8-sig, as read_manifest: a byte-order mark is not part of the first column's name
-    from .manifest import any_field_size
-
-    with (
-        open(csv_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle,
-        any_field_size(),
-    ):
-        reader = csv.reader(handle)
-        try:
-            header = [c.strip() for c in next(reader, [])]
-            if "path" not in header:
-                return lines
-            column = header.index("path")
-            for row in reader:
-                value = row[column].strip() if column < len(row) else ""
-                if value:
-                    lines.append(_stat_line(value, csv_path.parent / os.path.expanduser(value)))
-        except csv.Error:
-            # not a CSV the csv module reads: the CSV's own bytes are the fingerprint;
-            # prepare says what is wrong
-            return _file_lines(csv_path)
+    # not a CSV the csv module reads, or no path column: the CSV's own bytes are the
+    # fingerprint; prepare says what is wrong
+    for _, _, value in _manifest_paths(csv_path) or []:
+        lines.append(_stat_line(value, csv_path.parent / os.path.expanduser(value)))
     return lines
 
 
