@@ -92,7 +92,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from . import __version__
 from .embeddings import (
@@ -385,6 +385,10 @@ def _checkpoint(kind: str, value: Any, name: str) -> Path:
 # ---------------------------------------------------------------- images
 
 
+#: What PIL raises for an image file it cannot decode (UnidentifiedImageError is an
+#: OSError; SyntaxError: its PNG reader on a broken chunk; EOFError: some truncated files).
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError)
+
 #: PIL modes holding more than 8 bits a channel (integer or float).
 _WIDE_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
 
@@ -451,8 +455,7 @@ class _Rows:
                 f"{self.where(i)}: image {raw!r} is a folder ({path}), not an image file; "
                 "fix the 'path' column"
             ) from None
-        # SyntaxError: PIL's PNG reader on a broken chunk; EOFError: some truncated files
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+        except DECODE_ERRORS as exc:
             raise RankwiseError(
                 f"{self.where(i)}: cannot decode image {path} "
                 f"({type(exc).__name__}: {exc}); replace the file"

@@ -403,8 +403,9 @@ def read_boxes(sequence: Sequence, opts: dict[str, Any]) -> list[Box]:
 
 def _read_frame(source: Path, sequence: Sequence) -> Image.Image:
     """Decode one frame (RGB or L), its size checked against seqinfo.ini."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
+    from .encoders import DECODE_ERRORS
     from .png_data import check_png_complete
 
     try:
@@ -417,8 +418,7 @@ def _read_frame(source: Path, sequence: Sequence) -> Image.Image:
                 )
             image = opened.convert("RGB") if opened.mode not in ("RGB", "L") else opened.copy()
             check_png_complete(opened, source, sequence.name)  # PIL's black rows
-    # SyntaxError: PIL's PNG reader on a broken chunk; EOFError: some truncated files
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+    except DECODE_ERRORS as exc:
         raise RankwiseError(
             f"{source}: cannot decode frame ({type(exc).__name__}: {exc}); replace the file"
         ) from None
