@@ -870,9 +870,8 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         return out.float().reshape(len(x), -1)
 
     def embed(batch: list[Any]) -> np.ndarray:
-        # IEEE float32 (torch lets cuDNN convolve in TF32 by default: embeddings ~4e-4
-        # away from the CPU's, relative, on a resnet50; ~5e-7 without); half: float16
-        with torch.inference_mode(), ieee_float32(torch):
+        # in IEEE float32 (:func:`settings`); half: float16
+        with torch.inference_mode():
             x = to_input(batch)
             x = x.half() if half else x
             out = forward(x)
@@ -886,10 +885,17 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         for batch in _image_batches(rows, lambda i: preprocess(rows, i), batch_size, pool, ahead):
             yield embed(batch)
 
-    def settings() -> contextlib.AbstractContextManager[Any]:
-        # on the CPU the forward pass runs on ``threads`` cores (torch's count is the
-        # process's: the caller's is put back when the encode ends, also on an error)
-        return _num_threads(torch, threads) if device == "cpu" else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def settings() -> Iterator[None]:
+        # torch's process-wide settings for the whole encode, the caller's put back when
+        # it ends (also on an error): IEEE float32 (torch lets cuDNN convolve in TF32 by
+        # default: embeddings ~4e-4 away from the CPU's, relative, on a resnet50; ~5e-7
+        # without), and on the CPU the forward pass on ``threads`` cores
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(ieee_float32(torch))
+            if device == "cpu":
+                stack.enter_context(_num_threads(torch, threads))
+            yield
 
     record.update({"flip": flip, "device": device, "half": half})
     return _Encoder(opts, file, batches, threads=threads, preprocessing=record, settings=settings)
