@@ -169,9 +169,8 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
         except Exception as exc:  # safetensors raises its own error types
             if _safetensors_cut_short(path):
                 raise RankwiseError(
-                    f"{path}: not a readable safetensors file: it is cut short (its header "
-                    "names more bytes than the file holds): is it still being written? Run "
-                    "again once it is saved, or save it again"
+                    f"{path}: not a readable safetensors file: "
+                    + _cut_short("its header names more bytes than the file holds")
                 ) from None
             reason = _LFS_POINTER if _head(path).startswith(b"version https://") else None
             raise RankwiseError(
@@ -206,7 +205,7 @@ def read_checkpoint(path: Path, kind: str, checkpoint_key: str | None = None) ->
             archive = _archive_kind(path)
             if archive == "cut":
                 raise RankwiseError(
-                    f"{path}: not a readable torch checkpoint: {_CUT_SHORT}"
+                    f"{path}: not a readable torch checkpoint: {_cut_short(_ZIP_WITHOUT_END)}"
                 ) from None
             if archive == "torchscript":  # torch's own text advises weights_only=False
                 raise RankwiseError(
@@ -388,10 +387,16 @@ def _safetensors_cut_short(path: Path) -> bool:
     return bool(ends) and 8 + length + max(ends) > size
 
 
-_CUT_SHORT = (
-    "it is cut short (a zip archive without its end): is it still being written? Run "
-    "again once it is saved, or save it again"
-)
+_ZIP_WITHOUT_END = "a zip archive without its end"
+
+
+def _cut_short(evidence: str) -> str:
+    """The end of the message for a file cut short (a sweep's newest epoch still being
+    saved), ``evidence`` saying how that shows."""
+    return (
+        f"it is cut short ({evidence}): is it still being written? Run again once it is "
+        "saved, or save it again"
+    )
 
 
 def _archive_kind(path: Path) -> str | None:
@@ -679,7 +684,7 @@ def _torchscript_model(path: Path) -> Any:
         archive = _archive_kind(path)
         if archive == "cut":
             raise RankwiseError(
-                f"{path}: not a readable TorchScript module: {_CUT_SHORT}"
+                f"{path}: not a readable TorchScript module: {_cut_short(_ZIP_WITHOUT_END)}"
             ) from None
         reason = (
             "it is a torch.save checkpoint: weights without the code"
