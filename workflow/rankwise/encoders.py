@@ -596,7 +596,7 @@ class _Encoder:
     # precomputed: the file or Zarr store read, whose rows a message about values names
     source: Path | None = None
     # entered around the whole encode (every batch, the writing): process-wide settings
-    # the forward passes need (torch's thread count), the caller's put back on exit
+    # the forward passes need (torch: IEEE float32, thread count), the caller's put back on exit
     settings: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
