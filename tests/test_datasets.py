@@ -333,6 +333,40 @@ def test_folder_names_a_label_folder_that_is_not_utf8(tmp_path: Path, layout: st
     assert not (tmp_path / "out" / "query.csv").exists()
 
 
+@pytest.mark.parametrize("layout", ["root", "split dirs"])
+def test_folder_refuses_label_folders_that_differ_only_by_spaces(tmp_path: Path, layout: str):
+    # a manifest's values are read without the spaces around them, so "cat " came back
+    # as "cat": the two folders were silently one label
+    _folder(tmp_path / "all", {"cat": 2, "cat ": 2, "dog": 2})
+    if layout == "root":
+        options = {"root": str(tmp_path / "all")}
+    else:
+        options = {"query_dir": str(tmp_path / "all"), "gallery_dir": str(tmp_path / "all")}
+    with pytest.raises(
+        RankwiseError,
+        match=r"all: label folders 'cat' and 'cat ' differ only by spaces around the name.*; "
+        r"rename one, or move its images into the other",
+    ):
+        prepare_dataset("folder", options, tmp_path / "out")
+    assert not (tmp_path / "out" / "query.csv").exists()
+
+
+def test_cli_prepare_names_label_folders_that_differ_only_by_spaces(tmp_path: Path):
+    from rankwise.cli import main
+
+    _folder(tmp_path / "all", {"\tcat": 2, "cat": 2})
+    options = json.dumps({"root": str(tmp_path / "all")})
+    result = CliRunner().invoke(
+        main, ["prepare", "--loader", "folder", "--options", options, "--out-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        f"error: {tmp_path}/all: label folders '\\tcat' and 'cat' differ only by spaces "
+        "around the name, and a manifest's labels do not keep those, so they would be one "
+        "label; rename one, or move its images into the other"
+    ]
+
+
 def test_market1501_under_a_folder_that_is_not_utf8(market: Path, tmp_path: Path):
     # the manifests' paths are relative to them: beside the tree under that folder they
     # need none of its name, and are written; from elsewhere they would, and are refused

@@ -24,6 +24,8 @@ Loaders (options in braces, defaults after ``=``):
     become queries (at least one, and at least one stays in the gallery; labels with
     one image stay in the gallery).  With ``query_dir == gallery_dir`` the two
     manifests share ids (leave-one-out retrieval: an image is never its own match).
+    Two label folders whose names differ only by spaces around them (``cat`` and
+    ``cat ``) are refused: a manifest's values do not keep those spaces.
 ``manifest`` {query, gallery, protocol="recall"}
     The user's own CSVs, validated (``rankwise.manifest.read_manifest`` for the
     protocol's columns) and copied; relative ``path`` values are rewritten to stay
@@ -389,7 +391,23 @@ def _labelled_images(folder: Path) -> pd.DataFrame:
             "label holding its images (e.g. "
             f"{folder}/cat/001.jpg)"
         )
+    _refuse_labels_equal_when_stripped(folder, sorted({row["label"] for row in rows}))
     return pd.DataFrame(rows)
+
+
+def _refuse_labels_equal_when_stripped(folder: Path, labels: list[str]) -> None:
+    """One line naming two label folders whose names differ only by the spaces and
+    tabs around them: a manifest's values do not keep those (``cat `` is read as
+    ``cat``, :func:`rankwise.manifest.read_csv_strings`), so they would be one label."""
+    seen: dict[str, str] = {}
+    for label in labels:
+        first = seen.setdefault(label.strip(" \t"), label)
+        if first != label:
+            raise RankwiseError(
+                f"{folder}: label folders {first!r} and {label!r} differ only by spaces "
+                "around the name, and a manifest's labels do not keep those, so they "
+                "would be one label; rename one, or move its images into the other"
+            )
 
 
 def _load_folder(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
