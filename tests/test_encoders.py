@@ -618,7 +618,8 @@ def _onnx_variant(path: Path, variant: str) -> None:
     """A tiny model (flatten, then a 6x6x3 -> 4 matrix) in one of the shapes and types an
     exported model can have: ``half`` (float16 in and out), ``gray`` (one channel),
     ``uint8`` (raw pixels), ``squeezed`` (batch 1, output (4,)), ``transposed`` (output
-    (4, N)), ``unknown`` / ``unknown-fixed`` (an output shape onnxruntime cannot tell
+    (4, N)), ``one-per-image`` (output (N,), each embedding's largest value),
+    ``unknown`` / ``unknown-fixed`` (an output shape onnxruntime cannot tell
     before running; a dynamic / fixed batch of 2), ``dynamic`` (any height and width)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -643,6 +644,9 @@ def _onnx_variant(path: Path, variant: str) -> None:
     elif variant == "transposed":
         nodes.append(helper.make_node("Transpose", ["embedding"], ["out"], perm=[1, 0]))
         out_shape = [4, batch]
+    elif variant == "one-per-image":
+        nodes.append(helper.make_node("ReduceMax", ["embedding"], ["out"], axes=[1], keepdims=0))
+        out_shape = [batch]
     elif variant.startswith("unknown"):
         # reshaped by a shape computed from the pixels (always [-1, 4]): onnxruntime cannot
         # tell the output's shape before running it
@@ -693,6 +697,10 @@ def _onnx_variant(path: Path, variant: str) -> None:
         ("squeezed", {},
          r"output 'out' has shape \[4\] for input shape \[1, 3, 6, 6\]: its first axis is not"),
         ("transposed", {}, r"output 'out' has shape \[4, 'N'\] .*: its first axis is not the"),
+        # (3,) for a batch of 3 was stored as 3 rows of dim 1, exit 0
+        ("one-per-image", {},
+         r"output 'out' has shape \(3,\) for a batch of 3: a single axis, the batch's or the "
+         r"embedding's, not both; export the model with outputs of shape \(batch, dim\)$"),
         ("dynamic", {"input_size": [8, 6]},
          r"onnxruntime failed on a batch of shape \(3, 3, 8, 6\) \(.*\); check options"),
     ],

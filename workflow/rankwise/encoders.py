@@ -49,7 +49,8 @@ checkpoint=null, input_size=null}
 ``onnx`` {model, input_size=from the model, mean=ImageNet, std=ImageNet,
 channel_order="rgb", layout="nchw", input=null, output=null}
     Bilinear resize to ``input_size`` [H, W], ``(x / 255 - mean) / std``, run with
-    onnxruntime's CPUExecutionProvider; the output is flattened to ``(B, D)``.
+    onnxruntime's CPUExecutionProvider; the output ``(B, ...)`` is flattened to ``(B, D)``
+    (a 1-D output is refused, as the torch kinds refuse it).
     Needs the optional extra ``rankwise[onnx]``.
 ``pixels`` {size=[16, 16], grayscale=false}
     Bilinear resize, flatten, scale to [0, 1].
@@ -864,11 +865,19 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
                 f"{model}: onnxruntime failed on a batch of shape {x.shape} "
                 f"({first_line(exc)}); check options.input_size and options.layout"
             ) from None
-        if out.ndim == 0 or out.shape[0] != len(x):
+        # (B,): one value per image cannot be told from an embedding (D,) when D == B:
+        # refused as the torch kinds refuse it (a store of D = 1 was written, exit 0)
+        if out.ndim < 2 or out.shape[0] != len(x):
+            first = out.ndim == 0 or out.shape[0] != len(x)
+            why = (
+                "its first axis is not the batch"
+                if first
+                else "a single axis, the batch's or the embedding's, not both"
+            )
             raise RankwiseError(
                 f"{model}: output {output_name!r} has shape {out.shape} for a batch of "
-                f"{len(x)}: its first axis is not the batch; export the model with outputs "
-                "of shape (batch, ...)"
+                f"{len(x)}: {why}; export the model with outputs of shape "
+                + ("(batch, ...)" if first else "(batch, dim)")
             )
         return out
 
