@@ -320,6 +320,30 @@ def test_binary_codes_are_read_as_zeros_and_ones(manifest: Path, tmp_path: Path)
     np.testing.assert_array_equal(_read(tmp_path / "e.zarr"), expected)
 
 
+@pytest.mark.parametrize("source", ["npy", "zarr", "array"])
+def test_precomputed_binary_codes_are_read_as_a_factorys_are(source, manifest, tmp_path):
+    """A factory's boolean output (binary codes) is read as 0 / 1; the same codes saved
+    by the user were refused ("have dtype bool; expected numbers (float32)")."""
+    from rankwise.embeddings import open_embeddings
+
+    codes = np.arange(N_ROWS * 4).reshape(-1, 4) % 3 == 0
+    encode_manifest(manifest, "python", {"factory": f"{FACTORIES}:gives_binary_codes"},
+                    tmp_path / "e.zarr", batch_size=N_ROWS, progress=False)  # fmt: skip
+    if source == "array":
+        read = open_embeddings(codes, name="query embeddings", n_rows=N_ROWS).read(0, N_ROWS)
+        np.testing.assert_array_equal(read, _read(tmp_path / "e.zarr"))
+        return
+    path = tmp_path / f"codes.{source}"
+    if source == "npy":
+        np.save(path, codes)
+    else:
+        zarr.open_group(str(path), mode="w").create_array("embeddings", data=codes)
+    out = tmp_path / "p.zarr"
+    encode_manifest(manifest, "precomputed", {"path": str(path)}, out, progress=False)
+    np.testing.assert_array_equal(_read(out), _read(tmp_path / "e.zarr"))
+    assert _read(out).dtype == np.float32
+
+
 def test_a_bfloat16_tensor_is_read_as_its_values(manifest: Path, tmp_path: Path):
     """numpy has no bfloat16: `.numpy()` raised a TypeError (models run under bf16
     autocast return such tensors); the values are exact in float32."""

@@ -7,9 +7,10 @@ no process holds more than a chunk of it.
 :func:`open_embeddings` is the one reader of embeddings, used by ranking, the
 neighbours, and ``rankwise encode --kind precomputed``.  Opening checks the file
 (readable ``.npy``; a Zarr store that is complete and holds ``embeddings``), the
-dtype (numbers), the shape (2-D, dimension > 0), the rows against the manifest's,
-and the manifest itself (below); reading checks every chunk (a chunk file missing
-from a Zarr store, or one that does not decode, is an error, never zeros).
+dtype (numbers, or booleans: binary codes, read as 0 / 1), the shape (2-D, dimension
+> 0), the rows against the manifest's, and the manifest itself (below); reading
+checks every chunk (a chunk file missing from a Zarr store, or one that does not
+decode, is an error, never zeros).
 
 The manifest check: a rankwise embedding store records ``manifest_csv_sha256``,
 the sha256 of the bytes of the manifest CSV it was encoded from (and ``manifest``,
@@ -517,7 +518,11 @@ def check_same_checkpoint(query: EmbeddingSource, gallery: EmbeddingSource) -> N
 
 
 def _check_dtype(dtype, name: str, label: str) -> None:
-    if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)):
+    """Numbers, or booleans (binary codes, read as 0 / 1, as an encoder's output is:
+    :func:`rankwise.encoders._as_matrix`)."""
+    if not (
+        np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer) or dtype == np.bool_
+    ):
         raise RankwiseError(f"{label}: {name} have dtype {dtype}; expected numbers (float32)")
 
 
