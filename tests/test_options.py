@@ -307,6 +307,35 @@ def test_option_set_messages():
     }
 
 
+@pytest.mark.parametrize(
+    "spec, given, plain",
+    [
+        (encoders.OPTIONS["color-histogram"], lambda np: {"bins": np.int64(5), "joint": np.True_},
+         {"bins": 5, "joint": True}),
+        (datasets.LOADERS["folder"].options,
+         lambda np: {"root": "r", "query_fraction": np.float32(0.25), "seed": np.uint8(3)},
+         {"root": "r", "query_fraction": 0.25, "seed": 3}),
+        (encoders.OPTIONS["onnx"],
+         lambda np: {"model": "m.onnx", "input_size": [np.int64(4), np.int32(6)],
+                     "mean": [np.float32(0.5), np.float64(0.25), np.int64(1)]},
+         {"model": "m.onnx", "input_size": [4, 6], "mean": [0.5, 0.25, 1]}),
+        (datasets.LOADERS["mot"].options,
+         lambda np: {"root": "r", "classes": [np.int64(1)], "sequences": [np.int16(2)]},
+         {"root": "r", "classes": [1], "sequences": [2]}),
+    ],
+)  # fmt: skip
+def test_option_sets_record_numpy_scalars_as_pythons(spec, given, plain):
+    """numpy's booleans were recorded as True / False, its integers and floats as given
+    (``np.int64(5)``): a record unlike the one of the same values given as Python's,
+    and np.int64 / np.float32 are not JSON."""
+    import numpy as np
+
+    got, expected = spec.check(given(np)), spec.check(plain)
+    assert got == expected
+    assert repr(got) == repr(expected)  # np.int64(5) == 5, but its repr is not 5's
+    assert json.loads(json.dumps(got)) == json.loads(json.dumps(expected))
+
+
 # ---------------------------------------------------------------- the command line
 
 

@@ -93,6 +93,22 @@ def _is_bool(value: Any) -> bool:
     )
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with numpy's scalars as Python's (``np.int64(5)`` -> ``5``,
+    ``np.float32(0.25)`` -> ``0.25``, ``np.True_`` -> ``True``), also inside a list or
+    tuple (kept a list or tuple); anything else as given."""
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if _is_bool(value):
+        return bool(value)
+    if isinstance(value, numbers.Integral) and type(value) is not int:
+        return int(value)
+    if isinstance(value, numbers.Real) and type(value) not in (int, float):
+        return float(value)
+    return value
+
+
 def _label_text(value: Any) -> str | None:
     """One label's text as a manifest holds it, or None when ``value`` is no label: text
     as given, an integer's digits, a float that is a whole number as the integer's
@@ -532,6 +548,8 @@ class OptionSet:
         """Defaults filled in, every value checked; unknown or missing keys are errors.
 
         Values keep their JSON form (lists, not tuples): they are recorded in stores.
+        numpy's scalars come back as Python's (also in lists), so the record is the same
+        as with Python's numbers; an ``object`` option (a factory's params) as given.
         """
         if options is None:
             options = {}
@@ -551,9 +569,9 @@ class OptionSet:
             )
         merged = {**self.defaults, **options}
         for option in self.options:
-            checked = option.check(merged[option.name], f"{self.owner}: option {option.name}")
-            if option.kind == "boolean":  # np.True_ is recorded (JSON) as True
-                merged[option.name] = checked
+            option.check(merged[option.name], f"{self.owner}: option {option.name}")
+            if option.kind != "object":  # np.int64(5) is recorded as 5, np.True_ as True
+                merged[option.name] = _plain(merged[option.name])
         return merged
 
     def schema(self) -> dict[str, Any]:
