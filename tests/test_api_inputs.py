@@ -497,3 +497,74 @@ def test_a_gallery_whose_rows_are_all_junk_says_so():
         rankwise.evaluate(
             _query(camera=[2, 3, 1]), gallery, QUERY_EMB, emb, protocol="reid", junk_labels="-1,0"
         )
+
+
+# ---------------------------------------------------------------- the protocol hint
+
+
+def _manifests(folder, kind: str, why: str):
+    """Query and gallery manifests, as CSV paths or DataFrames, that look like re-ID data
+    for the reason ``why`` (``camera``: both have one; ``junk``: gallery label -1) and
+    not for the other, or (``none``) plain retrieval manifests."""
+    query, gallery = _query(), pd.DataFrame({"id": ["g0", "g1", "g2"], "label": ["a", "b", "c"]})
+    if why == "camera":
+        query, gallery = query.assign(camera=[1, 1, 1]), gallery.assign(camera=[2, 2, 2])
+    if why == "junk":
+        gallery = gallery.assign(label=["a", "b", "-1"])
+    if kind == "DataFrame":
+        return query, gallery
+    folder.mkdir()
+    query.to_csv(folder / "q.csv", index=False)
+    gallery.to_csv(folder / "g.csv", index=False)
+    return str(folder / "q.csv"), folder / "g.csv"
+
+
+@pytest.mark.parametrize("function", ["evaluate", "rank"])
+@pytest.mark.parametrize("kind", ["path", "DataFrame"])
+@pytest.mark.parametrize(
+    "why, shown", [("camera", "a 'camera' column"), ("junk", "gallery label -1")]
+)
+def test_reid_looking_manifests_warn_when_protocol_is_left_out(
+    tmp_path, function, kind, why, shown
+):
+    # the command line names --protocol reid in a note; the API ran recall without a word
+    query, gallery = _manifests(tmp_path / why, kind, why)
+    with pytest.warns(rankwise.ProtocolHint) as caught:
+        result = getattr(rankwise, function)(query, gallery, QUERY_EMB, QUERY_EMB)
+    assert len(caught) == 1 and issubclass(caught[0].category, UserWarning)
+    assert str(caught[0].message) == (
+        "ran protocol recall (the default), but the manifests look like re-identification "
+        f'data ({shown}); pass protocol="reid" to exclude same-camera matches and junk '
+        'labels, or protocol="recall" to silence this warning'
+    )
+    assert caught[0].filename == __file__  # the caller's line, through evaluate too
+    protocol = result.protocol if function == "evaluate" else result.attrs["protocol"]
+    assert protocol == "recall" and type(protocol) is str
+
+
+@pytest.mark.parametrize("kind", ["path", "DataFrame"])
+def test_a_given_protocol_or_plain_manifests_give_no_protocol_hint(tmp_path, kind):
+    import inspect
+    import warnings
+
+    reid_looking = {why: _manifests(tmp_path / why, kind, why) for why in ("camera", "junk")}
+    plain = _manifests(tmp_path / "none", kind, "none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rankwise.ProtocolHint)
+        for function in (rankwise.evaluate, rankwise.rank):
+            for query, gallery in reid_looking.values():
+                function(query, gallery, QUERY_EMB, QUERY_EMB, protocol="recall")
+            function(*plain, QUERY_EMB, QUERY_EMB)
+            function(*reid_looking["camera"], QUERY_EMB, QUERY_EMB, protocol="reid")
+        rankwise.recall_at_k(QUERY_EMB, QUERY_EMB, [1, 2, -1], [1, 2, -1])
+        # a run that fails says why, and only that (the note too follows a report only)
+        with pytest.raises(RankwiseError, match=r"differ only by a trailing '\.0'"):
+            rankwise.evaluate(
+                _query(label=["1.0", "b", "c"]),
+                GALLERY.assign(label=[1, "b", "c"]),
+                QUERY_EMB,
+                QUERY_EMB,
+            )
+    # the documented default is still recall
+    for function in (rankwise.evaluate, rankwise.rank):
+        assert inspect.signature(function).parameters["protocol"].default == "recall"

@@ -145,6 +145,17 @@ def test_reid_looking_manifests_get_a_note(tmp_path, camera, junk, why, bom):
     assert proc.returncode == 0 and "note: ran --protocol recall" in proc.stderr
 
 
+def test_the_note_is_one_line_naming_both_flags(tmp_path):
+    # the note's test is shared with the Python API's warning: its words stay the CLI's
+    # (flags, not keywords), and no Python warning joins it on stderr
+    proc = run_rankwise("evaluate", *_toy(tmp_path, camera=False, junk=True))
+    assert proc.returncode == 0 and proc.stderr == (
+        "note: ran --protocol recall (the default), but the manifests look like "
+        "re-identification data (gallery label -1); pass --protocol reid to exclude "
+        "same-camera matches and junk labels, or --protocol recall to silence this note\n"
+    )
+
+
 def test_plain_retrieval_manifests_get_no_note(tmp_path):
     proc = run_rankwise("evaluate", *_toy(tmp_path, camera=False, junk=False))
     assert proc.returncode == 0 and proc.stderr == ""

@@ -6,12 +6,20 @@ does not import numpy, pandas, numba, dask or zarr.  ``__version__`` too: readin
 installed package's metadata costs ~40 ms, paid by every pipeline job that never asks.
 """
 
-from .errors import RankwiseError
+from .errors import ProtocolHint, RankwiseError
 
 #: public name -> the module that defines it, imported on first access
 _LAZY = {"EvaluationResult": "api", "evaluate": "api", "rank": "api", "recall_at_k": "api"}
 
-__all__ = ["EvaluationResult", "RankwiseError", "__version__", "evaluate", "rank", "recall_at_k"]
+__all__ = [
+    "EvaluationResult",
+    "ProtocolHint",
+    "RankwiseError",
+    "__version__",
+    "evaluate",
+    "rank",
+    "recall_at_k",
+]
 
 
 def _package_version() -> str:

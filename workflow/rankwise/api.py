@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -35,6 +37,7 @@ from .registry import get_protocol
 if TYPE_CHECKING:  # the engine (numba) loads only when ranking: `rankwise metrics` and
     # the report read ranks stores without it
     from .ranking import RankResult
+    from .table import Table
 
 REPORT_KEYS = (
     "protocol",
@@ -165,13 +168,48 @@ def _refuse_ignored(protocol: str, single_gallery_shot: bool, **given: Any) -> N
         )
 
 
+class _DefaultProtocol(str):
+    """``protocol``'s default, ``"recall"`` (as signatures and ``help()`` show it), told
+    apart from a ``"recall"`` the caller passes: only the default warns on manifests that
+    look like re-identification data (:func:`_reid_hint`)."""
+
+
+_DEFAULT_PROTOCOL = _DefaultProtocol("recall")
+
+
+def _outside_rankwise() -> int:
+    """The ``stacklevel`` that makes a warning raised by this function's caller name the
+    first line outside the rankwise package: the user's call, through :func:`evaluate`
+    or :func:`rank` alike."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_globals.get("__name__", "").split(".")[0] == "rankwise" and frame.f_back:
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _reid_hint(query: Table, gallery: Table) -> str | None:
+    """The :class:`~rankwise.errors.ProtocolHint` that ``recall`` ran by default on
+    manifests that look like re-identification data, as the command line's note says
+    (:func:`rankwise.manifest.reid_signs`), or None."""
+    from .manifest import reid_signs
+
+    found = reid_signs(query, gallery)
+    if found is None:
+        return None
+    return (
+        "ran protocol recall (the default), but the manifests look like re-identification "
+        f'data ({found}); pass protocol="reid" to exclude same-camera matches and junk '
+        'labels, or protocol="recall" to silence this warning'
+    )
+
+
 def rank(
     query,
     gallery,
     query_embeddings,
     gallery_embeddings,
     *,
-    protocol: str = "recall",
+    protocol: str = _DEFAULT_PROTOCOL,
     distance: str = "cosine",
     gap_frames: int = GAP_FRAMES.default,
     query_stride: int = QUERY_STRIDE.default,
@@ -197,6 +235,9 @@ def rank(
     from .options import AQE, check_drop_junk, check_rerank, check_rerank_alone
     from .ranking import EngineOptions, check_distance, compute_ranks
 
+    defaulted = protocol is _DEFAULT_PROTOCOL
+    if defaulted:
+        protocol = "recall"
     check_distance(distance)
     junk_labels = check_junk_labels(junk_labels)
     # checked here, before anything compares them (np.True_ is not True): each comes
@@ -227,6 +268,7 @@ def rank(
         device=device,
     )
     inputs = open_inputs(query, gallery, query_embeddings, gallery_embeddings, protocol=protocol)
+    hint = _reid_hint(inputs.query, inputs.gallery) if defaulted else None
     query_rows = len(inputs.query)  # the evaluated manifest's rows (before pooling)
     # the manifest's row of each kept query row (id-keyed, on_missing: drop), taken
     # before pooling: the pooled source is an array that knows no manifest rows
@@ -289,6 +331,10 @@ def rank(
         result.extra["members"] = (
             np.concatenate(members).astype(np.int64) if members else np.zeros(0, np.int64)
         )
+    if hint is not None:  # once ranked, as the command line's note follows the report
+        from .errors import ProtocolHint
+
+        warnings.warn(hint, ProtocolHint, stacklevel=_outside_rankwise())
     return result
 
 
@@ -298,7 +344,7 @@ def evaluate(
     query_embeddings,
     gallery_embeddings,
     *,
-    protocol: str = "recall",
+    protocol: str = _DEFAULT_PROTOCOL,
     distance: str = "cosine",
     ks: Iterable[int] | str = KS.default,
     gap_frames: int = GAP_FRAMES.default,
@@ -328,7 +374,11 @@ def evaluate(
         needs: README "Inputs"), one row per embedding row.
     query_embeddings, gallery_embeddings : ``.npy`` path, Zarr store/array path, or
         array ``(n_query, dim)`` / ``(n_gallery, dim)``.
-    protocol : ``recall`` | ``reid`` | ``reassociation`` | ``progressive``.
+    protocol : ``recall`` (default) | ``reid`` | ``reassociation`` | ``progressive``.
+        Left out, on manifests that look like re-identification data (a ``camera``
+        column, or gallery label ``-1``), ``recall`` runs with a
+        :class:`~rankwise.errors.ProtocolHint` warning naming ``protocol="reid"``
+        (``protocol="recall"`` silences it), as the command line's note.
     distance : ``cosine`` (default) or ``euclidean``.
     ks : cutoffs for ``recall@K`` / ``rankK`` / ``acc@K``.
     gap_frames : reassociation frame gap.

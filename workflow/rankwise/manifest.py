@@ -55,6 +55,7 @@ __all__ = [
     "read_csv_strings",
     "read_manifest",
     "read_utf8_text",
+    "reid_signs",
     "required_columns",
     "row_line",
 ]
@@ -167,6 +168,42 @@ def read_manifest(
         if col in needed:
             table[col] = _to_int(table[col], name, col, table)
     return table
+
+
+def reid_signs(query: str | os.PathLike | Table, gallery: str | os.PathLike | Table) -> str | None:
+    """What makes two manifests look like re-identification data: ``"a 'camera'
+    column"`` (in either), ``"gallery label -1"`` (the junk label), or None.
+
+    The one test behind the hint given when ``recall`` runs because no protocol was
+    named: ``rankwise evaluate`` / ``rank``'s note on stderr, and the
+    :class:`~rankwise.errors.ProtocolHint` warning of :func:`rankwise.api.evaluate` /
+    :func:`~rankwise.api.rank`.  ``query`` and ``gallery`` are CSV paths (their headers
+    are read, and the gallery's labels when neither has a ``camera`` column) or tables
+    :func:`read_manifest` returned.  A file that is not a readable CSV gives None: the
+    ranking reports it.
+    """
+    if not all(isinstance(s, Table) or os.path.isfile(s) for s in (query, gallery)):
+        return None  # a pipe read here would be empty for the ranking (which says so)
+    try:
+        for source in (query, gallery):
+            if isinstance(source, Table):
+                columns = list(source.columns)
+            else:
+                with open(source, newline="", encoding="utf-8-sig") as file:  # BOM: no name
+                    columns = [c.strip() for c in next(csv.reader(file), [])]
+            if "camera" in columns:
+                return "a 'camera' column"
+        if "label" not in columns:  # the gallery's
+            return None
+        if isinstance(gallery, Table):
+            labels = gallery["label"]
+        else:
+            labels = read_csv_strings(Path(gallery), "CSV manifest")["label"]
+        if any(str(label).strip() == "-1" for label in labels):
+            return "gallery label -1"
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error):  # RankwiseError too
+        return None
+    return None
 
 
 def _from_frame(source: pd.DataFrame, name: str) -> Table:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import os
 from pathlib import Path
 
 import click
@@ -13,26 +11,11 @@ from . import shared
 
 
 def _reid_hint(query: str, gallery: str) -> str | None:
-    """Why the manifests look like re-identification data (a ``camera`` column, or a
-    gallery label ``-1``), or None. Unreadable files give None: ranking reports them."""
-    found = None
-    if not all(os.path.isfile(path) for path in (query, gallery)):
-        return None  # a pipe read here would be empty for the ranking (which says so)
-    try:
-        for path in (query, gallery):
-            with open(path, newline="", encoding="utf-8-sig") as file:  # BOM: not in the name
-                header = [c.strip() for c in next(csv.reader(file), [])]
-            if "camera" in header:
-                found = "a 'camera' column"
-                break
-        if found is None and "label" in header:
-            from ..manifest import read_csv_strings
+    """The note naming --protocol reid when the manifests look like re-identification
+    data (:func:`rankwise.manifest.reid_signs`), or None."""
+    from ..manifest import reid_signs
 
-            labels = read_csv_strings(Path(gallery), "CSV manifest")["label"]
-            if any(label.strip() == "-1" for label in labels):
-                found = "gallery label -1"
-    except (OSError, UnicodeDecodeError, ValueError, csv.Error):  # RankwiseError too
-        return None
+    found = reid_signs(query, gallery)
     if found is None:
         return None
     return (
