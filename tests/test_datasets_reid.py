@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -441,6 +442,25 @@ def test_identity_folders_without_identities(tmp_path: Path):
         r"<root>/<identity>/<crop>\.jpg",
     ):
         prepare_dataset("identity-folders", {"root": str(tmp_path / "flat")}, tmp_path / "out")
+
+
+@pytest.mark.parametrize("spaced", ["0001 ", "\t0001"])
+def test_identity_folders_refuse_folders_that_differ_only_by_spaces(tmp_path: Path, spaced):
+    # a manifest's values are read without the spaces around them, so "0001 " came back
+    # as "0001": the two identities were silently one label
+    _identities(tmp_path / "crops", {"0001": 3, spaced: 2, "0002": 2})
+    first, second = sorted(["0001", spaced])
+    with pytest.raises(
+        RankwiseError,
+        match=rf"crops: label folders {re.escape(repr(first))} and {re.escape(repr(second))} "
+        r"differ only by spaces around the name.*; rename one, or move its images into the other",
+    ):
+        prepare_dataset("identity-folders", {"root": str(tmp_path / "crops")}, tmp_path / "out")
+    assert not (tmp_path / "out" / "query.csv").exists()
+    # a folder the split drops (fewer than min_crops crops) is written nowhere: no merge
+    out = tmp_path / "kept"
+    prepare_dataset("identity-folders", {"root": str(tmp_path / "crops"), "min_crops": 3}, out)
+    assert _read(out, "query")["label"].tolist() == ["0001"]
 
 
 @pytest.mark.parametrize("name", [b"caf\xe9", b"0003"])

@@ -44,6 +44,8 @@ and which protocol the numbers belong to.
     dropped from both sides; one ``random.Random(seed)`` shuffles each remaining
     identity's crops (sorted by file name) in turn, the first ``queries_per_id`` become
     queries, the rest the gallery.  label = the folder name, id = ``<folder>/<file>``.
+    Two kept identity folders whose names differ only by spaces around them (``0001``
+    and ``0001 ``) are refused: a manifest's values do not keep those spaces.
     The folders carry no camera, so there is no ``camera`` column: evaluate with
     protocol ``recall``, whose numbers equal the ``reid`` package's retrieval metrics
     (its synthetic cameras, 0 for queries and 1 for the gallery, exclude nothing;
@@ -359,7 +361,7 @@ def derived_split(
 
 def load_identity_folders(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     """A derived query / gallery split of identity folders (protocol ``recall``)."""
-    from .datasets import _existing_dir, _relative_paths
+    from .datasets import _existing_dir, _refuse_labels_equal_when_stripped, _relative_paths
 
     queries = int_option("identity-folders", opts, "queries_per_id", 1)
     min_crops = int_option("identity-folders", opts, "min_crops", 1)
@@ -388,6 +390,8 @@ def load_identity_folders(opts: dict[str, Any], out: Path) -> dict[str, pd.DataF
             f"{root}: no identity has min_crops={min_crops} crops (the most is "
             f"{most}); lower options.min_crops or add crops"
         )
+    # the labels written: a dropped identity's folder merges with none
+    _refuse_labels_equal_when_stripped(root, sorted({name for name, _ in query}))
 
     def table(pairs: list[tuple[str, Path]]) -> pd.DataFrame:
         return pd.DataFrame(
