@@ -6,7 +6,6 @@ import re
 import shlex
 import sys
 from functools import lru_cache
-from types import SimpleNamespace
 
 from snakemake.utils import validate
 
@@ -166,77 +165,6 @@ def dataset_fingerprints(dataset):
 def dataset_fingerprint(wildcards):
     """A param of `prepare`: new data (CSV, images) reruns it, an untouched tree nothing."""
     return dataset_fingerprints(wildcards.dataset)
-
-
-def prepare_source(wildcards):
-    """A param of `prepare`, written to prepare.source: the digest of the loader, its
-    options and prepare's output version (what the manifests depend on besides data)."""
-    return pipeline_config.prepare_source(
-        DATASETS[wildcards.dataset]["loader"],
-        dataset_options(wildcards),
-        OUTPUT_VERSIONS["prepare"],
-    )
-
-
-def _forced():
-    """A forced run (--forcerun, --forceall, -f) reruns what depends on the forced jobs,
-    as Snakemake always does: no input is made ancient() below (the settings exist once
-    Snakemake builds the DAG, not while it reads this file)."""
-    settings = workflow.dag_settings
-    return settings is None or bool(
-        settings.forcerun or settings.forceall or settings.forcetargets
-    )
-
-
-def _recorded_sha256(output, input):
-    """The sha256 Snakemake recorded for `input` when it wrote `output` (it records one
-    for every input up to --max-checksum-file-size); None where there is none."""
-    from snakemake.io import IOFile
-
-    try:
-        record = workflow.persistence.metadata(IOFile(output))
-        value = (record.input_checksums or {}).get(input) if record else None
-    except Exception:  # Snakemake's records may change between versions: mtimes decide
-        return None
-    if not isinstance(value, str):
-        return None
-    algorithm, _, digest = value.rpartition(":")
-    return digest if algorithm in ("", "sha256") else None
-
-
-@lru_cache(maxsize=None)
-def _reusable(dataset, encoder, split):
-    """(manifest, fingerprint): pipeline_config.encoded_from_current_manifest for the
-    store of (dataset, encoder, split), once per Snakemake run (it hashes the manifest)."""
-    folder = f"results/manifests/{dataset}"
-    store = f"results/embeddings/{dataset}/{encoder}/{split}.zarr"
-    return pipeline_config.encoded_from_current_manifest(
-        folder,
-        split,
-        store,
-        dataset_fingerprints(dataset)[split],
-        prepare_source(SimpleNamespace(dataset=dataset)),
-        _recorded_sha256(store, f"{folder}/{split}.fingerprint"),
-    )
-
-
-def prepared(split=None, name="csv"):
-    """An input function: `results/manifests/{dataset}/{split}.{name}` (`split` None: the
-    job's own; `name`: csv or fingerprint), ancient() when the job's embedding store of
-    that split was encoded from the manifest a prepare that reruns now writes again
-    (pipeline_config.encoded_from_current_manifest): prepare writes both splits when
-    either changed, and Snakemake reruns every job whose input's producer reruns, so a
-    new query image re-encoded the gallery with every encoder."""
-
-    def path(wildcards):
-        side = split or wildcards.split
-        file = f"results/manifests/{wildcards.dataset}/{side}.{name}"
-        if _forced():
-            return file
-        manifest, fingerprint = _reusable(wildcards.dataset, wildcards.encoder, side)
-        return ancient(file) if (manifest if name == "csv" else fingerprint) else file
-
-    return path
 
 
 def dataset_value(key):

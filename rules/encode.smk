@@ -9,16 +9,12 @@ rule prepare:
         # mtime): encode reruns when it changes even if the manifest's bytes did not.
         query_fingerprint="results/manifests/{dataset}/query.fingerprint",
         gallery_fingerprint="results/manifests/{dataset}/gallery.fingerprint",
-        # The digest of the loader, its options and prepare's output version: with the
-        # fingerprints, whether a manifest would be written again the same (`prepared`).
-        source="results/manifests/{dataset}/prepare.source",
     log:
         "logs/manifests/{dataset}.log",
     params:
         loader=dataset_value("loader"),
         options=dataset_options,
         fingerprint=dataset_fingerprint,
-        source=prepare_source,
         out_dir=lambda wildcards, output: os.path.dirname(output.query),
         **output_version("prepare"),
     threads: 1
@@ -31,14 +27,13 @@ rule prepare:
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }};"
         " echo {params.fingerprint[query]} > {output.query_fingerprint:q};"
-        " echo {params.fingerprint[gallery]} > {output.gallery_fingerprint:q};"
-        " echo {params.source} > {output.source:q}"
+        " echo {params.fingerprint[gallery]} > {output.gallery_fingerprint:q}"
 
 
 rule encode:
     input:
-        manifest=prepared(),
-        fingerprint=prepared(name="fingerprint"),
+        manifest="results/manifests/{dataset}/{split}.csv",
+        fingerprint="results/manifests/{dataset}/{split}.fingerprint",
         files=encoder_files,
     output:
         store=directory("results/embeddings/{dataset}/{encoder}/{split}.zarr"),

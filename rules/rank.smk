@@ -5,8 +5,8 @@
 
 rule rank:
     input:
-        query=prepared("query"),
-        gallery=prepared("gallery"),
+        query="results/manifests/{dataset}/query.csv",
+        gallery="results/manifests/{dataset}/gallery.csv",
         query_embeddings="results/embeddings/{dataset}/{encoder}/query.zarr",
         gallery_embeddings="results/embeddings/{dataset}/{encoder}/gallery.zarr",
     output:

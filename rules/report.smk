@@ -17,10 +17,6 @@ rule report:
                 + all_pairs("results/manifests/{dataset}/gallery.csv")
             )
         ),
-        # not read: a prepare.source gone (or never written: a folder prepared by an
-        # older rankwise) reruns its prepare, whose params are then recorded for every
-        # output again (Snakemake checks no param of a job with an unrecorded output)
-        sources=list(dict.fromkeys(all_pairs("results/manifests/{dataset}/prepare.source"))),
         embeddings=all_pairs("results/embeddings/{dataset}/{encoder}/query.zarr")
         + all_pairs("results/embeddings/{dataset}/{encoder}/gallery.zarr"),
         # TPR@FPR, ROC curves and distance histograms (datasets with `verification:`)

@@ -6,8 +6,8 @@
 
 rule verify:
     input:
-        query=prepared("query"),
-        gallery=prepared("gallery"),
+        query="results/manifests/{dataset}/query.csv",
+        gallery="results/manifests/{dataset}/gallery.csv",
         query_embeddings="results/embeddings/{dataset}/{encoder}/query.zarr",
         gallery_embeddings="results/embeddings/{dataset}/{encoder}/gallery.zarr",
     output:

@@ -1,8 +1,7 @@
 """The pipeline is never silently stale (issue #13): real Snakemake runs in temporary folders.
 
 - data drive reruns: a new image in a Market-1501 tree, an edited manifest CSV, an image
-  rewritten under the same name rerun exactly that dataset's jobs, and encode only the
-  split that changed; untouched data nothing;
+  rewritten under the same name rerun exactly that dataset's jobs; untouched data nothing;
 - a path the config names that does not exist stops the run before any job, in one line;
 - a failed job's one-line error reaches the terminal; config errors are one line with the
   key path and a did-you-mean; YAML syntax errors name file and line; duplicated keys fail;
@@ -50,8 +49,7 @@ CONFIG = {
     "engine": {"threads": 1},
     "report": {"resamples": 0, "worst_queries": 0},
 }
-# one split of one dataset changed: the other split's store is reused (`prepared()`)
-ONE_SPLIT = {"prepare": 1, "encode": 1, "rank": 1, "metrics": 1, "report": 1, "all": 1}
+ONE_DATASET = {"prepare": 1, "encode": 2, "rank": 1, "metrics": 1, "report": 1, "all": 1}
 
 
 def write_image(path: Path, value: int) -> None:
@@ -199,7 +197,7 @@ def test_a_new_image_in_a_market_tree_reruns_that_dataset_only(workdir):
     image = workdir / "data/market/bounding_box_test/0002_c1s1_000099_00.png"
     write_image(image, 7)
     try:
-        assert planned(workdir) == ONE_SPLIT
+        assert planned(workdir) == ONE_DATASET
     finally:
         image.unlink()
     # the tree as it was recorded: nothing again
@@ -211,64 +209,10 @@ def test_an_edited_manifest_csv_reruns_that_dataset_only(workdir):
     original = gallery.read_text()
     gallery.write_text(original.replace("g5,c,", "g5,b,"))
     try:
-        assert planned(workdir) == ONE_SPLIT
+        assert planned(workdir) == ONE_DATASET
     finally:
         gallery.write_text(original)  # same bytes, new mtime: the content decides
     assert planned(workdir) == {}
-
-
-def test_a_forced_prepare_re_encodes_as_snakemake_always_did(workdir):
-    """--forcerun prepare keeps Snakemake's meaning: everything downstream reruns."""
-    jobs = planned_jobs(run_ok(workdir, CONFIG, "--dry-run", "--forcerun", "prepare"))
-    assert jobs == FROM_PREPARE
-
-
-MK_ONLY = {**CONFIG, "datasets": {"mk": CONFIG["datasets"]["mk"]}}
-
-
-def _stamps(root: Path, split: str) -> list[int]:
-    store = root / f"results/embeddings/mk/pixels/{split}.zarr"
-    return [f.stat().st_mtime_ns for f in sorted(store.rglob("*")) if f.is_file()]
-
-
-# Snakemake compares a newer input's content with the checksum it recorded, but only up
-# to --max-checksum-file-size (1 MB): a Market-1501 gallery manifest (~1.6 MB) is
-# newer and unchecked after every prepare. 100 bytes puts these manifests past it too.
-@pytest.mark.parametrize("checksums", [[], ["--max-checksum-file-size", "100"]])
-def test_a_new_image_in_one_split_re_encodes_that_split_only(tmp_path, checksums):
-    """Prepare writes both manifests when one split's data changed, and Snakemake reruns
-    every job whose input's producer reruns: a new query image re-encoded the gallery
-    with every encoder (at Market-1501 scale ~19,700 images each). Now the store of the
-    unchanged split is reused, on the change and on every later one, while a stopped
-    run (prepare done, encode not) still re-encodes the split that changed."""
-    write_data(tmp_path)
-    run_ok(tmp_path, MK_ONLY, *checksums)
-    query = tmp_path / "data/market/query"
-
-    def plan():
-        return planned_jobs(run_ok(tmp_path, MK_ONLY, "--dry-run", *checksums))
-
-    for n in (5, 6, 7):  # the first change, and those after the gallery's was skipped
-        gallery, queries = _stamps(tmp_path, "gallery"), _stamps(tmp_path, "query")
-        write_image(query / f"{n:04d}_c1s1_{n:06d}_00.png", n)
-        assert plan() == ONE_SPLIT
-        run_ok(tmp_path, MK_ONLY, *checksums)
-        assert _stamps(tmp_path, "gallery") == gallery  # not written again
-        assert _stamps(tmp_path, "query") != queries
-        assert plan() == {}
-    # a stopped run: prepare saw the gallery's new image, its encode never ran
-    write_image(tmp_path / "data/market/bounding_box_test/0005_c2s1_000005_00.png", 50)
-    run_ok(tmp_path, MK_ONLY, "results/manifests/mk/query.csv", *checksums)
-    assert plan() == {k: v for k, v in ONE_SPLIT.items() if k != "prepare"}
-    queries = _stamps(tmp_path, "query")
-    run_ok(tmp_path, MK_ONLY, *checksums)
-    assert _stamps(tmp_path, "query") == queries
-    assert plan() == {}
-    # an option of the loader may change both manifests: both splits are encoded again
-    options = copy.deepcopy(MK_ONLY)
-    options["datasets"]["mk"]["options"]["query_folder"] = "bounding_box_test"
-    jobs = planned_jobs(run_ok(tmp_path, options, "--dry-run", *checksums))
-    assert jobs == {**ONE_SPLIT, "encode": 2}
 
 
 def test_options_a_protocol_ignores_rerun_nothing(workdir):

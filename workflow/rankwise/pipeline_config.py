@@ -10,9 +10,7 @@
 - :func:`check_paths` / :func:`encoder_paths`: every file or folder the config names
   exists before any job runs, so no missing path ever enters the DAG.
 - :func:`dataset_fingerprints`: what a loader reads, per split, as one digest (a param of
-  ``prepare``, written to ``{split}.fingerprint`` for ``encode``);
-  :func:`encoded_from_current_manifest`: a split whose store needs nothing from a
-  prepare that reruns (the other split changed).
+  ``prepare``, written to ``{split}.fingerprint`` for ``encode``).
 
 Every error is a :class:`~rankwise.errors.RankwiseError` with a one-line message.
 Relative paths start from the working directory (Snakemake's ``--directory``).
@@ -1250,86 +1248,3 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
         options_json = json.dumps(options, sort_keys=True, default=str)
         return {s: "generated:" + _digest([loader, options_json]) for s in SPLITS}
     return {s: _digest(parts[s]) for s in SPLITS}
-
-
-def prepare_source(loader: str, options_json: str, prepare_version: int) -> str:
-    """The digest of all a dataset's manifests are a function of besides its data: the
-    loader, its options as the prepare job is given them, prepare's output version.
-    ``prepare`` writes it to ``results/manifests/{dataset}/prepare.source``."""
-    return _digest([loader, options_json, f"prepare output v{prepare_version}"])
-
-
-def _store_attributes(store: Path) -> dict:
-    """A Zarr v3 group's attributes read from its ``zarr.json`` ({} where unreadable):
-    the pipeline decides reruns while Snakemake builds the DAG, without importing zarr."""
-    try:
-        with open(store / "zarr.json", encoding="utf-8") as handle:
-            attributes = json.load(handle).get("attributes")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return attributes if isinstance(attributes, dict) else {}
-
-
-def _mtime_ns(path: Path) -> int:
-    return path.stat().st_mtime_ns
-
-
-def encoded_from_current_manifest(
-    folder: str | os.PathLike,
-    split: str,
-    store: str | os.PathLike,
-    data: str,
-    source: str,
-    encoded_with: str | None = None,
-) -> tuple[bool, bool]:
-    """Whether a split's embedding ``store`` needs nothing from a ``prepare`` of its
-    dataset (``folder``: its manifests) that reruns now: ``(manifest, fingerprint)``.
-
-    ``manifest``: the store holds the sha256 of ``{split}.csv``'s bytes as they are, and
-    that manifest was prepared from the data and options as they are now: the split's
-    ``{split}.fingerprint`` holds ``data`` (:func:`dataset_fingerprints`) and
-    ``prepare.source`` holds ``source`` (:func:`prepare_source`; a folder prepared by a
-    rankwise without that file passes: upgrading re-encodes nothing). So a prepare that
-    reruns writes these very bytes again. ``fingerprint``: besides, the store was
-    encoded from this fingerprint file: ``encoded_with``, the sha256 Snakemake recorded
-    for the file when it wrote the store, is the file's; where none was recorded, the
-    store is the newer (a stopped run: prepare wrote an image's new size, encode never
-    ran, and the manifest's bytes did not change).
-
-    The pipeline then makes the manifest (and, with ``fingerprint``, the fingerprint
-    file) ``ancient()`` inputs: Snakemake reruns a job whose input's producer reruns, and
-    prepare writes both splits, so a new query image re-encoded the whole gallery with
-    every encoder. Any doubt (no store, a hand-edited manifest, other data) answers
-    ``(False, False)``: Snakemake's own triggers decide.
-    """
-    folder, store = Path(folder), Path(store)
-    attributes = _store_attributes(store)
-    recorded = attributes.get("manifest_csv_sha256")
-    if attributes.get("complete") is not True or not isinstance(recorded, str):
-        return False, False
-    fingerprint = folder / f"{split}.fingerprint"
-    try:
-        if fingerprint.read_text(encoding="utf-8").split() != [data]:
-            return False, False
-    except (OSError, ValueError):
-        return False, False
-    try:
-        written = (folder / "prepare.source").read_text(encoding="utf-8").split()
-    except FileNotFoundError:
-        written = [source]  # prepared before rankwise wrote the file
-    except (OSError, ValueError):
-        return False, False
-    if written != [source]:
-        return False, False
-    from .hashing import file_sha256
-
-    try:
-        if file_sha256(folder / f"{split}.csv") != recorded:
-            return False, False
-        if encoded_with is not None:
-            return True, hashlib.sha256(fingerprint.read_bytes()).hexdigest() == encoded_with
-        stamp = store / ".snakemake_timestamp"  # Snakemake's own time for directory()
-        encoded = _mtime_ns(stamp if stamp.exists() else store / "zarr.json")
-        return True, encoded >= _mtime_ns(fingerprint)
-    except (OSError, ValueError):  # RankwiseError: gone since
-        return False, False
