@@ -215,6 +215,26 @@ def test_an_edited_manifest_csv_reruns_that_dataset_only(workdir):
     assert planned(workdir) == {}
 
 
+def test_new_data_and_a_new_encoder_option_in_one_run_re_encode_both_splits(tmp_path):
+    """A guard for any attempt to reuse the unchanged split's store (ancient() manifests):
+    Snakemake 9 skips the own triggers of a job downstream of one that reruns when its
+    links to it are ancient() (snakemake/snakemake#4166), so a new query image and an
+    encoder option changed in the same run re-encoded the query alone: the report mixed
+    two encoder settings, exit 0 (b6fc6bc, reverted)."""
+    config = {**CONFIG, "datasets": {"mk": CONFIG["datasets"]["mk"]}}
+    write_data(tmp_path)
+    run_ok(tmp_path, config)
+    changed = copy.deepcopy(config)
+    changed["encoders"]["pixels"]["options"]["size"] = [4, 8]  # the same dimension
+    write_image(tmp_path / "data/market/query/0005_c1s1_000005_00.png", 5)
+    assert planned(tmp_path, changed) == {**ONE_DATASET, "encode": 2}
+    run_ok(tmp_path, changed)
+    for split in ("query", "gallery"):
+        meta = tmp_path / f"results/embeddings/mk/pixels/{split}.zarr/zarr.json"
+        encoder = json.loads(meta.read_text())["attributes"]["encoder"]
+        assert encoder["options"]["size"] == [4, 8], split
+
+
 def test_options_a_protocol_ignores_rerun_nothing(workdir):
     """gap_frames on a reid dataset, a single-shot seed with single-shot off, junk labels
     under recall: accepted (a config may set them for every dataset) and no job reruns;
