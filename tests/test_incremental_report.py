@@ -16,11 +16,12 @@ import pytest
 from click.testing import CliRunner
 from test_report import results  # noqa: F401  (the module fixture: 2 datasets x 3 encoders)
 
+from rankwise import stats
 from rankwise.cli import main
 from rankwise.errors import RankwiseError
 from rankwise.report import build_report
 from rankwise.report.pairs import PairCache
-from rankwise.stats import _cluster_sums, compare_ranks, flip_hits, paired_sums
+from rankwise.stats import _cluster_sums, compare_ranks, flip_hits, flip_hits_many, paired_sums
 from rankwise.store import read_ranks
 from rankwise.summary import OldSummary, read_summary, summarise, write_summary
 
@@ -169,6 +170,71 @@ def test_extended_flips_equal_flips_from_scratch(clusters):
             flip_hits(sums, 7, 0, cut) + flip_hits(sums, 7, cut, 5000), whole
         )
     assert not np.array_equal(flip_hits(sums, 8, 0, 5000), whole)  # the seed matters
+
+
+def test_flip_signs_are_the_stream_compared_with_a_half():
+    """The signs made in place are ``np.where(u < 0.5, -1.0, 1.0)`` of the same draws,
+    also at 0.5, just below it and at 0 (no -0.0 anywhere)."""
+
+    class Draws:
+        def __init__(self, u):
+            self.u = u
+
+        def random(self, shape):
+            return self.u.reshape(shape).copy()
+
+    u = np.random.default_rng(0).random(4000)
+    u[:4] = [0.5, np.nextafter(0.5, 0.0), 0.0, np.nextafter(0.5, 1.0)]
+    signs = stats._flip_signs(Draws(u), 40, 100)
+    want = np.where(u.reshape(40, 100) < 0.5, -1.0, 1.0)
+    assert signs.dtype == want.dtype and signs.flags.c_contiguous
+    np.testing.assert_array_equal(signs, want)
+    assert list(signs[0, :4]) == [1.0, -1.0, -1.0, 1.0] and not np.signbit(signs[signs > 0]).any()
+
+
+@pytest.mark.parametrize("block", [None, 1000])
+def test_flips_drawn_once_for_several_tests_give_each_its_own_hits(block, monkeypatch):
+    """flip_hits_many: every table's hits are flip_hits' of it alone, bit for bit (also
+    across blocks of flips, and from a later flip on)."""
+    if block is not None:
+        monkeypatch.setattr(stats, "_BLOCK_ELEMENTS", block)
+    rng = np.random.default_rng(11)
+    tables = [rng.normal(size=(90, m)) for m in (3, 1, 5)]
+    tables[1][:, 0] = 0.03 * tables[1][:, 0] + 0.01  # a small, consistent difference
+    tables[2][:, 2] = np.round(tables[2][:, 2])  # ties: integer sums
+    for start, stop in ((0, 2500), (700, 2500)):
+        many = flip_hits_many(tables, 4, start, stop)
+        assert len(many) == 3
+        for table, hits in zip(tables, many, strict=True):
+            np.testing.assert_array_equal(hits, flip_hits(table, 4, start, stop))
+    assert flip_hits_many([], 4, 0, 10) == []
+    with pytest.raises(RankwiseError, match=r"same number of clusters"):
+        flip_hits_many([tables[0], tables[0][:10]], 4, 0, 10)
+
+
+def test_pair_cache_tests_pairs_together_as_one_at_a_time(results, summarised, tmp_path):  # noqa: F811
+    """compare_all (the flips of a dataset's tests drawn once) gives every pair's
+    numbers, counts and cache files as compare() one pair at a time, when computing,
+    extending (from the cached flips) and reusing."""
+    _, metrics = results
+    toy = [p for p in metrics if p.parent.name == metrics[0].parent.name]
+    stores = [read_ranks(json.loads(p.read_text())["provenance"]["ranks"]) for p in toy]
+    names = ["recall@1", "map"]
+    sa, sb, sc = (summarise(*s, metrics=names, resamples=100, seed=5) for s in stores)
+    pairs = [(sa, sb, names), (sa, sc, names), (sb, sc, ["map"]), (sa, sb, names)]
+    settings = {"resamples": 100, "seed": 5, "confidence": 0.95, "exact_max": 0}
+    together, alone = PairCache(tmp_path / "together"), PairCache(tmp_path / "alone")
+    for flips in (300, 300, 1200, 500):
+        got = together.compare_all(pairs, flips=flips, **settings)
+        want = [alone.compare(a, b, m, flips=flips, **settings) for a, b, m in pairs]
+        for (est, p, test), (est_1, p_1, test_1) in zip(got, want, strict=True):
+            assert est == est_1 and test == test_1 == "sign-flip"
+            np.testing.assert_array_equal(p, p_1)
+        counts = (together.computed, together.extended, together.reused)
+        assert counts == (alone.computed, alone.extended, alone.reused)
+        files = {f.name: f.read_bytes() for f in (tmp_path / "together").iterdir()}
+        assert files == {f.name: f.read_bytes() for f in (tmp_path / "alone").iterdir()}
+    assert counts == (3, 6, 7)  # the repeated pair: reused both ways
 
 
 def test_pair_cache_extends_and_reuses(results, summarised, tmp_path):  # noqa: F811

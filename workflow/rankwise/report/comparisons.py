@@ -167,18 +167,16 @@ def compare_encoders(
                 assert aligned is not None
                 plan.append((dataset, a, b, names, replace(aligned, cluster=sb.cluster), sb))
     n_flips = flip_resamples(resamples, sum(len(p[3]) for p in plan))
+    tests = cache.compare_all(
+        [(sa, sb, names) for _, _, _, names, sa, sb in plan],
+        resamples=resamples,
+        flips=n_flips,
+        seed=seed,
+        confidence=CONFIDENCE,
+        exact_max=EXACT_MAX,
+    )
     rows = []
-    for dataset, a, b, names, sa, sb in plan:
-        estimates, pvalues, test = cache.compare(
-            sa,
-            sb,
-            names,
-            resamples=resamples,
-            flips=n_flips,
-            seed=seed,
-            confidence=CONFIDENCE,
-            exact_max=EXACT_MAX,
-        )
+    for (dataset, a, b, names, _, _), (estimates, pvalues, test) in zip(plan, tests, strict=True):
         rows += comparison_rows(
             estimates,
             names,
