@@ -339,10 +339,26 @@ def _write(metrics, folder: Path, workers: int) -> dict:
         os.chdir(cwd)
 
 
-def test_figures_drawn_beside_the_documents_are_the_same_files(metrics, tmp_path):
-    """workers=2 draws two thirds of the figures in a forked process while the
-    documents are rendered: every file has the same bytes as with one process."""
+@pytest.mark.parametrize("split", ["shared", "all by the child", "all by this process"])
+def test_figures_drawn_beside_the_documents_are_the_same_files(
+    metrics, tmp_path, monkeypatch, split
+):
+    """workers=2 draws the figures in a forked process, begun once the results have
+    their statistics, while this one adds the tests and renders the documents, then
+    takes the figures the other has not begun: every file has the same bytes as with
+    one process, however the figures fall to the two."""
+    from rankwise.report import figures
+
     one = _write(metrics, tmp_path / "one", 1)
+    if split == "all by the child":
+        monkeypatch.setattr(figures.DrawInBackground, "draw_rest", lambda self: None)
+    elif split == "all by this process":
+        take = figures.DrawInBackground._take
+        monkeypatch.setattr(
+            figures.DrawInBackground,
+            "_take",
+            lambda self, front: None if front else take(self, front=front),
+        )
     two = _write(metrics, tmp_path / "two", 2)
     assert one["figures"] == two["figures"] and len(one["figures"]) >= 3
     files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*"))
@@ -352,10 +368,40 @@ def test_figures_drawn_beside_the_documents_are_the_same_files(metrics, tmp_path
             assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes()
 
 
-@pytest.mark.parametrize("blocked", [0, 2])  # drawn by the child / by the parent
+def test_charts_read_only_what_the_document_has_when_its_statistics_are_in(metrics):
+    """build_report's on_statistics (where the figure process starts) gets the document
+    before the worst queries and the tests: every chart drawn from it has the bytes of
+    the chart drawn from the finished document, and the hook changes nothing in it."""
+    import copy
+
+    from rankwise.report import view
+    from rankwise.report.figures import _vector
+    from rankwise.report.plots import PAPER, dataset_plots
+
+    early: list[dict] = []
+    options = {"resamples": 50, "worst_queries": 2, "worst_encoders": "all"}
+    doc = build_report(metrics, **options, on_statistics=lambda d: early.append(copy.deepcopy(d)))
+    assert json.dumps(doc) == json.dumps(build_report(metrics, **options))
+    (partial,) = early
+    assert "comparisons" not in partial and not any(r["worst_queries"] for r in partial["results"])
+    assert doc["comparisons"] and any(r["worst_queries"] for r in doc["results"])
+    drawn = 0
+    for (dataset, rows), (_, done) in zip(
+        view.by_dataset(partial), view.by_dataset(doc), strict=True
+    ):
+        plots, final = dataset_plots(partial, rows), dataset_plots(doc, done)
+        assert [(p.kind, p.caption) for p in plots] == [(p.kind, p.caption) for p in final]
+        for plot, same in zip(plots, final, strict=True):
+            assert _vector(plot.draw(PAPER), "svg") == _vector(same.draw(PAPER), "svg")
+            drawn += 1
+    assert drawn >= 8
+
+
+@pytest.mark.parametrize("blocked", [0, -1])  # the child takes it / this process takes it
 def test_a_figure_that_cannot_be_written_stops_the_report(metrics, tmp_path, blocked):
-    """The first figure is the forked process's, the third this process's: either
-    failing raises the error it met (as with one process) and no document is written."""
+    """The first figure is the forked process's first, the last this process's first:
+    either failing raises the error it met (as with one process) and no document is
+    written."""
     doc = build_report(metrics, resamples=0, worst_queries=0)
     from rankwise.report.figures import plan_figures
 

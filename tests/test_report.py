@@ -1489,7 +1489,8 @@ def test_an_interrupt_while_waiting_for_the_figure_child_leaves_no_temporary_fil
 ):
     """A KeyboardInterrupt in the parent only (a notebook kernel's interrupt) while it
     waited for the child drawing figures discarded the staged files, but the child went
-    on staging its own: .tmp files left beside the figures."""
+    on staging its own: .tmp files left beside the figures.  The interrupt comes once
+    the child has staged a figure (those are discarded too) and is drawing the next."""
     import os
     import signal
     import threading
@@ -1499,13 +1500,21 @@ def test_an_interrupt_while_waiting_for_the_figure_child_leaves_no_temporary_fil
 
     _, metrics = results
     wait = figures.DrawInBackground.wait
+    out = tmp_path / "figures"
+
+    def interrupt_once_a_figure_is_staged() -> None:
+        deadline = time.monotonic() + 60
+        while not list(out.glob(".*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
 
     def interrupted_wait(self):
-        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        threading.Thread(target=interrupt_once_a_figure_is_staged, daemon=True).start()
         return wait(self)
 
     monkeypatch.setattr(figures.DrawInBackground, "wait", interrupted_wait)
-    out = tmp_path / "figures"
+    # every figure left to the child: it is still drawing when the interrupt comes
+    monkeypatch.setattr(figures.DrawInBackground, "draw_rest", lambda self: None)
     with pytest.raises(KeyboardInterrupt):
         write_report(metrics, json_path=tmp_path / "r.json", figures_dir=out, workers=2,
                      resamples=20, worst_queries=0)  # fmt: skip

@@ -85,7 +85,7 @@ from .constants import (
 from .csv_table import render_csv
 from .curves import cmc_curve, progressive_curve
 from .document import build_report
-from .figures import DrawInBackground, draw_figures, plan_figures, planned_paths, write_figures
+from .figures import DrawInBackground, draw_figures, plan_figures, write_figures
 from .html import render_html
 from .latex import render_latex
 from .markdown import render_markdown
@@ -131,54 +131,67 @@ def write_report(
     as ``figure_formats`` (:mod:`.figures`; listed in ``doc["figures"]``, linked from
     HTML and Markdown); return the document.
 
-    ``workers >= 2``: a second process draws two thirds of the paper figures while this
-    one renders the documents and then draws the rest (the same bytes either way); the
-    files are written once both are done, so a failure leaves no document linking a
-    missing figure.
+    ``workers >= 2``: a second process starts drawing the paper figures as soon as the
+    results have their statistics, while this one adds the worst queries and the paired
+    tests and renders the documents, then draws the figures the other has not begun
+    (the same bytes either way); the files are written once both are done, so a failure
+    leaves no document linking a missing figure.
     """
     from ..store import StagedFiles
 
-    doc = build_report(metrics_paths, **options)
-    plan = plan_figures(doc, figures_dir, figure_formats) if figures_dir else []
-    doc["figures"] = [entry for entry, _ in plan]
     # every file staged under a temporary name, all renamed in at the end: a failure
     # (a full disk at the third document) leaves the old report whole
     files = StagedFiles()
+    figures = _Figures(figures_dir, figure_formats, files, workers)
     try:
-        _write_all(doc, plan, files, workers, json_path, md_path, html_path, csv_path, tex_path)
+        doc = build_report(metrics_paths, on_statistics=figures.start, **options)
+        doc["figures"] = figures.entries
+        texts = _render(doc, json_path, md_path, html_path, csv_path, tex_path)
+        figures.finish()
+        for path, text in texts:
+            files.write(path, text.encode("utf-8"))
     except BaseException:
+        # the child ended before its files are discarded with the others (an interrupt
+        # while waiting for it: it would go on writing them after the discard)
+        figures.stop()
         files.discard()
         raise
     files.commit()
     return doc
 
 
-def _write_all(doc, plan, files, workers, json_path, md_path, html_path, csv_path, tex_path):
-    """Draw the figures and render the documents into ``files`` (staged)."""
-    background, own = None, []  # own: drawn here once the documents are rendered
-    if workers >= 2 and len(plan) >= 2:
-        drawn = [p for i, p in enumerate(plan) if i % 3 != 2]
-        background = DrawInBackground(drawn, files)
-        # written by the child (forked first: its copy must not list them yet), then
-        # committed, or discarded on failure, with the others
-        for path in planned_paths(drawn):
-            files.expect(path)
-        own = [p for i, p in enumerate(plan) if i % 3 == 2]
-    else:
-        draw_figures(plan, files)
-    try:
-        texts = _render(doc, json_path, md_path, html_path, csv_path, tex_path)
-        draw_figures(own, files)
-        if background is not None:
-            background.wait()
-    except BaseException:
-        if background is not None:
-            # ended before its files are discarded with the others (an interrupt while
-            # waiting for it: it would go on writing them after the discard)
-            background.stop()
-        raise
-    for path, text in texts:
-        files.write(path, text.encode("utf-8"))
+class _Figures:
+    """The paper figures of :func:`write_report`: planned, and with ``workers >= 2``
+    begun in a second process, when the document has its statistics (:meth:`start`,
+    ``build_report``'s ``on_statistics``); drawn (the rest of them) by :meth:`finish`."""
+
+    def __init__(self, folder, formats, files, workers: int):
+        self.folder, self.formats, self.files, self.workers = folder, formats, files, workers
+        self.plan: list = []
+        self.background: DrawInBackground | None = None
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """``doc["figures"]``."""
+        return [entry for entry, _ in self.plan]
+
+    def start(self, doc: dict[str, Any]) -> None:
+        if not self.folder:
+            return
+        self.plan = plan_figures(doc, self.folder, self.formats)
+        if self.workers >= 2 and len(self.plan) >= 2:
+            self.background = DrawInBackground(self.plan, self.files)
+
+    def finish(self) -> None:
+        if self.background is None:
+            draw_figures(self.plan, self.files)
+            return
+        self.background.draw_rest()
+        self.background.wait()
+
+    def stop(self) -> None:
+        if self.background is not None:
+            self.background.stop()
 
 
 def _render(doc, json_path, md_path, html_path, csv_path, tex_path) -> list[tuple[Any, str]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -460,6 +460,7 @@ def build_report(
     top_k: int = 10,
     cache: PairCache | None = None,
     verification: Iterable[str | os.PathLike] = (),
+    on_statistics: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """The report document (what ``report.json`` holds) for the given metrics files.
 
@@ -478,6 +479,12 @@ def build_report(
         counts what it computed, extended and reused.
     verification : ``rankwise verify`` JSON files, ``<dataset>/<encoder>.json``: each
         joins the result of that dataset and encoder (``entry["verification"]``).
+    on_statistics : called with the document so far once every result has its metrics,
+        intervals and curves, before the worst queries and the paired tests are added
+        (the slow part): all a chart reads (:func:`.plots.dataset_plots`), the
+        document's ``statistics`` as far as the settings (``confidence``). The document
+        returned is that object, completed. :func:`.write_report` starts drawing the
+        paper figures there.
 
     Datasets and encoders keep the order in which they first appear.
     """
@@ -527,6 +534,17 @@ def build_report(
         entry["ci95"] = summary.ci95
         if get_protocol(entry["protocol"]).unit == "sketch":
             entry["progressive"] = summary.progressive
+    doc: dict[str, Any] = {
+        "title": title,
+        "rankwise_version": __version__,
+        "cmc_max_rank": cmc_max_rank,
+        "statistics": {k: settings[k] for k in ("resamples", "seed", "by", "confidence")},
+        "datasets": datasets,
+        "encoders": encoders,
+        "results": results,
+    }
+    if on_statistics is not None:
+        on_statistics(doc)
     if worst_queries:
         for _, entries in groups:
             shown = [e for e in entries if stores.exists(e)]
@@ -590,14 +608,7 @@ def build_report(
         "else each against the previous one and the best (of those with statistics) "
         "against the others",
     }
-    return {
-        "title": title,
-        "rankwise_version": __version__,
-        "cmc_max_rank": cmc_max_rank,
-        "statistics": statistics,
-        "datasets": datasets,
-        "encoders": encoders,
-        "results": results,
-        "comparisons": comparisons,
-        "best": [_best(entries) for _, entries in groups],
-    }
+    doc["statistics"] = statistics  # in its place: report.json keeps its key order
+    doc["comparisons"] = comparisons
+    doc["best"] = [_best(entries) for _, entries in groups]
+    return doc

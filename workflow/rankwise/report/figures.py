@@ -122,46 +122,89 @@ def write_figures(
 
 
 class DrawInBackground:
-    """:func:`draw_figures` of ``plan`` in a forked child process, while the caller
-    renders the rest of the report (drawing is pure Python under the GIL: a thread
-    would not overlap); :meth:`wait` joins the child and raises, in this process, the
-    exception that stopped it.  With ``files``, the child stages its files there (the
-    caller ``expect()``s them and commits)."""
+    """:func:`draw_figures` of ``plan`` shared between a forked child process and this
+    one (drawing is pure Python under the GIL: a thread would not overlap).  The child
+    starts at once and takes the figures one at a time from the front of the plan while
+    the caller works on; :meth:`draw_rest` draws here, from the back, those the child has
+    not taken; :meth:`wait` joins the child and raises, in this process, the exception
+    that stopped it.  Each figure is drawn once, by whichever process takes it: the same
+    bytes either way.  The files are staged in ``files`` (the child's under ``files``'
+    names: :meth:`wait` ``expect()``s them, the caller commits)."""
 
-    def __init__(self, plan: list[tuple[dict[str, Any], Any]], files=None):
+    def __init__(self, plan: list[tuple[dict[str, Any], Any]], files):
         import multiprocessing
 
         ctx = multiprocessing.get_context("fork")
+        self._plan, self._files = plan, files
         self._receive, send = ctx.Pipe(duplex=False)
+        # [front, back): the figures no process has taken yet
+        self._left = ctx.Array("q", [0, len(plan)])
+        self._mine: list[int] = []  # drawn here
+        self._listed = False  # the child's files are listed in ``files``
 
         def child() -> None:
+            taken = []
             try:
-                draw_figures(plan, files)  # staged in ``files``' names: the parent commits
+                while (i := self._take(front=True)) is not None:
+                    taken.append(i)
+                    draw_figures([plan[i]], files)  # staged in ``files``' names
             except BaseException as exc:  # sent to the parent, re-raised there
                 try:
                     send.send(exc)
                 except Exception:  # an exception that does not pickle
                     send.send(RankwiseError(f"{type(exc).__name__}: {exc}"))
                 os._exit(1)
+            send.send(taken)
             os._exit(0)
 
         self._process = ctx.Process(target=child, daemon=True)
         self._process.start()
         send.close()
 
+    def _take(self, *, front: bool) -> int | None:
+        """The next figure no process has taken (from the front or the back), or None."""
+        with self._left.get_lock():
+            first, end = self._left[0], self._left[1]
+            if first >= end:
+                return None
+            if front:
+                self._left[0] = first + 1
+                return first
+            self._left[1] = end - 1
+            return end - 1
+
+    def draw_rest(self) -> None:
+        """Draw here every figure the child has not taken (no more once it has failed:
+        :meth:`wait` raises its error)."""
+        while self._process.exitcode in (None, 0) and (i := self._take(front=False)) is not None:
+            self._mine.append(i)
+            draw_figures([self._plan[i]], self._files)
+
     def stop(self) -> None:
-        """End the child now (the caller failed: its drawing is not wanted)."""
+        """End the child now (the caller failed: its drawing is not wanted), and list in
+        ``files`` whatever it may have staged, for the caller's ``discard()``."""
         self._process.terminate()
         self._process.join()
+        if not self._listed:  # any figure not drawn here
+            self._list([i for i in range(len(self._plan)) if i not in self._mine])
 
     def wait(self) -> None:
+        """Join the child; its figures are then in ``files``."""
         self._process.join()
         code = self._process.exitcode
-        if code == 0:
+        message = self._receive.recv() if self._receive.poll() else None
+        if code == 0 and isinstance(message, list):  # the figures it drew
+            self._list(message)
             return
-        if code == 1 and self._receive.poll():
-            raise self._receive.recv()
+        if code == 1 and isinstance(message, BaseException):
+            raise message
         raise RankwiseError(f"drawing the figures stopped (exit status {code})")
+
+    def _list(self, figures: list[int]) -> None:
+        """``expect()`` in ``files`` the files of the child's ``figures``."""
+        for path in planned_paths([self._plan[i] for i in figures]):
+            self._files.expect(path)
+        self._listed = True
 
 
 def figure_links(
