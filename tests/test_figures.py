@@ -412,3 +412,108 @@ def test_a_figure_that_cannot_be_written_stops_the_report(metrics, tmp_path, blo
         with pytest.raises(IsADirectoryError):
             _write(metrics, folder, workers)
         assert not (folder / "report.html").exists() and not (folder / "report.json").exists()
+
+
+def _pdfs(doc, folder: Path, fonts=None) -> dict[str, bytes]:
+    """Every chart of ``doc`` drawn as PDF into ``folder``: name -> bytes."""
+    from rankwise.report.figures import draw_figures, plan_figures
+
+    draw_figures(plan_figures(doc, folder, ("pdf",)), fonts=fonts)
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def subsetting(monkeypatch):
+    """Counts matplotlib's own font subsetting (what the kept subsets save)."""
+    from matplotlib.backends import _backend_pdf_ps as internals
+
+    calls = []
+    original = internals.get_glyphs_subset
+
+    def counted(fontfile, glyphs):
+        calls.append(sorted(glyphs))
+        return original(fontfile, glyphs)
+
+    monkeypatch.setattr(internals, "get_glyphs_subset", counted)
+    return calls
+
+
+def test_pdf_font_subsets_are_kept_and_give_the_same_files(metrics, tmp_path, subsetting):
+    """The TrueType subsets a PDF embeds are kept in the report's cache: a second drawing
+    cuts none and writes the same bytes as drawing without the cache."""
+    from rankwise.report.pairs import PairCache
+
+    doc = build_report(metrics, resamples=0, worst_queries=0)
+    plain = _pdfs(doc, tmp_path / "plain")
+    assert len(plain) >= 8 and len(subsetting) >= len(plain)  # one font or more each
+    cache = tmp_path / "cache"
+    subsetting.clear()
+    first = _pdfs(doc, tmp_path / "first", PairCache(cache))
+    kept = sorted(cache.iterdir())
+    # a subset per distinct set of glyphs, each cut once (the same glyphs: read back)
+    assert 1 <= len(kept) == len({tuple(g) for g in subsetting}) <= len(subsetting)
+    subsetting.clear()
+    again = _pdfs(doc, tmp_path / "again", PairCache(cache))
+    assert subsetting == [] and sorted(cache.iterdir()) == kept
+    assert first == plain and again == plain
+
+
+def test_kept_font_subsets_are_keyed_by_versions_and_font_file(
+    metrics, tmp_path, subsetting, monkeypatch
+):
+    """Another matplotlib or fontTools version, or a font file with other bytes, cuts
+    the subsets again (a kept one would be another's bytes); a damaged entry too."""
+    import fontTools
+    import matplotlib
+
+    from rankwise.report import figures
+    from rankwise.report.pairs import PairCache
+
+    doc = build_report(metrics[:3], resamples=0, worst_queries=0)
+    plain = _pdfs(doc, tmp_path / "plain")
+    cache = PairCache(tmp_path / "cache")
+    _pdfs(doc, tmp_path / "kept", cache)
+    changes = [
+        (matplotlib, "__version__", matplotlib.__version__ + ".post1"),
+        (fontTools, "version", fontTools.version + ".post1"),
+        (figures, "_file_sha256", lambda path: "0" * 64),
+    ]
+    for n, (module, name, value) in enumerate(changes):
+        with monkeypatch.context() as patch:
+            patch.setattr(module, name, value)
+            subsetting.clear()
+            assert _pdfs(doc, tmp_path / f"changed{n}", cache) == plain
+            assert subsetting  # cut again
+    for entry in (tmp_path / "cache").iterdir():
+        entry.write_text('{"value": {"font": 3}, "format": 3}')
+    subsetting.clear()
+    assert _pdfs(doc, tmp_path / "damaged", cache) == plain and subsetting
+
+
+def test_file_digest_follows_the_file(tmp_path):
+    from rankwise.report.figures import _file_sha256
+
+    path = tmp_path / "font.ttf"
+    path.write_bytes(b"glyphs")
+    first = _file_sha256(path)
+    path.write_bytes(b"glyphs, other ones")
+    assert _file_sha256(path) != first and len(first) == 64
+
+
+def test_other_matplotlib_internals_subset_as_usual(metrics, tmp_path, monkeypatch):
+    """A matplotlib whose subsetting is not the one the kept subsets stand in for (the
+    3.8-3.10 signature) subsets as usual: nothing is kept, the same files."""
+    from matplotlib.backends import _backend_pdf_ps as internals
+
+    from rankwise.report.pairs import PairCache
+
+    doc = build_report(metrics[:3], resamples=0, worst_queries=0)
+    plain = _pdfs(doc, tmp_path / "plain")
+    original = internals.get_glyphs_subset
+
+    def older(fontfile, characters):
+        return original(fontfile, characters)
+
+    monkeypatch.setattr(internals, "get_glyphs_subset", older)
+    assert _pdfs(doc, tmp_path / "older", PairCache(tmp_path / "cache")) == plain
+    assert not (tmp_path / "cache").exists()

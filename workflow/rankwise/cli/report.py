@@ -94,8 +94,8 @@ from . import shared
     "cache_dir",
     type=shared.OutputPath(file_okay=False),
     help="Keep each paired test in this folder, keyed by both evaluations' content: "
-    "a report with one new encoder recomputes only the pairs that involve it. "
-    "Safe to delete.",
+    "a report with one new encoder recomputes only the pairs that involve it (also the "
+    "worst queries and the PDF figures' font subsets). Safe to delete.",
 )
 @spec.FIGURE_FORMATS.click(
     help="The files of each --figures chart: SVG and PDF, or one of them (a PDF takes "

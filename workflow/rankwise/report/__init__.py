@@ -142,7 +142,7 @@ def write_report(
     # every file staged under a temporary name, all renamed in at the end: a failure
     # (a full disk at the third document) leaves the old report whole
     files = StagedFiles()
-    figures = _Figures(figures_dir, figure_formats, files, workers)
+    figures = _Figures(figures_dir, figure_formats, files, workers, options.get("cache"))
     try:
         doc = build_report(metrics_paths, on_statistics=figures.start, **options)
         doc["figures"] = figures.entries
@@ -165,8 +165,9 @@ class _Figures:
     begun in a second process, when the document has its statistics (:meth:`start`,
     ``build_report``'s ``on_statistics``); drawn (the rest of them) by :meth:`finish`."""
 
-    def __init__(self, folder, formats, files, workers: int):
+    def __init__(self, folder, formats, files, workers: int, fonts=None):
         self.folder, self.formats, self.files, self.workers = folder, formats, files, workers
+        self.fonts = fonts  # the PDF font subsets' cache (figures._vector)
         self.plan: list = []
         self.background: DrawInBackground | None = None
 
@@ -180,11 +181,11 @@ class _Figures:
             return
         self.plan = plan_figures(doc, self.folder, self.formats)
         if self.workers >= 2 and len(self.plan) >= 2:
-            self.background = DrawInBackground(self.plan, self.files)
+            self.background = DrawInBackground(self.plan, self.files, self.fonts)
 
     def finish(self) -> None:
         if self.background is None:
-            draw_figures(self.plan, self.files)
+            draw_figures(self.plan, self.files, self.fonts)
             return
         self.background.draw_rest()
         self.background.wait()

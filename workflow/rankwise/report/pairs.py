@@ -14,7 +14,8 @@ O(n' - n) work. Fewer flips than cached recompute from the start.
 
 The same folder keeps the worst queries of an evaluation (:meth:`PairCache.remember`),
 keyed by its ranks store's attributes (which name the embeddings' checkpoint hash,
-encoder options and manifest hashes), per-unit values and embedding stores' mtimes.
+encoder options and manifest hashes), per-unit values and embedding stores' mtimes, and
+the font subsets of the PDF figures (:func:`rankwise.report.figures._kept_font_subsets`).
 
 Every file is written atomically; a file that is not a cache entry (not JSON, another
 format, or keys that do not match :data:`PAIR_ENTRY` and the test's table, or the
