@@ -517,3 +517,32 @@ def test_other_matplotlib_internals_subset_as_usual(metrics, tmp_path, monkeypat
     monkeypatch.setattr(internals, "get_glyphs_subset", older)
     assert _pdfs(doc, tmp_path / "older", PairCache(tmp_path / "cache")) == plain
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_blas_on_one_thread_only_while_the_figure_process_draws(metrics, tmp_path, workers):
+    """Beside the figure process the paired tests' products run on one BLAS thread (two
+    threads on the second process's core took twice as long), and the limit is lifted
+    when the report is written; with one process BLAS keeps its threads."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from rankwise.report import document
+
+    def blas_threads() -> set[int]:
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+    seen = []
+    compare = document.compare_encoders
+
+    def spied(*args, **kwargs):
+        seen.append(blas_threads())
+        return compare(*args, **kwargs)
+
+    with threadpool_limits(2, user_api="blas"):
+        if blas_threads() != {2}:
+            pytest.skip("no BLAS with two threads here")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(document, "compare_encoders", spied)
+            _write(metrics, tmp_path, workers)
+        assert seen == ([{1}] if workers == 2 else [{2}])
+        assert blas_threads() == {2}

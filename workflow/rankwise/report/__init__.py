@@ -170,6 +170,7 @@ class _Figures:
         self.fonts = fonts  # the PDF font subsets' cache (figures._vector)
         self.plan: list = []
         self.background: DrawInBackground | None = None
+        self._blas: Any = None  # BLAS's thread limit while the second process draws
 
     @property
     def entries(self) -> list[dict[str, Any]]:
@@ -181,7 +182,13 @@ class _Figures:
             return
         self.plan = plan_figures(doc, self.folder, self.formats)
         if self.workers >= 2 and len(self.plan) >= 2:
+            from threadpoolctl import threadpool_limits
+
             self.background = DrawInBackground(self.plan, self.files, self.fonts)
+            # the paired tests' products on one thread meanwhile: the second process has
+            # the other core (two BLAS threads beside it took 2.3x as long on 2 cores);
+            # BLAS splits a product's rows and columns, never a sum: the same numbers
+            self._blas = threadpool_limits(1)
 
     def finish(self) -> None:
         if self.background is None:
@@ -189,10 +196,17 @@ class _Figures:
             return
         self.background.draw_rest()
         self.background.wait()
+        self._unlimit()
 
     def stop(self) -> None:
         if self.background is not None:
             self.background.stop()
+        self._unlimit()
+
+    def _unlimit(self) -> None:
+        if self._blas is not None:
+            self._blas.restore_original_limits()
+            self._blas = None
 
 
 def _render(doc, json_path, md_path, html_path, csv_path, tex_path) -> list[tuple[Any, str]]:
