@@ -227,3 +227,57 @@ def test_top_items_and_worst_queries_do_not_follow_row_order(tmp_path):
     assert [x[0] for x in plain] == ["q1", "q10", "q2", "q30"]
     # q1 (label c) meets its two identical gallery vectors at distance 0: by id
     assert plain[0][2][:2] == [("g11", True), ("g5", True)]
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_top_items_take_the_process_kernels_and_are_the_same_with_numbas(distance, monkeypatch):
+    """The canonical keys come from the process's kernel set (the C kernels where they
+    build, so a report does not import numba): the same lists, keys bit for bit, as
+    with numba's kernels."""
+    from rankwise import kernels, native
+
+    if not isinstance(native.engine_kernels(), native.NativeKernels):
+        pytest.skip(f"no C kernels here: {native.why_not_native()}")
+    rng = np.random.default_rng(9)
+    query, gallery, qe, ge = _toy(n_q=8, n_g=60, dim=5, seed=4)
+    ge[1::5] = ge[::5][: len(ge[1::5])]  # exact ties
+    rows = list(range(len(query)))
+    args = dict(protocol="recall", distance=distance, k=12, chunk=int(rng.integers(5, 20)))
+    native_tops = top_items(query, gallery, qe, ge, rows, **args)
+    monkeypatch.setattr(native, "_CHOSEN", kernels)
+    numba_tops = top_items(query, gallery, qe, ge, rows, **args)
+    for a, b in zip(native_tops, numba_tops, strict=True):
+        np.testing.assert_array_equal(a["gallery_index"], b["gallery_index"])
+        assert a["distance_key"].tobytes() == b["distance_key"].tobytes()
+
+
+def test_the_worst_queries_nearest_items_do_not_import_numba(tmp_path):
+    """Where the C kernels build, listing the worst queries' nearest items no longer
+    imports numba and loads its compiled kernels (~0.45 s of the report job)."""
+    import subprocess
+    import sys
+
+    from rankwise import native
+
+    if not isinstance(native.engine_kernels(), native.NativeKernels):
+        pytest.skip(f"no C kernels here: {native.why_not_native()}")
+    query, gallery, qe, ge = _toy(n_q=6, n_g=30, dim=4, seed=1)
+    for name, table in (("q.csv", query), ("g.csv", gallery)):
+        table.to_csv(tmp_path / name, index=False)
+    np.save(tmp_path / "qe.npy", qe)
+    np.save(tmp_path / "ge.npy", ge)
+    code = (
+        "import sys, numpy as np, pandas as pd\n"
+        "from rankwise.report.worst import worst_queries_of\n"
+        "from rankwise.neighbours import top_items\n"
+        "q, g = pd.read_csv('q.csv', dtype=str), pd.read_csv('g.csv', dtype=str)\n"
+        "tops = top_items(q, g, np.load('qe.npy'), np.load('ge.npy'), range(len(q)),\n"
+        "                 protocol='recall', k=3)\n"
+        "assert len(tops) == len(q)\n"
+        "print('numba' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -7,6 +7,10 @@ comes first, then the smaller gallery id), never the ``Q x G`` matrix.
 tiles with canonical keys only where the error bound leaves the order open (the rank
 stage stores it for query-expanded embeddings, which the report could not reproduce
 from the stored ones).
+
+Canonical keys come from the process's kernel set (:func:`rankwise.native.engine_kernels`:
+the C kernels, or numba's where none build; the same bits either way): a report that
+lists worst queries does not import numba (~0.45 s with loading its compiled kernels).
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from . import kernels
 from .errors import RankwiseError
 from .inputs import Inputs, open_inputs
+from .native import engine_kernels
 from .options import GALLERY_CHUNK
 from .ranking import check_distance, prepare_chunk
+from .rounding import error_bound_factor
 
 
 def top_items(
@@ -128,7 +133,7 @@ def nearest_items(
         for n, r in enumerate(at):
             valid, relevant = problem.valid_relevant(r, start, stop)
             idx = np.flatnonzero(valid)
-            keys = kernels.pair_keys(
+            keys = engine_kernels().pair_keys(
                 qrows, grows, np.full(len(idx), n, np.int64), idx.astype(np.int64), cosine
             )
             best[n] += zip(keys, relevant[idx], gallery_ids[idx + start], idx + start, strict=True)
@@ -169,7 +174,7 @@ def tiled_top_items(
     n, n_g = len(rows), gallery.shape[0]
     # at most TOP_TILE_VALUES pairs a tile: its float64 keys, bounds and masks stay ~80 MB
     block = max(1, min(block, TOP_TILE_VALUES // max(min(chunk, n_g), 1)))
-    bound = kernels.error_bound_factor(qrows.shape[1])
+    bound = error_bound_factor(qrows.shape[1])
     out = np.full((n, k), -1, dtype=np.int64)
     if n == 0 or n_g == 0:
         return out
@@ -198,7 +203,7 @@ def tiled_top_items(
     found: list[list[np.ndarray]] = [[] for _ in range(n)]
     for b0, r, grows, cols, approx, eps, valid, relevant in tiles():
         i, j = np.nonzero(valid & (approx - eps <= reach[b0 : b0 + len(r)][:, None]))
-        keys = kernels.pair_keys(qrows, grows, r[i], j, cosine)
+        keys = engine_kernels().pair_keys(qrows, grows, r[i], j, cosine)
         for t in np.unique(i):
             at = i == t
             found[b0 + t].append(np.stack([keys[at], relevant[t, j[at]], cols[j[at]]]))
