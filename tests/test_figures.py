@@ -522,7 +522,7 @@ def test_other_matplotlib_internals_subset_as_usual(metrics, tmp_path, monkeypat
 @pytest.mark.parametrize("workers", [1, 2])
 def test_blas_on_one_thread_only_while_the_figure_process_draws(metrics, tmp_path, workers):
     """Beside the figure process the paired tests' products run on one BLAS thread (two
-    threads on the second process's core took twice as long), and the limit is lifted
+    threads on the second process's core took 1.5-2.3x as long), and the limit is lifted
     when the report is written; with one process BLAS keeps its threads."""
     from threadpoolctl import threadpool_info, threadpool_limits
 

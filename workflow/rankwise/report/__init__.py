@@ -186,7 +186,7 @@ class _Figures:
 
             self.background = DrawInBackground(self.plan, self.files, self.fonts)
             # the paired tests' products on one thread meanwhile: the second process has
-            # the other core (two BLAS threads beside it took 2.3x as long on 2 cores);
+            # the other core (two BLAS threads beside it took 1.5-2.3x as long on 2 cores);
             # BLAS splits a product's rows and columns, never a sum: the same numbers
             self._blas = threadpool_limits(1)
 
