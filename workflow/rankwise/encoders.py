@@ -757,6 +757,18 @@ def _python(opts: dict[str, Any]) -> _Encoder:
     return _Encoder(opts, checkpoint, batches)
 
 
+def batch_axis_problem(shape: tuple[int, ...], batch: int) -> tuple[str, str] | None:
+    """Why a model's output of ``shape`` for ``batch`` images is not ``(batch, ...)``, and
+    the shape to export instead; None when it is. ``(D,)`` / ``(D, B)`` reshaped to
+    ``(B, -1)`` would mix the images' values; a 1-D output is refused even when its length
+    is the batch's: one value per image cannot be told from one embedding of D == B."""
+    if len(shape) >= 2 and shape[0] == batch:
+        return None
+    if len(shape) == 0 or shape[0] != batch:
+        return "its first axis is not the batch", "(batch, ...)"
+    return "a single axis, the batch's or the embedding's, not both", "(batch, dim)"
+
+
 def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
     from .onnx_files import external_data_files
 
@@ -865,19 +877,13 @@ def _onnx(opts: dict[str, Any], threads: int) -> _Encoder:
                 f"{model}: onnxruntime failed on a batch of shape {x.shape} "
                 f"({first_line(exc)}); check options.input_size and options.layout"
             ) from None
-        # (B,): one value per image cannot be told from an embedding (D,) when D == B:
-        # refused as the torch kinds refuse it (a store of D = 1 was written, exit 0)
-        if out.ndim < 2 or out.shape[0] != len(x):
-            first = out.ndim == 0 or out.shape[0] != len(x)
-            why = (
-                "its first axis is not the batch"
-                if first
-                else "a single axis, the batch's or the embedding's, not both"
-            )
+        # (B,) was written as a store of D = 1, exit 0 (batch_axis_problem)
+        problem = batch_axis_problem(out.shape, len(x))
+        if problem is not None:
+            why, wanted = problem
             raise RankwiseError(
                 f"{model}: output {output_name!r} has shape {out.shape} for a batch of "
-                f"{len(x)}: {why}; export the model with outputs of shape "
-                + ("(batch, ...)" if first else "(batch, dim)")
+                f"{len(x)}: {why}; export the model with outputs of shape {wanted}"
             )
         return out
 

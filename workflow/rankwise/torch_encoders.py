@@ -770,7 +770,7 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
     from PIL import Image
 
     from .devices import ieee_float32
-    from .encoders import _checkpoint, _Encoder, _image_batches
+    from .encoders import _checkpoint, _Encoder, _image_batches, batch_axis_problem
 
     # opts were checked against rankwise.encoders.OPTIONS[kind] by build_encoder
     flip, half = bool(opts["flip"]), bool(opts["half"])
@@ -855,14 +855,9 @@ def build(kind: str, opts: dict[str, Any], threads: int) -> _Encoder:
         # only when the sizes do not divide; checked on every batch (the last one has
         # another size, which tells (D, B) from (B, D) when B == D elsewhere).  A 1-D
         # output (D,) cannot be told from one value per image when D == B: refused too
-        if out.ndim < 2 or out.shape[0] != len(x):
-            first = out.ndim == 0 or out.shape[0] != len(x)
-            why = (
-                "its first axis is not the batch"
-                if first
-                else "a single axis, the batch's or the embedding's, not both"
-            )
-            wanted = "(batch, ...)" if first else "(batch, dim)"
+        problem = batch_axis_problem(tuple(out.shape), len(x))
+        if problem is not None:
+            why, wanted = problem
             fix = (
                 f"save the module with outputs of shape {wanted}"
                 if kind == "torchscript"
