@@ -315,15 +315,19 @@ def test_folder_names_a_broken_link_named_like_an_image(tmp_path: Path):
 LATIN1 = os.fsdecode(b"caf\xe9")  # "cafe" with an e-acute in Latin-1: not UTF-8
 
 
+def _one_folder_options(folder: Path, layout: str) -> dict[str, str]:
+    """The folder loader's options over one folder: as ``root``, or as both splits."""
+    if layout == "root":
+        return {"root": str(folder)}
+    return {"query_dir": str(folder), "gallery_dir": str(folder)}
+
+
 @pytest.mark.parametrize("layout", ["root", "split dirs"])
 def test_folder_names_a_label_folder_that_is_not_utf8(tmp_path: Path, layout: str):
     # a zip made on Windows unpacks "cafe" in Latin-1: a UnicodeEncodeError traceback (the
     # seeded split's label hash, or the CSV writer), where one line naming it belongs
     _folder(tmp_path / "all", {LATIN1: 2, "tea": 2})
-    if layout == "root":
-        options = {"root": str(tmp_path / "all")}
-    else:
-        options = {"query_dir": str(tmp_path / "all"), "gallery_dir": str(tmp_path / "all")}
+    options = _one_folder_options(tmp_path / "all", layout)
     with pytest.raises(
         RankwiseError,
         match=r"all/caf\\xe9/img00\.png: this path is not UTF-8 text \(byte 0xe9: named in "
@@ -338,10 +342,7 @@ def test_folder_refuses_label_folders_that_differ_only_by_spaces(tmp_path: Path,
     # a manifest's values are read without the spaces around them, so "cat " came back
     # as "cat": the two folders were silently one label
     _folder(tmp_path / "all", {"cat": 2, "cat ": 2, "dog": 2})
-    if layout == "root":
-        options = {"root": str(tmp_path / "all")}
-    else:
-        options = {"query_dir": str(tmp_path / "all"), "gallery_dir": str(tmp_path / "all")}
+    options = _one_folder_options(tmp_path / "all", layout)
     with pytest.raises(
         RankwiseError,
         match=r"all: label folders 'cat' and 'cat ' differ only by spaces around the name.*; "
