@@ -4,7 +4,7 @@
 #   snakemake --cores 4 --configfile my.yaml --replace-workflow-config
 #
 # Stages (rules/*.smk; prepare sits with encode), each one `rankwise` command you can run:
-#   prepare  -> results/manifests/{dataset}/{query,gallery}.csv
+#   prepare  -> results/manifests/{dataset}/{query,gallery}.csv (prepare_split: one split)
 #   encode   -> results/embeddings/{dataset}/{encoder}/{split}.zarr
 #   rank     -> results/ranks/{dataset}/{encoder}.zarr
 #   metrics  -> results/metrics/{dataset}/{encoder}.{json,txt}

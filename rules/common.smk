@@ -167,6 +167,27 @@ def dataset_fingerprint(wildcards):
     return dataset_fingerprints(wildcards.dataset)
 
 
+def split_fingerprint(wildcards):
+    """A param of `prepare_split`: the split's own data (the other split's reruns nothing)."""
+    return dataset_fingerprints(wildcards.dataset)[wildcards.split]
+
+
+def names_pattern(names):
+    """A wildcard constraint matching exactly `names` (none: nothing)."""
+    return "|".join(map(re.escape, names)) or "(?!)"
+
+
+# Datasets whose splits come from separate data (one CSV, folder or list file each) are
+# prepared one split per job, so new data in one split re-encodes that split alone; the
+# others (demos, seeded splits of one tree, tree loaders) in one job for both splits.
+SPLIT_DATASETS = [
+    name
+    for name, dataset in DATASETS.items()
+    if pipeline_config.splits_apart(dataset["loader"], dataset["options"])
+]
+JOINT_DATASETS = [name for name in DATASETS if name not in SPLIT_DATASETS]
+
+
 def dataset_value(key):
     """A param function giving datasets.{dataset}.{key}."""
     return lambda wildcards: DATASETS[wildcards.dataset][key]

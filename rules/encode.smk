@@ -2,6 +2,9 @@
 
 
 rule prepare:
+    # both splits in one job: their data are one (JOINT_DATASETS, rules/common.smk)
+    wildcard_constraints:
+        dataset=names_pattern(JOINT_DATASETS),
     output:
         query="results/manifests/{dataset}/query.csv",
         gallery="results/manifests/{dataset}/gallery.csv",
@@ -28,6 +31,35 @@ rule prepare:
         " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }};"
         " echo {params.fingerprint[query]} > {output.query_fingerprint:q};"
         " echo {params.fingerprint[gallery]} > {output.gallery_fingerprint:q}"
+
+
+rule prepare_split:
+    # one split per job (SPLIT_DATASETS): new data in one split leave the other's
+    # manifest, fingerprint and so its embedding stores alone. The loader still reads
+    # and checks both splits.
+    wildcard_constraints:
+        dataset=names_pattern(SPLIT_DATASETS),
+    output:
+        manifest="results/manifests/{dataset}/{split}.csv",
+        fingerprint="results/manifests/{dataset}/{split}.fingerprint",
+    log:
+        "logs/manifests/{dataset}.{split}.log",
+    params:
+        loader=dataset_value("loader"),
+        options=dataset_options,
+        fingerprint=split_fingerprint,
+        out_dir=lambda wildcards, output: os.path.dirname(output.manifest),
+        **output_version("prepare"),
+    threads: 1
+    conda:
+        CONDA_ENV
+    resources:
+        mem_mb=2000,
+    shell:
+        "rankwise prepare --loader {params.loader} --options {params.options:q}"
+        " --out-dir {params.out_dir:q} --split {wildcards.split} > {log:q} 2>&1"
+        " || {{ s=$?; tail -n 1 {log:q} >&2; exit $s; }};"
+        " echo {params.fingerprint} > {output.fingerprint:q}"
 
 
 rule encode:

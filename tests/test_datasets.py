@@ -626,6 +626,61 @@ def test_cli_prepare(market: Path, tmp_path: Path):
     assert (out / "query.csv").is_file() and (out / "gallery.csv").is_file()
 
 
+@pytest.mark.parametrize("split", ["query", "gallery"])
+def test_cli_prepare_one_split_writes_that_manifest_alone(market: Path, tmp_path: Path, split):
+    """The pipeline's per-split job: the same bytes as a two-split run's file, and the
+    other split's manifest neither written nor touched."""
+    from rankwise.cli import main
+
+    both = tmp_path / "both"
+    prepare_dataset("market1501", {"root": str(market)}, both)
+    out = tmp_path / "one"
+    args = ["prepare", "--loader", "market1501", "--options", json.dumps({"root": str(market)})]
+    result = CliRunner().invoke(main, [*args, "--out-dir", str(out), "--split", split])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == (
+        f"prepared market1501: 2 query rows, 6 gallery rows, 5 labels -> {out} "
+        f"({split}.csv written)"
+    )
+    assert sorted(p.name for p in out.iterdir()) == [f"{split}.csv"]
+    # the paths are relative to the folder: the same folder depth, the same bytes
+    assert (out / f"{split}.csv").read_bytes() == (both / f"{split}.csv").read_bytes()
+
+
+def test_prepare_one_split_still_checks_the_other(market: Path, tmp_path: Path):
+    # a bad gallery file name fails the query's job too: no split is written from a
+    # dataset that does not load
+    _image(market / "bounding_box_test" / "not-market.jpg")
+    with pytest.raises(RankwiseError, match=r"not-market\.jpg: file name does not follow"):
+        prepare_dataset("market1501", {"root": str(market)}, tmp_path / "o", ("query",))
+    assert not (tmp_path / "o" / "query.csv").exists()
+
+
+@pytest.mark.parametrize("splits", [(), ("train",)])
+def test_prepare_refuses_unknown_or_no_splits(market: Path, tmp_path: Path, splits):
+    with pytest.raises(RankwiseError, match=r"give one or both of query, gallery"):
+        prepare_dataset("market1501", {"root": str(market)}, tmp_path / "o", splits)
+
+
+@pytest.mark.parametrize(
+    "loader, options, apart",
+    [
+        ("manifest", {"query": "q.csv", "gallery": "g.csv"}, True),
+        ("market1501", {"root": "m"}, True),
+        ("msmt17", {"root": "m"}, True),
+        ("folder", {"query_dir": "q", "gallery_dir": "g"}, True),
+        ("folder", {"root": "all"}, False),  # one tree, a seeded split
+        ("veri776", {"root": "v"}, False),
+        ("mot", {"root": "m"}, False),  # writes crops both splits share
+        ("demo-market", {}, False),  # generated images both splits share
+    ],
+)
+def test_splits_apart_where_each_split_has_its_own_data(loader, options, apart):
+    from rankwise.pipeline_config import splits_apart
+
+    assert splits_apart(loader, options) is apart
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -49,7 +49,8 @@ CONFIG = {
     "engine": {"threads": 1},
     "report": {"resamples": 0, "worst_queries": 0},
 }
-ONE_DATASET = {"prepare": 1, "encode": 2, "rank": 1, "metrics": 1, "report": 1, "all": 1}
+# new data in one split of a dataset whose splits are apart (a folder, a CSV each)
+ONE_SPLIT = {"prepare_split": 1, "encode": 1, "rank": 1, "metrics": 1, "report": 1, "all": 1}
 
 
 def write_image(path: Path, value: int) -> None:
@@ -121,7 +122,8 @@ def test_untouched_data_reruns_nothing(workdir):
 # the jobs of CONFIG's 3 datasets x 1 encoder from a stage down
 FROM_REPORT = {"report": 1, "all": 1}
 FROM_RANK = {"rank": 3, "metrics": 3, **FROM_REPORT}
-FROM_PREPARE = {"prepare": 3, "encode": 6, **FROM_RANK}
+# prepare: the demo (both splits, one job); prepare_split: mk's and own's, a job per split
+FROM_PREPARE = {"prepare": 1, "prepare_split": 4, "encode": 6, **FROM_RANK}
 
 
 @pytest.mark.parametrize(
@@ -129,7 +131,7 @@ FROM_PREPARE = {"prepare": 3, "encode": 6, **FROM_RANK}
     [
         (None, {}),
         ("prepare", FROM_PREPARE),
-        ("encode", {k: v for k, v in FROM_PREPARE.items() if k != "prepare"}),
+        ("encode", {k: v for k, v in FROM_PREPARE.items() if not k.startswith("prepare")}),
         ("rank", FROM_RANK),
         ("metrics", {"metrics": 3, **FROM_REPORT}),
         ("report", FROM_REPORT),
@@ -193,23 +195,24 @@ def test_a_protocol_option_set_to_another_options_value_reruns_rank(tmp_path):
     assert planned_jobs(proc.stdout + proc.stderr) == {"rank": 1, "metrics": 1, **FROM_REPORT}
 
 
-def test_a_new_image_in_a_market_tree_reruns_that_dataset_only(workdir):
-    image = workdir / "data/market/bounding_box_test/0002_c1s1_000099_00.png"
+@pytest.mark.parametrize("folder", ["query", "bounding_box_test"])
+def test_a_new_image_in_a_market_tree_reruns_that_split_only(workdir, folder):
+    image = workdir / f"data/market/{folder}/0002_c1s1_000099_00.png"
     write_image(image, 7)
     try:
-        assert planned(workdir) == ONE_DATASET
+        assert planned(workdir) == ONE_SPLIT
     finally:
         image.unlink()
     # the tree as it was recorded: nothing again
     assert planned(workdir) == {}
 
 
-def test_an_edited_manifest_csv_reruns_that_dataset_only(workdir):
+def test_an_edited_manifest_csv_reruns_that_split_only(workdir):
     gallery = workdir / "data/own/gallery.csv"
     original = gallery.read_text()
     gallery.write_text(original.replace("g5,c,", "g5,b,"))
     try:
-        assert planned(workdir) == ONE_DATASET
+        assert planned(workdir) == ONE_SPLIT
     finally:
         gallery.write_text(original)  # same bytes, new mtime: the content decides
     assert planned(workdir) == {}
@@ -227,12 +230,60 @@ def test_new_data_and_a_new_encoder_option_in_one_run_re_encode_both_splits(tmp_
     changed = copy.deepcopy(config)
     changed["encoders"]["pixels"]["options"]["size"] = [4, 8]  # the same dimension
     write_image(tmp_path / "data/market/query/0005_c1s1_000005_00.png", 5)
-    assert planned(tmp_path, changed) == {**ONE_DATASET, "encode": 2}
+    assert planned(tmp_path, changed) == {**ONE_SPLIT, "encode": 2}
     run_ok(tmp_path, changed)
     for split in ("query", "gallery"):
         meta = tmp_path / f"results/embeddings/mk/pixels/{split}.zarr/zarr.json"
         encoder = json.loads(meta.read_text())["attributes"]["encoder"]
         assert encoder["options"]["size"] == [4, 8], split
+
+
+def _store_files(store: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(f.relative_to(store)): (f.read_bytes(), f.stat().st_mtime_ns)
+        for f in sorted(store.rglob("*"))
+        if f.is_file()
+    }
+
+
+@pytest.mark.parametrize("split, folder", [("query", "query"), ("gallery", "bounding_box_test")])
+def test_new_data_in_one_split_leaves_the_other_splits_store_and_gives_fresh_numbers(
+    tmp_path, split, folder
+):
+    """Only the split whose data changed is prepared and encoded again: the other
+    split's manifest and store keep their bytes and mtimes (at Market scale a new query
+    image re-encoded ~19.7k gallery images per checkpoint), and the numbers equal a
+    run from scratch on the new data (--forceall), the ranks store byte for byte."""
+    config = {**CONFIG, "datasets": {"mk": CONFIG["datasets"]["mk"]}}
+    write_data(tmp_path)
+    run_ok(tmp_path, config)
+    other = "gallery" if split == "query" else "query"
+    kept = {
+        "store": tmp_path / f"results/embeddings/mk/pixels/{other}.zarr",
+        "manifest": tmp_path / f"results/manifests/mk/{other}.csv",
+    }
+    before = {
+        name: _store_files(path) if path.is_dir() else path.stat().st_mtime_ns
+        for name, path in kept.items()
+    }
+    # a fifth person: a query with a gallery match, or a gallery distractor with none
+    write_image(tmp_path / f"data/market/{folder}/0005_c4s1_000005_00.png", 55)
+    assert planned_jobs(run_ok(tmp_path, config)) == ONE_SPLIT
+    assert planned(tmp_path, config) == {}
+    after = {
+        name: _store_files(path) if path.is_dir() else path.stat().st_mtime_ns
+        for name, path in kept.items()
+    }
+    assert after == before
+    rows = (tmp_path / f"results/manifests/mk/{split}.csv").read_text().splitlines()
+    assert any(line.startswith("0005_c4s1_000005_00,") for line in rows)
+    metrics = tmp_path / "results/metrics/mk/pixels.json"
+    ranks = tmp_path / "results/ranks/mk/pixels.zarr"
+    incremental = (json.loads(metrics.read_text())["metrics"], _store_files(ranks))
+    run_ok(tmp_path, config, "--forceall")
+    scratch = (json.loads(metrics.read_text())["metrics"], _store_files(ranks))
+    assert incremental[0] == scratch[0]
+    assert {k: v[0] for k, v in incremental[1].items()} == {k: v[0] for k, v in scratch[1].items()}
 
 
 def test_options_a_protocol_ignores_rerun_nothing(workdir):
@@ -265,6 +316,24 @@ def test_the_fingerprint_follows_the_images_of_a_csv_with_a_byte_order_mark(tmp_
     before = dataset_fingerprints("manifest", options)["query"]
     Image.new("RGB", (3, 5)).save(tmp_path / "img/0.png")  # another size, same name
     assert dataset_fingerprints("manifest", options)["query"] != before
+
+
+def test_the_msmt17_fingerprint_follows_the_image_folder_auto_picks(tmp_path):
+    """`images: auto` reads test/ (V1) or mask_test_v2/ (V2), whichever exists, and the
+    manifests name it: the same files moved from one to the other (a rename keeps sizes
+    and mtimes) must change each split's digest, else its manifest kept the old paths."""
+    from rankwise.pipeline_config import dataset_fingerprints
+
+    for split, name in (
+        ("query", "0001_000_01_0303morning_0015_0.jpg"),
+        ("gallery", "0001_001_02_0303morning_0016_0.jpg"),
+    ):
+        write_image(tmp_path / "mask_test_v2/0001" / name, len(split))
+        (tmp_path / f"list_{split}.txt").write_text(f"0001/{name} 1\n")
+    before = dataset_fingerprints("msmt17", {"root": str(tmp_path)})
+    (tmp_path / "mask_test_v2").rename(tmp_path / "test")
+    after = dataset_fingerprints("msmt17", {"root": str(tmp_path)})
+    assert all(after[split] != before[split] for split in ("query", "gallery"))
 
 
 def test_a_demo_option_reruns_encode_even_after_a_run_stopped_after_prepare(tmp_path):
@@ -365,9 +434,12 @@ def test_a_failed_jobs_one_line_error_is_on_the_terminal(tmp_path):
     config = {**CONFIG, "datasets": {"mk": CONFIG["datasets"]["mk"]}}
     proc = snakemake(tmp_path, config)
     assert proc.returncode != 0
-    log = (tmp_path / "logs/manifests/mk.log").read_text().strip().splitlines()[-1]
-    assert "file name does not follow the Market-1501 convention" in log
-    assert log in proc.stderr  # the log's last line, verbatim, on the terminal
+    logs = sorted((tmp_path / "logs/manifests").glob("mk.*.log"))  # a job per split
+    assert logs
+    for path in logs:
+        log = path.read_text().strip().splitlines()[-1]
+        assert "file name does not follow the Market-1501 convention" in log
+        assert log in proc.stderr  # the log's last line, verbatim, on the terminal
     assert not (tmp_path / "results/manifests/mk/query.csv").exists()
 
 
@@ -597,9 +669,11 @@ def test_finished_jobs_are_named_by_their_wildcards(workdir):
 
     out = (workdir / "first-run.txt").read_text()
     finished = [line for line in out.splitlines() if line.startswith("Finished jobid:")]
-    assert len(finished) == 3 + 6 + 3 + 3 + 1 + 1  # prepare, encode, rank, metrics, report, all
+    # prepare (demo) + prepare_split (mk, own), encode, rank, metrics, report, all
+    assert len(finished) == 1 + 4 + 6 + 3 + 3 + 1 + 1
     for rule, name in [
-        ("prepare", "dataset=own"),
+        ("prepare", "dataset=demo"),
+        ("prepare_split", "dataset=own, split=query"),
         ("encode", "dataset=mk, encoder=pixels, split=gallery"),
         ("rank", "dataset=demo, encoder=pixels"),
     ]:

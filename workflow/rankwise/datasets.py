@@ -589,7 +589,10 @@ LOADERS["mot"] = Loader(_mot.load_mot, _mot.MOT_OPTIONS)
 
 
 def prepare_dataset(
-    loader: str, options: dict[str, Any] | None, out_dir: str | os.PathLike
+    loader: str,
+    options: dict[str, Any] | None,
+    out_dir: str | os.PathLike,
+    splits: Collection[str] = SPLITS,
 ) -> dict[str, Any]:
     """Write ``out_dir/query.csv`` and ``out_dir/gallery.csv`` for ``loader``.
 
@@ -598,6 +601,8 @@ def prepare_dataset(
     loader : a name in ``LOADERS``.
     options : the loader's options (see the module docstring); unknown keys are errors.
     out_dir : folder of the manifests (created). Demo images go to ``out_dir/images/``.
+    splits : the manifests to write (the pipeline writes a split whose data changed
+        alone). The loader reads and checks both splits either way.
 
     Returns
     -------
@@ -606,6 +611,9 @@ def prepare_dataset(
     """
     if loader not in LOADERS:
         raise RankwiseError(f"unknown loader {loader!r}; valid loaders: {', '.join(LOADERS)}")
+    unknown = [s for s in splits if s not in SPLITS]
+    if unknown or not splits:
+        raise RankwiseError(f"splits {list(splits)!r}: give one or both of {', '.join(SPLITS)}")
     spec = LOADERS[loader]
     opts = spec.options.check(options)
     out = Path(out_dir)
@@ -619,7 +627,8 @@ def prepare_dataset(
         tables = spec.function(opts, out)
     tables = {split: _ordered(tables[split]) for split in SPLITS}
     for split in SPLITS:
-        _write_csv_atomic(tables[split], out / f"{split}.csv")
+        if split in splits:
+            _write_csv_atomic(tables[split], out / f"{split}.csv")
     labels = set(tables["query"]["label"].astype(str)) | set(tables["gallery"]["label"].astype(str))
     return {
         "loader": loader,

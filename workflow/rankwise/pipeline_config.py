@@ -1197,11 +1197,30 @@ def _msmt17_images(root: Path, images: str, split: str) -> list[str]:
         folder = root / images
     if folder is None or not listing.is_file():
         return lines
+    # `images: auto` picks test/ or mask_test_v2/, whichever exists: the manifest's paths
+    # name it, so its choice counts (copies of the same files keep sizes and mtimes)
+    lines.append(f"images {folder.name}")
     for text in listing.read_text(errors="replace").splitlines():
         fields = text.split()
         if fields:
             lines.append(_stat_line(fields[0], folder / fields[0]))
     return lines
+
+
+def splits_apart(loader: str, options: dict) -> bool:
+    """Whether each split's manifest depends on the loader's options and that split's
+    own data alone, the data :func:`dataset_fingerprints` digests for it: then the
+    pipeline prepares (and so encodes) a split whose data changed without the other.
+
+    True for ``manifest`` (one CSV per split), ``market1501`` (one folder per split),
+    ``msmt17`` (one list file per split) and ``folder`` with ``query_dir`` and
+    ``gallery_dir``. False where one listing makes both splits (``folder`` with
+    ``root``: a seeded split of one tree; the tree loaders) or the loader writes files
+    both splits share (the demos' images, ``mot``'s crops).
+    """
+    if loader == "folder":
+        return not options.get("root")
+    return loader in ("manifest", "market1501", "msmt17")
 
 
 def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:

@@ -41,13 +41,21 @@ from .shared import parse_json_options
     type=shared.OutputPath(file_okay=False, path_type=Path),
     help="Folder for query.csv, gallery.csv (and images/ for demos).",
 )
-def prepare(loader: str, options_text: str, out_dir: Path) -> None:
+@click.option(
+    "--split",
+    type=click.Choice(["both", "query", "gallery"]),
+    default="both",
+    show_default=True,
+    help="The manifest(s) to write; the loader reads and checks both splits either way.",
+)
+def prepare(loader: str, options_text: str, out_dir: Path, split: str) -> None:
     """Write normalised query and gallery manifests for a dataset."""
-    from ..datasets import prepare_dataset
+    from ..datasets import SPLITS, prepare_dataset
 
     created = not out_dir.exists()
+    splits = SPLITS if split == "both" else (split,)
     try:
-        summary = prepare_dataset(loader, parse_json_options(options_text), out_dir)
+        summary = prepare_dataset(loader, parse_json_options(options_text), out_dir, splits)
     except BaseException:
         if created and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()  # a failed run leaves nothing behind
@@ -55,6 +63,7 @@ def prepare(loader: str, options_text: str, out_dir: Path) -> None:
     click.echo(
         f"prepared {loader}: {summary['query']} query rows, {summary['gallery']} "
         f"gallery rows, {summary['labels']} labels -> {out_dir}"
+        + ("" if split == "both" else f" ({split}.csv written)")
     )
 
 
