@@ -352,6 +352,22 @@ def test_folder_refuses_label_folders_that_differ_only_by_spaces(tmp_path: Path,
     assert not (tmp_path / "out" / "query.csv").exists()
 
 
+def test_folder_label_with_a_leading_space_beside_its_manifests(tmp_path: Path):
+    # manifests written into the image folder itself: the path ' dog/i0.png' was read
+    # back as 'dog/i0.png' (a manifest's values lose the spaces around them), and the
+    # encode failed on a missing file; the label reads as 'dog', like any manifest's
+    from rankwise.manifest import read_manifest
+
+    _folder(tmp_path / "all", {" dog": 2, "cat": 2})
+    prepare_dataset("folder", {"root": str(tmp_path / "all")}, tmp_path / "all")
+    for split in ("query", "gallery"):
+        frame = read_manifest(tmp_path / "all" / f"{split}.csv").to_frame()
+        assert set(frame["label"]) == {"dog", "cat"}
+        for path in frame["path"]:
+            assert (tmp_path / "all" / path).is_file(), path
+        assert "./ dog/" in (tmp_path / "all" / f"{split}.csv").read_text()
+
+
 def test_cli_prepare_names_label_folders_that_differ_only_by_spaces(tmp_path: Path):
     from rankwise.cli import main
 

@@ -127,6 +127,8 @@ def relative_path(target: str | os.PathLike, base: str | os.PathLike) -> str:
     except ValueError:  # another drive on Windows
         rel = Path(real_target).as_posix()
     check_utf8_name(rel, target)
+    if rel[:1] in (" ", "\t"):  # a manifest's values are read without the spaces around
+        rel = "./" + rel  # them: ' dog/1.png' came back as 'dog/1.png', a missing file
     return rel
 
 
