@@ -8,6 +8,10 @@ import pytest
 import rankwise
 from rankwise.errors import RankwiseError
 
+# GALLERY has a camera column under the default protocol: the hint it gives is tested
+# below (pytest.warns and simplefilter("error") still see it), elsewhere it is noise
+pytestmark = pytest.mark.filterwarnings("ignore::rankwise.ProtocolHint")
+
 QUERY_EMB = np.eye(3, dtype=np.float32)
 GALLERY = pd.DataFrame({"id": ["g0", "g1", "g2"], "label": ["a", "b", "c"], "camera": [1, 2, 3]})
 
