@@ -13,6 +13,7 @@ import re
 import tomllib
 
 import click
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -334,6 +335,24 @@ def test_option_sets_record_numpy_scalars_as_pythons(spec, given, plain):
     assert got == expected
     assert repr(got) == repr(expected)  # np.int64(5) == 5, but its repr is not 5's
     assert json.loads(json.dumps(got)) == json.loads(json.dumps(expected))
+
+
+@pytest.mark.parametrize(
+    "option, given, plain",
+    [
+        (options.CONFIDENCE, np.float32(0.5), 0.5),
+        (options.CONFIDENCE, np.float64(0.25), 0.25),
+        (options.VERIFICATION_FPRS, [np.float32(1e-3), np.float64(0.5)],
+         (float(np.float32(1e-3)), 0.5)),
+        (options.VERIFICATION_FPRS, (np.float32(0.25),), (0.25,)),
+    ],
+)  # fmt: skip
+def test_a_single_option_gives_numpy_numbers_as_pythons(option, given, plain):
+    """Option.check (the API's keywords) returned np.float32 as given, and inside
+    a tuple of numbers: not JSON, and recorded unlike the same Python number."""
+    got = option.check(given)
+    assert got == plain and repr(got) == repr(plain)
+    assert json.dumps(got) == json.dumps(plain)
 
 
 # ---------------------------------------------------------------- the command line

@@ -247,7 +247,7 @@ class Option:
 
     def check(self, value: Any, label: str | None = None) -> Any:
         """``value`` checked and normalised (tuple for sequences, int for integers, bool
-        for booleans: numpy's integer and boolean scalars come back as Python's).
+        for booleans, float for numbers: numpy's scalars come back as Python's).
 
         ``label`` names the option in the message (default: its name); the CLI passes
         the flag, an option set ``<owner>: option <name>``.
@@ -269,7 +269,7 @@ class Option:
         if kind == "number":
             if not _is_number(value) or not self._in_bounds(float(value)):
                 raise bad(self._bounds())
-            return value
+            return _plain(value)  # np.float32(0.5) is not JSON; an int stays an int
         if kind == "string":
             if not isinstance(value, str):
                 raise bad("a string")
@@ -305,7 +305,7 @@ class Option:
                 each = self.rule or ("" if self.above is None else f"each > {_fmt(self.above)}")
                 count = f"{self.length} " if self.length else ""
                 raise bad(f"a list of {count}numbers" + (f" ({each})" if each else ""))
-            return tuple(value)
+            return tuple(_plain(v) for v in value)
         if kind == "object":
             if not isinstance(value, dict):
                 raise bad("an object")
