@@ -13,7 +13,7 @@ rule prepare:
         query_fingerprint="results/manifests/{dataset}/query.fingerprint",
         gallery_fingerprint="results/manifests/{dataset}/gallery.fingerprint",
     log:
-        "logs/manifests/{dataset}.log",
+        "logs/manifests/{dataset}/query+gallery.log",
     params:
         loader=dataset_value("loader"),
         options=dataset_options,
@@ -43,7 +43,8 @@ rule prepare_split:
         manifest="results/manifests/{dataset}/{split}.csv",
         fingerprint="results/manifests/{dataset}/{split}.fingerprint",
     log:
-        "logs/manifests/{dataset}.{split}.log",
+        # a folder per dataset: `{dataset}.{split}.log` was also dataset `x.query`'s log
+        "logs/manifests/{dataset}/{split}.log",
     params:
         loader=dataset_value("loader"),
         options=dataset_options,

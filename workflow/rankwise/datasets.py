@@ -412,15 +412,26 @@ def _refuse_labels_equal_when_stripped(folder: Path, labels: list[str]) -> None:
             )
 
 
-def _load_folder(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
-    split_dirs = opts["query_dir"] is not None or opts["gallery_dir"] is not None
-    if split_dirs and opts["root"] is not None:
+def folder_layout(opts: dict[str, Any]) -> str:
+    """``"split dirs"`` (``query_dir`` and ``gallery_dir``) or ``"root"`` (one tree, a
+    seeded split): which the ``folder`` loader's options give (an empty value is none),
+    or the error saying what is wrong. The pipeline checks it before any job."""
+    given = {k for k in ("root", "query_dir", "gallery_dir") if opts.get(k) not in (None, "")}
+    if given == {"root"}:
+        return "root"
+    if given == {"query_dir", "gallery_dir"}:
+        return "split dirs"
+    if "root" in given:
         raise RankwiseError(
             "folder: give either {query_dir, gallery_dir} or {root, query_fraction, seed}, not both"
         )
-    if split_dirs:
-        if opts["query_dir"] is None or opts["gallery_dir"] is None:
-            raise RankwiseError("folder: options query_dir and gallery_dir go together; give both")
+    if given:
+        raise RankwiseError("folder: options query_dir and gallery_dir go together; give both")
+    raise RankwiseError("folder: missing option root (or query_dir and gallery_dir)")
+
+
+def _load_folder(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
+    if folder_layout(opts) == "split dirs":
         qdir = _existing_dir(opts["query_dir"], "query")
         gdir = _existing_dir(opts["gallery_dir"], "gallery")
         query, gallery = _labelled_images(qdir), _labelled_images(gdir)
@@ -428,8 +439,6 @@ def _load_folder(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
             query["id"] = "query/" + query["id"]
             gallery["id"] = "gallery/" + gallery["id"]
         return _relative_paths({"query": query, "gallery": gallery}, out)
-    if opts["root"] is None:
-        raise RankwiseError("folder: missing option root (or query_dir and gallery_dir)")
     table = _labelled_images(_existing_dir(opts["root"], "image"))
     is_query = seeded_split(table["label"].tolist(), opts["query_fraction"], opts["seed"])
     if not is_query.any():

@@ -961,6 +961,13 @@ def check_paths(datasets: dict, encoders: dict, sweeps: dict[str, list[str]] | N
     """Raise for the first file or folder named by the config that does not exist."""
     where = f"relative paths start from {os.getcwd()}"
     for name, dataset in datasets.items():
+        if dataset["loader"] == "folder":  # its fingerprint and jobs follow the layout
+            from .datasets import folder_layout
+
+            try:
+                folder_layout(dataset["options"])
+            except RankwiseError as error:
+                raise ConfigError(["datasets", name, "options"], str(error)) from None
         for key, want in DATASET_PATH_OPTIONS.get(dataset["loader"], {}).items():
             value = dataset["options"].get(key)
             if value and _missing(str(value), want):
@@ -1176,11 +1183,19 @@ def _file_lines(path: Path) -> list[str]:
     return [f"{path}\t{file_sha256(path)}" if path.is_file() else f"{path}\tmissing"]
 
 
+def _real_folder(folder: str | os.PathLike) -> str:
+    """The line naming the folder a split's manifest paths lead into, links resolved:
+    the manifests hold real paths (:func:`rankwise.datasets.relative_path`), so a link
+    pointed at a copy with the same names, sizes and mtimes must count."""
+    return f"folder\t{os.path.realpath(folder)}"
+
+
 def _manifest_images(csv_path: Path) -> list[str]:
-    """The manifest's bytes, and path/size/mtime of each image it names."""
+    """The manifest's bytes, its folder, and path/size/mtime of each image it names."""
     lines = _file_lines(csv_path)
     if not csv_path.is_file():
         return lines
+    lines.append(_real_folder(csv_path.parent))  # relative paths start there
     # not a CSV the csv module reads, or no path column: the CSV's own bytes are the
     # fingerprint; prepare says what is wrong
     for _, _, value in _manifest_paths(csv_path) or []:
@@ -1198,8 +1213,8 @@ def _msmt17_images(root: Path, images: str, split: str) -> list[str]:
     if folder is None or not listing.is_file():
         return lines
     # `images: auto` picks test/ or mask_test_v2/, whichever exists: the manifest's paths
-    # name it, so its choice counts (copies of the same files keep sizes and mtimes)
-    lines.append(f"images {folder.name}")
+    # name it, so its choice counts (a renamed folder keeps sizes and mtimes)
+    lines.append(_real_folder(folder))
     for text in listing.read_text(errors="replace").splitlines():
         fields = text.split()
         if fields:
@@ -1219,7 +1234,9 @@ def splits_apart(loader: str, options: dict) -> bool:
     both splits share (the demos' images, ``mot``'s crops).
     """
     if loader == "folder":
-        return not options.get("root")
+        from .datasets import folder_layout
+
+        return folder_layout(options) == "split dirs"
     return loader in ("manifest", "market1501", "msmt17")
 
 
@@ -1230,21 +1247,27 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
     ``manifest``: the CSV's bytes, and the relative path, size and mtime of every image
     its ``path`` column names. ``market1501``, ``folder``: the relative name, size and
     mtime of every image of the split's folder (``folder`` with ``root``: of the whole
-    tree, for both splits). ``msmt17``: the list file's bytes and the size and mtime of
-    each image it lists. ``veri776``, ``dukemtmc``, ``cuhk03-np``, ``identity-folders``,
-    ``mot``: the relative name, size and mtime of every file below ``root`` (list files,
-    ``gt.txt`` and ``seqinfo.ini`` included), for both splits. So editing a CSV, adding,
-    removing or rewriting an image
-    changes the digest; touching an image (same bytes, new mtime) does too, since images
-    are not hashed: hashing a whole dataset on every run would cost minutes.
+    tree, for both splits; with ``query_dir`` and ``gallery_dir``, also whether the two
+    are one folder). ``msmt17``: the list file's bytes and the size and mtime of each
+    image it lists. Where each split has its own data (:func:`splits_apart`), also the
+    real path (links resolved) of the folder the split's manifest paths lead into.
+    ``veri776``, ``dukemtmc``, ``cuhk03-np``, ``identity-folders``, ``mot``: the
+    relative name, size and mtime of every file below ``root`` (list files, ``gt.txt``
+    and ``seqinfo.ini`` included), for both splits. So editing a CSV, adding, removing
+    or rewriting an image changes the digest; touching an image (same bytes, new mtime)
+    does too, since images are not hashed: hashing a whole dataset on every run would
+    cost minutes.
     """
     if loader == "manifest":
         parts = {s: _manifest_images(Path(os.path.expanduser(options[s]))) for s in SPLITS}
     elif loader == "market1501":
         root = Path(os.path.expanduser(options["root"]))
-        parts = {
-            s: _images_below(root / options.get(f"{s}_folder", default), recursive=False)
+        folders = {
+            s: root / options.get(f"{s}_folder", default)
             for s, default in zip(SPLITS, ("query", "bounding_box_test"), strict=True)
+        }
+        parts = {
+            s: [_real_folder(f), *_images_below(f, recursive=False)] for s, f in folders.items()
         }
     elif loader == "msmt17":
         root = Path(os.path.expanduser(options["root"]))
@@ -1254,9 +1277,13 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             tree = _images_below(Path(os.path.expanduser(options["root"])), recursive=True)
             parts = {s: tree for s in SPLITS}
         else:
+            dirs = {s: Path(os.path.expanduser(options[f"{s}_dir"])) for s in SPLITS}
+            # ids are prefixed query/ and gallery/ unless both are one folder, links
+            # resolved: each split's manifest depends on both folders' real paths
+            same = os.path.realpath(dirs["query"]) == os.path.realpath(dirs["gallery"])
             parts = {
-                s: _images_below(Path(os.path.expanduser(options[f"{s}_dir"])), recursive=True)
-                for s in SPLITS
+                s: [_real_folder(d), f"one folder\t{same}", *_images_below(d, recursive=True)]
+                for s, d in dirs.items()
             }
     elif loader in TREE_LOADERS:
         tree = _files_below(Path(os.path.expanduser(options["root"])))
