@@ -672,6 +672,22 @@ def test_prepare_one_split_still_checks_the_other(market: Path, tmp_path: Path):
     assert not (tmp_path / "o" / "query.csv").exists()
 
 
+@pytest.mark.parametrize("loader", ["demo-market", "mot"])
+def test_one_split_is_refused_where_both_manifests_name_the_files_written(tmp_path, loader):
+    # demo images and mot crops are rewritten for the new options: the other split's
+    # manifest, left as it was, named files that no longer existed (found by review)
+    from rankwise.cli import main
+
+    args = ["prepare", "--loader", loader, "--out-dir", str(tmp_path / "o"), "--split", "query"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        f"error: {loader}: writes both manifests at once (both name the files it writes, "
+        "images or crops); give both splits (rankwise prepare: leave out --split)"
+    ]
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("splits", [(), ("train",)])
 def test_prepare_refuses_unknown_or_no_splits(market: Path, tmp_path: Path, splits):
     with pytest.raises(RankwiseError, match=r"give one or both of query, gallery"):

@@ -335,6 +335,89 @@ def test_a_link_pointed_at_a_copy_changes_the_fingerprint(tmp_path):
     assert all(after[split] != before[split] for split in ("query", "gallery"))
 
 
+def _repoint(link: Path, target: str) -> None:
+    link.unlink()
+    link.symlink_to(target)
+
+
+@pytest.mark.parametrize("case", ["label folder", "image file", "manifest's image folder"])
+def test_a_link_below_a_splits_folder_pointed_at_a_copy_changes_its_fingerprint(tmp_path, case):
+    """Manifests hold each image's real path: a link anywhere on the way (a label folder,
+    an image, a CSV's image folder) pointed at a copy with the same names, sizes and
+    mtimes gave other manifests under the same fingerprint (found by review: the old
+    copy deleted, the next encoder's job failed on files that were all in place)."""
+    import shutil
+
+    from rankwise.pipeline_config import dataset_fingerprints
+
+    write_data(tmp_path)
+    if case == "label folder":  # folder with query_dir/gallery_dir, label folders linked
+        for label in "ab":
+            write_image(tmp_path / f"v1/{label}/0.png", ord(label))
+            write_image(tmp_path / f"gal/{label}/0.png", ord(label) + 1)
+        shutil.copytree(tmp_path / "v1", tmp_path / "v2")
+        for label in "ab":
+            (tmp_path / "q").mkdir(exist_ok=True)
+            (tmp_path / f"q/{label}").symlink_to(tmp_path / f"v1/{label}")
+        loader, options = (
+            "folder",
+            {"query_dir": str(tmp_path / "q"), "gallery_dir": str(tmp_path / "gal")},
+        )
+        links = {tmp_path / f"q/{label}": str(tmp_path / f"v2/{label}") for label in "ab"}
+    elif case == "image file":  # a Market-1501 query image that is a link
+        image = tmp_path / "data/market/query/0001_c1s1_000001_00.png"
+        shutil.copy2(image, tmp_path / "store-v1.png")
+        shutil.copy2(image, tmp_path / "store-v2.png")
+        image.unlink()
+        image.symlink_to(tmp_path / "store-v1.png")
+        loader, options = "market1501", {"root": str(tmp_path / "data/market")}
+        links = {image: str(tmp_path / "store-v2.png")}
+    else:  # a manifest CSV whose img/ folder is a link
+        own = tmp_path / "data/own"
+        own.joinpath("img").rename(own / "img-v1")
+        shutil.copytree(own / "img-v1", own / "img-v2")
+        (own / "img").symlink_to("img-v1")
+        loader = "manifest"
+        options = {"query": str(own / "query.csv"), "gallery": str(own / "gallery.csv")}
+        links = {own / "img": "img-v2"}
+    before = dataset_fingerprints(loader, options)
+    for link, target in links.items():
+        _repoint(link, target)
+    after = dataset_fingerprints(loader, options)
+    split = "gallery" if case == "manifest's image folder" else "query"
+    assert after[split] != before[split]
+    if case != "manifest's image folder":  # the gallery's folder has no link
+        assert after["gallery"] == before["gallery"]
+
+
+def test_the_msmt17_fingerprint_reads_a_list_with_a_byte_order_mark(tmp_path):
+    """The loader reads list files as utf-8-sig; the fingerprint kept the mark, so the
+    first line's image was "\ufeff0000/..." (always missing) and rewriting it reran
+    nothing: the old mAP, exit 0 (found by review)."""
+    from rankwise.pipeline_config import dataset_fingerprints
+
+    name = "0000_000_01_0303morning_0015_0.jpg"
+    write_image(tmp_path / "test/0000" / name, 1)
+    (tmp_path / "list_query.txt").write_text(f"\ufeff0000/{name} 0\n", encoding="utf-8")
+    (tmp_path / "list_gallery.txt").write_text(f"0000/{name} 0\n")
+    before = dataset_fingerprints("msmt17", {"root": str(tmp_path)})
+    write_image(tmp_path / "test/0000" / name, 2)  # other pixels, other size or mtime
+    after = dataset_fingerprints("msmt17", {"root": str(tmp_path)})
+    assert after["query"] != before["query"] and after["gallery"] != before["gallery"]
+
+
+def test_a_manifest_path_under_a_folder_named_tilde_counts_as_prepare_reads_it(tmp_path):
+    # prepare reads `~/0.png` below the CSV's folder, not the home folder
+    from rankwise.pipeline_config import dataset_fingerprints
+
+    write_image(tmp_path / "~/0.png", 1)
+    (tmp_path / "q.csv").write_text("id,label,path\nq0,a,~/0.png\n")
+    options = {"query": str(tmp_path / "q.csv"), "gallery": str(tmp_path / "q.csv")}
+    before = dataset_fingerprints("manifest", options)
+    write_image(tmp_path / "~/0.png", 2)
+    assert dataset_fingerprints("manifest", options)["query"] != before["query"]
+
+
 def test_a_query_dir_link_pointed_at_the_gallery_dir_reruns_both_splits(tmp_path):
     """`folder` prefixes ids with query/ and gallery/ unless the two folders are one
     (links resolved): pointing the query link at the gallery folder changed the

@@ -481,6 +481,9 @@ class Loader:
     function: Callable[..., dict[str, pd.DataFrame]]
     options: OptionSet
     generates_images: bool = False
+    #: writes files both splits' manifests name (demo images, mot's crops): one split's
+    #: manifest alone would be left naming files rewritten for other options
+    writes_shared_files: bool = False
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -586,7 +589,7 @@ LOADERS: dict[str, Loader] = {
     ),
 }
 for _name, _options in DEMO_OPTIONS.items():
-    LOADERS[_name] = Loader(_demo(_name), _options, generates_images=True)
+    LOADERS[_name] = Loader(_demo(_name), _options, generates_images=True, writes_shared_files=True)
 
 # Imported last: these modules import the helpers above inside their functions.
 from . import datasets_reid as _reid  # noqa: E402
@@ -596,7 +599,7 @@ LOADERS["veri776"] = Loader(_reid.load_veri776, _reid.VERI776_OPTIONS)
 LOADERS["dukemtmc"] = Loader(_reid.load_dukemtmc, _reid.DUKEMTMC_OPTIONS)
 LOADERS["cuhk03-np"] = Loader(_reid.load_cuhk03_np, _reid.CUHK03_NP_OPTIONS)
 LOADERS["identity-folders"] = Loader(_reid.load_identity_folders, _reid.IDENTITY_FOLDERS_OPTIONS)
-LOADERS["mot"] = Loader(_mot.load_mot, _mot.MOT_OPTIONS)
+LOADERS["mot"] = Loader(_mot.load_mot, _mot.MOT_OPTIONS, writes_shared_files=True)
 
 
 def prepare_dataset(
@@ -626,6 +629,11 @@ def prepare_dataset(
     if unknown or not splits:
         raise RankwiseError(f"splits {list(splits)!r}: give one or both of {', '.join(SPLITS)}")
     spec = LOADERS[loader]
+    if spec.writes_shared_files and set(splits) != set(SPLITS):
+        raise RankwiseError(
+            f"{loader}: writes both manifests at once (both name the files it writes, "
+            "images or crops); give both splits (rankwise prepare: leave out --split)"
+        )
     opts = spec.options.check(options)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

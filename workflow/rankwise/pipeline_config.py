@@ -28,6 +28,7 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from stat import S_ISLNK
 from typing import Any, NoReturn
 
 import yaml
@@ -1064,10 +1065,11 @@ def _manifest_paths(csv_path: Path) -> list[tuple[int, str, str]] | None:
             column = header.index("path")
             id_column = header.index("id") if "id" in header else None
             for row in reader:
-                raw = row[column].strip() if column < len(row) else ""
+                # spaces and tabs, as read_manifest strips values (a no-break space stays)
+                raw = row[column].strip(" \t") if column < len(row) else ""
                 if raw:
                     item = (
-                        row[id_column].strip()
+                        row[id_column].strip(" \t")
                         if id_column is not None and id_column < len(row)
                         else "?"
                     )
@@ -1125,12 +1127,28 @@ def _digest(lines: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def _stat_line(label: str, path: str | os.PathLike) -> str:
+def _stat_line(label: str, path: str | os.PathLike, real: dict[str, str] | None = None) -> str:
+    """``label``, size and mtime of ``path``; with ``real`` (a cache of folders' real
+    paths), also its real path (links resolved), which is what a manifest holds
+    (:func:`rankwise.datasets.relative_path`): a link in the path pointed at a copy with
+    the same names, sizes and mtimes gives other manifests. One realpath per folder,
+    not per file (20k realpath calls cost ~0.25 s per Snakemake start)."""
     try:
-        stat = os.stat(path)
+        if real is None:
+            stat = os.stat(path)
+            return f"{label}\t{stat.st_size}\t{stat.st_mtime_ns}"
+        path = os.fspath(path)
+        stat = os.lstat(path)
+        if S_ISLNK(stat.st_mode):
+            resolved, stat = os.path.realpath(path), os.stat(path)
+        else:
+            folder, name = os.path.split(path)
+            if folder not in real:
+                real[folder] = os.path.realpath(folder)
+            resolved = os.path.join(real[folder], name)
     except (OSError, ValueError):  # ValueError: a NUL in the name (prepare names the row)
         return f"{label}\tmissing"
-    return f"{label}\t{stat.st_size}\t{stat.st_mtime_ns}"
+    return f"{label}\t{resolved}\t{stat.st_size}\t{stat.st_mtime_ns}"
 
 
 def folder_digest(folder: str | os.PathLike) -> str:
@@ -1144,8 +1162,9 @@ def folder_digest(folder: str | os.PathLike) -> str:
     return "files:" + _digest(_stat_line(p.relative_to(root).as_posix(), p) for p in files)
 
 
-def _images_below(folder: Path, recursive: bool) -> list[str]:
-    """Lines ``relative name, size, mtime`` of the images below ``folder`` (sorted).
+def _images_below(folder: Path, recursive: bool, real: bool = False) -> list[str]:
+    """Lines ``relative name, size, mtime`` of the images below ``folder`` (sorted); with
+    ``real``, also each one's real path (:func:`_stat_line`).
 
     Recursive: the files the loaders see (:func:`rankwise.datasets.walk_files`, which
     follows linked sub-folders).
@@ -1158,8 +1177,9 @@ def _images_below(folder: Path, recursive: bool) -> list[str]:
         paths = walk_files(folder)
     else:
         paths = [p for p in folder.iterdir() if not p.name.startswith(".") and not p.is_dir()]
+    folders: dict[str, str] | None = {} if real else None
     return sorted(
-        _stat_line(path.relative_to(folder).as_posix(), path)
+        _stat_line(path.relative_to(folder).as_posix(), path, folders)
         for path in paths
         if path.suffix.lower() in IMAGE_EXTENSIONS
     )
@@ -1197,9 +1217,10 @@ def _manifest_images(csv_path: Path) -> list[str]:
         return lines
     lines.append(_real_folder(csv_path.parent))  # relative paths start there
     # not a CSV the csv module reads, or no path column: the CSV's own bytes are the
-    # fingerprint; prepare says what is wrong
+    # fingerprint; prepare says what is wrong. `~` is a folder's name there, as for prepare
+    folders: dict[str, str] = {}
     for _, _, value in _manifest_paths(csv_path) or []:
-        lines.append(_stat_line(value, csv_path.parent / os.path.expanduser(value)))
+        lines.append(_stat_line(value, csv_path.parent / value, folders))
     return lines
 
 
@@ -1215,10 +1236,14 @@ def _msmt17_images(root: Path, images: str, split: str) -> list[str]:
     # `images: auto` picks test/ or mask_test_v2/, whichever exists: the manifest's paths
     # name it, so its choice counts (a renamed folder keeps sizes and mtimes)
     lines.append(_real_folder(folder))
-    for text in listing.read_text(errors="replace").splitlines():
-        fields = text.split()
+    folders: dict[str, str] = {}
+    # utf-8-sig, as the loader reads it: a byte-order mark kept made the first image's
+    # name "\ufeff0000/..." (always missing), so its changes reran nothing
+    text = listing.read_text(encoding="utf-8-sig", errors="replace")
+    for line in text.splitlines():
+        fields = line.split()
         if fields:
-            lines.append(_stat_line(fields[0], folder / fields[0]))
+            lines.append(_stat_line(fields[0], folder / fields[0], folders))
     return lines
 
 
@@ -1267,7 +1292,8 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             for s, default in zip(SPLITS, ("query", "bounding_box_test"), strict=True)
         }
         parts = {
-            s: [_real_folder(f), *_images_below(f, recursive=False)] for s, f in folders.items()
+            s: [_real_folder(f), *_images_below(f, recursive=False, real=True)]
+            for s, f in folders.items()
         }
     elif loader == "msmt17":
         root = Path(os.path.expanduser(options["root"]))
@@ -1282,7 +1308,11 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             # resolved: each split's manifest depends on both folders' real paths
             same = os.path.realpath(dirs["query"]) == os.path.realpath(dirs["gallery"])
             parts = {
-                s: [_real_folder(d), f"one folder\t{same}", *_images_below(d, recursive=True)]
+                s: [
+                    _real_folder(d),
+                    f"one folder\t{same}",
+                    *_images_below(d, recursive=True, real=True),
+                ]
                 for s, d in dirs.items()
             }
     elif loader in TREE_LOADERS:
