@@ -490,6 +490,31 @@ def test_kept_font_subsets_are_keyed_by_versions_and_font_file(
     assert _pdfs(doc, tmp_path / "damaged", cache) == plain and subsetting
 
 
+@pytest.mark.parametrize("damage", ["font not base64", "glyph map of other glyphs"])
+def test_a_damaged_font_subset_under_its_own_key_is_cut_again(
+    metrics, tmp_path, subsetting, damage
+):
+    """An entry with its key but bytes that are not base64, or a glyph map lacking the
+    glyphs asked for, was a traceback (binascii.Error, KeyError) from the report."""
+    import json
+
+    from rankwise.report.pairs import PairCache
+
+    doc = build_report(metrics[:3], resamples=0, worst_queries=0)
+    plain = _pdfs(doc, tmp_path / "plain")
+    _pdfs(doc, tmp_path / "kept", PairCache(tmp_path / "cache"))
+    for path in (tmp_path / "cache").iterdir():
+        entry = json.loads(path.read_text())
+        if damage == "font not base64":
+            entry["value"]["font"] = "not base64!"
+        else:
+            entry["value"]["glyph_index_map"] = [[100000, 1]]
+        path.write_text(json.dumps(entry))
+    subsetting.clear()
+    assert _pdfs(doc, tmp_path / "damaged", PairCache(tmp_path / "cache")) == plain
+    assert subsetting  # cut again
+
+
 def test_file_digest_follows_the_file(tmp_path):
     from rankwise.report.figures import _file_sha256
 

@@ -348,6 +348,44 @@ def test_worst_queries_recomputed_when_an_embedding_store_is_written_again(summa
     assert _numbers(again) == _numbers(doc)
 
 
+def test_worst_queries_recomputed_when_a_manifest_changes(summarised, tmp_path):
+    """The ids, labels and images shown come from the manifests: the key lacked them, so
+    an edited manifest kept its old ids from the cache (exit 0) where a cold report
+    refused the stores encoded from the old one (found by review)."""
+    import os
+
+    cache_dir = tmp_path / "cache"
+    doc = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
+    before = set(cache_dir.iterdir())
+    shown = [e for e in doc["results"] if e["worst_queries"]]
+    manifest = shown[0]["provenance"]["raw"]["query_manifest"]
+    stamp = os.stat(manifest).st_mtime_ns + 10**9
+    os.utime(manifest, ns=(stamp, stamp))
+    again = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
+    assert len(set(cache_dir.iterdir()) - before) == 1
+    assert _numbers(again) == _numbers(doc)
+
+
+def test_pair_cache_entries_swapped_are_computed_again(results, summarised, tmp_path):  # noqa: F811
+    """Each entry holds its own key: two files swapped (copied or renamed over each
+    other) gave each other's p-values and intervals, exit 0 (found by review)."""
+    cache_dir = tmp_path / "cache"
+    doc = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
+    by_size: dict[int, list] = {}  # two tests of as many metrics: each passes as the other
+    for path in sorted(cache_dir.iterdir()):
+        entry = json.loads(path.read_text())
+        if "estimates" in entry:
+            by_size.setdefault(len(entry["estimates"]["a"]), []).append(path)
+    pairs = next(paths for paths in by_size.values() if len(paths) >= 2)
+    first, second = pairs[0].read_bytes(), pairs[1].read_bytes()
+    pairs[0].write_bytes(second)
+    pairs[1].write_bytes(first)
+    cache = PairCache(cache_dir)
+    again = build_report(summarised, **OPTIONS, cache=cache)
+    assert cache.computed == 2
+    assert _numbers(again) == _numbers(doc)
+
+
 def test_unpairable_evaluations_are_refused_in_one_line(results, summarised, tmp_path):  # noqa: F811
     """The report and `compare_ranks` share one check (stats.check_pairable)."""
     _, metrics = results

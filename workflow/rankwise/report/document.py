@@ -25,7 +25,7 @@ from ..options import AP, DISTANCE
 from ..registry import PROTOCOLS, get_protocol
 from ..schema import Field, check, optional
 from ..stats import DEFAULT_RESAMPLES
-from ..store import RANKS_ATTRS
+from ..store import RANKS_ATTRS, named_path
 from .comparisons import ap_variant, compare_encoders
 from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE
 from .pairs import PairCache
@@ -370,18 +370,24 @@ def _why_no_statistics(entry: dict[str, Any], stores: _Stores) -> str:
 
 
 def _stamp(path) -> list | None:
-    """``[path, mtime_ns]`` of a file or folder (``None`` when there is none)."""
+    """``[path, real path, size, mtime_ns]`` of a file or folder (``None`` when there is
+    none): the path as given decides the image paths a report shows, the real one which
+    file it is from wherever the report runs."""
     try:
-        return [str(path), os.stat(path).st_mtime_ns] if path else None
+        stat = os.stat(path) if path else None
     except OSError:
         return None
+    if stat is None:
+        return None
+    return [str(path), os.path.realpath(path), stat.st_size, stat.st_mtime_ns]
 
 
 def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, top_k: int):
     """The entry's worst queries (:func:`.worst.worst_queries_of`), kept in ``cache``
     under its ranks store's attributes (which name the embeddings' checkpoint hash,
-    encoder options and manifests' hashes), its per-unit values and its embedding
-    stores' modification times."""
+    encoder options and manifests' hashes), its per-unit values, and the paths (as read
+    and real), sizes and modification times of the manifests and embedding stores it
+    reads."""
 
     def compute():
         store = stores.get(entry)
@@ -390,12 +396,22 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
 
     if cache is None or summary is None:
         return compute()
-    files = entry["provenance"]["files"]
+    raw = entry["provenance"]["raw"]
+
+    def read(name: str) -> list | None:
+        """The stamp of a file the computation reads, where it reads it (a relative path
+        starts from the working directory the ranks were written in)."""
+        path = raw.get(name) if name.endswith("manifest") else (raw.get(name) or {}).get("path")
+        return _stamp(named_path(raw, path)) if path else None
+
     key = {
-        "attrs": entry["provenance"]["raw"],
-        # the nearest items come from the embedding stores: a store written again (even
-        # one whose ranks came out the same) is a new key
-        "stores": [_stamp(files[f"{side}_embeddings"]) for side in ("query", "gallery")],
+        "attrs": raw,
+        # the ids, labels and nearest items come from the manifests and embedding stores:
+        # one written again (even one whose ranks came out the same), edited, moved or
+        # gone is a new key (the manifests' were missing: an edited one kept old ids,
+        # where a cold run refused the stores encoded from the old one)
+        "stores": [read(f"{side}_embeddings") for side in ("query", "gallery")],
+        "manifests": [read(f"{side}_manifest") for side in ("query", "gallery")],
         "units": summary.key,
         "n": n,
         "top_k": top_k,

@@ -96,7 +96,10 @@ def _kept_font_subsets(cache) -> Iterator[None]:
                 mapping = sorted((int(a), int(b)) for a, b in subset.glyph_index_map.items())
             return {"font": base64.b64encode(data).decode("ascii"), "glyph_index_map": mapping}
 
-        value = cache.remember("pdf_font_subset", key, cut, usable=_is_font_subset)
+        def usable(value: Any) -> bool:
+            return _is_font_subset(value, key["glyphs"])
+
+        value = cache.remember("pdf_font_subset", key, cut, usable=usable)
         font = _SubsetBytes(base64.b64decode(value["font"]))
         mapping = {a: b for a, b in value["glyph_index_map"]}
         return internals.SubsetResults(font, mapping)._as_cm()
@@ -124,8 +127,10 @@ def _subsets_as_known(internals) -> bool:
     )
 
 
-def _is_font_subset(value: Any) -> bool:
-    return (
+def _is_font_subset(value: Any, glyphs: list[int]) -> bool:
+    """Whether ``value`` is a kept subset of ``glyphs``: base64 bytes, and a glyph map
+    holding every one of them (a damaged entry was a traceback: it is cut again)."""
+    if not (
         isinstance(value, dict)
         and isinstance(value.get("font"), str)
         and isinstance(value.get("glyph_index_map"), list)
@@ -133,7 +138,13 @@ def _is_font_subset(value: Any) -> bool:
             isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)
             for pair in value["glyph_index_map"]
         )
-    )
+    ):
+        return False
+    try:
+        base64.b64decode(value["font"], validate=True)
+    except ValueError:  # binascii.Error
+        return False
+    return set(glyphs) <= {pair[0] for pair in value["glyph_index_map"]}
 
 
 class _SubsetBytes:

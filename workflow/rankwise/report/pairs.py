@@ -14,12 +14,14 @@ O(n' - n) work. Fewer flips than cached recompute from the start.
 
 The same folder keeps the worst queries of an evaluation (:meth:`PairCache.remember`),
 keyed by its ranks store's attributes (which name the embeddings' checkpoint hash,
-encoder options and manifest hashes), per-unit values and embedding stores' mtimes, and
+encoder options and manifest hashes), per-unit values and the stamps (paths, sizes,
+mtimes) of the manifests and embedding stores it reads, and
 the font subsets of the PDF figures (:func:`rankwise.report.figures._kept_font_subsets`).
 
-Every file is written atomically; a file that is not a cache entry (not JSON, another
-format, or keys that do not match :data:`PAIR_ENTRY` and the test's table, or the
-caller's check of a remembered value) is ignored and rewritten. The folder may be deleted
+Every file is written atomically and holds its own key: a file that is not a cache
+entry (not JSON, another format, another key, as a file copied or renamed over another
+has; keys that do not match :data:`PAIR_ENTRY` and the test's table, or the caller's
+check of a remembered value) is ignored and rewritten. The folder may be deleted
 at any time (the next report recomputes).
 """
 
@@ -106,7 +108,9 @@ class PairCache:
             entry = json.loads((self.folder / f"{key}.json").read_text())
         except (OSError, ValueError):
             return None
-        return entry if isinstance(entry, dict) and entry.get("format") == _FORMAT else None
+        # the key inside: two entries swapped (copied, renamed) gave each other's p-values
+        usable = isinstance(entry, dict) and entry.get("format") == _FORMAT
+        return entry if usable and entry.get("key") == key else None
 
     def _write(self, key: str, entry: dict[str, Any]) -> None:
         if self.folder is None:
@@ -115,7 +119,7 @@ class PairCache:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({**entry, "format": _FORMAT}))
+            tmp.write_text(json.dumps({**entry, "format": _FORMAT, "key": key}))
             os.replace(tmp, path)
         except OSError:  # a full disk, a read-only cache: the cache is advisory
             with contextlib.suppress(OSError):
