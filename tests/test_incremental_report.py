@@ -328,7 +328,12 @@ def test_store_without_evaluated_queries():
         summarise(arrays, attrs, metrics=["recall@1", "map"], resamples=10)
 
 
-def test_worst_queries_recomputed_when_an_embedding_store_is_written_again(summarised, tmp_path):
+@pytest.mark.parametrize("touched", ["query_embeddings", "query_manifest"])
+def test_worst_queries_recomputed_when_a_file_they_read_changes(summarised, tmp_path, touched):
+    """The nearest items come from the embedding stores, the ids, labels and images from
+    the manifests: one written again (even with the same ranks) is a new key. The key
+    lacked the manifests: an edited one kept its old ids from the cache (exit 0) where a
+    cold report refused the stores encoded from the old one (found by review)."""
     import os
 
     cache_dir = tmp_path / "cache"
@@ -338,29 +343,10 @@ def test_worst_queries_recomputed_when_an_embedding_store_is_written_again(summa
         doc
     )
     assert set(cache_dir.iterdir()) == before  # everything reused
-    # a store of a shown encoder written again (same ranks): its worst queries are new entries
     shown = [e for e in doc["results"] if e["worst_queries"]]
-    store = shown[0]["provenance"]["files"]["query_embeddings"]
-    stamp = os.stat(store).st_mtime_ns + 10**9
-    os.utime(store, ns=(stamp, stamp))
-    again = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
-    assert len(set(cache_dir.iterdir()) - before) == 1
-    assert _numbers(again) == _numbers(doc)
-
-
-def test_worst_queries_recomputed_when_a_manifest_changes(summarised, tmp_path):
-    """The ids, labels and images shown come from the manifests: the key lacked them, so
-    an edited manifest kept its old ids from the cache (exit 0) where a cold report
-    refused the stores encoded from the old one (found by review)."""
-    import os
-
-    cache_dir = tmp_path / "cache"
-    doc = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
-    before = set(cache_dir.iterdir())
-    shown = [e for e in doc["results"] if e["worst_queries"]]
-    manifest = shown[0]["provenance"]["raw"]["query_manifest"]
-    stamp = os.stat(manifest).st_mtime_ns + 10**9
-    os.utime(manifest, ns=(stamp, stamp))
+    path = shown[0]["provenance"]["files"][touched]
+    stamp = os.stat(path).st_mtime_ns + 10**9
+    os.utime(path, ns=(stamp, stamp))
     again = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
     assert len(set(cache_dir.iterdir()) - before) == 1
     assert _numbers(again) == _numbers(doc)
