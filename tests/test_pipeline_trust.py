@@ -262,19 +262,19 @@ def test_new_data_in_one_split_leaves_the_other_splits_store_and_gives_fresh_num
         "store": tmp_path / f"results/embeddings/mk/pixels/{other}.zarr",
         "manifest": tmp_path / f"results/manifests/mk/{other}.csv",
     }
-    before = {
-        name: _store_files(path) if path.is_dir() else path.stat().st_mtime_ns
-        for name, path in kept.items()
-    }
+
+    def snapshot() -> dict:
+        return {
+            name: _store_files(path) if path.is_dir() else path.stat().st_mtime_ns
+            for name, path in kept.items()
+        }
+
+    before = snapshot()
     # a fifth person: a query with a gallery match, or a gallery distractor with none
     write_image(tmp_path / f"data/market/{folder}/0005_c4s1_000005_00.png", 55)
     assert planned_jobs(run_ok(tmp_path, config)) == ONE_SPLIT
     assert planned(tmp_path, config) == {}
-    after = {
-        name: _store_files(path) if path.is_dir() else path.stat().st_mtime_ns
-        for name, path in kept.items()
-    }
-    assert after == before
+    assert snapshot() == before
     rows = (tmp_path / f"results/manifests/mk/{split}.csv").read_text().splitlines()
     assert any(line.startswith("0005_c4s1_000005_00,") for line in rows)
     metrics = tmp_path / "results/metrics/mk/pixels.json"

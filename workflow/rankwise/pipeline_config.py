@@ -1203,19 +1203,11 @@ def _file_lines(path: Path) -> list[str]:
     return [f"{path}\t{file_sha256(path)}" if path.is_file() else f"{path}\tmissing"]
 
 
-def _real_folder(folder: str | os.PathLike) -> str:
-    """The line naming the folder a split's manifest paths lead into, links resolved:
-    the manifests hold real paths (:func:`rankwise.datasets.relative_path`), so a link
-    pointed at a copy with the same names, sizes and mtimes must count."""
-    return f"folder\t{os.path.realpath(folder)}"
-
-
 def _manifest_images(csv_path: Path) -> list[str]:
-    """The manifest's bytes, its folder, and path/size/mtime of each image it names."""
+    """The manifest's bytes, and path/real path/size/mtime of each image it names."""
     lines = _file_lines(csv_path)
     if not csv_path.is_file():
         return lines
-    lines.append(_real_folder(csv_path.parent))  # relative paths start there
     # not a CSV the csv module reads, or no path column: the CSV's own bytes are the
     # fingerprint; prepare says what is wrong. `~` is a folder's name there, as for prepare
     folders: dict[str, str] = {}
@@ -1233,9 +1225,8 @@ def _msmt17_images(root: Path, images: str, split: str) -> list[str]:
         folder = root / images
     if folder is None or not listing.is_file():
         return lines
-    # `images: auto` picks test/ or mask_test_v2/, whichever exists: the manifest's paths
-    # name it, so its choice counts (a renamed folder keeps sizes and mtimes)
-    lines.append(_real_folder(folder))
+    # each image's real path: `images: auto` picks test/ or mask_test_v2/, whichever
+    # exists, and the manifest's paths name it (a renamed folder keeps sizes and mtimes)
     folders: dict[str, str] = {}
     # utf-8-sig, as the loader reads it: a byte-order mark kept made the first image's
     # name "\ufeff0000/..." (always missing), so its changes reran nothing
@@ -1275,7 +1266,7 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
     tree, for both splits; with ``query_dir`` and ``gallery_dir``, also whether the two
     are one folder). ``msmt17``: the list file's bytes and the size and mtime of each
     image it lists. Where each split has its own data (:func:`splits_apart`), also the
-    real path (links resolved) of the folder the split's manifest paths lead into.
+    real path (links resolved) of each image, which is what the manifest holds.
     ``veri776``, ``dukemtmc``, ``cuhk03-np``, ``identity-folders``, ``mot``: the
     relative name, size and mtime of every file below ``root`` (list files, ``gt.txt``
     and ``seqinfo.ini`` included), for both splits. So editing a CSV, adding, removing
@@ -1291,10 +1282,7 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             s: root / options.get(f"{s}_folder", default)
             for s, default in zip(SPLITS, ("query", "bounding_box_test"), strict=True)
         }
-        parts = {
-            s: [_real_folder(f), *_images_below(f, recursive=False, real=True)]
-            for s, f in folders.items()
-        }
+        parts = {s: _images_below(f, recursive=False, real=True) for s, f in folders.items()}
     elif loader == "msmt17":
         root = Path(os.path.expanduser(options["root"]))
         parts = {s: _msmt17_images(root, options.get("images", "auto"), s) for s in SPLITS}
@@ -1308,11 +1296,7 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             # resolved: each split's manifest depends on both folders' real paths
             same = os.path.realpath(dirs["query"]) == os.path.realpath(dirs["gallery"])
             parts = {
-                s: [
-                    _real_folder(d),
-                    f"one folder\t{same}",
-                    *_images_below(d, recursive=True, real=True),
-                ]
+                s: [f"one folder\t{same}", *_images_below(d, recursive=True, real=True)]
                 for s, d in dirs.items()
             }
     elif loader in TREE_LOADERS:

@@ -373,11 +373,11 @@ def _stamp(path) -> list | None:
     """``[path, real path, size, mtime_ns]`` of a file or folder (``None`` when there is
     none): the path as given decides the image paths a report shows, the real one which
     file it is from wherever the report runs."""
-    try:
-        stat = os.stat(path) if path else None
-    except OSError:
+    if not path:
         return None
-    if stat is None:
+    try:
+        stat = os.stat(path)
+    except OSError:
         return None
     return [str(path), os.path.realpath(path), stat.st_size, stat.st_mtime_ns]
 

@@ -168,14 +168,14 @@ _SHA256: dict[tuple[str, int, int], str] = {}
 
 
 def _file_sha256(path) -> str:
-    """sha256 of a file, computed once per process (and file size and mtime)."""
-    import hashlib
+    """sha256 of a file (:func:`rankwise.hashing.file_sha256`), once per process and
+    file size and mtime: a report asks for its font file's at every PDF it writes."""
+    from ..hashing import file_sha256
 
     st = os.stat(path)
     key = (os.fspath(path), st.st_size, st.st_mtime_ns)
     if key not in _SHA256:
-        with open(path, "rb") as stream:
-            _SHA256[key] = hashlib.sha256(stream.read()).hexdigest()
+        _SHA256[key] = file_sha256(path)
     return _SHA256[key]
 
 
