@@ -335,6 +335,70 @@ def test_a_link_pointed_at_a_copy_changes_the_fingerprint(tmp_path):
     assert all(after[split] != before[split] for split in ("query", "gallery"))
 
 
+@pytest.mark.parametrize("loader", ["folder", "dukemtmc", "identity-folders", "veri776"])
+def test_a_link_pointed_at_a_copy_changes_a_joint_datasets_fingerprint(tmp_path, loader):
+    """Where one listing makes both splits, the manifests hold real paths too: a root
+    (or a sub-folder) that is a link, pointed at a copy with the same names, sizes and
+    mtimes, must change both splits' digests (it changed none: the old paths were kept)."""
+    import shutil
+
+    from rankwise.pipeline_config import dataset_fingerprints
+
+    data = tmp_path / "v1"
+    names = {
+        "folder": ["a/0.png", "a/1.png", "b/0.png", "b/1.png"],
+        "dukemtmc": ["query/0005_c2_f0046985.png", "bounding_box_test/0005_c5_f0051781.png"],
+        "identity-folders": ["0001/0.png", "0001/1.png", "0002/0.png", "0002/1.png"],
+        "veri776": ["image_query/0002_c002_00030600_0.jpg", "image_test/0002_c003_0003_1.jpg"],
+    }[loader]
+    for i, name in enumerate(names):
+        write_image(data / name, i)
+    shutil.copytree(data, tmp_path / "v2")  # copy2: names, sizes and mtimes kept
+    (tmp_path / "root").symlink_to("v1")
+    options = {"root": str(tmp_path / "root")}
+    before = dataset_fingerprints(loader, options)
+    _repoint(tmp_path / "root", "v2")
+    after = dataset_fingerprints(loader, options)
+    assert after["query"] != before["query"] and after["gallery"] != before["gallery"]
+    # a linked sub-folder (walk_files follows it) re-pointed the same way
+    first = names[0].split("/")[0]
+    shutil.move(tmp_path / "v2" / first, tmp_path / "sub-v1")
+    shutil.copytree(tmp_path / "sub-v1", tmp_path / "sub-v2")
+    (tmp_path / "v2" / first).symlink_to(tmp_path / "sub-v1")
+    before = dataset_fingerprints(loader, options)
+    _repoint(tmp_path / "v2" / first, str(tmp_path / "sub-v2"))
+    assert dataset_fingerprints(loader, options)["query"] != before["query"]
+
+
+def test_a_folder_root_link_pointed_at_a_copy_reruns_prepare(tmp_path):
+    """The pipeline: a `folder` dataset (seeded split of one tree) whose root is a link,
+    pointed at a copy and the old tree deleted, prepares again (the old manifests name
+    deleted images: a new encoder's job failed on them) and gives --forceall's numbers."""
+    import shutil
+
+    for label in "abc":
+        for i in range(3):
+            write_image(tmp_path / f"data/v1/{label}/{i}.png", 10 * i + ord(label))
+    shutil.copytree(tmp_path / "data/v1", tmp_path / "data/v2")
+    (tmp_path / "data/tree").symlink_to("v1")
+    config = {
+        **CONFIG,
+        "datasets": {"d": {"loader": "folder", "options": {"root": "data/tree"}, "ks": [1]}},
+    }
+    run_ok(tmp_path, config)
+    _repoint(tmp_path / "data/tree", "v2")
+    shutil.rmtree(tmp_path / "data/v1")
+    expected = {"prepare": 1, "encode": 2, "rank": 1, "metrics": 1, "report": 1, "all": 1}
+    assert planned(tmp_path, config) == expected
+    run_ok(tmp_path, config)
+    manifest = (tmp_path / "results/manifests/d/query.csv").read_text()
+    assert "v2/" in manifest and "v1/" not in manifest
+    metrics = tmp_path / "results/metrics/d/pixels.json"
+    incremental = json.loads(metrics.read_text())["metrics"]
+    run_ok(tmp_path, config, "--forceall")
+    assert incremental == json.loads(metrics.read_text())["metrics"]
+
+
 def _repoint(link: Path, target: str) -> None:
     link.unlink()
     link.symlink_to(target)

@@ -1162,9 +1162,9 @@ def folder_digest(folder: str | os.PathLike) -> str:
     return "files:" + _digest(_stat_line(p.relative_to(root).as_posix(), p) for p in files)
 
 
-def _images_below(folder: Path, recursive: bool, real: bool = False) -> list[str]:
-    """Lines ``relative name, size, mtime`` of the images below ``folder`` (sorted); with
-    ``real``, also each one's real path (:func:`_stat_line`).
+def _images_below(folder: Path, recursive: bool) -> list[str]:
+    """Lines ``relative name, real path, size, mtime`` of the images below ``folder``
+    (sorted; :func:`_stat_line`).
 
     Recursive: the files the loaders see (:func:`rankwise.datasets.walk_files`, which
     follows linked sub-folders).
@@ -1177,7 +1177,7 @@ def _images_below(folder: Path, recursive: bool, real: bool = False) -> list[str
         paths = walk_files(folder)
     else:
         paths = [p for p in folder.iterdir() if not p.name.startswith(".") and not p.is_dir()]
-    folders: dict[str, str] | None = {} if real else None
+    folders: dict[str, str] = {}
     return sorted(
         _stat_line(path.relative_to(folder).as_posix(), path, folders)
         for path in paths
@@ -1186,13 +1186,16 @@ def _images_below(folder: Path, recursive: bool, real: bool = False) -> list[str
 
 
 def _files_below(folder: Path) -> list[str]:
-    """Lines ``relative name, size, mtime`` of every non-hidden file below ``folder``."""
+    """Lines ``relative name, real path, size, mtime`` of every non-hidden file below
+    ``folder`` (:func:`_stat_line`)."""
     from .datasets import walk_files
 
     if not folder.is_dir():
         return [f"{folder}\tmissing"]
+    folders: dict[str, str] = {}
     return sorted(
-        _stat_line(path.relative_to(folder).as_posix(), path) for path in walk_files(folder)
+        _stat_line(path.relative_to(folder).as_posix(), path, folders)
+        for path in walk_files(folder)
     )
 
 
@@ -1265,11 +1268,12 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
     mtime of every image of the split's folder (``folder`` with ``root``: of the whole
     tree, for both splits; with ``query_dir`` and ``gallery_dir``, also whether the two
     are one folder). ``msmt17``: the list file's bytes and the size and mtime of each
-    image it lists. Where each split has its own data (:func:`splits_apart`), also the
-    real path (links resolved) of each image, which is what the manifest holds.
-    ``veri776``, ``dukemtmc``, ``cuhk03-np``, ``identity-folders``, ``mot``: the
-    relative name, size and mtime of every file below ``root`` (list files, ``gt.txt``
-    and ``seqinfo.ini`` included), for both splits. So editing a CSV, adding, removing
+    image it lists. ``veri776``, ``dukemtmc``, ``cuhk03-np``, ``identity-folders``,
+    ``mot``: the relative name, size and mtime of every file below ``root`` (list files,
+    ``gt.txt`` and ``seqinfo.ini`` included), for both splits. Every loader's lines also
+    hold each file's real path (links resolved), which is what a manifest holds: a link
+    re-pointed at a copy with the same names, sizes and mtimes gives other manifests.
+    So editing a CSV, adding, removing
     or rewriting an image changes the digest; touching an image (same bytes, new mtime)
     does too, since images are not hashed: hashing a whole dataset on every run would
     cost minutes.
@@ -1282,13 +1286,14 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             s: root / options.get(f"{s}_folder", default)
             for s, default in zip(SPLITS, ("query", "bounding_box_test"), strict=True)
         }
-        parts = {s: _images_below(f, recursive=False, real=True) for s, f in folders.items()}
+        parts = {s: _images_below(f, recursive=False) for s, f in folders.items()}
     elif loader == "msmt17":
         root = Path(os.path.expanduser(options["root"]))
         parts = {s: _msmt17_images(root, options.get("images", "auto"), s) for s in SPLITS}
     elif loader == "folder":
         if options.get("root"):
-            tree = _images_below(Path(os.path.expanduser(options["root"])), recursive=True)
+            root = Path(os.path.expanduser(options["root"]))
+            tree = _images_below(root, recursive=True)
             parts = {s: tree for s in SPLITS}
         else:
             dirs = {s: Path(os.path.expanduser(options[f"{s}_dir"])) for s in SPLITS}
@@ -1296,7 +1301,7 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             # resolved: each split's manifest depends on both folders' real paths
             same = os.path.realpath(dirs["query"]) == os.path.realpath(dirs["gallery"])
             parts = {
-                s: [f"one folder\t{same}", *_images_below(d, recursive=True, real=True)]
+                s: [f"one folder\t{same}", *_images_below(d, recursive=True)]
                 for s, d in dirs.items()
             }
     elif loader in TREE_LOADERS:
