@@ -1595,6 +1595,48 @@ def test_a_report_run_from_another_folder_finds_the_evaluations_stores(results, 
     assert here["comparisons"] == there["comparisons"] != []
 
 
+def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
+    """A project moved to another folder (its stores still name the old one as their
+    working directory): the report run there, with no cache, finds the manifests and
+    embeddings it names by the same relative paths, so the worst queries keep their ids
+    and nearest items (they were "row N" with none: the old folder was looked in
+    alone).  A manifest there that is not the one ranked (re-sorted: same rows, other
+    order) is never used for ids: rows are matched by position."""
+    root, _ = results
+    project = tmp_path / "project"
+    toy = project / "data"
+    shutil.copytree(root / "manifests" / "toy", toy)
+    for split in ("query", "gallery"):
+        shutil.copytree(root / f"embeddings/toy/enc-a/{split}.zarr", toy / f"{split}.zarr")
+    ranked = run_rankwise(
+        *("rank", "--query", "data/query.csv", "--gallery", "data/gallery.csv"),
+        *("--query-embeddings", "data/query.zarr", "--gallery-embeddings", "data/gallery.zarr"),
+        *("--out", "ranks.zarr"),
+        cwd=project,
+    )
+    assert ranked.returncode == 0, ranked.stderr
+    measured = run_rankwise("metrics", "ranks.zarr", "--output", "m.json", cwd=project)
+    assert measured.returncode == 0, measured.stderr
+
+    def worst(folder: Path) -> list[dict]:
+        args = ("report", "m.json", "--resamples", "0", "--worst-queries", "3")
+        done = run_rankwise(*args, "--json", "r.json", cwd=folder)
+        assert done.returncode == 0, done.stderr
+        (entry,) = json.loads((folder / "r.json").read_text())["results"]
+        return entry["worst_queries"]["queries"]
+
+    before = worst(project)
+    assert all(q["top"] and not q["id"].startswith("row ") for q in before)
+    moved = project.rename(tmp_path / "moved")
+    after = worst(moved)
+    assert [(q["id"], q["label"], [t["id"] for t in q["top"]]) for q in after] == [
+        (q["id"], q["label"], [t["id"] for t in q["top"]]) for q in before
+    ]
+    lines = (moved / "data/query.csv").read_text().splitlines()
+    (moved / "data/query.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
+    assert all(q["top"] is None and q["id"].startswith("row ") for q in worst(moved))
+
+
 def test_a_ranks_store_of_another_evaluation_at_the_named_path_is_not_read(results, tmp_path):
     """A metrics file whose relative ranks path names, from the folder the report runs
     in, another evaluation's store (another pipeline folder's results/ranks/... of the

@@ -610,7 +610,11 @@ def named_path(attrs: dict[str, Any], path: str) -> str:
     """A path a ranks store's ``attrs`` name (a manifest, an embedding file), as the
     command that wrote it meant it: a relative one starts from its
     ``working_directory`` (a store written before rankwise recorded it: from the
-    current folder)."""
+    current folder).  Where nothing is there any more but the same relative path names
+    a file from the current folder, that one: a project moved or copied to another
+    folder (its stores still name the old one) finds its own manifests and embeddings.
+    Whoever reads a manifest this way checks it is the one the ranks were computed
+    from (the store's ``*_manifest_sha256``)."""
     folder = attrs.get("working_directory")
     if os.path.isabs(path) or not isinstance(folder, str) or not folder:
         return path
@@ -620,7 +624,10 @@ def named_path(attrs: dict[str, Any], path: str) -> str:
         here = None
     if os.path.realpath(folder) == here:
         return path  # as written (the pipeline's relative paths stay relative in reports)
-    return os.path.join(folder, path)
+    joined = os.path.join(folder, path)
+    if here is not None and not os.path.lexists(joined) and os.path.lexists(path):
+        return path
+    return joined
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

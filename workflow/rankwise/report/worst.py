@@ -56,17 +56,24 @@ def is_worst_queries(value: Any) -> bool:
     )
 
 
-def _manifest_or_none(path, provenance: dict, protocol: str, role: str):
+def _manifest_or_none(path, store, provenance: dict, protocol: str, role: str, expected=None):
     """The manifest as evaluated (rows an id-keyed store dropped left out), or None.
 
-    None too when rows were dropped and the store that says which is gone: the
-    manifest's rows would not be the ranks store's rows.
+    ``store``: the embedding store encoded from it (its path from here), ``provenance``
+    the ranks store's record of it.  None too when its sha256 is not ``expected`` (the
+    ranks store's record of the manifest it ranked), and when rows were dropped and the
+    store that says which is gone: the manifest's rows would not be the ranks store's
+    rows.
     """
+    from ..hashing import file_sha256
     from ..inputs import read_evaluated_manifest
 
     if not path or not Path(path).is_file():
         return None
-    store = provenance.get("path")
+    if expected and file_sha256(path) != expected:
+        # rows are matched by position: an edited or re-sorted manifest, or another
+        # folder's file of the same name, would name other queries' ids and images
+        return None
     dropped = (provenance.get("id_alignment") or {}).get("dropped_rows")
     if dropped and not (store and Path(store).is_dir()):
         return None
@@ -118,8 +125,12 @@ def worst_queries_of(
     q_path, g_path = (named_path(attrs, p) if p else p for p in (q_path, g_path))
     provenance = [attrs.get(f"{side}_embeddings") or {} for side in ("query", "gallery")]
     embeddings = [named_path(attrs, p["path"]) if p.get("path") else None for p in provenance]
-    q_table = _manifest_or_none(q_path, provenance[0], protocol, "query")
-    g_table = _manifest_or_none(g_path, provenance[1], protocol, "gallery")
+    q_table, g_table = (
+        _manifest_or_none(*args, protocol, role, attrs.get(f"{role}_manifest_sha256"))
+        for *args, role in zip(
+            (q_path, g_path), embeddings, provenance, ("query", "gallery"), strict=True
+        )
+    )
     tops, kept = None, None
     options = attrs.get("protocol_options") or {}
     if "top_items" in arrays and q_table is not None and g_table is not None:
