@@ -372,6 +372,36 @@ def test_pair_cache_entries_swapped_are_computed_again(results, summarised, tmp_
     assert _numbers(again) == _numbers(doc)
 
 
+def test_a_pair_cache_entry_edited_is_computed_again(results, summarised, tmp_path):  # noqa: F811
+    """Each entry holds its body's sha256: a number changed inside a file that keeps
+    its key and format (by hand, or a flipped bit) was reported as it stood."""
+    cache_dir = tmp_path / "cache"
+    doc = build_report(summarised, **OPTIONS, cache=PairCache(cache_dir))
+    edited = 0
+    for path in sorted(cache_dir.glob("*.json")):
+        entry = json.loads(path.read_text())
+        if "estimates" in entry:
+            entry["estimates"]["a"][0] += 1.0
+        elif "value" in entry and isinstance(entry["value"], dict):
+            entry["value"]["queries"][0]["score"] += 1.0  # a worst-queries list
+        else:
+            continue
+        path.write_text(json.dumps(entry))
+        edited += 1
+    assert edited >= 2
+    cache = PairCache(cache_dir)
+    again = build_report(summarised, **OPTIONS, cache=cache)
+    assert cache.computed >= 1
+    assert _numbers(again) == _numbers(doc)
+    assert [r["worst_queries"] for r in again["results"]] == [
+        r["worst_queries"] for r in doc["results"]
+    ]
+    # unedited, every entry is read back: the checksum holds for what was written
+    cache = PairCache(cache_dir)
+    build_report(summarised, **OPTIONS, cache=cache)
+    assert (cache.computed, cache.extended) == (0, 0)
+
+
 def test_unpairable_evaluations_are_refused_in_one_line(results, summarised, tmp_path):  # noqa: F811
     """The report and `compare_ranks` share one check (stats.check_pairable)."""
     _, metrics = results

@@ -18,11 +18,12 @@ encoder options and manifest hashes), per-unit values and the stamps (paths, siz
 mtimes) of the manifests and embedding stores it reads, and
 the font subsets of the PDF figures (:func:`rankwise.report.figures._kept_font_subsets`).
 
-Every file is written atomically and holds its own key: a file that is not a cache
-entry (not JSON, another format, another key, as a file copied or renamed over another
-has; keys that do not match :data:`PAIR_ENTRY` and the test's table, or the caller's
-check of a remembered value) is ignored and rewritten. The folder may be deleted
-at any time (the next report recomputes).
+Every file is written atomically and holds its own key and its body's sha256: a file
+that is not a cache entry (not JSON, another format, another key, as a file copied or
+renamed over another has, a body edited since it was written; keys that do not match
+:data:`PAIR_ENTRY` and the test's table, or the caller's check of a remembered value)
+is ignored and rewritten. The folder may be deleted at any time (the next report
+recomputes).
 """
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ TEST_ENTRY: dict[str, dict[str, Field]] = {
 }
 
 
+#: The keys of a cache file that frame its entry.
+_FRAME = ("format", "key", "sha256")
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    """sha256 of an entry's body as JSON (keys sorted): what its file holds, read back,
+    gives the same text (floats round-trip through JSON exactly)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def _usable(entry: dict[str, Any], metrics: list[str]) -> bool:
     """Whether ``entry`` holds a paired test of ``metrics`` (else it is recomputed)."""
     entry = {**entry, "metrics": metrics}
@@ -110,7 +121,12 @@ class PairCache:
             return None
         # the key inside: two entries swapped (copied, renamed) gave each other's p-values
         usable = isinstance(entry, dict) and entry.get("format") == _FORMAT
-        return entry if usable and entry.get("key") == key else None
+        if not (usable and entry.get("key") == key):
+            return None
+        # and its body's checksum: a number edited by hand (or a flipped bit) under the
+        # right key is computed again, not reported
+        body = {k: v for k, v in entry.items() if k not in _FRAME}
+        return entry if entry.get("sha256") == _checksum(body) else None
 
     def _write(self, key: str, entry: dict[str, Any]) -> None:
         if self.folder is None:
@@ -119,7 +135,9 @@ class PairCache:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({**entry, "format": _FORMAT, "key": key}))
+            body = {k: v for k, v in entry.items() if k not in _FRAME}  # one read back
+            frame = {"format": _FORMAT, "key": key, "sha256": _checksum(body)}
+            tmp.write_text(json.dumps({**body, **frame}))
             os.replace(tmp, path)
         except OSError:  # a full disk, a read-only cache: the cache is advisory
             with contextlib.suppress(OSError):
