@@ -156,9 +156,12 @@ def encoder_options(wildcards):
 
 @lru_cache(maxsize=None)
 def dataset_fingerprints(dataset):
-    """split -> digest of what the dataset's loader reads (see pipeline_config)."""
+    """split -> digest of what the dataset's loader reads (see pipeline_config), with
+    each file's path as prepare's manifests (in results/manifests/<dataset>) hold it."""
     return pipeline_config.dataset_fingerprints(
-        DATASETS[dataset]["loader"], DATASETS[dataset]["options"]
+        DATASETS[dataset]["loader"],
+        DATASETS[dataset]["options"],
+        manifests=f"results/manifests/{dataset}",
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import helpers
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from helpers import planned_jobs
@@ -397,6 +398,58 @@ def test_a_folder_root_link_pointed_at_a_copy_reruns_prepare(tmp_path):
     incremental = json.loads(metrics.read_text())["metrics"]
     run_ok(tmp_path, config, "--forceall")
     assert incremental == json.loads(metrics.read_text())["metrics"]
+
+
+def _with_tree(config: dict, root: str) -> dict:
+    """``config`` and a `folder` dataset (a seeded split of one tree) at ``root``."""
+    tree = {"loader": "folder", "options": {"root": root}, "ks": [1]}
+    return {**config, "datasets": {**config["datasets"], "tree": tree}}
+
+
+def _write_tree(root: Path) -> None:
+    for label in "abc":
+        for i in range(2):
+            write_image(root / f"{label}/{i}.png", 10 * i + ord(label))
+
+
+def test_a_project_moved_with_its_data_reruns_nothing(tmp_path):
+    """The fingerprints hold each file's path as the manifests do (relative to their
+    folder): a project moved, to another depth too, with its data inside has the same
+    manifests, so nothing reruns (a review found every split and joint dataset prepared
+    and encoded again: the fingerprints held absolute real paths)."""
+    project = tmp_path / "a"
+    write_data(project)
+    _write_tree(project / "data/tree")
+    config = _with_tree(CONFIG, "data/tree")
+    run_ok(project, config)
+    (tmp_path / "b").mkdir()
+    moved = project.rename(tmp_path / "b/a")
+    assert planned(moved, config) == {}
+
+
+def test_a_project_moved_away_from_its_data_prepares_again(tmp_path):
+    """Data outside the project (absolute roots): a copy at another depth has other
+    relative paths to it, so its manifests change; its prepare jobs must rerun (they
+    did not: the old manifests' paths named files that are not there, or others)."""
+    import shutil
+
+    write_data(tmp_path / "ext")
+    _write_tree(tmp_path / "ext/data/tree")
+    datasets = {
+        "mk": {**CONFIG["datasets"]["mk"], "options": {"root": str(tmp_path / "ext/data/market")}}
+    }
+    config = _with_tree({**CONFIG, "datasets": datasets}, str(tmp_path / "ext/data/tree"))
+    (tmp_path / "p").mkdir()
+    run_ok(tmp_path / "p", config)
+    copy = tmp_path / "deep/x/p"
+    shutil.copytree(tmp_path / "p", copy, symlinks=True)
+    expected = {"prepare": 1, "prepare_split": 2, "encode": 4, "rank": 2, "metrics": 2}
+    assert planned(copy, config) == {**expected, "report": 1, "all": 1}
+    run_ok(copy, config)
+    for dataset in ("mk", "tree"):
+        manifest = copy / f"results/manifests/{dataset}/query.csv"
+        paths = pd.read_csv(manifest, dtype=str)["path"]
+        assert all((manifest.parent / path).is_file() for path in paths)
 
 
 def _repoint(link: Path, target: str) -> None:

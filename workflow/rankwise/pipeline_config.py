@@ -1127,25 +1127,48 @@ def _digest(lines: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def _stat_line(label: str, path: str | os.PathLike, real: dict[str, str] | None = None) -> str:
-    """``label``, size and mtime of ``path``; with ``real`` (a cache of folders' real
-    paths), also its real path (links resolved), which is what a manifest holds
-    (:func:`rankwise.datasets.relative_path`): a link in the path pointed at a copy with
-    the same names, sizes and mtimes gives other manifests. One realpath per folder,
-    not per file (20k realpath calls cost ~0.25 s per Snakemake start)."""
+class _ManifestPaths:
+    """Each file's path as a manifest written to folder ``manifests`` holds it
+    (:func:`rankwise.datasets.relative_path`: links resolved, relative to the manifests'
+    real folder), so a fingerprint changes exactly when those paths do: a link on the way
+    pointed at a copy with the same names, sizes and mtimes changes it; a project moved
+    with its data does not (a move away from data outside it does). One realpath and one
+    relpath per folder, not per file (20k realpath calls cost ~0.25 s per Snakemake
+    start)."""
+
+    def __init__(self, manifests: str | os.PathLike) -> None:
+        self.base = os.path.realpath(manifests)
+        self.folders: dict[str, str] = {}  # folder as walked -> relative real folder
+        self.real: dict[str, str] = {}  # real folder -> relative to base
+
+    def _relative(self, real_folder: str) -> str:
+        if real_folder not in self.real:
+            self.real[real_folder] = os.path.relpath(real_folder, self.base)
+        return self.real[real_folder]
+
+    def __call__(self, path: str, link: bool) -> str:
+        if link:  # a link's own folder says nothing of where it points
+            folder, name = os.path.split(os.path.realpath(path))
+            return os.path.join(self._relative(folder), name)
+        folder, name = os.path.split(path)
+        if folder not in self.folders:
+            self.folders[folder] = self._relative(os.path.realpath(folder))
+        return os.path.join(self.folders[folder], name)
+
+
+def _stat_line(label: str, path: str | os.PathLike, real: _ManifestPaths | None = None) -> str:
+    """``label``, size and mtime of ``path``; with ``real``, also its path as a manifest
+    holds it (:class:`_ManifestPaths`)."""
     try:
         if real is None:
             stat = os.stat(path)
             return f"{label}\t{stat.st_size}\t{stat.st_mtime_ns}"
         path = os.fspath(path)
         stat = os.lstat(path)
-        if S_ISLNK(stat.st_mode):
-            resolved, stat = os.path.realpath(path), os.stat(path)
-        else:
-            folder, name = os.path.split(path)
-            if folder not in real:
-                real[folder] = os.path.realpath(folder)
-            resolved = os.path.join(real[folder], name)
+        link = S_ISLNK(stat.st_mode)
+        if link:
+            stat = os.stat(path)
+        resolved = real(path, link)
     except (OSError, ValueError):  # ValueError: a NUL in the name (prepare names the row)
         return f"{label}\tmissing"
     return f"{label}\t{resolved}\t{stat.st_size}\t{stat.st_mtime_ns}"
@@ -1162,9 +1185,9 @@ def folder_digest(folder: str | os.PathLike) -> str:
     return "files:" + _digest(_stat_line(p.relative_to(root).as_posix(), p) for p in files)
 
 
-def _images_below(folder: Path, recursive: bool) -> list[str]:
-    """Lines ``relative name, real path, size, mtime`` of the images below ``folder``
-    (sorted; :func:`_stat_line`).
+def _images_below(folder: Path, recursive: bool, real: _ManifestPaths) -> list[str]:
+    """Lines ``relative name, path as a manifest holds it, size, mtime`` of the images
+    below ``folder`` (sorted; :func:`_stat_line`).
 
     Recursive: the files the loaders see (:func:`rankwise.datasets.walk_files`, which
     follows linked sub-folders).
@@ -1177,25 +1200,22 @@ def _images_below(folder: Path, recursive: bool) -> list[str]:
         paths = walk_files(folder)
     else:
         paths = [p for p in folder.iterdir() if not p.name.startswith(".") and not p.is_dir()]
-    folders: dict[str, str] = {}
     return sorted(
-        _stat_line(path.relative_to(folder).as_posix(), path, folders)
+        _stat_line(path.relative_to(folder).as_posix(), path, real)
         for path in paths
         if path.suffix.lower() in IMAGE_EXTENSIONS
     )
 
 
-def _files_below(folder: Path) -> list[str]:
-    """Lines ``relative name, real path, size, mtime`` of every non-hidden file below
-    ``folder`` (:func:`_stat_line`)."""
+def _files_below(folder: Path, real: _ManifestPaths) -> list[str]:
+    """Lines ``relative name, path as a manifest holds it, size, mtime`` of every
+    non-hidden file below ``folder`` (:func:`_stat_line`)."""
     from .datasets import walk_files
 
     if not folder.is_dir():
         return [f"{folder}\tmissing"]
-    folders: dict[str, str] = {}
     return sorted(
-        _stat_line(path.relative_to(folder).as_posix(), path, folders)
-        for path in walk_files(folder)
+        _stat_line(path.relative_to(folder).as_posix(), path, real) for path in walk_files(folder)
     )
 
 
@@ -1206,20 +1226,20 @@ def _file_lines(path: Path) -> list[str]:
     return [f"{path}\t{file_sha256(path)}" if path.is_file() else f"{path}\tmissing"]
 
 
-def _manifest_images(csv_path: Path) -> list[str]:
-    """The manifest's bytes, and path/real path/size/mtime of each image it names."""
+def _manifest_images(csv_path: Path, real: _ManifestPaths) -> list[str]:
+    """The manifest's bytes, and path, path as prepare's manifest holds it, size and
+    mtime of each image it names."""
     lines = _file_lines(csv_path)
     if not csv_path.is_file():
         return lines
     # not a CSV the csv module reads, or no path column: the CSV's own bytes are the
     # fingerprint; prepare says what is wrong. `~` is a folder's name there, as for prepare
-    folders: dict[str, str] = {}
     for _, _, value in _manifest_paths(csv_path) or []:
-        lines.append(_stat_line(value, csv_path.parent / value, folders))
+        lines.append(_stat_line(value, csv_path.parent / value, real))
     return lines
 
 
-def _msmt17_images(root: Path, images: str, split: str) -> list[str]:
+def _msmt17_images(root: Path, images: str, split: str, real: _ManifestPaths) -> list[str]:
     listing = root / f"list_{split}.txt"
     lines = _file_lines(listing)
     if images in (None, "", "auto"):
@@ -1228,16 +1248,15 @@ def _msmt17_images(root: Path, images: str, split: str) -> list[str]:
         folder = root / images
     if folder is None or not listing.is_file():
         return lines
-    # each image's real path: `images: auto` picks test/ or mask_test_v2/, whichever
-    # exists, and the manifest's paths name it (a renamed folder keeps sizes and mtimes)
-    folders: dict[str, str] = {}
+    # each image's path as the manifest holds it: `images: auto` picks test/ or
+    # mask_test_v2/, whichever exists (a renamed folder keeps sizes and mtimes)
     # utf-8-sig, as the loader reads it: a byte-order mark kept made the first image's
     # name "\ufeff0000/..." (always missing), so its changes reran nothing
     text = listing.read_text(encoding="utf-8-sig", errors="replace")
     for line in text.splitlines():
         fields = line.split()
         if fields:
-            lines.append(_stat_line(fields[0], folder / fields[0], folders))
+            lines.append(_stat_line(fields[0], folder / fields[0], real))
     return lines
 
 
@@ -1259,9 +1278,12 @@ def splits_apart(loader: str, options: dict) -> bool:
     return loader in ("manifest", "market1501", "msmt17")
 
 
-def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
+def dataset_fingerprints(
+    loader: str, options: dict, *, manifests: str | os.PathLike = os.curdir
+) -> dict[str, str]:
     """split -> sha256 of what the loader reads for it (generated demo data: of the
-    loader's name and options, all its data depends on).
+    loader's name and options, all its data depends on); ``manifests``: the folder
+    prepare writes the manifests to.
 
     ``manifest``: the CSV's bytes, and the relative path, size and mtime of every image
     its ``path`` column names. ``market1501``, ``folder``: the relative name, size and
@@ -1271,29 +1293,29 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
     image it lists. ``veri776``, ``dukemtmc``, ``cuhk03-np``, ``identity-folders``,
     ``mot``: the relative name, size and mtime of every file below ``root`` (list files,
     ``gt.txt`` and ``seqinfo.ini`` included), for both splits. Every loader's lines also
-    hold each file's real path (links resolved), which is what a manifest holds: a link
-    re-pointed at a copy with the same names, sizes and mtimes gives other manifests.
-    So editing a CSV, adding, removing
+    hold each file's path as a manifest in ``manifests`` holds it (:class:`_ManifestPaths`:
+    links resolved, relative to that folder). So editing a CSV, adding, removing
     or rewriting an image changes the digest; touching an image (same bytes, new mtime)
     does too, since images are not hashed: hashing a whole dataset on every run would
     cost minutes.
     """
+    real = _ManifestPaths(manifests)
     if loader == "manifest":
-        parts = {s: _manifest_images(Path(os.path.expanduser(options[s]))) for s in SPLITS}
+        parts = {s: _manifest_images(Path(os.path.expanduser(options[s])), real) for s in SPLITS}
     elif loader == "market1501":
         root = Path(os.path.expanduser(options["root"]))
         folders = {
             s: root / options.get(f"{s}_folder", default)
             for s, default in zip(SPLITS, ("query", "bounding_box_test"), strict=True)
         }
-        parts = {s: _images_below(f, recursive=False) for s, f in folders.items()}
+        parts = {s: _images_below(f, False, real) for s, f in folders.items()}
     elif loader == "msmt17":
         root = Path(os.path.expanduser(options["root"]))
-        parts = {s: _msmt17_images(root, options.get("images", "auto"), s) for s in SPLITS}
+        images = options.get("images", "auto")
+        parts = {s: _msmt17_images(root, images, s, real) for s in SPLITS}
     elif loader == "folder":
         if options.get("root"):
-            root = Path(os.path.expanduser(options["root"]))
-            tree = _images_below(root, recursive=True)
+            tree = _images_below(Path(os.path.expanduser(options["root"])), True, real)
             parts = {s: tree for s in SPLITS}
         else:
             dirs = {s: Path(os.path.expanduser(options[f"{s}_dir"])) for s in SPLITS}
@@ -1301,11 +1323,10 @@ def dataset_fingerprints(loader: str, options: dict) -> dict[str, str]:
             # resolved: each split's manifest depends on both folders' real paths
             same = os.path.realpath(dirs["query"]) == os.path.realpath(dirs["gallery"])
             parts = {
-                s: [f"one folder\t{same}", *_images_below(d, recursive=True)]
-                for s, d in dirs.items()
+                s: [f"one folder\t{same}", *_images_below(d, True, real)] for s, d in dirs.items()
             }
     elif loader in TREE_LOADERS:
-        tree = _files_below(Path(os.path.expanduser(options["root"])))
+        tree = _files_below(Path(os.path.expanduser(options["root"])), real)
         parts = {s: tree for s in SPLITS}
     else:  # the offline demos: generated from their options alone, so the options are
         # their data's digest (prepare's options param alone reran prepare, but a run
