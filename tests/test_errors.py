@@ -854,6 +854,16 @@ def _resort_query_manifest(work: Path) -> None:
     table.iloc[::-1].to_csv(work / "q.csv", index=False)
 
 
+def _encode_query_again(work: Path) -> None:
+    """The query store encoded again from another file (the same rows, a copy)."""
+    from rankwise.encoders import encode_manifest
+
+    shutil.rmtree(work / "q.zarr")
+    shutil.copy(work / "q.npy", work / "copy.npy")
+    options = {"path": str(work / "copy.npy")}
+    encode_manifest(work / "q.csv", "precomputed", options, work / "q.zarr", progress=False)
+
+
 # (id, what changes after ranking, regex of the one stderr line)
 REPORT_CASES = [
     (
@@ -864,9 +874,16 @@ REPORT_CASES = [
     (
         "report-query-manifest-changed",
         _resort_query_manifest,
-        r"q\.zarr: query embeddings were encoded from \S*/q\.csv \(sha256 [0-9a-f]{12}\), which "
-        r"has changed since \(sha256 [0-9a-f]{12}\), so rows would not align: restore it, or "
-        r"encode \S*/q\.csv again",
+        r"\S*q\.csv: not the query manifest the ranks were computed from \(its sha256 "
+        r"[0-9a-f]{12} differs from the ranks store's [0-9a-f]{12}: edited, re-sorted or "
+        r"another file\); restore it, or rank again",
+    ),
+    (
+        "report-query-embeddings-encoded-again",
+        _encode_query_again,
+        r"\S*q\.zarr: not the query embeddings the ranks were computed from \(its "
+        r"'\w+' differs from the ranks store's record: encoded again or another "
+        r"store\); restore them, or rank again",
     ),
 ]
 
@@ -880,7 +897,7 @@ def test_report_refuses_changed_inputs(d, tmp_path, name, change, pattern):
 
     work = tmp_path / "work"
     work.mkdir()
-    for name_ in ("q.csv", "g.csv", "g.npy"):
+    for name_ in ("q.csv", "g.csv", "g.npy", "q.npy"):
         shutil.copy(d / name_, work / name_)
     encode_manifest(
         work / "q.csv", "precomputed", {"path": str(d / "q.npy")}, work / "q.zarr", progress=False

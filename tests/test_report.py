@@ -1600,8 +1600,9 @@ def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
     working directory): the report run there, with no cache, finds the manifests and
     embeddings it names by the same relative paths, so the worst queries keep their ids
     and nearest items (they were "row N" with none: the old folder was looked in
-    alone).  A manifest there that is not the one ranked (re-sorted: same rows, other
-    order) is never used for ids: rows are matched by position."""
+    alone), also when the old folder holds another project's files of the same names
+    (never read for it).  A manifest that is not the one ranked (re-sorted: same rows,
+    other order) is refused in one line: rows are matched by position."""
     root, _ = results
     project = tmp_path / "project"
     toy = project / "data"
@@ -1625,16 +1626,35 @@ def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
         (entry,) = json.loads((folder / "r.json").read_text())["results"]
         return entry["worst_queries"]["queries"]
 
-    before = worst(project)
+    def listed(queries: list[dict]) -> list:
+        return [(q["id"], q["label"], [t["id"] for t in q["top"]]) for q in queries]
+
+    def identity_ci(folder: Path) -> dict:
+        args = ("ci", "ranks.zarr", "--by", "identity", "--resamples", "50")
+        done = run_rankwise(*args, "--output", "ci.json", cwd=folder)
+        assert done.returncode == 0, done.stderr
+        return json.loads((folder / "ci.json").read_text())
+
+    before, ci = worst(project), identity_ci(project)
     assert all(q["top"] and not q["id"].startswith("row ") for q in before)
     moved = project.rename(tmp_path / "moved")
-    after = worst(moved)
-    assert [(q["id"], q["label"], [t["id"] for t in q["top"]]) for q in after] == [
-        (q["id"], q["label"], [t["id"] for t in q["top"]]) for q in before
-    ]
-    lines = (moved / "data/query.csv").read_text().splitlines()
-    (moved / "data/query.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
-    assert all(q["top"] is None and q["id"].startswith("row ") for q in worst(moved))
+    assert listed(worst(moved)) == listed(before)
+    # another project at the old folder: a re-sorted query manifest, other embeddings
+    # (another encoder's) under the same names; never read for the moved one's ranks
+    shutil.copytree(moved, project)
+    lines = (project / "data/query.csv").read_text().splitlines()
+    (project / "data/query.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
+    for split in ("query", "gallery"):
+        shutil.rmtree(project / f"data/{split}.zarr")
+        shutil.copytree(root / f"embeddings/toy/enc-b/{split}.zarr", project / f"data/{split}.zarr")
+    assert listed(worst(moved)) == listed(before)
+    assert identity_ci(moved)["metrics"] == ci["metrics"]
+    # the moved project's own manifest re-sorted: no file holds the ranked rows
+    shutil.copy(project / "data/query.csv", moved / "data/query.csv")
+    args = ("report", "m.json", "--resamples", "0", "--worst-queries", "3", "--json", "x.json")
+    done = run_rankwise(*args, cwd=moved)
+    assert done.returncode == 2 and not (moved / "x.json").exists()
+    assert "query.csv: not the query manifest the ranks were computed from" in done.stderr
 
 
 def test_a_ranks_store_of_another_evaluation_at_the_named_path_is_not_read(results, tmp_path):

@@ -209,9 +209,11 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     if labels is None:
         path = attrs.get("query_manifest")
         if path:
-            from .store import named_path
+            from .store import named_path, ranked_manifest
 
-            path = named_path(attrs, path)
+            # the ranked one where it is found (a project moved: from here), else the
+            # first file there, which the checks below refuse
+            path = ranked_manifest(attrs, "query") or named_path(attrs, path)
         if not path:
             raise RankwiseError(
                 "by='identity' needs the query labels: this ranks store does "

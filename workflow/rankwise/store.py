@@ -606,28 +606,86 @@ def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str |
     return None
 
 
-def named_path(attrs: dict[str, Any], path: str) -> str:
-    """A path a ranks store's ``attrs`` name (a manifest, an embedding file), as the
-    command that wrote it meant it: a relative one starts from its
-    ``working_directory`` (a store written before rankwise recorded it: from the
-    current folder).  Where nothing is there any more but the same relative path names
-    a file from the current folder, that one: a project moved or copied to another
-    folder (its stores still name the old one) finds its own manifests and embeddings.
-    Whoever reads a manifest this way checks it is the one the ranks were computed
-    from (the store's ``*_manifest_sha256``)."""
+def named_paths(attrs: dict[str, Any], path: str) -> list[str]:
+    """Where a path a ranks store's ``attrs`` name (a manifest, an embedding file) may
+    be: as the command that wrote it meant it, a relative one from its
+    ``working_directory``; then, read from another folder, the same relative path from
+    here (a project moved or copied there: its stores still name the old folder, which
+    may be gone or hold other files).  One path when it is absolute, in the folder it
+    was ranked in (the pipeline's relative paths stay relative in reports), or for a
+    store written before rankwise recorded its folder.  Whoever reads one checks it is
+    the file the ranks were computed from (:func:`named_inputs`)."""
     folder = attrs.get("working_directory")
     if os.path.isabs(path) or not isinstance(folder, str) or not folder:
-        return path
+        return [path]
     try:
         here = os.path.realpath(os.curdir)
     except FileNotFoundError:  # the current folder deleted under the process
         here = None
     if os.path.realpath(folder) == here:
-        return path  # as written (the pipeline's relative paths stay relative in reports)
-    joined = os.path.join(folder, path)
-    if here is not None and not os.path.lexists(joined) and os.path.lexists(path):
-        return path
-    return joined
+        return [path]
+    return [os.path.join(folder, path), path]
+
+
+def named_path(attrs: dict[str, Any], path: str) -> str:
+    """The first of :func:`named_paths`: where the command that wrote the store meant."""
+    return named_paths(attrs, path)[0]
+
+
+def ranked_manifest(attrs: dict[str, Any], role: str) -> str | None:
+    """Where the ``role`` manifest the ranks store ``attrs`` were computed from is: the
+    first of the places it names (:func:`named_paths`) holding a file of the sha256 it
+    recorded (any file, in a store that recorded none); else the first file there (not
+    the one ranked: the reader refuses it), else None."""
+    from .hashing import file_sha256
+
+    path, expected = attrs.get(f"{role}_manifest"), attrs.get(f"{role}_manifest_sha256")
+    if not isinstance(path, str) or not path:
+        return None
+    found = [c for c in named_paths(attrs, path) if os.path.isfile(c)]
+    return next((c for c in found if not expected or file_sha256(c) == expected), None) or next(
+        iter(found), None
+    )
+
+
+def embeddings_difference(attrs: dict[str, Any], role: str, path: str) -> str | None:
+    """The first attribute in which the embedding store at ``path`` differs from the
+    ranks store ``attrs``' record of its ``role`` embeddings (the checkpoint's hash, the
+    encoder's options, the manifest's hash, the rows kept); None when it has them all,
+    or nothing was recorded but the path (an ``.npy``, another tool's array)."""
+    provenance = attrs.get(f"{role}_embeddings")
+    if not isinstance(provenance, dict):
+        return None
+    recorded = {k: v for k, v in provenance.items() if k not in ("path", "complete")}
+    if not recorded:
+        return None
+    found = {k: v for k, v in store_attrs(path).items() if k not in ("path", "complete")}
+    return next(
+        (k for k in sorted(recorded.keys() | found.keys()) if recorded.get(k) != found.get(k)), None
+    )
+
+
+def ranked_embeddings(attrs: dict[str, Any], role: str) -> str | None:
+    """Where the ``role`` embeddings the ranks store ``attrs`` were computed from are:
+    the first of the places they name with the attributes it recorded
+    (:func:`embeddings_difference`); else the first that exists (not the ones ranked:
+    the reader refuses them), else None."""
+    provenance = attrs.get(f"{role}_embeddings") or {}
+    path = provenance.get("path") if isinstance(provenance, dict) else None
+    if not isinstance(path, str) or not path:
+        return None
+    found = [c for c in named_paths(attrs, path) if os.path.exists(c)]
+    ranked = (c for c in found if embeddings_difference(attrs, role, c) is None)
+    return next(ranked, None) or next(iter(found), None)
+
+
+def named_inputs(attrs: dict[str, Any]) -> tuple[str | None, str | None, str | None, str | None]:
+    """``(query manifest, gallery manifest, query embeddings, gallery embeddings)``:
+    where the files the ranks store ``attrs`` were computed from are found from here
+    (:func:`ranked_manifest`, :func:`ranked_embeddings`; None: no file there)."""
+    manifests = [ranked_manifest(attrs, role) for role in ("query", "gallery")]
+    embeddings = [ranked_embeddings(attrs, role) for role in ("query", "gallery")]
+    return manifests[0], manifests[1], embeddings[0], embeddings[1]
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -25,7 +25,7 @@ from ..options import AP, DISTANCE
 from ..registry import PROTOCOLS, get_protocol
 from ..schema import Field, check, optional
 from ..stats import DEFAULT_RESAMPLES
-from ..store import RANKS_ATTRS, named_path
+from ..store import RANKS_ATTRS, named_inputs
 from .comparisons import ap_variant, compare_encoders
 from .constants import ALL_PAIRS_MAX, ALPHA, CONFIDENCE
 from .pairs import PairCache
@@ -397,21 +397,16 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
     if cache is None or summary is None:
         return compute()
     raw = entry["provenance"]["raw"]
-
-    def read(name: str) -> list | None:
-        """The stamp of a file the computation reads, where it reads it (a relative path
-        starts from the working directory the ranks were written in)."""
-        path = raw.get(name) if name.endswith("manifest") else (raw.get(name) or {}).get("path")
-        return _stamp(named_path(raw, path)) if path else None
-
+    # the files the computation reads, where it finds them (store.named_inputs)
+    stamps = [_stamp(path) if path else None for path in named_inputs(raw)]
     key = {
         "attrs": raw,
         # the ids, labels and nearest items come from the manifests and embedding stores:
         # one written again (even one whose ranks came out the same), edited, moved or
         # gone is a new key (the manifests' were missing: an edited one kept old ids,
         # where a cold run refused the stores encoded from the old one)
-        "stores": [read(f"{side}_embeddings") for side in ("query", "gallery")],
-        "manifests": [read(f"{side}_manifest") for side in ("query", "gallery")],
+        "stores": stamps[2:],
+        "manifests": stamps[:2],
         "units": summary.key,
         "n": n,
         "top_k": top_k,

@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import RankwiseError
 from ..metrics import per_unit
 from ..registry import get_protocol
 from ..schema import Field, problem
-from ..store import named_path
+from ..store import named_inputs
 
 #: The per-unit metric that ranks the worst queries, and its name in the document.
 _WORST_METRIC = {"query": "map", "sketch": "m@B"}
@@ -56,23 +57,40 @@ def is_worst_queries(value: Any) -> bool:
     )
 
 
-def _manifest_or_none(path, store, provenance: dict, protocol: str, role: str, expected=None):
-    """The manifest as evaluated (rows an id-keyed store dropped left out), or None.
-
-    ``store``: the embedding store encoded from it (its path from here), ``provenance``
-    the ranks store's record of it.  None too when its sha256 is not ``expected`` (the
-    ranks store's record of the manifest it ranked), and when rows were dropped and the
-    store that says which is gone: the manifest's rows would not be the ranks store's
-    rows.
-    """
+def _refuse_unranked(attrs: dict, role: str, manifest, embeddings) -> None:
+    """One line when the manifest or embeddings found for ``role``
+    (:func:`rankwise.store.named_inputs`) are not the ones ranked: rows are matched by
+    position, so an edited or re-sorted manifest would name other queries' ids and
+    images, and other embeddings other nearest items."""
     from ..hashing import file_sha256
+    from ..store import embeddings_difference
+
+    expected = attrs.get(f"{role}_manifest_sha256")
+    if manifest and expected and (found := file_sha256(manifest)) != expected:
+        raise RankwiseError(
+            f"{manifest}: not the {role} manifest the ranks were computed from (its sha256 "
+            f"{found[:12]} differs from the ranks store's {str(expected)[:12]}: edited, "
+            "re-sorted or another file); restore it, or rank again"
+        )
+    if embeddings and (key := embeddings_difference(attrs, role, embeddings)):
+        raise RankwiseError(
+            f"{embeddings}: not the {role} embeddings the ranks were computed from (its "
+            f"{key!r} differs from the ranks store's record: encoded again or another "
+            "store); restore them, or rank again"
+        )
+
+
+def _manifest_or_none(path, store, provenance: dict, protocol: str, role: str):
+    """The manifest at ``path`` as evaluated with the embedding store ``store`` (rows an
+    id-keyed store dropped left out), or None (no manifest).
+
+    None too when rows were dropped (``provenance``: the ranks store's record of the
+    embeddings) and the store that says which is not found: the manifest's rows would
+    not be the ranks store's rows.
+    """
     from ..inputs import read_evaluated_manifest
 
-    if not path or not Path(path).is_file():
-        return None
-    if expected and file_sha256(path) != expected:
-        # rows are matched by position: an edited or re-sorted manifest, or another
-        # folder's file of the same name, would name other queries' ids and images
+    if path is None:
         return None
     dropped = (provenance.get("id_alignment") or {}).get("dropped_rows")
     if dropped and not (store and Path(store).is_dir()):
@@ -101,8 +119,10 @@ def worst_queries_of(
     sketch being shown by its complete rendering.  Ties go to the smaller query id (the
     store's ``unit_key``; the lower manifest row in a store written without it).
     The top items need the manifests and embedding stores the ranks store names
-    (``query_manifest``..., ``query_embeddings.path``...); without them ``top`` is
-    ``None`` and ids are manifest rows.
+    (``query_manifest``..., ``query_embeddings.path``...), found where
+    :func:`rankwise.store.named_inputs` finds them; without them ``top`` is ``None``
+    and ids are manifest rows; files found there that are not the ones ranked are
+    refused (:class:`RankwiseError`).
 
     Returns
     -------
@@ -121,12 +141,14 @@ def worst_queries_of(
     rows, score, rank = table.last_rows, table.values[:, 0], table.rank
     relevant = table.num_relevant
     pick = np.argsort(score, kind="stable")[:n]
-    q_path, g_path = (attrs.get(f"{side}_manifest") for side in ("query", "gallery"))
-    q_path, g_path = (named_path(attrs, p) if p else p for p in (q_path, g_path))
+    q_path, g_path, *embeddings = named_inputs(attrs)
+    for role, manifest, found in zip(
+        ("query", "gallery"), (q_path, g_path), embeddings, strict=True
+    ):
+        _refuse_unranked(attrs, role, manifest, found)
     provenance = [attrs.get(f"{side}_embeddings") or {} for side in ("query", "gallery")]
-    embeddings = [named_path(attrs, p["path"]) if p.get("path") else None for p in provenance]
     q_table, g_table = (
-        _manifest_or_none(*args, protocol, role, attrs.get(f"{role}_manifest_sha256"))
+        _manifest_or_none(*args, protocol, role)
         for *args, role in zip(
             (q_path, g_path), embeddings, provenance, ("query", "gallery"), strict=True
         )
