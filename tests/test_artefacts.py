@@ -94,6 +94,18 @@ def _attrs(store: str, change: Callable[[dict], None]) -> Callable[[Path], None]
     return apply
 
 
+def _rehome(work: Path) -> None:
+    """The copy as if ranked where it lies: the ranks stores and metrics files name it
+    as their working directory (else the report finds the intact originals there, which
+    are the ones ranked, and reads those)."""
+    for store in ("r.zarr", "r2.zarr"):
+        _attrs(store, lambda a: a.update(working_directory=str(work)))(work)
+    for name in ("enc", "enc2"):
+        _json(f"m/toy/{name}.json", lambda d: d["provenance"].update(working_directory=str(work)))(
+            work
+        )
+
+
 def _array(store: str, name: str, change: Callable[[np.ndarray | None], np.ndarray]):
     """Replace (or add) array ``name`` of a Zarr group with ``change(old)``."""
 
@@ -217,7 +229,8 @@ EMBEDDING_CASES = [
      "incomplete embedding store"),
     ("array-metadata-empty", _text("g.zarr/embeddings/zarr.json", lambda _: ""), _RANK_G,
      "array 'embeddings' of the Zarr store cannot be read"),
-    ("through-the-report", _attrs("q.zarr", lambda a: a.update(num_rows="6")), REPORT,
+    ("through-the-report",
+     lambda w: (_rehome(w), _attrs("q.zarr", lambda a: a.update(num_rows="6"))(w)), REPORT,
      "'num_rows' must be a non-negative integer"),
     ("format-newer", _attrs("g.zarr", lambda a: a.update(rankwise_format=3)), _RANK_G,
      "written by a newer rankwise (store format 3;"),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 from click.testing import CliRunner
 
 from rankwise import __version__
@@ -25,7 +26,7 @@ from rankwise.cli import main
 from rankwise.errors import RankwiseError
 from rankwise.report import build_report, cmc_curve, comparison_pairs, render_html
 from rankwise.stats import holm
-from rankwise.store import read_ranks, write_embeddings, write_ranks
+from rankwise.store import read_ranks, store_attrs, write_embeddings, write_ranks
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -1601,8 +1602,10 @@ def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
     embeddings it names by the same relative paths, so the worst queries keep their ids
     and nearest items (they were "row N" with none: the old folder was looked in
     alone), also when the old folder holds another project's files of the same names
-    (never read for it).  A manifest that is not the one ranked (re-sorted: same rows,
-    other order) is refused in one line: rows are matched by position."""
+    and attributes (never read for it: the embeddings' digest differs, and the ranks
+    store found from here sends the search here first).  A manifest that is not the one
+    ranked (re-sorted: same rows, other order) is refused in one line: rows are matched
+    by position."""
     root, _ = results
     project = tmp_path / "project"
     toy = project / "data"
@@ -1639,18 +1642,37 @@ def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
     assert all(q["top"] and not q["id"].startswith("row ") for q in before)
     moved = project.rename(tmp_path / "moved")
     assert listed(worst(moved)) == listed(before)
-    # another project at the old folder: a re-sorted query manifest, other embeddings
-    # (another encoder's) under the same names; never read for the moved one's ranks
+    # another project at the old folder: the same manifests (bytes), embeddings of the
+    # same attributes but other rows (its images rewritten and encoded again): never
+    # read for the moved one's ranks, neither for nearest items nor for image paths
     shutil.copytree(moved, project)
-    lines = (project / "data/query.csv").read_text().splitlines()
-    (project / "data/query.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
+    rng = np.random.default_rng(7)
     for split in ("query", "gallery"):
-        shutil.rmtree(project / f"data/{split}.zarr")
-        shutil.copytree(root / f"embeddings/toy/enc-b/{split}.zarr", project / f"data/{split}.zarr")
-    assert listed(worst(moved)) == listed(before)
+        store = project / f"data/{split}.zarr"
+        kept = {k: v for k, v in store_attrs(store).items() if k not in ("kind", "complete")}
+        rows = np.asarray(zarr.open_group(str(store), mode="r")["embeddings"])
+        shutil.rmtree(store)
+        other = rng.normal(size=rows.shape).astype(np.float32)
+        write_embeddings(store, iter([other]), len(other), attrs=kept)
+    assert store_attrs(store)["embeddings_sha256"] != kept["embeddings_sha256"]
+    after = worst(moved)
+    assert listed(after) == listed(before)
+    assert not any(str(project) in (q["image"] or "") for q in after)
     assert identity_ci(moved)["metrics"] == ci["metrics"]
-    # the moved project's own manifest re-sorted: no file holds the ranked rows
-    shutil.copy(project / "data/query.csv", moved / "data/query.csv")
+    # from a third folder the moved project's files are not named: the old folder's
+    # are found, and refused (they are not the ones ranked), in one line
+    (tmp_path / "elsewhere").mkdir()
+    args = ("report", moved / "m.json", "--resamples", "0", "--worst-queries", "3")
+    done = run_rankwise(*args, "--json", "x.json", cwd=tmp_path / "elsewhere")
+    assert done.returncode == 2, done.stderr
+    assert "not the query embeddings the ranks were computed from (its 'embeddings_sha256'" in (
+        done.stderr
+    )
+    # the moved project's own manifest re-sorted, the old folder gone: no file holds the
+    # ranked rows
+    shutil.rmtree(project)
+    lines = (moved / "data/query.csv").read_text().splitlines()
+    (moved / "data/query.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
     args = ("report", "m.json", "--resamples", "0", "--worst-queries", "3", "--json", "x.json")
     done = run_rankwise(*args, cwd=moved)
     assert done.returncode == 2 and not (moved / "x.json").exists()

@@ -55,6 +55,8 @@ EMBEDDING_ATTRS: dict[str, Field] = {
     "manifest_hash": Field("string", nullable=True),
     MANIFEST_SHA256: Field("string", nullable=True),
     "num_rows": Field("count"),
+    # the rows' digest (store.write_embeddings): which encode a ranks store ranked
+    "embeddings_sha256": Field("string"),
     "rankwise_version": Field("string"),
     "preprocessing": Field("object", nullable=True),
     ID_ALIGNMENT: Field("object"),

@@ -383,8 +383,15 @@ def write_embeddings(
 
     ``batches`` yields consecutive ``(B, D)`` arrays whose B add up to ``n_rows``.
     The array is preallocated once D is known (first batch).  ``arrays``: further
-    1-D int64 arrays of ``n_rows`` values stored beside it (``manifest_row``).
+    1-D int64 arrays of ``n_rows`` values stored beside it (``manifest_row``).  The
+    attribute ``embeddings_sha256`` digests the shape, the rows' bytes and ``arrays``
+    (the same numbers give the same digest, whatever the batches): a ranks store keeps
+    a copy, so whoever reads the embeddings it names knows whether they are the ones
+    ranked (images rewritten and encoded again keep every other attribute).
     """
+    import hashlib
+
+    digest = hashlib.sha256()
     with atomic_store(path, "embeddings") as group:
         arr = None
         row = 0
@@ -409,13 +416,19 @@ def write_embeddings(
                     f"{path}: encoder produced more rows than the manifest's {n_rows}"
                 )
             arr[row : row + len(batch)] = batch
+            if row == 0:
+                digest.update(f"float32 {n_rows} x {batch.shape[1]}\n".encode())
+            digest.update(np.ascontiguousarray(batch).data)
             row += len(batch)
         if arr is None or row != n_rows:
             raise RankwiseError(f"{path}: encoder produced {row} rows for a manifest of {n_rows}")
-        for name, values in (arrays or {}).items():
+        for name, values in sorted((arrays or {}).items()):
             values = np.ascontiguousarray(values, dtype=np.int64)
             group.create_array(name, data=values, chunks=(max(1, min(len(values), 1 << 20)),))
-        group.attrs.update(_json_safe({"kind": "embeddings", **attrs}))
+            digest.update(f"\n{name} int64 {len(values)}\n".encode())
+            digest.update(values.data)
+        content = {"embeddings_sha256": digest.hexdigest()}
+        group.attrs.update(_json_safe({"kind": "embeddings", **attrs, **content}))
 
 
 def embeddings_attrs(path: str | os.PathLike) -> dict[str, Any]:
@@ -606,15 +619,17 @@ def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str |
     return None
 
 
-def named_paths(attrs: dict[str, Any], path: str) -> list[str]:
+def named_paths(attrs: dict[str, Any], path: str, here_first: bool = False) -> list[str]:
     """Where a path a ranks store's ``attrs`` name (a manifest, an embedding file) may
     be: as the command that wrote it meant it, a relative one from its
     ``working_directory``; then, read from another folder, the same relative path from
     here (a project moved or copied there: its stores still name the old folder, which
     may be gone or hold other files).  One path when it is absolute, in the folder it
     was ranked in (the pipeline's relative paths stay relative in reports), or for a
-    store written before rankwise recorded its folder.  Whoever reads one checks it is
-    the file the ranks were computed from (:func:`named_inputs`)."""
+    store written before rankwise recorded its folder.  ``here_first``: the path from
+    here first (the ranks store itself was found from here: a copied project's report
+    reads its own files, not the original's).  Whoever reads one checks it is the file
+    the ranks were computed from (:func:`named_inputs`)."""
     folder = attrs.get("working_directory")
     if os.path.isabs(path) or not isinstance(folder, str) or not folder:
         return [path]
@@ -624,7 +639,8 @@ def named_paths(attrs: dict[str, Any], path: str) -> list[str]:
         here = None
     if os.path.realpath(folder) == here:
         return [path]
-    return [os.path.join(folder, path), path]
+    there = os.path.join(folder, path)
+    return [path, there] if here_first else [there, path]
 
 
 def named_path(attrs: dict[str, Any], path: str) -> str:
@@ -632,7 +648,7 @@ def named_path(attrs: dict[str, Any], path: str) -> str:
     return named_paths(attrs, path)[0]
 
 
-def ranked_manifest(attrs: dict[str, Any], role: str) -> str | None:
+def ranked_manifest(attrs: dict[str, Any], role: str, here_first: bool = False) -> str | None:
     """Where the ``role`` manifest the ranks store ``attrs`` were computed from is: the
     first of the places it names (:func:`named_paths`) holding a file of the sha256 it
     recorded (any file, in a store that recorded none); else the first file there (not
@@ -642,7 +658,7 @@ def ranked_manifest(attrs: dict[str, Any], role: str) -> str | None:
     path, expected = attrs.get(f"{role}_manifest"), attrs.get(f"{role}_manifest_sha256")
     if not isinstance(path, str) or not path:
         return None
-    found = [c for c in named_paths(attrs, path) if os.path.isfile(c)]
+    found = [c for c in named_paths(attrs, path, here_first) if os.path.isfile(c)]
     return next((c for c in found if not expected or file_sha256(c) == expected), None) or next(
         iter(found), None
     )
@@ -650,8 +666,9 @@ def ranked_manifest(attrs: dict[str, Any], role: str) -> str | None:
 
 def embeddings_difference(attrs: dict[str, Any], role: str, path: str) -> str | None:
     """The first attribute in which the embedding store at ``path`` differs from the
-    ranks store ``attrs``' record of its ``role`` embeddings (the checkpoint's hash, the
-    encoder's options, the manifest's hash, the rows kept); None when it has them all,
+    ranks store ``attrs``' record of its ``role`` embeddings (the rows' digest, the
+    checkpoint's hash, the encoder's options, the manifest's hash, the rows kept); None
+    when it has them all,
     or nothing was recorded but the path (an ``.npy``, another tool's array)."""
     provenance = attrs.get(f"{role}_embeddings")
     if not isinstance(provenance, dict):
@@ -665,7 +682,7 @@ def embeddings_difference(attrs: dict[str, Any], role: str, path: str) -> str | 
     )
 
 
-def ranked_embeddings(attrs: dict[str, Any], role: str) -> str | None:
+def ranked_embeddings(attrs: dict[str, Any], role: str, here_first: bool = False) -> str | None:
     """Where the ``role`` embeddings the ranks store ``attrs`` were computed from are:
     the first of the places they name with the attributes it recorded
     (:func:`embeddings_difference`); else the first that exists (not the ones ranked:
@@ -674,17 +691,19 @@ def ranked_embeddings(attrs: dict[str, Any], role: str) -> str | None:
     path = provenance.get("path") if isinstance(provenance, dict) else None
     if not isinstance(path, str) or not path:
         return None
-    found = [c for c in named_paths(attrs, path) if os.path.exists(c)]
+    found = [c for c in named_paths(attrs, path, here_first) if os.path.exists(c)]
     ranked = (c for c in found if embeddings_difference(attrs, role, c) is None)
     return next(ranked, None) or next(iter(found), None)
 
 
-def named_inputs(attrs: dict[str, Any]) -> tuple[str | None, str | None, str | None, str | None]:
+def named_inputs(
+    attrs: dict[str, Any], here_first: bool = False
+) -> tuple[str | None, str | None, str | None, str | None]:
     """``(query manifest, gallery manifest, query embeddings, gallery embeddings)``:
     where the files the ranks store ``attrs`` were computed from are found from here
     (:func:`ranked_manifest`, :func:`ranked_embeddings`; None: no file there)."""
-    manifests = [ranked_manifest(attrs, role) for role in ("query", "gallery")]
-    embeddings = [ranked_embeddings(attrs, role) for role in ("query", "gallery")]
+    manifests = [ranked_manifest(attrs, role, here_first) for role in ("query", "gallery")]
+    embeddings = [ranked_embeddings(attrs, role, here_first) for role in ("query", "gallery")]
     return manifests[0], manifests[1], embeddings[0], embeddings[1]
 
 

@@ -389,16 +389,24 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
     and real), sizes and modification times of the manifests and embedding stores it
     reads."""
 
+    # the ranks store found from here (as :class:`_Stores` looks first, without reading
+    # it): its manifests and embeddings too, not the folder it was ranked in (a copied
+    # project's report showed the original's images)
+    given = entry["provenance"]["files"]["ranks"]
+    here_first = bool(given) and not os.path.isabs(given) and Path(given).is_dir()
+
     def compute():
         store = stores.get(entry)
         assert store is not None
-        return worst_queries_of(*store, n=n, top_k=top_k, ap=ap_variant(entry))
+        return worst_queries_of(
+            *store, n=n, top_k=top_k, ap=ap_variant(entry), here_first=here_first
+        )
 
     if cache is None or summary is None:
         return compute()
     raw = entry["provenance"]["raw"]
     # the files the computation reads, where it finds them (store.named_inputs)
-    stamps = [_stamp(path) if path else None for path in named_inputs(raw)]
+    stamps = [_stamp(path) if path else None for path in named_inputs(raw, here_first)]
     key = {
         "attrs": raw,
         # the ids, labels and nearest items come from the manifests and embedding stores:

@@ -73,6 +73,11 @@ def _refuse_unranked(attrs: dict, role: str, manifest, embeddings) -> None:
             "re-sorted or another file); restore it, or rank again"
         )
     if embeddings and (key := embeddings_difference(attrs, role, embeddings)):
+        from ..embeddings import open_embeddings
+
+        # a broken store (attributes of the wrong type, a missing chunk): its reader's
+        # line, which says what is wrong and how to fix it
+        open_embeddings(embeddings, name=f"{role} embeddings")
         raise RankwiseError(
             f"{embeddings}: not the {role} embeddings the ranks were computed from (its "
             f"{key!r} differs from the ranks store's record: encoded again or another "
@@ -111,7 +116,13 @@ def _item(table, row: int, folder: Path | None) -> dict[str, Any]:
 
 
 def worst_queries_of(
-    arrays: dict[str, np.ndarray], attrs: dict, *, n: int = 5, top_k: int = 10, ap: str = "standard"
+    arrays: dict[str, np.ndarray],
+    attrs: dict,
+    *,
+    n: int = 5,
+    top_k: int = 10,
+    ap: str = "standard",
+    here_first: bool = False,
 ) -> dict[str, Any]:
     """The ``n`` evaluated queries with the lowest score, and their top-``top_k`` items.
 
@@ -120,7 +131,8 @@ def worst_queries_of(
     store's ``unit_key``; the lower manifest row in a store written without it).
     The top items need the manifests and embedding stores the ranks store names
     (``query_manifest``..., ``query_embeddings.path``...), found where
-    :func:`rankwise.store.named_inputs` finds them; without them ``top`` is ``None``
+    :func:`rankwise.store.named_inputs` finds them (``here_first``: the ranks store was
+    found from the current folder); without them ``top`` is ``None``
     and ids are manifest rows; files found there that are not the ones ranked are
     refused (:class:`RankwiseError`).
 
@@ -141,7 +153,7 @@ def worst_queries_of(
     rows, score, rank = table.last_rows, table.values[:, 0], table.rank
     relevant = table.num_relevant
     pick = np.argsort(score, kind="stable")[:n]
-    q_path, g_path, *embeddings = named_inputs(attrs)
+    q_path, g_path, *embeddings = named_inputs(attrs, here_first)
     for role, manifest, found in zip(
         ("query", "gallery"), (q_path, g_path), embeddings, strict=True
     ):
