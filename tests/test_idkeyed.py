@@ -558,6 +558,25 @@ def test_readers_by_row_see_the_evaluated_rows(tmp_path: Path):
         query_labels(attrs)
 
 
+def test_labels_by_identity_find_a_dropped_rows_store_from_another_folder(tmp_path, monkeypatch):
+    """`--by identity` from another folder on a ranks store with relative paths and
+    dropped rows: the store saying which rows were evaluated is looked for from the
+    folder it was ranked in, as the manifest is (it was looked for from here alone:
+    "query embeddings not found", exit 2)."""
+    case, kept, options = _dropped_case(tmp_path)
+    store = _encode(tmp_path / "q.csv", {**options, "split": "query"}, tmp_path / "query.zarr")
+    attrs = {
+        "protocol": "reid",
+        "working_directory": str(tmp_path),
+        "query_manifest": "q.csv",
+        "query_embeddings": embeddings_attrs(store) | {"path": "query.zarr"},
+    }
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    labels = query_labels(attrs)
+    assert labels.tolist() == case.query["label"].to_numpy()[kept["query"]].tolist()
+
+
 def test_worst_queries_without_the_store_give_no_manifest_rows(tmp_path: Path):
     """Rows were dropped and the store saying which is gone: rows, not wrong ids."""
     case, kept, options = _dropped_case(tmp_path)

@@ -227,7 +227,10 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
                 "--labels QUERY.csv"
             )
         labels = path
-    store = (attrs.get("query_embeddings") or {}).get("path")
+    from .store import ranked_embeddings
+
+    # where the embeddings ranked are found (from another folder too), else as named
+    store = ranked_embeddings(attrs, "query") or (attrs.get("query_embeddings") or {}).get("path")
     aligned = (attrs.get("query_embeddings") or {}).get("id_alignment") or {}
     if isinstance(labels, (str, os.PathLike, Table)) or is_dataframe(labels):
         if aligned.get("dropped_rows") and not (store and os.path.isdir(store)):
