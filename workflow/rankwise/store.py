@@ -659,17 +659,16 @@ def ranked_manifest(attrs: dict[str, Any], role: str, here_first: bool = False) 
     if not isinstance(path, str) or not path:
         return None
     found = [c for c in named_paths(attrs, path, here_first) if os.path.isfile(c)]
-    return next((c for c in found if not expected or file_sha256(c) == expected), None) or next(
-        iter(found), None
-    )
+    ranked = (c for c in found if not expected or file_sha256(c) == expected)
+    return next(ranked, None) or next(iter(found), None)
 
 
 def embeddings_difference(attrs: dict[str, Any], role: str, path: str) -> str | None:
     """The first attribute in which the embedding store at ``path`` differs from the
     ranks store ``attrs``' record of its ``role`` embeddings (the rows' digest, the
     checkpoint's hash, the encoder's options, the manifest's hash, the rows kept); None
-    when it has them all,
-    or nothing was recorded but the path (an ``.npy``, another tool's array)."""
+    when it has them all, or nothing was recorded but the path (an ``.npy``, another
+    tool's array)."""
     provenance = attrs.get(f"{role}_embeddings")
     if not isinstance(provenance, dict):
         return None
