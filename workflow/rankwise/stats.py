@@ -203,14 +203,13 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
     are reused across sequences.
     """
     from .inputs import read_evaluated_manifest
+    from .store import named_path, ranked_embeddings, ranked_manifest
     from .table import Table, is_dataframe
 
     protocol = attrs.get("protocol", "recall")
     if labels is None:
         path = attrs.get("query_manifest")
         if path:
-            from .store import named_path, ranked_manifest
-
             # the ranked one where it is found (a project moved: from here), else the
             # first file there, which the checks below refuse
             path = ranked_manifest(attrs, "query") or named_path(attrs, path)
@@ -227,8 +226,6 @@ def query_labels(attrs: dict, labels=None) -> np.ndarray:
                 "--labels QUERY.csv"
             )
         labels = path
-    from .store import ranked_embeddings
-
     # where the embeddings ranked are found (from another folder too), else as named
     store = ranked_embeddings(attrs, "query") or (attrs.get("query_embeddings") or {}).get("path")
     aligned = (attrs.get("query_embeddings") or {}).get("id_alignment") or {}
