@@ -467,14 +467,29 @@ def test_repeated_stems_name_by_the_folders_after_the_fixed_ones(tmp_path, monke
     assert _sweep("exp/**/model.pt")[0] == ["a-seed-1-model", "b-seed-1-model", "model"]
     assert _sweep("exp/*/seed=1/model.pt")[0] == ["a-seed-1-model", "b-seed-1-model"]
     assert _sweep("*/*/seed=1/model.pt")[0] == ["exp-a-seed-1-model", "exp-b-seed-1-model"]
-    # the whole sweep is named by paths, even files whose stem is their own
+    # only the files of the repeated stem are named by their paths
     _touch("exp/a/seed=1/extra.pt")
     assert _sweep("exp/a/*/*.pt")[0] == ["extra", "model"]  # distinct stems: as before
-    assert _sweep("exp/*/seed=1/*.pt")[0] == [
-        "a-seed-1-extra",
-        "a-seed-1-model",
-        "b-seed-1-model",
-    ]
+    assert _sweep("exp/*/seed=1/*.pt")[0] == ["a-seed-1-model", "b-seed-1-model", "extra"]
+
+
+def test_a_file_repeating_a_stem_renames_only_the_file_it_repeats(tmp_path, monkeypatch):
+    """A sweep's names are its outputs' names: a new run folder whose epoch repeats an
+    older run's renamed every checkpoint of the sweep (each evaluated again under its
+    path name); now the two files of that stem alone change, every other keeps its name,
+    and removing the new file gives the first its stem back."""
+    monkeypatch.chdir(tmp_path)
+    _touch(*[f"runs/a/epoch_{e}.pth" for e in (1, 2, 3, 10)], "runs/b/epoch_11.pth")
+    before, _ = _sweep("runs/*/epoch_*.pth", kind="reid")
+    assert before == ["epoch_1", "epoch_2", "epoch_3", "epoch_10", "epoch_11"]
+    _touch("runs/b/epoch_2.pth")  # run b resumed from epoch 1: its own epoch_2
+    after, expanded = _sweep("runs/*/epoch_*.pth", kind="reid")
+    assert after == ["a-epoch_2", "b-epoch_2", "epoch_1", "epoch_3", "epoch_10", "epoch_11"]
+    assert set(before) - set(after) == {"epoch_2"}
+    assert Path(expanded["run@a-epoch_2"]["options"]["checkpoint"]) == Path("runs/a/epoch_2.pth")
+    assert Path(expanded["run@b-epoch_2"]["options"]["checkpoint"]) == Path("runs/b/epoch_2.pth")
+    Path("runs/b/epoch_2.pth").unlink()
+    assert _sweep("runs/*/epoch_*.pth", kind="reid")[0] == before
 
 
 @pytest.mark.parametrize(

@@ -163,3 +163,23 @@ def test_lightning_and_hugging_face_checkpoints_run_under_their_sweep_names(tmp_
     assert rows == set(files.items())
     assert (tmp_path / "results/metrics/market/pl@epoch-1-step-100.json").is_file()
     assert planned(tmp_path, config) == {}
+
+
+def test_a_new_run_repeating_an_epoch_reruns_only_that_epoch(tmp_path):
+    """`runs/*/epoch_*.onnx`: a second run folder whose epoch_2 repeats the first run's
+    renames that one file (run@a-epoch_2) and adds its own (run@b-epoch_2): exactly
+    their jobs are planned; epoch_1 keeps its name and its results (it used to be
+    renamed too, and so evaluated again)."""
+    for seed, epoch in enumerate((1, 2)):
+        write_model(tmp_path / f"runs/a/epoch_{epoch}.onnx", seed=seed)
+    config = copy.deepcopy(CONFIG)
+    config["encoders"]["run"]["checkpoints"] = "runs/*/epoch_*.onnx"
+    run_ok(tmp_path, config)
+    assert reported(tmp_path) == ["run@epoch_1", "run@epoch_2"]
+    write_model(tmp_path / "runs/b/epoch_2.onnx", seed=5)
+    # two checkpoints' jobs (the renamed one, the new one), one report
+    assert planned(tmp_path, config) == {"encode": 4, "rank": 2, "metrics": 2, "report": 1,
+                                         "all": 1}  # fmt: skip
+    run_ok(tmp_path, config)
+    assert reported(tmp_path) == ["run@a-epoch_2", "run@b-epoch_2", "run@epoch_1"]
+    assert planned(tmp_path, config) == {}

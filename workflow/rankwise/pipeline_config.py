@@ -5,7 +5,7 @@
 - :func:`check_config`: the JSON schema (config/schema.yaml, the single source), reported
   as one line: ``file:line: key.path: what is wrong; did you mean ...?``.
 - :func:`expand_checkpoints`: ``checkpoints: <glob>`` sweeps -> one encoder per file,
-  named ``<entry>@<file stem>`` (or by its folders when stems repeat; other characters
+  named ``<entry>@<file stem>`` (a repeated stem by its folders; other characters
   as ``-``: :func:`sweep_names`), in natural order (epoch_2 before epoch_10).
 - :func:`check_paths` / :func:`encoder_paths`: every file or folder the config names
   exists before any job runs, so no missing path ever enters the DAG.
@@ -18,6 +18,7 @@ Relative paths start from the working directory (Snakemake's ``--directory``).
 
 from __future__ import annotations
 
+import collections
 import csv
 import difflib
 import glob
@@ -819,23 +820,29 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
 def sweep_names(pattern: str, files: Sequence[str]) -> list[str]:
     """The name (after ``<entry>@``) a sweep gives each of ``files``, matches of ``pattern``.
 
-    Each file's :func:`checkpoint_stem` (``epoch_60.pth`` -> ``epoch_60``). When two or
-    more files share a stem (Hugging Face's ``checkpoint-500/model.safetensors``,
-    ``checkpoint-1000/model.safetensors``), every file is named by its path below the
-    pattern's fixed leading folder (:func:`_fixed_folder`), its own name's suffix dropped
-    as :func:`checkpoint_stem` drops it, with ``/`` as ``-``: ``checkpoint-500-model``.
-    Either way, a character an encoder name may not hold becomes ``-``
-    (:func:`name_part`): Lightning's ``epoch=3-step=100.ckpt`` -> ``epoch-3-step-100``.
-    A sweep whose stems differ keeps them: its names do not depend on the other files.
+    Each file's :func:`checkpoint_stem` (``epoch_60.pth`` -> ``epoch_60``). A stem two or
+    more files share (Hugging Face's ``checkpoint-500/model.safetensors``,
+    ``checkpoint-1000/model.safetensors``) names none of them: each of those files is named
+    by its path below the pattern's fixed leading folder (:func:`_fixed_folder`), its own
+    name's suffix dropped as :func:`checkpoint_stem` drops it, with ``/`` as ``-``:
+    ``checkpoint-500-model``. Either way, a character an encoder name may not hold becomes
+    ``-`` (:func:`name_part`): Lightning's ``epoch=3-step=100.ckpt`` -> ``epoch-3-step-100``.
+
+    Only the files of a repeated stem are named by their paths, so a file that joins a
+    sweep renames at most one other (the one whose stem it repeats): a new run folder
+    whose ``epoch_5.pth`` repeats an older run's renames that file alone, not every
+    checkpoint of the sweep (each rename is evaluated again under its new name).
     """
     stems = [checkpoint_stem(file) for file in files]
-    if len(set(stems)) < len(stems):
-        fixed = _fixed_folder(pattern)
-        stems = [
-            "-".join([*Path(os.path.relpath(Path(file).parent, fixed)).parts, stem])
-            for file, stem in zip(files, stems, strict=True)
-        ]
-    return [name_part(stem) for stem in stems]
+    counts = collections.Counter(stems)
+    fixed = _fixed_folder(pattern)
+    names = [
+        "-".join([*Path(os.path.relpath(Path(file).parent, fixed)).parts, stem])
+        if counts[stem] > 1
+        else stem
+        for file, stem in zip(files, stems, strict=True)
+    ]
+    return [name_part(name) for name in names]
 
 
 def name_part(text: str) -> str:
