@@ -11,6 +11,8 @@
   until ``--unlock``; then a dry run with ``--rerun-incomplete`` lists only the unfinished
   jobs, the rerun completes, finished jobs are not rerun (their files keep their bytes and
   mtimes) and the numbers equal a clean run's.
+- A Ctrl-C while the console script imports the command line (before click's handler)
+  ends as one inside a command does: ``Aborted!``, exit status 1, no traceback.
 
 The encoder used for the kills (``HELD_ENCODER``) is a plain ``python``-kind factory that
 waits after its first batch while a ``hold-<split>`` file exists: the kill lands at a known
@@ -481,3 +483,36 @@ def test_snakemake_killed_then_rerun_incomplete(tmp_path):
     assert strip(json.loads((work / "results/report.json").read_text())) == strip(
         json.loads((clean / "results/report.json").read_text())
     )
+
+
+# A real SIGINT, sent by the process to itself the moment `rankwise.cli` starts to be
+# imported (a meta-path finder that then lets the import go on), through the installed
+# console script run as `rankwise --version` would run it.
+_INTERRUPT_IMPORT = """
+import os, runpy, signal, sys
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "rankwise.cli":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = [sys.argv[1], "--version"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_the_command_line_imports_is_aborted_not_a_traceback():
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="rankwise")
+    assert script.value == "rankwise.console:main"
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_IMPORT, RANKWISE],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stderr, proc.stdout) == (1, "\nAborted!\n", "")
+    # without the interrupt the same wrapper answers
+    proc = subprocess.run([RANKWISE, "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("rankwise, version")
