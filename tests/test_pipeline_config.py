@@ -853,6 +853,44 @@ def _market(root: Path) -> None:
     _image(root / "bounding_box_test" / "0002_c2s1_000030_00.jpg")
 
 
+def test_manifest_paths_of_links_equal_realpath(tmp_path, monkeypatch):
+    """A fingerprint's path of a file (:class:`pc._ManifestPaths`) is the file's realpath
+    relative to the manifests' real folder, as prepare writes it; a linked file is read
+    through its link's target and a cached realpath of the target's folder (a faster
+    road, not another answer): relative and absolute targets, targets through linked
+    folders and ``..`` (links resolved first, as realpath does), chains of links, links
+    reached through a linked folder, manifests in a linked folder."""
+    monkeypatch.chdir(tmp_path)
+    _touch("real/a/x.png", "real/b/y.png", "real/x.png")
+    os.symlink("real/a", "linkdir")
+    os.symlink("linkdir/..", "up")  # linkdir/.. is real/, not the project folder
+    os.makedirs("links")
+    targets = {
+        "rel.png": "../real/a/x.png",
+        "abs.png": str(tmp_path / "real/b/y.png"),
+        "chain.png": "rel.png",
+        "chain2.png": "chain.png",
+        "viadir.png": "../linkdir/x.png",
+        "dotdot.png": "../linkdir/../b/y.png",
+        "viaup.png": "../up/x.png",
+        "dot.png": "./../real/./a/x.png",
+    }
+    for name, target in targets.items():
+        os.symlink(target, f"links/{name}")
+    os.symlink("links", "linklinks")
+    os.makedirs("results/real-manifests")
+    os.symlink("real-manifests", "results/manifests")
+    files = [f"links/{n}" for n in targets] + [f"linklinks/{n}" for n in targets]
+    files += ["real/a/x.png", "linkdir/x.png", "up/x.png", str(tmp_path / "linkdir/x.png")]
+    for manifests in ("results/manifests", "elsewhere/deeper", str(tmp_path)):
+        paths = pc._ManifestPaths(manifests)
+        base = os.path.realpath(manifests)
+        for file in files:
+            want = os.path.relpath(os.path.realpath(file), base)
+            assert paths(file, os.path.islink(file)) == want, (manifests, file)
+    assert os.path.realpath("links/dotdot.png") == str(tmp_path / "real/b/y.png")
+
+
 def test_market_fingerprint_follows_each_splits_folder(tmp_path):
     _market(tmp_path)
     options = {

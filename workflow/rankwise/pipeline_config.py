@@ -1141,7 +1141,9 @@ class _ManifestPaths:
     pointed at a copy with the same names, sizes and mtimes changes it; a project moved
     with its data does not (a move away from data outside it does). One realpath and one
     relpath per folder, not per file (20k realpath calls cost ~0.25 s per Snakemake
-    start)."""
+    start); a linked file is read as its link's target (one ``readlink``), whose folder
+    is resolved once per folder as written in the links, and only a target that is a
+    link again (a chain) costs a realpath of its own."""
 
     def __init__(self, manifests: str | os.PathLike) -> None:
         self.base = os.path.realpath(manifests)
@@ -1153,14 +1155,24 @@ class _ManifestPaths:
             self.real[real_folder] = os.path.relpath(real_folder, self.base)
         return self.real[real_folder]
 
-    def __call__(self, path: str, link: bool) -> str:
-        if link:  # a link's own folder says nothing of where it points
-            folder, name = os.path.split(os.path.realpath(path))
-            return os.path.join(self._relative(folder), name)
-        folder, name = os.path.split(path)
+    def _in_folder(self, folder: str, name: str) -> str:
+        """``folder/name`` as a manifest holds it, ``name`` not a link (``folder`` may
+        hold links and ``..``: resolved as realpath resolves them, links first)."""
         if folder not in self.folders:
             self.folders[folder] = self._relative(os.path.realpath(folder))
         return os.path.join(self.folders[folder], name)
+
+    def __call__(self, path: str, link: bool) -> str:
+        if not link:
+            return self._in_folder(*os.path.split(path))
+        # a link's own folder says nothing of where it points: its target's folder does
+        # (relative targets start from the link's folder; os.path.join keeps absolute ones)
+        target = os.path.join(os.path.dirname(path), os.readlink(path))
+        folder, name = os.path.split(target)
+        if name in ("", ".", "..") or S_ISLNK(os.lstat(target).st_mode):
+            folder, name = os.path.split(os.path.realpath(path))  # a chain of links
+            return os.path.join(self._relative(folder), name)
+        return self._in_folder(folder, name)
 
 
 def _stat_line(label: str, path: str | os.PathLike, real: _ManifestPaths | None = None) -> str:
