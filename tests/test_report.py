@@ -1594,6 +1594,21 @@ def test_a_report_run_from_another_folder_finds_the_evaluations_stores(results, 
     for a, b in zip(there["results"], here["results"], strict=True):
         assert a["ci95"] and a["ci95"] == b["ci95"] and a["cmc"] == b["cmc"]
     assert here["comparisons"] == there["comparisons"] != []
+    # the project moved, its metrics files given from the other folder: its stores are
+    # found from the metrics files' folders (they were looked for from here and from
+    # the recorded folder, now gone, alone: no intervals, no tests)
+    moved = project.rename(tmp_path / "moved")
+    metrics = [moved / path.relative_to(project) for path in metrics]
+    done = run_rankwise(
+        *("report", *metrics, "--resamples", "50", "--json", elsewhere / "m.json"), cwd=elsewhere
+    )
+    assert done.returncode == 0, done.stderr
+    assert "note: no intervals" not in done.stderr
+    away = json.loads((elsewhere / "m.json").read_text())
+    assert away["statistics"]["without_statistics"] == []
+    for a, b in zip(there["results"], away["results"], strict=True):
+        assert a["ci95"] and a["ci95"] == b["ci95"] and a["cmc"] == b["cmc"]
+    assert away["comparisons"] == there["comparisons"]
 
 
 def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
@@ -1659,15 +1674,21 @@ def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
     assert listed(after) == listed(before)
     assert not any(str(project) in (q["image"] or "") for q in after)
     assert identity_ci(moved)["metrics"] == ci["metrics"]
-    # from a third folder the moved project's files are not named: the old folder's
-    # are found, and refused (they are not the ones ranked), in one line
+    # from a third folder: the moved project's files are found from its metrics file's
+    # folder (the old folder's, found first, are not the ones ranked: passed over); they
+    # were not looked for there, and the old folder's were refused, exit 2
     (tmp_path / "elsewhere").mkdir()
-    args = ("report", moved / "m.json", "--resamples", "0", "--worst-queries", "3")
-    done = run_rankwise(*args, "--json", "x.json", cwd=tmp_path / "elsewhere")
-    assert done.returncode == 2, done.stderr
-    assert "not the query embeddings the ranks were computed from (its 'embeddings_sha256'" in (
-        done.stderr
-    )
+    args = ("report", moved / "m.json", "--worst-queries", "3", "--by", "identity")
+    done = run_rankwise(*args, "--resamples", "50", "--json", "x.json", cwd=tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads((tmp_path / "elsewhere/x.json").read_text())["results"]
+    assert listed(entry["worst_queries"]["queries"]) == listed(before)
+    assert not any(str(project) in (q["image"] or "") for q in entry["worst_queries"]["queries"])
+    # its intervals by identity: the moved project's query labels (a report run in it)
+    there = run_rankwise(*args, "--resamples", "50", "--json", "y.json", cwd=moved)
+    assert there.returncode == 0, there.stderr
+    (same,) = json.loads((moved / "y.json").read_text())["results"]
+    assert entry["ci95"] and entry["ci95"] == same["ci95"]
     # the moved project's own manifest re-sorted, the old folder gone: no file holds the
     # ranked rows
     shutil.rmtree(project)

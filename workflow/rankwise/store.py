@@ -619,28 +619,63 @@ def _inconsistent(arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> str |
     return None
 
 
-def named_paths(attrs: dict[str, Any], path: str, here_first: bool = False) -> list[str]:
-    """Where a path a ranks store's ``attrs`` name (a manifest, an embedding file) may
-    be: as the command that wrote it meant it, a relative one from its
-    ``working_directory``; then, read from another folder, the same relative path from
-    here (a project moved or copied there: its stores still name the old folder, which
-    may be gone or hold other files).  One path when it is absolute, in the folder it
-    was ranked in (the pipeline's relative paths stay relative in reports), or for a
-    store written before rankwise recorded its folder.  ``here_first``: the path from
-    here first (the ranks store itself was found from here: a copied project's report
-    reads its own files, not the original's).  Whoever reads one checks it is the file
-    the ranks were computed from (:func:`named_inputs`)."""
+def search_folders(
+    attrs: dict[str, Any], first: str | None = None, near: str | None = None
+) -> list[str]:
+    """The folders a relative path a ranks store's ``attrs`` name (a manifest, an
+    embedding file) is looked for from, in order, each once (``""``: here):
+
+    - ``first``, when given: where the ranks store itself was found (``""``: from here;
+      a copied project's report reads its own files, not the original's);
+    - ``near`` (a file of the same project: the metrics file a report reads): its folder
+      and each folder above it (a moved project's files given from a third folder:
+      ``moved/results/metrics/d/e.json`` finds ``moved/results/...``, not the files of
+      whatever now lies at the folder it was ranked in);
+    - its recorded ``working_directory``, where the command that wrote it meant it; then
+      here (a project moved or copied here: its stores still name the old folder, which
+      may be gone or hold other files); here alone when the two are one folder, or for a
+      store written before rankwise recorded its folder.
+    """
     folder = attrs.get("working_directory")
-    if os.path.isabs(path) or not isinstance(folder, str) or not folder:
-        return [path]
     try:
-        here = os.path.realpath(os.curdir)
+        here: str | None = os.path.realpath(os.curdir)
     except FileNotFoundError:  # the current folder deleted under the process
         here = None
-    if os.path.realpath(folder) == here:
+    folders = [] if first is None else [first]
+    folders += _folders_above(near) if near else []
+    if isinstance(folder, str) and folder and os.path.realpath(folder) != here:
+        folders.append(folder)
+    folders.append("")
+    unique: dict[str, str] = {}
+    for f in folders:
+        key = f if os.path.isabs(f) else os.path.join(here or "", f)
+        unique.setdefault(os.path.normpath(key) if key else "", f)
+    return list(unique.values())
+
+
+def named_paths(
+    attrs: dict[str, Any], path: str, first: str | None = None, near: str | None = None
+) -> list[str]:
+    """Where a path a ranks store's ``attrs`` name may be: ``path`` itself when it is
+    absolute, else from each of :func:`search_folders` (the relative path as it is, from
+    here).  Whoever reads one checks it is the file the ranks were computed from
+    (:func:`named_inputs`)."""
+    if os.path.isabs(path):
         return [path]
-    there = os.path.join(folder, path)
-    return [path, there] if here_first else [there, path]
+    return [os.path.join(folder, path) for folder in search_folders(attrs, first, near)]
+
+
+def _folders_above(path: str) -> list[str]:
+    """The folder of ``path`` and each folder above it, up to the root (absolute)."""
+    try:
+        folder = os.path.dirname(os.path.abspath(path))
+    except FileNotFoundError:  # a relative path, the current folder deleted
+        return []
+    folders: list[str] = []
+    while folder not in folders:
+        folders.append(folder)
+        folder = os.path.dirname(folder)
+    return folders
 
 
 def named_path(attrs: dict[str, Any], path: str) -> str:
@@ -648,7 +683,9 @@ def named_path(attrs: dict[str, Any], path: str) -> str:
     return named_paths(attrs, path)[0]
 
 
-def ranked_manifest(attrs: dict[str, Any], role: str, here_first: bool = False) -> str | None:
+def ranked_manifest(
+    attrs: dict[str, Any], role: str, first: str | None = None, near: str | None = None
+) -> str | None:
     """Where the ``role`` manifest the ranks store ``attrs`` were computed from is: the
     first of the places it names (:func:`named_paths`) holding a file of the sha256 it
     recorded (any file, in a store that recorded none); else the first file there (not
@@ -658,7 +695,7 @@ def ranked_manifest(attrs: dict[str, Any], role: str, here_first: bool = False) 
     path, expected = attrs.get(f"{role}_manifest"), attrs.get(f"{role}_manifest_sha256")
     if not isinstance(path, str) or not path:
         return None
-    found = [c for c in named_paths(attrs, path, here_first) if os.path.isfile(c)]
+    found = [c for c in named_paths(attrs, path, first, near) if os.path.isfile(c)]
     ranked = (c for c in found if not expected or file_sha256(c) == expected)
     return next(ranked, None) or next(iter(found), None)
 
@@ -681,7 +718,9 @@ def embeddings_difference(attrs: dict[str, Any], role: str, path: str) -> str | 
     )
 
 
-def ranked_embeddings(attrs: dict[str, Any], role: str, here_first: bool = False) -> str | None:
+def ranked_embeddings(
+    attrs: dict[str, Any], role: str, first: str | None = None, near: str | None = None
+) -> str | None:
     """Where the ``role`` embeddings the ranks store ``attrs`` were computed from are:
     the first of the places they name with the attributes it recorded
     (:func:`embeddings_difference`); else the first that exists (not the ones ranked:
@@ -690,19 +729,20 @@ def ranked_embeddings(attrs: dict[str, Any], role: str, here_first: bool = False
     path = provenance.get("path") if isinstance(provenance, dict) else None
     if not isinstance(path, str) or not path:
         return None
-    found = [c for c in named_paths(attrs, path, here_first) if os.path.exists(c)]
+    found = [c for c in named_paths(attrs, path, first, near) if os.path.exists(c)]
     ranked = (c for c in found if embeddings_difference(attrs, role, c) is None)
     return next(ranked, None) or next(iter(found), None)
 
 
 def named_inputs(
-    attrs: dict[str, Any], here_first: bool = False
+    attrs: dict[str, Any], first: str | None = None, near: str | None = None
 ) -> tuple[str | None, str | None, str | None, str | None]:
     """``(query manifest, gallery manifest, query embeddings, gallery embeddings)``:
     where the files the ranks store ``attrs`` were computed from are found from here
     (:func:`ranked_manifest`, :func:`ranked_embeddings`; None: no file there)."""
-    manifests = [ranked_manifest(attrs, role, here_first) for role in ("query", "gallery")]
-    embeddings = [ranked_embeddings(attrs, role, here_first) for role in ("query", "gallery")]
+    roles = ("query", "gallery")
+    manifests = [ranked_manifest(attrs, role, first, near) for role in roles]
+    embeddings = [ranked_embeddings(attrs, role, first, near) for role in roles]
     return manifests[0], manifests[1], embeddings[0], embeddings[1]
 
 

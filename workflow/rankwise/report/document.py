@@ -242,19 +242,19 @@ def _attach_verification(results: list[dict[str, Any]], paths) -> None:
 _METRICS_KEYS = ("ks", "ap", "ranks", "stats", "stats_key")
 
 
-def _candidates(raw: dict[str, Any], path: str | None) -> list[str]:
+def _candidates(raw: dict[str, Any], path: str | None, near: str | None = None) -> list[str]:
     """Where a relative path a metrics file names (its ranks store, its statistics
     summary) may be: from the current folder (as written: a copy of the results read
-    there, a broken file there refused), then from the folder its evaluation ran in (the
-    ranks store's ``working_directory``, which the metrics file records: a report run
-    from another folder).  One candidate when the two are the same folder (the
-    pipeline's report job), or the path is absolute."""
+    there, a broken file there refused), then from the folder of ``near`` (the metrics
+    file) and each folder above it (a report run from another folder, also on a moved
+    project's metrics files), then from the folder its evaluation ran in (the ranks
+    store's ``working_directory``, which the metrics file records: metrics files copied
+    away from their project); :func:`rankwise.store.named_paths`."""
     if not path:
         return []
-    from ..store import named_path
+    from ..store import named_paths
 
-    resolved = named_path(raw, path)
-    return [path] if resolved == path else [path, resolved]
+    return named_paths(raw, path, first="", near=near)
 
 
 class _Stores:
@@ -298,7 +298,8 @@ class _Stores:
         if source not in self._paths:
             given = entry["provenance"]["files"]["ranks"]
             raw = entry["provenance"]["raw"]
-            folders = [c for c in _candidates(raw, given) if Path(c).is_dir()]
+            candidates = _candidates(raw, given, entry.get("source"))
+            folders = [c for c in candidates if Path(c).is_dir()]
             agreeing = [c for c in folders if self._differs_at(c, entry) is None]
             self._paths[source] = (agreeing or folders or [given])[0]
         return self._paths[source]
@@ -335,7 +336,7 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
     wanted = {**settings, "metrics": list(entry["metrics"]), "ap": ap_variant(entry)}
     raw = entry["provenance"]["raw"]
     key = raw.get("stats_key")
-    for path in _candidates(raw, raw.get("stats")) if key else []:
+    for path in _candidates(raw, raw.get("stats"), entry.get("source")) if key else []:
         if not Path(path).is_file():
             continue
         try:
@@ -347,7 +348,14 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
     store = stores.get(entry)
     if store is None:
         return None
-    return summarise(*store, **wanted)
+    labels = None
+    if wanted.get("by") == "identity":  # the query manifest, found as the worst queries' are
+        from ..store import ranked_manifest
+
+        near = entry.get("source")
+        first = _found_in(raw, entry["provenance"]["files"]["ranks"], near)
+        labels = ranked_manifest(store[1], "query", first, near)
+    return summarise(*store, **wanted, labels=labels)
 
 
 def _why_no_statistics(entry: dict[str, Any], stores: _Stores) -> str:
@@ -364,7 +372,7 @@ def _why_no_statistics(entry: dict[str, Any], stores: _Stores) -> str:
         )
     raw = entry["provenance"]["raw"]
     stats = raw.get("stats")
-    if any(Path(path).is_file() for path in _candidates(raw, stats)):
+    if any(Path(path).is_file() for path in _candidates(raw, stats, entry.get("source"))):
         return f"statistics summary {stats} computed for other settings or by another run, {where}"
     return where
 
@@ -382,6 +390,20 @@ def _stamp(path) -> list | None:
     return [str(path), os.path.realpath(path), stat.st_size, stat.st_mtime_ns]
 
 
+def _found_in(raw: dict[str, Any], given: str | None, near: str | None) -> str | None:
+    """The folder (``""``: here) from which the ranks store ``given`` is found, looked
+    for as :class:`_Stores` looks (without reading it: a wrong guess only orders the
+    search, whose finds are checked), so the files it names are looked for there first:
+    a copied project's report reads its own files, not the original's; None when it is
+    not found or its path is absolute."""
+    if not given or os.path.isabs(given):
+        return None
+    from ..store import search_folders
+
+    folders = search_folders(raw, "", near)
+    return next((f for f in folders if Path(os.path.join(f, given)).is_dir()), None)
+
+
 def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, top_k: int):
     """The entry's worst queries (:func:`.worst.worst_queries_of`), kept in ``cache``
     under its ranks store's attributes (which name the embeddings' checkpoint hash,
@@ -392,21 +414,21 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
     # the ranks store found from here (as :class:`_Stores` looks first, without reading
     # it): its manifests and embeddings too, not the folder it was ranked in (a copied
     # project's report showed the original's images)
-    given = entry["provenance"]["files"]["ranks"]
-    here_first = bool(given) and not os.path.isabs(given) and Path(given).is_dir()
+    raw = entry["provenance"]["raw"]
+    near = entry.get("source")  # the metrics file: a moved project's, from a third folder
+    first = _found_in(raw, entry["provenance"]["files"]["ranks"], near)
 
     def compute():
         store = stores.get(entry)
         assert store is not None
         return worst_queries_of(
-            *store, n=n, top_k=top_k, ap=ap_variant(entry), here_first=here_first
+            *store, n=n, top_k=top_k, ap=ap_variant(entry), first=first, near=near
         )
 
     if cache is None or summary is None:
         return compute()
-    raw = entry["provenance"]["raw"]
     # the files the computation reads, where it finds them (store.named_inputs)
-    stamps = [_stamp(path) if path else None for path in named_inputs(raw, here_first)]
+    stamps = [_stamp(path) if path else None for path in named_inputs(raw, first, near)]
     key = {
         "attrs": raw,
         # the ids, labels and nearest items come from the manifests and embedding stores:

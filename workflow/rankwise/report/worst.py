@@ -122,7 +122,8 @@ def worst_queries_of(
     n: int = 5,
     top_k: int = 10,
     ap: str = "standard",
-    here_first: bool = False,
+    first: str | None = None,
+    near: str | None = None,
 ) -> dict[str, Any]:
     """The ``n`` evaluated queries with the lowest score, and their top-``top_k`` items.
 
@@ -131,8 +132,9 @@ def worst_queries_of(
     store's ``unit_key``; the lower manifest row in a store written without it).
     The top items need the manifests and embedding stores the ranks store names
     (``query_manifest``..., ``query_embeddings.path``...), found where
-    :func:`rankwise.store.named_inputs` finds them (``here_first``: the ranks store was
-    found from the current folder); without them ``top`` is ``None``
+    :func:`rankwise.store.named_inputs` finds them (``first``: the folder the ranks store
+    was found from, ``""`` here; ``near``: a file of the project, whose folder and those
+    above it are searched last); without them ``top`` is ``None``
     and ids are manifest rows; files found there that are not the ones ranked are
     refused (:class:`RankwiseError`).
 
@@ -153,7 +155,7 @@ def worst_queries_of(
     rows, score, rank = table.last_rows, table.values[:, 0], table.rank
     relevant = table.num_relevant
     pick = np.argsort(score, kind="stable")[:n]
-    q_path, g_path, *embeddings = named_inputs(attrs, here_first)
+    q_path, g_path, *embeddings = named_inputs(attrs, first, near)
     for role, manifest, found in zip(
         ("query", "gallery"), (q_path, g_path), embeddings, strict=True
     ):
