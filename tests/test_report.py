@@ -689,6 +689,12 @@ def test_the_metrics_chart_caption_names_the_metrics_drawn_without_intervals(doc
             r"paper\.json: metrics 'recall@1' and 'recall@01' are one metric \(recall@1\)",
         ),
         ({}, r"paper\.json: the metrics object is empty; give at least one metric \(e\.g\."),
+        # NaN was reported (bare NaN in report.json, "nan" in every document) and named
+        # the dataset's best checkpoint; 150 was the bold best of its column
+        ({"recall@1": float("nan")}, r"paper\.json: metrics: 'recall@1' is nan; every metric"),
+        ({"recall@1": float("inf")}, r"paper\.json: metrics: 'recall@1' is inf; every metric"),
+        ({"map": 150.0}, r"paper\.json: metrics: 'map' is 150; every metric is a percentage"),
+        ({"map": -3}, r"paper\.json: metrics: 'map' is -3; every metric is a percentage"),
     ],
 )
 def test_a_hand_written_metrics_file_names_known_metrics(results, tmp_path, metrics, message):

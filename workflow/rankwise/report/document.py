@@ -186,7 +186,8 @@ def _load(metrics_path: str | os.PathLike) -> dict[str, Any]:
 def _metrics(path: Path, data: dict[str, Any]) -> dict[str, float]:
     """The ``metrics`` object of a metrics file under their canonical names (a file typed
     by hand may spell ``recall@01``: one column with ``recall@1``, not two); an unknown
-    name, one metric given twice, or none at all is one line naming the file."""
+    name, one metric given twice, a value that is no percentage (NaN, infinite, outside
+    0..100), or none at all is one line naming the file."""
     metrics: dict[str, float] = {}
     given: dict[str, str] = {}
     for key, value in data["metrics"].items():
@@ -198,7 +199,13 @@ def _metrics(path: Path, data: dict[str, Any]) -> dict[str, float]:
             raise RankwiseError(
                 f"{path}: metrics {given[name]!r} and {key!r} are one metric ({name}); keep one"
             )
-        metrics[name], given[name] = float(value), key
+        number = float(value)
+        if not 0.0 <= number <= 100.0:  # NaN too: it would be the best of every comparison
+            raise RankwiseError(
+                f"{path}: metrics: {key!r} is {number:g}; every metric is a percentage, "
+                "a number from 0 to 100"
+            )
+        metrics[name], given[name] = number, key
     if not metrics:
         raise RankwiseError(
             f"{path}: the metrics object is empty; give at least one metric (e.g. "
