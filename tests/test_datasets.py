@@ -236,6 +236,27 @@ def test_msmt17_bad_line(tmp_path: Path):
         prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
 
 
+def test_msmt17_camera_field_int_cannot_read_is_one_line(tmp_path: Path):
+    """'0²' is a digit string to str.isdigit but not to int(): a ValueError traceback
+    before; a decimal digit of another script (Arabic-Indic 01) reads as int() reads it, as
+    torchreid's int(img_path.split('_')[2]) does."""
+    root = tmp_path / "MSMT17_V1"
+    _msmt17(root)
+    arabic_01, superscript = "\u0660\u0661", "0\u00b2"
+    for name, camera in (
+        (f"0003_000_{arabic_01}_0303noon_0001_0.jpg", "1"),
+        (f"0003_000_{superscript}_x.jpg", None),
+    ):
+        _image(root / "test" / "0003" / name)
+        (root / "list_query.txt").write_text(f"0003/{name} 3\n", encoding="utf-8")
+        if camera is not None:
+            prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
+            assert _read(tmp_path / "out", "query")["camera"].tolist() == [camera]
+            continue
+        with pytest.raises(RankwiseError, match=r"list_query\.txt: line 1: cannot read the camera"):
+            prepare_dataset("msmt17", {"root": str(root)}, tmp_path / "out")
+
+
 # ---------------------------------------------------------------- folder
 
 

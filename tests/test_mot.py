@@ -333,6 +333,16 @@ def test_mot_tree_errors(mot: Path, tmp_path: Path):
         r"positive integer, found ''; expected \[Sequence\]",
     ):
         _prepare(mot, tmp_path / "o")
+    # '²' is a digit to str.isdigit, not to int(): a ValueError traceback before
+    (seq / "seqinfo.ini").write_text(
+        "[Sequence]\nname=MOT17-04\nseqLength=3\nimWidth=20\nimHeight=2\u00b2\nimExt=.png\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(
+        RankwiseError,
+        match=r"MOT17-04-FRCNN/seqinfo\.ini: imHeight must be a positive integer, found '2²'",
+    ):
+        _prepare(mot, tmp_path / "o")
     (seq / "seqinfo.ini").unlink()
     with pytest.raises(
         RankwiseError,

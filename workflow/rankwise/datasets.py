@@ -337,7 +337,8 @@ def _load_msmt17(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
             rel, label = fields
             stem = Path(rel).stem
             parts = stem.split("_")
-            if len(parts) < 3 or not parts[2].isdigit():
+            # isdecimal, as int() reads: '0²' is a digit string to isdigit, not to int()
+            if len(parts) < 3 or not parts[2].isdecimal():
                 raise RankwiseError(
                     f"{listing}: line {number}: cannot read the camera from "
                     f"{rel!r}; MSMT17 names look like "

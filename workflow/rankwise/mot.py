@@ -226,7 +226,7 @@ def read_seqinfo(folder: Path) -> Sequence:
     values = {}
     for key in ("seqLength", "imWidth", "imHeight"):
         text = section.get(key, "").strip()
-        if not text.isdigit() or int(text) < 1:
+        if not text.isdecimal() or int(text) < 1:  # '²' is isdigit, not int()
             raise RankwiseError(
                 f"{path}: {key} must be a positive integer, found {text!r}; "
                 f"expected {_SEQINFO_EXAMPLE}"
