@@ -211,6 +211,9 @@ def test_unknown_metric_names_the_parameter():
     arrays, attrs = _store([0, 1], [1])
     with pytest.raises(RankwiseError, match=r"metrics: unknown metric 'm@A' for query units"):
         per_unit(arrays, attrs, ["m@A"])
+    # '²' is a digit to str.isdigit, not to int(): a ValueError traceback before
+    with pytest.raises(RankwiseError, match=r"metrics: unknown metric 'rank²' for query units"):
+        per_unit(arrays, attrs, ["rank²"])
     with pytest.raises(RankwiseError, match="unknown AP variant"):
         per_unit(arrays, attrs, ["map"], ap="11point")
 

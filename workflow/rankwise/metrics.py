@@ -321,13 +321,16 @@ def _parse_unit_metric(name: str, unit: str) -> tuple[str, int | None]:
     """``parse_metric`` against every family defined on ``unit``."""
     families = _unit_families(unit)
     for prefix, family in _AT_K.items():
+        k = name[len(prefix) :]
+        # isascii: '²' is a digit to str.isdigit, not to int() (as parse_metric)
         if (
             name.startswith(prefix)
-            and name[len(prefix) :].isdigit()
-            and int(name[len(prefix) :]) > 0
+            and k.isascii()
+            and k.isdigit()
+            and int(k) > 0
             and f"{prefix}K" in families
         ):
-            return family, int(name[len(prefix) :])
+            return family, int(k)
     if name in _PLAIN and name in families:
         return name, None
     raise RankwiseError(
