@@ -895,6 +895,9 @@ def test_the_statistics_sentence_names_the_tests_that_ran(doc):
             c["test"] = tests[i % len(tests)]
         sentence = view.stats_sentence(changed)
         assert said in sentence and unsaid not in sentence.split("Differences:")[1], sentence
+        # an interval excluding 0 beside an unmarked difference is no contradiction: said
+        assert sentence.endswith("(the intervals of the differences are not adjusted for "
+                                 "the number of tests).")  # fmt: skip
 
 
 def test_a_dataset_header_names_each_encoders_distance_when_they_differ(doc):

@@ -118,7 +118,9 @@ def stats_sentence(doc: dict[str, Any], rows: list[dict[str, Any]] | None = None
     )
     return (
         f"{intervals} Differences: paired sign-flip test ({flips}), Holm-adjusted over all "
-        f"{s['num_tests']} tests in this report; significant when {significance_rule(doc)}."
+        f"{s['num_tests']} tests in this report; significant when {significance_rule(doc)}"
+        # a difference's interval can exclude 0 where its adjusted test is not marked
+        " (the intervals of the differences are not adjusted for the number of tests)."
     )
 
 
