@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,31 @@ def test_market1501_missing_split_folder(market: Path, tmp_path: Path):
     (market / "query").rmdir()
     with pytest.raises(RankwiseError, match=r"query: Market-1501 query folder not found"):
         prepare_dataset("market1501", {"root": str(market)}, tmp_path / "out")
+
+
+def test_a_root_one_level_too_high_names_the_folder_inside(market: Path, tmp_path: Path):
+    """options.root at the folder holding the dataset's folder (the extracted archive's
+    parent): the message named the options to fix (MSMT17: options.images, which does not
+    help); it names the folder inside that is the root."""
+    with pytest.raises(
+        RankwiseError,
+        match=rf"query: Market-1501 query folder not found; {re.escape(str(market))} holds "
+        r"query/ and bounding_box_test/: set options.root to it",
+    ):
+        prepare_dataset("market1501", {"root": str(market.parent)}, tmp_path / "out")
+    msmt = tmp_path / "datasets/MSMT17_V1"
+    _msmt17(msmt)
+    with pytest.raises(
+        RankwiseError,
+        match=rf"no image folder test/ .* found; {re.escape(str(msmt))} holds list_query\.txt "
+        r"and list_gallery\.txt: set options.root to it",
+    ):
+        prepare_dataset("msmt17", {"root": str(msmt.parent)}, tmp_path / "out")
+    with pytest.raises(
+        RankwiseError,
+        match=rf"list_query\.txt: MSMT17 list file not found; {re.escape(str(msmt))} holds",
+    ):
+        prepare_dataset("msmt17", {"root": str(msmt.parent), "images": "."}, tmp_path / "out")
 
 
 def test_market1501_one_stem_in_two_formats_names_both_files(market: Path, tmp_path: Path):
