@@ -564,6 +564,29 @@ def test_encoder_paths_expand_home(monkeypatch, tmp_path):
     ]
 
 
+def test_a_module_factory_of_the_users_own_code_is_an_encoder_file(monkeypatch, tmp_path):
+    """``module:function`` found in the project folder (the encoder's fallback) or on
+    PYTHONPATH: its source file is one of the encode rule's files (hashed, so editing it
+    reruns encode, as editing a ``file.py:function`` factory does; it reran nothing and
+    the report kept the old code's numbers). An installed module: no file."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets/f.py").write_text("def build():\n    pass\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg/__init__.py").write_text("def build():\n    pass\n")
+    python = {"checkpoint": None}
+    assert pc.encoder_paths("python", {**python, "factory": "nets.f:build"}) == ["nets/f.py"]
+    assert pc.encoder_paths("python", {**python, "factory": "pkg:build"}) == ["pkg/__init__.py"]
+    assert pc.encoder_paths("python", {**python, "factory": "json:loads"}) == []
+    (tmp_path / "elsewhere/lib").mkdir(parents=True)
+    (tmp_path / "elsewhere/lib/m.py").write_text("def build():\n    pass\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "elsewhere"))
+    assert pc.encoder_paths("python", {**python, "factory": "lib.m:build"}) == [
+        str(tmp_path / "elsewhere/lib/m.py")
+    ]
+
+
 def test_encode_params_of_reid_and_timm_entries_are_those_of_before_the_later_options():
     """Byte for byte the encode params of a reid / timm entry written before
     ``checkpoint_key`` and reid's ``interpolation`` existed (strings copied from that

@@ -452,6 +452,39 @@ def test_a_project_moved_away_from_its_data_prepares_again(tmp_path):
         assert all((manifest.parent / path).is_file() for path in paths)
 
 
+def test_editing_a_module_factory_in_the_project_reruns_its_encodes(tmp_path):
+    """A ``python`` encoder named ``module:function`` (found in the project folder):
+    editing the module reruns its encode jobs and what follows, as editing a
+    ``file.py:function`` factory does. It reran nothing: the report kept the numbers of
+    the code before the edit, where a fresh run gave others."""
+    write_data(tmp_path)
+    factory = tmp_path / "nets/f.py"
+    factory.parent.mkdir()
+    code = (
+        "import numpy as np\n"
+        "def build():\n"
+        "    return lambda images: np.stack([np.asarray(i, np.float32).reshape(-1)[:8]"
+        " * SCALE for i in images])\n"
+    )
+    factory.write_text(code.replace("SCALE", "1.0"))
+    config = {
+        "datasets": {"own": CONFIG["datasets"]["own"]},
+        "encoders": {"mod": {"kind": "python", "options": {"factory": "nets.f:build"}}},
+        "engine": {"threads": 1},
+        "report": {"resamples": 0, "worst_queries": 0},
+    }
+    run_ok(tmp_path, config)
+    assert planned(tmp_path, config) == {}
+    factory.write_text(code.replace("SCALE", "np.arange(8)"))
+    assert planned(tmp_path, config) == {
+        "encode": 2,
+        "rank": 1,
+        "metrics": 1,
+        "report": 1,
+        "all": 1,
+    }
+
+
 def _repoint(link: Path, target: str) -> None:
     link.unlink()
     link.symlink_to(target)

@@ -947,7 +947,12 @@ def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[st
         if kind == "python" and key == "factory":
             value = str(value).rpartition(":")[0]
             if not value.endswith(".py"):
-                continue  # module:function, found on sys.path at encode time
+                # module:function: its source file where the encoder finds the user's
+                # own code (PYTHONPATH, the project folder), so that editing it reruns
+                # encode as editing a file.py factory does; an installed module: nothing
+                value = module_source(value)
+                if value is None:
+                    continue
         if kind == "precomputed" and split is not None:
             key_split = key.removesuffix("_ids")  # query_ids go with query
             if key_split in SPLITS and key_split != split:
@@ -958,6 +963,23 @@ def encoder_paths(kind: str, options: dict, split: str | None = None) -> list[st
 
             paths += [str(p) for p in external_data_files(paths[-1])]
     return paths
+
+
+def module_source(module: str) -> str | None:
+    """The source file of ``module`` (``a.b``: ``a/b.py`` or ``a/b/__init__.py``) in a
+    ``PYTHONPATH`` folder or the working directory (the encoder's fallback for a
+    ``module:function`` factory), found without importing anything; ``None`` for a
+    module found elsewhere (an installed package)."""
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    folders = [f for f in os.environ.get("PYTHONPATH", "").split(os.pathsep) if f]
+    for folder in [*folders, os.curdir]:
+        base = os.path.join(folder, *parts) if folder != os.curdir else os.path.join(*parts)
+        for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
 
 
 def _missing(path: str, want: str = "any") -> bool:
@@ -1005,7 +1027,9 @@ def check_paths(datasets: dict, encoders: dict, sweeps: dict[str, list[str]] | N
                         keys, f"{path} is a folder, not a file; {folder_advice(path)}"
                     )
                 if entry["kind"] == "python" and key == "factory":
-                    _check_factory(path, str(entry["options"][key]), keys)
+                    spec = str(entry["options"][key])
+                    if spec.rpartition(":")[0].endswith(".py"):  # module:function: imported
+                        _check_factory(path, spec, keys)
 
 
 def _may_be_folder(kind: str, key: str) -> bool:
