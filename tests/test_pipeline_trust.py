@@ -485,6 +485,28 @@ def test_editing_a_module_factory_in_the_project_reruns_its_encodes(tmp_path):
     }
 
 
+def test_a_project_moved_from_images_its_csv_names_by_absolute_paths_reruns_nothing(
+    tmp_path,
+):
+    """A manifest CSV naming its images by absolute paths: prepare keeps them as
+    written, so a copy of the project at another depth has the same manifests and
+    reruns nothing (its fingerprint held the images' paths relative to the manifests'
+    folder, and every split was prepared and encoded again)."""
+    import shutil
+
+    write_data(tmp_path / "ext")
+    own = tmp_path / "p/data/own"
+    own.mkdir(parents=True)
+    for split in ("query", "gallery"):
+        text = (tmp_path / f"ext/data/own/{split}.csv").read_text(encoding="utf-8-sig")
+        (own / f"{split}.csv").write_text(text.replace("img/", f"{tmp_path}/ext/data/own/img/"))
+    config = {**CONFIG, "datasets": {"own": CONFIG["datasets"]["own"]}}
+    run_ok(tmp_path / "p", config)
+    copy = tmp_path / "deep/x/p"
+    shutil.copytree(tmp_path / "p", copy, symlinks=True)
+    assert planned(copy, config) == {}
+
+
 def _repoint(link: Path, target: str) -> None:
     link.unlink()
     link.symlink_to(target)

@@ -1278,7 +1278,12 @@ def _manifest_images(csv_path: Path, real: _ManifestPaths) -> list[str]:
     # not a CSV the csv module reads, or no path column: the CSV's own bytes are the
     # fingerprint; prepare says what is wrong. `~` is a folder's name there, as for prepare
     for _, _, value in _manifest_paths(csv_path) or []:
-        lines.append(_stat_line(value, csv_path.parent / value, real))
+        path = csv_path.parent / value
+        if os.path.isabs(value):  # prepare keeps it as written: no path relative to the
+            # manifests (a moved project reran), its real path (a link pointed elsewhere)
+            lines.append(f"{_stat_line(value, path)}\t{os.path.realpath(path)}")
+        else:
+            lines.append(_stat_line(value, path, real))
     return lines
 
 
