@@ -914,6 +914,30 @@ def test_manifest_paths_of_links_equal_realpath(tmp_path, monkeypatch):
     assert os.path.realpath("links/dotdot.png") == str(tmp_path / "real/b/y.png")
 
 
+def test_an_absolute_manifest_path_counts_by_its_real_path_wherever_the_manifests_are(
+    tmp_path, monkeypatch
+):
+    """A CSV's absolute image path is kept as written by prepare: the fingerprint holds
+    its real path, so the manifests' folder (a project moved to another depth) changes
+    nothing, and a link on the way pointed at a copy with the same names, sizes and
+    mtimes changes it."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    _touch("data/v1/a.png")
+    shutil.copytree("data/v1", "data/v2", copy_function=shutil.copy2)
+    os.symlink("v1", "data/img")
+    Path("q.csv").write_text(f"id,label,path\nq0,a,{tmp_path / 'data/img/a.png'}\n")
+    options = {"query": "q.csv", "gallery": "q.csv"}
+    here = pc.dataset_fingerprints("manifest", options, manifests="results/manifests/d")
+    deeper = pc.dataset_fingerprints("manifest", options, manifests="x/y/results/manifests/d")
+    assert here == deeper
+    os.unlink("data/img")
+    os.symlink("v2", "data/img")
+    after = pc.dataset_fingerprints("manifest", options, manifests="results/manifests/d")
+    assert after["query"] != here["query"]
+
+
 def test_market_fingerprint_follows_each_splits_folder(tmp_path):
     _market(tmp_path)
     options = {

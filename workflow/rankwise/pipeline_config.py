@@ -1186,6 +1186,10 @@ class _ManifestPaths:
             self.folders[folder] = self._relative(os.path.realpath(folder))
         return os.path.join(self.folders[folder], name)
 
+    def absolute(self, path: str, link: bool) -> str:
+        """``path``'s real path, absolute (links resolved through the same caches)."""
+        return os.path.normpath(os.path.join(self.base, self(path, link)))
+
     def __call__(self, path: str, link: bool) -> str:
         if not link:
             return self._in_folder(*os.path.split(path))
@@ -1199,9 +1203,15 @@ class _ManifestPaths:
         return self._in_folder(folder, name)
 
 
-def _stat_line(label: str, path: str | os.PathLike, real: _ManifestPaths | None = None) -> str:
+def _stat_line(
+    label: str,
+    path: str | os.PathLike,
+    real: _ManifestPaths | None = None,
+    absolute: bool = False,
+) -> str:
     """``label``, size and mtime of ``path``; with ``real``, also its path as a manifest
-    holds it (:class:`_ManifestPaths`)."""
+    holds it (:class:`_ManifestPaths`), or with ``absolute`` its real path (a path the
+    manifest keeps as written: where the project lies changes nothing)."""
     try:
         if real is None:
             stat = os.stat(path)
@@ -1211,7 +1221,7 @@ def _stat_line(label: str, path: str | os.PathLike, real: _ManifestPaths | None 
         link = S_ISLNK(stat.st_mode)
         if link:
             stat = os.stat(path)
-        resolved = real(path, link)
+        resolved = real.absolute(path, link) if absolute else real(path, link)
     except (OSError, ValueError):  # ValueError: a NUL in the name (prepare names the row)
         return f"{label}\tmissing"
     return f"{label}\t{resolved}\t{stat.st_size}\t{stat.st_mtime_ns}"
@@ -1278,12 +1288,9 @@ def _manifest_images(csv_path: Path, real: _ManifestPaths) -> list[str]:
     # not a CSV the csv module reads, or no path column: the CSV's own bytes are the
     # fingerprint; prepare says what is wrong. `~` is a folder's name there, as for prepare
     for _, _, value in _manifest_paths(csv_path) or []:
-        path = csv_path.parent / value
-        if os.path.isabs(value):  # prepare keeps it as written: no path relative to the
-            # manifests (a moved project reran), its real path (a link pointed elsewhere)
-            lines.append(f"{_stat_line(value, path)}\t{os.path.realpath(path)}")
-        else:
-            lines.append(_stat_line(value, path, real))
+        # prepare keeps an absolute path as written: its real path counts (a link pointed
+        # elsewhere), not one relative to the manifests (a moved project reran)
+        lines.append(_stat_line(value, csv_path.parent / value, real, os.path.isabs(value)))
     return lines
 
 
