@@ -492,6 +492,28 @@ def test_a_file_repeating_a_stem_renames_only_the_file_it_repeats(tmp_path, monk
     assert _sweep("runs/*/epoch_*.pth", kind="reid")[0] == before
 
 
+def test_a_path_name_repeating_another_files_stem_names_that_file_by_its_path(
+    tmp_path, monkeypatch
+):
+    """Naming only a repeated stem's files by their paths could give one of them the
+    stem of another file (runs/a/model.pt -> a-model beside runs/c/a-model.pt): an error
+    where naming every file by its path had three names. That file is named by its path
+    too; names compare as they will be, after ``=`` -> ``-`` (epoch=1 beside epoch-1 in
+    other folders: their paths, not an error)."""
+    monkeypatch.chdir(tmp_path)
+    _touch("runs/a/model.pt", "runs/b/model.pt", "runs/c/a-model.pt", "runs/d/epoch_3.pt")
+    assert _sweep("runs/*/*.pt")[0] == ["a-model", "b-model", "c-a-model", "epoch_3"]
+    _touch("hf/checkpoint-500/model.safetensors", "hf/checkpoint-1000/model.safetensors")
+    _touch("hf/final/checkpoint-500-model.safetensors")
+    assert _sweep("hf/*/*.safetensors")[0] == [
+        "checkpoint-500-model",
+        "checkpoint-1000-model",
+        "final-checkpoint-500-model",
+    ]
+    _touch("pl/a/epoch=1.ckpt", "pl/b/epoch-1.ckpt", "pl/b/epoch-2.ckpt")
+    assert _sweep("pl/*/*.ckpt")[0] == ["a-epoch-1", "b-epoch-1", "epoch-2"]
+
+
 @pytest.mark.parametrize(
     "files, pattern, names",
     [

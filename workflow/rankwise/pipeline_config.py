@@ -828,21 +828,35 @@ def sweep_names(pattern: str, files: Sequence[str]) -> list[str]:
     ``checkpoint-500-model``. Either way, a character an encoder name may not hold becomes
     ``-`` (:func:`name_part`): Lightning's ``epoch=3-step=100.ckpt`` -> ``epoch-3-step-100``.
 
-    Only the files of a repeated stem are named by their paths, so a file that joins a
-    sweep renames at most one other (the one whose stem it repeats): a new run folder
+    A stem that a path name repeats (``runs/a/model.pt`` -> ``a-model`` beside
+    ``runs/c/a-model.pt``) is shared too: that file is named by its path as well
+    (``c-a-model``). Names are compared as they will be, after :func:`name_part`
+    (``a/epoch=1.ckpt`` and ``b/epoch-1.ckpt``: ``a-epoch-1``, ``b-epoch-1``).
+
+    Only the files of a shared name are named by their paths, so a file that joins a
+    sweep renames only those whose names it repeats: a new run folder
     whose ``epoch_5.pth`` repeats an older run's renames that file alone, not every
     checkpoint of the sweep (each rename is evaluated again under its new name).
     """
-    stems = [checkpoint_stem(file) for file in files]
-    counts = collections.Counter(stems)
     fixed = _fixed_folder(pattern)
-    names = [
-        "-".join([*Path(os.path.relpath(Path(file).parent, fixed)).parts, stem])
-        if counts[stem] > 1
-        else stem
+    stems = [name_part(checkpoint_stem(file)) for file in files]
+    paths = [
+        name_part("-".join([*Path(os.path.relpath(Path(file).parent, fixed)).parts, stem]))
         for file, stem in zip(files, stems, strict=True)
     ]
-    return [name_part(name) for name in names]
+    # a path name may be another file's stem (runs/a/model.pt -> a-model beside
+    # runs/c/a-model.pt): that file is named by its path too, until no stem is shared
+    # (each round names more files by their paths, so this ends); names still shared
+    # are the caller's error
+    by_path = [False] * len(files)
+    while True:
+        names = [p if b else s for s, p, b in zip(stems, paths, by_path, strict=True)]
+        counts = collections.Counter(names)
+        shared = [i for i, n in enumerate(names) if counts[n] > 1 and not by_path[i]]
+        if not shared:
+            return names
+        for i in shared:
+            by_path[i] = True
 
 
 def name_part(text: str) -> str:
