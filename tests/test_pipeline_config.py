@@ -470,7 +470,8 @@ def test_repeated_stems_name_by_the_folders_after_the_fixed_ones(tmp_path, monke
     # only the files of the repeated stem are named by their paths
     _touch("exp/a/seed=1/extra.pt")
     assert _sweep("exp/a/*/*.pt")[0] == ["extra", "model"]  # distinct stems: as before
-    assert _sweep("exp/*/seed=1/*.pt")[0] == ["a-seed-1-model", "b-seed-1-model", "extra"]
+    # in order of the files' own stems (extra before model), then of their paths
+    assert _sweep("exp/*/seed=1/*.pt")[0] == ["extra", "a-seed-1-model", "b-seed-1-model"]
 
 
 def test_a_file_repeating_a_stem_renames_only_the_file_it_repeats(tmp_path, monkeypatch):
@@ -484,7 +485,8 @@ def test_a_file_repeating_a_stem_renames_only_the_file_it_repeats(tmp_path, monk
     assert before == ["epoch_1", "epoch_2", "epoch_3", "epoch_10", "epoch_11"]
     _touch("runs/b/epoch_2.pth")  # run b resumed from epoch 1: its own epoch_2
     after, expanded = _sweep("runs/*/epoch_*.pth", kind="reid")
-    assert after == ["a-epoch_2", "b-epoch_2", "epoch_1", "epoch_3", "epoch_10", "epoch_11"]
+    # among the epochs, in order of their own stems (not all path names first)
+    assert after == ["epoch_1", "a-epoch_2", "b-epoch_2", "epoch_3", "epoch_10", "epoch_11"]
     assert set(before) - set(after) == {"epoch_2"}
     assert Path(expanded["run@a-epoch_2"]["options"]["checkpoint"]) == Path("runs/a/epoch_2.pth")
     assert Path(expanded["run@b-epoch_2"]["options"]["checkpoint"]) == Path("runs/b/epoch_2.pth")
@@ -502,13 +504,13 @@ def test_a_path_name_repeating_another_files_stem_names_that_file_by_its_path(
     other folders: their paths, not an error)."""
     monkeypatch.chdir(tmp_path)
     _touch("runs/a/model.pt", "runs/b/model.pt", "runs/c/a-model.pt", "runs/d/epoch_3.pt")
-    assert _sweep("runs/*/*.pt")[0] == ["a-model", "b-model", "c-a-model", "epoch_3"]
+    assert _sweep("runs/*/*.pt")[0] == ["c-a-model", "epoch_3", "a-model", "b-model"]
     _touch("hf/checkpoint-500/model.safetensors", "hf/checkpoint-1000/model.safetensors")
     _touch("hf/final/checkpoint-500-model.safetensors")
     assert _sweep("hf/*/*.safetensors")[0] == [
+        "final-checkpoint-500-model",
         "checkpoint-500-model",
         "checkpoint-1000-model",
-        "final-checkpoint-500-model",
     ]
     _touch("pl/a/epoch=1.ckpt", "pl/b/epoch-1.ckpt", "pl/b/epoch-2.ckpt")
     assert _sweep("pl/*/*.ckpt")[0] == ["a-epoch-1", "b-epoch-1", "epoch-2"]

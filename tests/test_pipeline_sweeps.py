@@ -181,5 +181,5 @@ def test_a_new_run_repeating_an_epoch_reruns_only_that_epoch(tmp_path):
     assert planned(tmp_path, config) == {"encode": 4, "rank": 2, "metrics": 2, "report": 1,
                                          "all": 1}  # fmt: skip
     run_ok(tmp_path, config)
-    assert reported(tmp_path) == ["run@a-epoch_2", "run@b-epoch_2", "run@epoch_1"]
+    assert reported(tmp_path) == ["run@epoch_1", "run@a-epoch_2", "run@b-epoch_2"]
     assert planned(tmp_path, config) == {}

@@ -759,10 +759,10 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
 
     Returns ``(encoders, sweeps)``: the encoders with each sweep entry ``e`` replaced, in
     place in the config order, by ``e@<name>`` entries (:func:`sweep_names`, in natural
-    order of the names) whose kind's checkpoint option (:data:`CHECKPOINT_OPTION`) is the
-    file; and ``sweeps``, entry name -> its expanded names. The glob is evaluated now:
-    files that appear later join on the next run. A pattern matching no file, or two files
-    given one name, is an error.
+    order of the files' stems, then of their paths) whose kind's checkpoint option
+    (:data:`CHECKPOINT_OPTION`) is the file; and ``sweeps``, entry name -> its expanded
+    names. The glob is evaluated now: files that appear later join on the next run. A
+    pattern matching no file, or two files given one name, is an error.
     """
     expanded, sweeps = {}, {}
     for name, entry in encoders.items():
@@ -787,9 +787,15 @@ def expand_checkpoints(encoders: dict) -> tuple[dict, dict[str, list[str]]]:
                 f"{pattern!r} matches no file (relative paths start from "
                 f"{os.getcwd()}); check the pattern",
             )
+        # in natural order of each file's own stem, then of its path: a run's epoch named
+        # by its path (a-epoch_2, b-epoch_2) stays among the epochs (after epoch_1), not
+        # before them all
         named = sorted(
             zip(sweep_names(os.path.expanduser(pattern), files), files, strict=True),
-            key=lambda pair: (natural_key(pair[0]), natural_key(pair[1])),
+            key=lambda pair: (
+                natural_key(name_part(checkpoint_stem(pair[1]))),
+                natural_key(pair[1]),
+            ),
         )
         seen: dict[str, str] = {}
         for stem, file in named:
