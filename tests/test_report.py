@@ -1709,6 +1709,63 @@ def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
     assert "query.csv: not the query manifest the ranks were computed from" in done.stderr
 
 
+def test_a_copied_projects_report_run_from_the_original_shows_the_copys_images(results, tmp_path):
+    """A project copied, its copy encoded and ranked again (the same manifests, byte for
+    byte; other embeddings): the copy's metrics file reported from inside the original
+    finds the copy's ranks store (the original's, found first under the same relative
+    name, differs from its provenance), and the manifests and embeddings from the copy's
+    folder too.  Before, the original's folder was searched first for them (its store
+    exists there, though not the one read): the original's manifests were taken (same
+    sha256), so the worst queries and their nearest items showed the original's
+    images."""
+    root, _ = results
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    shutil.copytree(root / "manifests" / "toy", original / "data")
+    for split in ("query", "gallery"):
+        store = root / f"embeddings/toy/enc-a/{split}.zarr"
+        shutil.copytree(store, original / f"data/{split}.zarr")
+
+    def evaluate(project: Path) -> None:
+        shutil.rmtree(project / "ranks.zarr", ignore_errors=True)
+        ranked = run_rankwise(
+            *("rank", "--query", "data/query.csv", "--gallery", "data/gallery.csv"),
+            *("--query-embeddings", "data/query.zarr"),
+            *("--gallery-embeddings", "data/gallery.zarr", "--out", "ranks.zarr"),
+            cwd=project,
+        )
+        assert ranked.returncode == 0, ranked.stderr
+        measured = run_rankwise("metrics", "ranks.zarr", "--output", "m.json", cwd=project)
+        assert measured.returncode == 0, measured.stderr
+
+    evaluate(original)
+    shutil.copytree(original, copy)
+    rng = np.random.default_rng(3)
+    for split in ("query", "gallery"):
+        store = copy / f"data/{split}.zarr"
+        kept = {k: v for k, v in store_attrs(store).items() if k not in ("kind", "complete")}
+        rows = np.asarray(zarr.open_group(str(store), mode="r")["embeddings"])
+        shutil.rmtree(store)
+        other = rng.normal(size=rows.shape).astype(np.float32)
+        write_embeddings(store, iter([other]), len(other), attrs=kept)
+    evaluate(copy)
+
+    def worst(folder: Path) -> list[dict]:
+        args = ("report", copy / "m.json", "--resamples", "0", "--worst-queries", "3")
+        done = run_rankwise(*args, "--json", folder / "r.json", cwd=folder)
+        assert done.returncode == 0, done.stderr
+        (entry,) = json.loads((folder / "r.json").read_text())["results"]
+        return entry["worst_queries"]["queries"]
+
+    own, away = worst(copy), worst(original)
+    assert [(q["id"], [t["id"] for t in q["top"]]) for q in away] == [
+        (q["id"], [t["id"] for t in q["top"]]) for q in own
+    ]
+    images = [q["image"] for q in away] + [t["image"] for q in away for t in q["top"]]
+    assert all(images)
+    # an image path is relative to the folder the report ran in: the copy's images
+    assert all((original / image).resolve().is_relative_to(copy) for image in images), images
+
+
 def test_a_ranks_store_of_another_evaluation_at_the_named_path_is_not_read(results, tmp_path):
     """A metrics file whose relative ranks path names, from the folder the report runs
     in, another evaluation's store (another pipeline folder's results/ranks/... of the

@@ -360,8 +360,7 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
         from ..store import ranked_manifest
 
         near = entry.get("source")
-        first = _found_in(raw, entry["provenance"]["files"]["ranks"], near)
-        labels = ranked_manifest(store[1], "query", first, near)
+        labels = ranked_manifest(store[1], "query", _found_in(entry, stores), near)
     return summarise(*store, **wanted, labels=labels)
 
 
@@ -397,18 +396,23 @@ def _stamp(path) -> list | None:
     return [str(path), os.path.realpath(path), stat.st_size, stat.st_mtime_ns]
 
 
-def _found_in(raw: dict[str, Any], given: str | None, near: str | None) -> str | None:
-    """The folder (``""``: here) from which the ranks store ``given`` is found, looked
-    for as :class:`_Stores` looks (without reading it: a wrong guess only orders the
-    search, whose finds are checked), so the files it names are looked for there first:
-    a copied project's report reads its own files, not the original's; None when it is
-    not found or its path is absolute."""
+def _found_in(entry: dict[str, Any], stores: _Stores) -> str | None:
+    """The folder (``""``: here) from which :class:`_Stores` found the entry's ranks
+    store (the first candidate agreeing with its provenance, not merely the first that
+    exists: another project's store of the same relative name, found first, is passed
+    over), so the files it names are looked for there first: a copied project's report
+    reads its own manifests and images, not those of the project it is run from; None
+    when it is not found or its path is absolute."""
+    given = entry["provenance"]["files"]["ranks"]
     if not given or os.path.isabs(given):
         return None
     from ..store import search_folders
 
-    folders = search_folders(raw, "", near)
-    return next((f for f in folders if Path(os.path.join(f, given)).is_dir()), None)
+    found = stores.path(entry)
+    if not found or not Path(found).is_dir():
+        return None
+    folders = search_folders(entry["provenance"]["raw"], "", entry.get("source"))
+    return next((f for f in folders if os.path.join(f, given) == found), None)
 
 
 def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, top_k: int):
@@ -418,12 +422,13 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
     and real), sizes and modification times of the manifests and embedding stores it
     reads."""
 
-    # the ranks store found from here (as :class:`_Stores` looks first, without reading
-    # it): its manifests and embeddings too, not the folder it was ranked in (a copied
-    # project's report showed the original's images)
+    # the folder the ranks store agreeing with the entry was found from: its manifests
+    # and embeddings too, not the folder it was ranked in, nor another project's folder
+    # holding a store of the same name (a copied project's report showed the images of
+    # the project it was run from)
     raw = entry["provenance"]["raw"]
     near = entry.get("source")  # the metrics file: a moved project's, from a third folder
-    first = _found_in(raw, entry["provenance"]["files"]["ranks"], near)
+    first = _found_in(entry, stores)
 
     def compute():
         store = stores.get(entry)
