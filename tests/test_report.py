@@ -1620,6 +1620,18 @@ def test_a_report_run_from_another_folder_finds_the_evaluations_stores(results, 
     assert away["comparisons"] == there["comparisons"]
 
 
+def _encode_again(project: Path, rng: np.random.Generator) -> None:
+    """The project's data/{query,gallery}.zarr written again with other rows and the same
+    attributes but the rows' digest (its images rewritten and encoded again)."""
+    for split in ("query", "gallery"):
+        store = project / f"data/{split}.zarr"
+        kept = {k: v for k, v in store_attrs(store).items() if k not in ("kind", "complete")}
+        rows = np.asarray(zarr.open_group(str(store), mode="r")["embeddings"])
+        shutil.rmtree(store)
+        other = rng.normal(size=rows.shape).astype(np.float32)
+        write_embeddings(store, iter([other]), len(other), attrs=kept)
+
+
 def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
     """A project moved to another folder (its stores still name the old one as their
     working directory): the report run there, with no cache, finds the manifests and
@@ -1670,15 +1682,9 @@ def test_a_moved_project_lists_its_worst_queries_by_id(results, tmp_path):
     # same attributes but other rows (its images rewritten and encoded again): never
     # read for the moved one's ranks, neither for nearest items nor for image paths
     shutil.copytree(moved, project)
-    rng = np.random.default_rng(7)
-    for split in ("query", "gallery"):
-        store = project / f"data/{split}.zarr"
-        kept = {k: v for k, v in store_attrs(store).items() if k not in ("kind", "complete")}
-        rows = np.asarray(zarr.open_group(str(store), mode="r")["embeddings"])
-        shutil.rmtree(store)
-        other = rng.normal(size=rows.shape).astype(np.float32)
-        write_embeddings(store, iter([other]), len(other), attrs=kept)
-    assert store_attrs(store)["embeddings_sha256"] != kept["embeddings_sha256"]
+    before_digest = store_attrs(project / "data/gallery.zarr")["embeddings_sha256"]
+    _encode_again(project, np.random.default_rng(7))
+    assert store_attrs(project / "data/gallery.zarr")["embeddings_sha256"] != before_digest
     after = worst(moved)
     assert listed(after) == listed(before)
     assert not any(str(project) in (q["image"] or "") for q in after)
@@ -1739,14 +1745,7 @@ def test_a_copied_projects_report_run_from_the_original_shows_the_copys_images(r
 
     evaluate(original)
     shutil.copytree(original, copy)
-    rng = np.random.default_rng(3)
-    for split in ("query", "gallery"):
-        store = copy / f"data/{split}.zarr"
-        kept = {k: v for k, v in store_attrs(store).items() if k not in ("kind", "complete")}
-        rows = np.asarray(zarr.open_group(str(store), mode="r")["embeddings"])
-        shutil.rmtree(store)
-        other = rng.normal(size=rows.shape).astype(np.float32)
-        write_embeddings(store, iter([other]), len(other), attrs=kept)
+    _encode_again(copy, np.random.default_rng(3))
     evaluate(copy)
 
     def worst(folder: Path) -> list[dict]:
