@@ -267,16 +267,17 @@ def _candidates(raw: dict[str, Any], path: str | None, near: str | None = None) 
 class _Stores:
     """The ranks stores the entries' provenance names, read on first use (most reports
     read none: the statistics come from the metrics jobs' summaries).  A relative path is
-    looked for from the current folder, then from the folder the evaluation ran in
-    (:func:`_candidates`: a report run from another folder finds the pipeline's stores).
-    A store whose attributes differ from the provenance the metrics JSON recorded
-    (another folder's store of the same name, or a store ranked again since) is not the
-    entry's: it is never read for it."""
+    looked for where :func:`_candidates` looks (here, the metrics file's folder and those
+    above it, the folder the evaluation ran in: a report run from another folder finds
+    the pipeline's stores).  A store whose attributes differ from the provenance the
+    metrics JSON recorded (another folder's store of the same name, or a store ranked
+    again since) is not the entry's: it is never read for it."""
 
     def __init__(self) -> None:
         self._read: dict[str, Any] = {}
         self._differs: dict[tuple[str, str], str | None] = {}
-        self._paths: dict[str, str | None] = {}  # entry's source -> :meth:`path`
+        # entry's source -> (the folder it was found from, ``""`` here; :meth:`path`)
+        self._found: dict[str, tuple[str | None, str | None]] = {}
 
     def _differs_at(self, path: str, entry: dict[str, Any]) -> str | None:
         """The first attribute in which the store at ``path`` disagrees with the entry's
@@ -297,19 +298,34 @@ class _Stores:
             self._differs[key] = next((k for k in shared if raw[k] != attrs[k]), None)
         return self._differs[key]
 
-    def path(self, entry: dict[str, Any]) -> str | None:
-        """The entry's ranks store: the first candidate path that is a store agreeing with
-        its provenance, else the first that is a folder (its reader or :meth:`differs`
-        says what is wrong), else the path as written.  Looked for once per entry."""
+    def _find(self, entry: dict[str, Any]) -> tuple[str | None, str | None]:
+        """``(folder, path)`` of the entry's ranks store: the first candidate that is a
+        store agreeing with its provenance, else the first that is a folder (its reader
+        or :meth:`differs` says what is wrong), and the folder it was found from; else
+        ``(None, the path as written)``, as for an absolute path.  Once per entry."""
         source = str(entry.get("source"))
-        if source not in self._paths:
+        if source not in self._found:
+            from ..store import search_folders
+
             given = entry["provenance"]["files"]["ranks"]
             raw = entry["provenance"]["raw"]
-            candidates = _candidates(raw, given, entry.get("source"))
-            folders = [c for c in candidates if Path(c).is_dir()]
-            agreeing = [c for c in folders if self._differs_at(c, entry) is None]
-            self._paths[source] = (agreeing or folders or [given])[0]
-        return self._paths[source]
+            if not given or os.path.isabs(given):
+                found = [(None, given)] if given and Path(given).is_dir() else []
+            else:  # where _candidates(raw, given, source) looks, with each folder
+                folders = search_folders(raw, "", entry.get("source"))
+                found = [(f, c) for f in folders if Path(c := os.path.join(f, given)).is_dir()]
+            agreeing = [fc for fc in found if self._differs_at(fc[1], entry) is None]
+            self._found[source] = (agreeing or found or [(None, given)])[0]
+        return self._found[source]
+
+    def path(self, entry: dict[str, Any]) -> str | None:
+        """The entry's ranks store (:meth:`_find`)."""
+        return self._find(entry)[1]
+
+    def folder(self, entry: dict[str, Any]) -> str | None:
+        """The folder (``""``: here) from which :meth:`path` found the entry's ranks
+        store; None when it is not found or its path is absolute."""
+        return self._find(entry)[0]
 
     def differs(self, entry: dict[str, Any]) -> str | None:
         """:meth:`_differs_at` of the store :meth:`path` found (``None`` also when there
@@ -360,7 +376,7 @@ def _summary(entry: dict[str, Any], settings: dict[str, Any], stores: _Stores):
         from ..store import ranked_manifest
 
         near = entry.get("source")
-        labels = ranked_manifest(store[1], "query", _found_in(entry, stores), near)
+        labels = ranked_manifest(store[1], "query", stores.folder(entry), near)
     return summarise(*store, **wanted, labels=labels)
 
 
@@ -396,25 +412,6 @@ def _stamp(path) -> list | None:
     return [str(path), os.path.realpath(path), stat.st_size, stat.st_mtime_ns]
 
 
-def _found_in(entry: dict[str, Any], stores: _Stores) -> str | None:
-    """The folder (``""``: here) from which :class:`_Stores` found the entry's ranks
-    store (the first candidate agreeing with its provenance, not merely the first that
-    exists: another project's store of the same relative name, found first, is passed
-    over), so the files it names are looked for there first: a copied project's report
-    reads its own manifests and images, not those of the project it is run from; None
-    when it is not found or its path is absolute."""
-    given = entry["provenance"]["files"]["ranks"]
-    if not given or os.path.isabs(given):
-        return None
-    from ..store import search_folders
-
-    found = stores.path(entry)
-    if not found or not Path(found).is_dir():
-        return None
-    folders = search_folders(entry["provenance"]["raw"], "", entry.get("source"))
-    return next((f for f in folders if os.path.join(f, given) == found), None)
-
-
 def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, top_k: int):
     """The entry's worst queries (:func:`.worst.worst_queries_of`), kept in ``cache``
     under its ranks store's attributes (which name the embeddings' checkpoint hash,
@@ -428,7 +425,7 @@ def _worst(entry, summary, stores: _Stores, cache: PairCache | None, *, n: int, 
     # the project it was run from)
     raw = entry["provenance"]["raw"]
     near = entry.get("source")  # the metrics file: a moved project's, from a third folder
-    first = _found_in(entry, stores)
+    first = stores.folder(entry)
 
     def compute():
         store = stores.get(entry)
