@@ -284,14 +284,18 @@ def _relative_paths(tables: dict[str, pd.DataFrame], out: Path) -> dict[str, pd.
     return tables
 
 
-def _nested_root(root: Path, *names: str) -> str | None:
-    """The folder inside ``root`` that holds every one of ``names`` (a root given one
-    level too high: ``datasets/`` for ``datasets/Market-1501-v15.09.15/``), if one does."""
+def _root_advice(root: Path, names: tuple[str, str], otherwise: str) -> str:
+    """What to do about a dataset root that lacks ``names``: where a folder inside it
+    holds them all (a root given one level too high: ``datasets/`` for
+    ``datasets/Market-1501-v15.09.15/``), set the root to that folder; else ``otherwise``."""
     try:
         folders = sorted(p for p in root.iterdir() if p.is_dir())
     except OSError:
-        return None
-    return next((str(f) for f in folders if all((f / n).exists() for n in names)), None)
+        folders = []
+    inner = next((f for f in folders if all((f / n).exists() for n in names)), None)
+    if inner is None:
+        return otherwise
+    return f"{inner} holds {names[0]} and {names[1]}: set options.root to it"
 
 
 def _load_market1501(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
@@ -300,15 +304,11 @@ def _load_market1501(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]
     for split, key in (("query", "query_folder"), ("gallery", "gallery_folder")):
         folder = root / str(opts[key])
         if not folder.is_dir():
-            holding = f"{opts['query_folder']}/ and {opts['gallery_folder']}/"
-            inner = _nested_root(root, str(opts["query_folder"]), str(opts["gallery_folder"]))
+            names = (f"{opts['query_folder']}/", f"{opts['gallery_folder']}/")
+            advice = f"options.root must be the folder holding {names[0]} and {names[1]}"
             raise RankwiseError(
                 f"{folder}: Market-1501 {split} folder not found; "
-                + (
-                    f"{inner} holds {holding}: set options.root to it"
-                    if inner
-                    else f"options.root must be the folder holding {holding}"
-                )
+                + _root_advice(root, names, advice)
             )
         tables[split] = market1501_table(folder)
     return _relative_paths(tables, out)
@@ -317,21 +317,19 @@ def _load_market1501(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]
 # ---------------------------------------------------------------- msmt17
 
 
+_MSMT17_LISTS = ("list_query.txt", "list_gallery.txt")
+
+
 def _load_msmt17(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     root = _existing_dir(opts["root"], "MSMT17 root")
     if opts["images"] in (None, "", "auto"):
         candidates = [root / "test", root / "mask_test_v2"]
         images = next((c for c in candidates if c.is_dir()), None)
         if images is None:
-            inner = _nested_root(root, "list_query.txt", "list_gallery.txt")
+            advice = "set options.images to the folder holding the test images"
             raise RankwiseError(
                 f"{root}: no image folder test/ (MSMT17_V1) or mask_test_v2/ "
-                "(MSMT17_V2) found; "
-                + (
-                    f"{inner} holds list_query.txt and list_gallery.txt: set options.root to it"
-                    if inner
-                    else "set options.images to the folder holding the test images"
-                )
+                f"(MSMT17_V2) found; {_root_advice(root, _MSMT17_LISTS, advice)}"
             )
     else:
         images = _existing_dir(root / str(opts["images"]), "MSMT17 images")
@@ -339,15 +337,10 @@ def _load_msmt17(opts: dict[str, Any], out: Path) -> dict[str, pd.DataFrame]:
     for split in SPLITS:
         listing = root / f"list_{split}.txt"
         if not listing.is_file():
-            inner = _nested_root(root, "list_query.txt", "list_gallery.txt")
+            advice = "options.root must be the folder holding list_query.txt and list_gallery.txt"
             raise RankwiseError(
                 f"{listing}: MSMT17 list file not found; "
-                + (
-                    f"{inner} holds list_query.txt and list_gallery.txt: set options.root to it"
-                    if inner
-                    else "options.root must be the folder holding list_query.txt and "
-                    "list_gallery.txt"
-                )
+                + _root_advice(root, _MSMT17_LISTS, advice)
             )
         rows = []
         text = read_utf8_text(listing, "MSMT17 list file")
